@@ -1,0 +1,123 @@
+"""accel_nb: device-agnostic PyTorch training and big-model inference, launched from a notebook.
+
+The public API, nothing else. Every name is resolved lazily on first use, so ``import accel_nb``
+costs little more than ``import torch`` and never pulls in IPython, ipywidgets or torch_xla.
+
+    from accel_nb import Accelerator, notebook_launcher
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module (relative to this package) that defines it
+_EXPORTS: dict[str, str] = {
+    # state
+    "PartialState": ".state",
+    "AcceleratorState": ".state",
+    "GradientState": ".state",
+    "DistributedType": ".state",
+    # ops
+    "gather": ".ops",
+    "gather_object": ".ops",
+    "broadcast": ".ops",
+    "broadcast_object_list": ".ops",
+    "reduce": ".ops",
+    "pad_across_processes": ".ops",
+    "send_to_device": ".ops",
+    # training core
+    "Accelerator": ".accelerator",
+    "skip_first_batches": ".data",
+    "ProjectConfiguration": ".checkpoint",
+    "set_seed": ".utils",
+    # progress inside a launch
+    "progress": ".progress",
+    # launching (notebook face)
+    "notebook_launcher": ".notebook.launcher",
+    "debug_launcher": ".notebook.launcher",
+    "LaunchError": ".launch.errors",
+    "RankFailure": ".launch.errors",
+    # config / hardware
+    "LaunchConfig": ".config",
+    "config_wizard": ".notebook.wizard",
+    # big-model inference
+    "init_empty_weights": ".big_model",
+    "init_on_device": ".big_model",
+    "compute_module_sizes": ".big_model",
+    "get_max_memory": ".big_model",
+    "get_balanced_memory": ".big_model",
+    "infer_auto_device_map": ".big_model",
+    "load_checkpoint_in_model": ".big_model",
+    "dispatch_model": ".big_model",
+    "load_checkpoint_and_dispatch": ".big_model",
+    "cpu_offload": ".big_model",
+    "disk_offload": ".big_model",
+    "show_device_map": ".notebook.device_map_view",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__", "load_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel_nb' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # cache: the next lookup is a plain dict hit
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext accel_nb``: register the ``%%accelerate`` magics in this IPython session."""
+    from .notebook.magics import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .notebook.magics import unload_ipython_extension as _unload
+
+    _unload(ipython)
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .accelerator import Accelerator
+    from .big_model import (
+        compute_module_sizes,
+        cpu_offload,
+        disk_offload,
+        dispatch_model,
+        get_balanced_memory,
+        get_max_memory,
+        infer_auto_device_map,
+        init_empty_weights,
+        init_on_device,
+        load_checkpoint_and_dispatch,
+        load_checkpoint_in_model,
+    )
+    from .checkpoint import ProjectConfiguration
+    from .config import LaunchConfig
+    from .data import skip_first_batches
+    from .launch.errors import LaunchError, RankFailure
+    from .notebook.device_map_view import show_device_map
+    from .notebook.launcher import debug_launcher, notebook_launcher
+    from .notebook.wizard import config_wizard
+    from .ops import (
+        broadcast,
+        broadcast_object_list,
+        gather,
+        gather_object,
+        pad_across_processes,
+        reduce,
+        send_to_device,
+    )
+    from .progress import progress
+    from .state import AcceleratorState, DistributedType, GradientState, PartialState
+    from .utils import set_seed

@@ -1,0 +1,322 @@
+"""Collective operations over nested structures of tensors.
+
+Every function takes a tensor or any nesting of lists, tuples, namedtuples and dicts of tensors,
+and returns the same structure. With one process they are no-ops (``gather`` and ``reduce``
+return their input unchanged).
+
+    from accel_nb.ops import gather, reduce
+    all_preds = gather({"logits": logits, "labels": labels})   # concatenated along dim 0
+    mean_loss = reduce(loss, reduction="mean")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "gather",
+    "gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "pad_across_processes",
+    "send_to_device",
+    "recursively_apply",
+    "ShapeMismatchError",
+]
+
+_MAX_DIMS = 8
+
+
+class ShapeMismatchError(ValueError):
+    """Tensors passed to a collective differ across ranks where they must agree."""
+
+
+# -- structure walking ------------------------------------------------------------------------------
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def _rebuild(obj: Any, items: list[Any]) -> Any:
+    if _is_namedtuple(obj):
+        return type(obj)(*items)
+    return type(obj)(items)
+
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = lambda t: isinstance(t, torch.Tensor),
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Apply ``func`` to every leaf of ``data`` that passes ``test_type``; keep the structure."""
+    if isinstance(data, (list, tuple)):
+        return _rebuild(
+            data,
+            [recursively_apply(func, x, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs) for x in data],
+        )
+    if isinstance(data, Mapping):
+        out = {
+            k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+            for k, v in data.items()
+        }
+        try:
+            return type(data)(out)
+        except TypeError:  # mappings whose constructor takes something else
+            return out
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if error_on_other_type:
+        raise TypeError(
+            f"expected tensors or nested lists/tuples/dicts of tensors, found a {type(data).__name__}; "
+            "use gather_object / broadcast_object_list for arbitrary Python objects"
+        )
+    return data
+
+
+def _leaves(data: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    recursively_apply(lambda t: found.append(t), data)
+    return found
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _comm_device(t: torch.Tensor) -> torch.device:
+    # nccl needs CUDA tensors; gloo works with CPU tensors
+    backend = dist.get_backend()
+    if backend == "nccl" and t.device.type != "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return t.device
+
+
+# dtypes are compared through a stable small code
+_DTYPES = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+]
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return _DTYPES.index(dtype) if dtype in _DTYPES else len(_DTYPES)
+
+
+def _exchange_meta(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """All ranks' (ndim, dtype, *shape) of each tensor, in one small collective: [world, n, 2+MAX]."""
+    meta = torch.full((len(tensors), 2 + _MAX_DIMS), -1, dtype=torch.int64)
+    for i, t in enumerate(tensors):
+        if t.dim() > _MAX_DIMS:
+            raise ValueError(f"tensors with more than {_MAX_DIMS} dimensions are not supported by collectives here")
+        meta[i, 0] = t.dim()
+        meta[i, 1] = _dtype_code(t.dtype)
+        meta[i, 2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    device = _comm_device(tensors[0]) if tensors else torch.device("cpu")
+    meta = meta.to(device)
+    out = [torch.empty_like(meta) for _ in range(_world())]
+    dist.all_gather(out, meta)
+    return torch.stack(out).cpu()
+
+
+def _shape_str(row: torch.Tensor) -> str:
+    ndim = int(row[0])
+    dtype = _DTYPES[int(row[1])] if int(row[1]) < len(_DTYPES) else "other"
+    return f"{tuple(int(x) for x in row[2 : 2 + ndim])} {str(dtype).replace('torch.', '')}"
+
+
+def _check_same(meta: torch.Tensor, op: str, ignore_dim: int | None = None) -> None:
+    """Raise a ShapeMismatchError naming every rank's shape when leaves differ across ranks."""
+    world, n = meta.shape[0], meta.shape[1]
+    for i in range(n):
+        rows = meta[:, i]
+        ref = rows[0].clone()
+        mismatch = False
+        for r in range(1, world):
+            a, b = ref.clone(), rows[r].clone()
+            if ignore_dim is not None and a[0] == b[0] and ignore_dim < int(a[0]):
+                a[2 + ignore_dim] = b[2 + ignore_dim] = 0
+            if not torch.equal(a, b):
+                mismatch = True
+                break
+        if mismatch:
+            shapes = ", ".join(f"rank {r}: {_shape_str(rows[r])}" for r in range(world))
+            where = f" (tensor #{i} of the structure)" if n > 1 else ""
+            hint = (
+                "pad them first with pad_across_processes(t, dim=0) (gather_for_metrics does this for you) "
+                "or use gather_object"
+                if op == "gather"
+                else "every rank must pass tensors of the same shape and dtype"
+            )
+            raise ShapeMismatchError(f"{op} got different tensors on different ranks{where}: {shapes}; {hint}")
+
+
+# -- gather -----------------------------------------------------------------------------------------
+def gather(tensor: Any) -> Any:
+    """Concatenate each tensor of ``tensor`` from every process along dim 0 (scalars become 1-D).
+
+    Shapes must agree across ranks; if they do not, a ``ShapeMismatchError`` names every
+    rank's shape.
+    """
+    if _world() == 1:
+        return tensor
+    leaves = _leaves(tensor)
+    if not leaves:
+        return tensor
+    _check_same(_exchange_meta(leaves), "gather")
+
+    def _one(t: torch.Tensor) -> torch.Tensor:
+        if t.dim() == 0:
+            t = t.unsqueeze(0)
+        src = t.contiguous().to(_comm_device(t))
+        out = [torch.empty_like(src) for _ in range(_world())]
+        dist.all_gather(out, src)
+        return torch.cat(out, dim=0).to(t.device)
+
+    return recursively_apply(_one, tensor)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Gather picklable objects from every process.
+
+    A list or tuple from each rank is concatenated in rank order; any other object gives a
+    list with one entry per rank.
+    """
+    if _world() == 1:
+        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    out: list[Any] = [None] * _world()
+    dist.all_gather_object(out, obj)
+    if isinstance(obj, (list, tuple)):
+        return [x for part in out for x in part]
+    return out
+
+
+# -- broadcast --------------------------------------------------------------------------------------
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Copy each tensor of ``tensor`` from ``from_process`` into every other process (in place)."""
+    if _world() == 1:
+        return tensor
+    leaves = _leaves(tensor)
+    if leaves:
+        _check_same(_exchange_meta(leaves), "broadcast")
+
+    def _one(t: torch.Tensor) -> torch.Tensor:
+        dev = _comm_device(t)
+        if dev == t.device and t.is_contiguous():
+            dist.broadcast(t, src=from_process)
+            return t
+        buf = t.contiguous().to(dev)
+        dist.broadcast(buf, src=from_process)
+        t.copy_(buf)
+        return t
+
+    return recursively_apply(_one, tensor)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace the contents of ``object_list`` on every rank with ``from_process``'s (in place)."""
+    if _world() > 1:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+# -- reduce -----------------------------------------------------------------------------------------
+def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Sum (or average, ``reduction="mean"``) each tensor over all processes; returns new tensors."""
+    if reduction not in ("sum", "mean", "none", None):
+        raise ValueError(f"reduction={reduction!r} is not supported; choose 'sum' or 'mean'")
+    world = _world()
+    if world > 1:
+        leaves = _leaves(tensor)
+        if leaves:
+            _check_same(_exchange_meta(leaves), "reduce")
+
+    def _one(t: torch.Tensor) -> torch.Tensor:
+        out = t.clone()
+        if world > 1 and reduction not in ("none", None):
+            buf = out.to(_comm_device(out))
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            out = buf.to(t.device)
+            if reduction == "mean":
+                out = out / world if out.is_floating_point() or out.is_complex() else out // world
+        return out * scale if scale != 1.0 else out
+
+    return recursively_apply(_one, tensor)
+
+
+# -- padding ----------------------------------------------------------------------------------------
+def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    """Pad each tensor along ``dim`` to the largest size any process has, so it can be gathered.
+
+    Padding uses ``pad_index`` and goes at the end (or the start with ``pad_first``).
+    """
+    if _world() == 1:
+        return tensor
+    leaves = _leaves(tensor)
+    if not leaves:
+        return tensor
+    meta = _exchange_meta(leaves)
+    for i, t in enumerate(leaves):
+        ndims = {int(meta[r, i, 0]) for r in range(meta.shape[0])}
+        if len(ndims) > 1:
+            shapes = ", ".join(f"rank {r}: {_shape_str(meta[r, i])}" for r in range(meta.shape[0]))
+            raise ShapeMismatchError(f"pad_across_processes needs the same number of dimensions on every rank: {shapes}")
+        if not -t.dim() <= dim < max(t.dim(), 1):
+            raise IndexError(f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}")
+    counter = iter(range(len(leaves)))
+
+    def _one(t: torch.Tensor) -> torch.Tensor:
+        i = next(counter)
+        if t.dim() == 0:
+            return t
+        d = dim % t.dim()
+        target = int(meta[:, i, 2 + d].max())
+        if target == t.shape[d]:
+            return t
+        shape = list(t.shape)
+        shape[d] = target
+        out = t.new_full(shape, pad_index)
+        idx = [slice(None)] * t.dim()
+        idx[d] = slice(target - t.shape[d], target) if pad_first else slice(0, t.shape[d])
+        out[tuple(idx)] = t
+        return out
+
+    return recursively_apply(_one, tensor)
+
+
+# -- devices ----------------------------------------------------------------------------------------
+def send_to_device(obj: Any, device: torch.device | str, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+    """Move every tensor (or object with ``.to``) in ``obj`` to ``device``; keep the structure."""
+    if isinstance(skip_keys, str):
+        skip_keys = [skip_keys]
+    if isinstance(obj, (list, tuple)):
+        return _rebuild(obj, [send_to_device(x, device, non_blocking, skip_keys) for x in obj])
+    if isinstance(obj, Mapping):
+        out = {
+            k: (v if skip_keys and k in skip_keys else send_to_device(v, device, non_blocking, skip_keys))
+            for k, v in obj.items()
+        }
+        try:
+            return type(obj)(out)
+        except TypeError:
+            return out
+    if isinstance(obj, torch.Tensor):
+        if obj.device == torch.device(device):
+            return obj
+        return obj.to(device, non_blocking=non_blocking)
+    if hasattr(obj, "to") and callable(obj.to) and not isinstance(obj, torch.nn.Module):
+        try:
+            return obj.to(device, non_blocking=non_blocking)
+        except TypeError:
+            return obj.to(device)
+    return obj

@@ -1,0 +1,477 @@
+"""Process topology and shared training state.
+
+``PartialState`` reads the topology that torchrun (or accel_nb's launcher) puts in the
+environment -- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT`` -- and joins the process group (nccl on CUDA, gloo on CPU). Every instance
+shares one state, so it is cheap to create anywhere:
+
+    state = PartialState()
+    with state.main_process_first():
+        dataset = build_dataset()          # rank 0 first (downloads, caches), then the others
+    state.print(f"{state.num_processes} processes on {state.device}")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import enum
+import functools
+import math
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Environment variables accel_nb's launcher sets (the reference library's names are read too, so
+# configs and scripts written for it keep working).
+ENV_MIXED_PRECISION = "ACCEL_NB_MIXED_PRECISION"
+ENV_GRADIENT_ACCUMULATION_STEPS = "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"
+ENV_USE_CPU = "ACCEL_NB_USE_CPU"
+ENV_RENDEZVOUS_TIMEOUT = "ACCEL_NB_RENDEZVOUS_TIMEOUT"
+ENV_COLLECTIVE_TIMEOUT = "ACCEL_NB_COLLECTIVE_TIMEOUT"
+_REFERENCE_ENV = {
+    ENV_MIXED_PRECISION: "ACCELERATE_MIXED_PRECISION",
+    ENV_GRADIENT_ACCUMULATION_STEPS: "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+    ENV_USE_CPU: "ACCELERATE_USE_CPU",
+}
+
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+
+
+def env_value(name: str, default: str | None = None) -> str | None:
+    """Read an accel_nb variable, falling back to the reference library's spelling of it."""
+    value = os.environ.get(name)
+    if value is None and name in _REFERENCE_ENV:
+        value = os.environ.get(_REFERENCE_ENV[name])
+    return default if value is None or value == "" else value
+
+
+def env_flag(name: str) -> bool:
+    return str(env_value(name, "0")).strip().lower() in ("1", "true", "yes", "on")
+
+
+class DistributedType(str, enum.Enum):
+    """How the processes of this run talk to each other."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    XLA = "XLA"
+
+
+class TopologyError(ValueError):
+    """The launch environment describes an impossible topology (e.g. RANK >= WORLD_SIZE)."""
+
+
+class RendezvousError(RuntimeError):
+    """This process could not join the process group (main process unreachable, peers missing)."""
+
+
+def _int_env(name: str, default: int | None) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise TopologyError(f"{name}={raw!r} is not an integer; the launcher must set it to a whole number") from None
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise TopologyError(f"{name}={raw!r} is not a number of seconds") from None
+
+
+def read_topology() -> dict[str, Any]:
+    """The topology the environment describes, validated. Raises ``TopologyError`` when it disagrees."""
+    world_size = _int_env("WORLD_SIZE", 1)
+    rank = _int_env("RANK", 0)
+    local_rank = _int_env("LOCAL_RANK", None)
+    local_world_size = _int_env("LOCAL_WORLD_SIZE", None)
+    if world_size < 1:
+        raise TopologyError(f"WORLD_SIZE={world_size} must be at least 1")
+    if not 0 <= rank < world_size:
+        raise TopologyError(
+            f"RANK={rank} does not fit WORLD_SIZE={world_size}: ranks go from 0 to {world_size - 1}. "
+            "Set RANK and WORLD_SIZE from the same launch (torchrun, accel-nb launch or notebook_launcher)."
+        )
+    if local_rank is None:
+        local_rank = rank if world_size > 1 and local_world_size in (None, world_size) else 0
+    if local_world_size is None:
+        local_world_size = world_size if "LOCAL_RANK" not in os.environ else max(local_rank + 1, 1)
+    if not 0 <= local_rank < max(local_world_size, 1):
+        raise TopologyError(
+            f"LOCAL_RANK={local_rank} does not fit LOCAL_WORLD_SIZE={local_world_size}: "
+            f"local ranks go from 0 to {local_world_size - 1}."
+        )
+    if local_world_size > world_size:
+        raise TopologyError(f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}")
+    topo = {
+        "world_size": world_size,
+        "rank": rank,
+        "local_rank": local_rank,
+        "local_world_size": local_world_size,
+        "master_addr": os.environ.get("MASTER_ADDR"),
+        "master_port": _int_env("MASTER_PORT", None),
+    }
+    if world_size > 1 and (not topo["master_addr"] or topo["master_port"] is None):
+        raise TopologyError(
+            f"WORLD_SIZE={world_size} but MASTER_ADDR/MASTER_PORT are not set: every rank needs the "
+            "address of rank 0. Launch with notebook_launcher, accel-nb launch or torchrun, which set them."
+        )
+    return topo
+
+
+def _cuda_usable(cpu: bool) -> bool:
+    return not cpu and torch.cuda.is_available()
+
+
+def _join_process_group(topo: dict[str, Any], backend: str) -> None:
+    """Create the store with a bounded connect time, then the process group on it."""
+    rdzv_timeout = _float_env(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S)
+    coll_timeout = _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    rank, world = topo["rank"], topo["world_size"]
+    addr, port = topo["master_addr"], topo["master_port"]
+    # Under torchrun's elastic agent the agent already hosts the store on MASTER_PORT.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    where = f"{addr}:{port}"
+    try:
+        store = dist.TCPStore(
+            addr,
+            port,
+            world_size=world,
+            is_master=(rank == 0 and not agent_store),
+            timeout=datetime.timedelta(seconds=rdzv_timeout),
+            wait_for_workers=False,
+        )
+    except Exception as exc:  # DistNetworkError, RuntimeError, TimeoutError depending on torch
+        if rank == 0 and not agent_store:
+            cause = f"rank 0 could not listen on {where}"
+            fix = "the port is probably in use: pick another MASTER_PORT (or let the launcher pick one)"
+        else:
+            cause = f"rank {rank} could not reach the main process at {where} within {rdzv_timeout:g} s"
+            fix = (
+                "check that rank 0 is running and that MASTER_ADDR/MASTER_PORT are reachable from this "
+                f"machine, or allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
+            )
+        raise RendezvousError(f"{cause} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from exc
+    try:
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=rdzv_timeout),
+        )
+        # the rendezvous is over: collectives get the long timeout from here on
+        _set_group_timeout(coll_timeout)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        raise RendezvousError(
+            f"rank {rank} of {world} could not form the {backend} group at {where} within "
+            f"{rdzv_timeout:g} s ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            f"are all {world} ranks started? Allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
+        ) from exc
+
+
+def _set_group_timeout(seconds: float) -> None:
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None:
+        with contextlib.suppress(Exception):
+            setter(datetime.timedelta(seconds=seconds))
+
+
+class PartialState:
+    """Topology of this run: which process this is, how many there are, which device it uses.
+
+    All instances share one state (created on first use). ``cpu=True`` forces the CPU even
+    when GPUs are present.
+
+        state = PartialState()
+        if state.is_main_process:
+            print("world size", state.num_processes)
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = self._shared_state
+        if self._shared_state.get("initialized"):
+            if cpu and self.device.type != "cpu":
+                raise RuntimeError(
+                    "PartialState was already created on "
+                    f"{self.device}; cpu=True must be given the first time (or set {ENV_USE_CPU}=1)"
+                )
+            return
+        cpu = cpu or env_flag(ENV_USE_CPU)
+        topo = read_topology()
+        self.num_processes: int = topo["world_size"]
+        self.process_index: int = topo["rank"]
+        self.local_process_index: int = topo["local_rank"]
+        self.num_local_processes: int = topo["local_world_size"]
+        self._owns_group = False
+        use_cuda = _cuda_usable(cpu)
+        if use_cuda:
+            index = self.local_process_index % max(torch.cuda.device_count(), 1)
+            self.device = torch.device("cuda", index)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        if self.num_processes > 1:
+            self.backend = "nccl" if use_cuda else "gloo"
+            self.distributed_type = DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU
+            if not dist.is_initialized():
+                _join_process_group(topo, self.backend)
+                self._owns_group = True
+        else:
+            self.backend = None
+            self.distributed_type = DistributedType.NO
+        self.fork_launched = os.environ.get("ACCEL_NB_FORKED") == "1"
+        self.initialized = True
+
+    # -- identity -----------------------------------------------------------------------------
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    def __repr__(self) -> str:
+        return (
+            f"PartialState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
+            f"process_index={self.process_index}, local_process_index={self.local_process_index}, "
+            f"device={self.device}, backend={self.backend})"
+        )
+
+    # -- synchronisation ------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this line (a barrier; nothing with one process)."""
+        if self.use_distributed:
+            dist.barrier()
+
+    @contextlib.contextmanager
+    def _goes_first(self, first: bool) -> Iterator[None]:
+        if not first:
+            self.wait_for_everyone()
+        yield
+        if first:
+            self.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on the main process first, then on all the others together."""
+        return self._goes_first(self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on each machine's local main process first, then on the rest."""
+        return self._goes_first(self.is_local_main_process)
+
+    # -- decorators -----------------------------------------------------------------------------
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: the function runs on the main process only (returns None elsewhere)."""
+        return self.on_process(function, process_index=0)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: the function runs on each machine's local main process only."""
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.is_local_main_process:
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
+        """Decorator: the function runs on ``process_index`` only (returns None elsewhere)."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.process_index == process_index:
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return self.on_process(function, process_index=self.num_processes - 1)
+
+    # -- work splitting -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Yield this process's contiguous share of ``inputs`` (list, tuple, tensor, dict of those).
+
+        With ``apply_padding`` every share has the same length (the last element is repeated),
+        which keeps a later ``gather`` shape-consistent; drop the padding after gathering.
+
+            with state.split_between_processes(prompts) as mine:
+                outputs = [generate(p) for p in mine]
+        """
+        yield split_for_process(inputs, self.process_index, self.num_processes, apply_padding)
+
+    # -- output ---------------------------------------------------------------------------------
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+    # -- teardown -------------------------------------------------------------------------------
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Leave the process group and forget the topology (the next PartialState starts fresh)."""
+        if self.use_distributed and dist.is_initialized():
+            dist.destroy_process_group(group)
+        if group is None:
+            _reset_all_states()
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget the shared state (tests and warm workers between launches)."""
+        cls._shared_state.clear()
+
+
+def _share(n: int, index: int, parts: int) -> tuple[int, int]:
+    """(start, stop) of part ``index`` when ``n`` items are split into ``parts`` contiguous parts."""
+    base, extra = divmod(n, parts)
+    start = index * base + min(index, extra)
+    return start, start + base + (1 if index < extra else 0)
+
+
+def split_for_process(inputs: Any, index: int, parts: int, apply_padding: bool = False) -> Any:
+    """Pure function behind ``split_between_processes``."""
+    if parts == 1:
+        return inputs
+    if isinstance(inputs, dict):
+        lengths = {k: len(v) for k, v in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"split_between_processes needs every value of the dict to have the same length, got {lengths}")
+        return {k: split_for_process(v, index, parts, apply_padding) for k, v in inputs.items()}
+    if not hasattr(inputs, "__len__") or not hasattr(inputs, "__getitem__"):
+        raise TypeError(
+            f"split_between_processes takes a list, tuple, tensor or dict of those, not {type(inputs).__name__}"
+        )
+    n = len(inputs)
+    start, stop = _share(n, index, parts)
+    part = inputs[start:stop]
+    if apply_padding:
+        longest = math.ceil(n / parts)
+        missing = longest - (stop - start)
+        if missing > 0 and n > 0:
+            last = inputs[-1:] if stop - start == 0 else part[-1:]
+            if isinstance(part, torch.Tensor):
+                part = torch.cat([part] + [last] * missing)
+            elif isinstance(part, tuple):
+                part = part + tuple(last) * missing
+            else:
+                part = list(part) + list(last) * missing
+    return part
+
+
+class AcceleratorState(PartialState):
+    """PartialState plus the training settings of this run (mixed precision, ...), shared too."""
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
+        self.__dict__ = self._shared_state
+        if not self._shared_state.get("initialized"):
+            partial = PartialState(cpu=cpu)
+            self._shared_state.update(partial.__dict__)
+            mp = mixed_precision if mixed_precision is not None else env_value(ENV_MIXED_PRECISION, "no")
+            self.mixed_precision = validate_mixed_precision(mp)
+            self.initialized = True
+        elif mixed_precision is not None and validate_mixed_precision(mixed_precision) != self.mixed_precision:
+            raise RuntimeError(
+                f"AcceleratorState already exists with mixed_precision={self.mixed_precision!r}; "
+                f"it cannot change to {mixed_precision!r} in the same run. Create one Accelerator per run "
+                "(or call AcceleratorState._reset_state() first in tests)."
+            )
+
+    @property
+    def partial_state(self) -> PartialState:
+        return PartialState()
+
+
+def validate_mixed_precision(value: Any) -> str:
+    """Normalise a mixed-precision setting; a clear error for anything else."""
+    normal = {None: "no", False: "no", "none": "no", "no": "no", "fp32": "no", "fp16": "fp16", "bf16": "bf16"}
+    key = value.lower().strip() if isinstance(value, str) else value
+    if key not in normal:
+        raise ValueError(
+            f"mixed_precision={value!r} is not supported; choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
+        )
+    return normal[key]
+
+
+class GradientState:
+    """Shared state of gradient accumulation: whether this step syncs, where the loader is."""
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_steps: int | None = None) -> None:
+        self.__dict__ = self._shared_state
+        if not self._shared_state.get("initialized"):
+            self.sync_gradients = True
+            self.num_steps = 1
+            self.active_dataloader = None
+            self.dataloader_references: list[Any] = [None]
+            self.remainder = -1
+            self.sync_with_dataloader = True
+            self.initialized = True
+        if gradient_accumulation_steps is not None:
+            self.num_steps = int(gradient_accumulation_steps)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the active data loader is yielding its last batch."""
+        dl = self.active_dataloader
+        return bool(dl is not None and getattr(dl, "end_of_dataloader", False))
+
+    @property
+    def in_dataloader(self) -> bool:
+        return self.active_dataloader is not None
+
+    def _set_sync_gradients(self, value: bool) -> None:
+        self.sync_gradients = value
+
+    def _add_dataloader(self, dataloader: Any) -> None:
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader: Any) -> None:
+        if dataloader in self.dataloader_references:
+            self.dataloader_references.remove(dataloader)
+        self.active_dataloader = self.dataloader_references[-1] if self.dataloader_references else None
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        cls._shared_state.clear()
+
+
+def _reset_all_states() -> None:
+    PartialState._reset_state()
+    AcceleratorState._reset_state()
+    GradientState._reset_state()

@@ -1,0 +1,38 @@
+"""Test ordering and skips: fast unit tests first, then multi-process, kernel, notebook, browser."""
+
+import os
+import shutil
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+_STAGES = ["multiproc", "kernel", "notebooks", "browser"]
+
+
+def _stage(item: pytest.Item) -> int:
+    for i, name in reversed(list(enumerate(_STAGES, start=1))):
+        if item.get_closest_marker(name):
+            return i
+    return 0
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=_stage)  # stable: keeps file order inside a stage
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    has_chromium = shutil.which("chromium") is not None or os.path.exists("/usr/bin/chromium")
+    for item in items:
+        if item.get_closest_marker("gpu") and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if item.get_closest_marker("browser") and not has_chromium:
+            item.add_marker(pytest.mark.skip(reason="needs Debian's chromium (scripts/test.sh installs it)"))

@@ -1,0 +1,256 @@
+"""PartialState / AcceleratorState / GradientState: single process and real 2-rank gloo groups."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from accel_nb.state import (
+    AcceleratorState,
+    DistributedType,
+    GradientState,
+    PartialState,
+    RendezvousError,
+    TopologyError,
+    _reset_all_states,
+    split_for_process,
+    validate_mixed_precision,
+)
+from tests.dist_helpers import RanksFailed, free_port, run_ranks
+
+TOPO_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for k in TOPO_VARS:
+        monkeypatch.delenv(k, raising=False)
+    _reset_all_states()
+    yield monkeypatch
+    _reset_all_states()
+
+
+def test_single_process_defaults(clean_env):
+    s = PartialState()
+    assert s.num_processes == 1 and s.process_index == 0 and s.local_process_index == 0
+    assert s.is_main_process and s.is_local_main_process and s.is_last_process
+    assert s.distributed_type is DistributedType.NO and s.backend is None
+    assert s.device == torch.device("cpu")
+    assert PartialState().__dict__ is s.__dict__  # shared state
+    s.wait_for_everyone()  # no-op
+
+
+def test_rank_world_size_disagree(clean_env):
+    clean_env.setenv("WORLD_SIZE", "2")
+    clean_env.setenv("RANK", "2")
+    with pytest.raises(TopologyError, match=r"RANK=2 does not fit WORLD_SIZE=2"):
+        PartialState()
+
+
+def test_local_rank_out_of_range(clean_env):
+    for k, v in {"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}.items():
+        clean_env.setenv(k, v)
+    with pytest.raises(TopologyError, match="LOCAL_RANK=3 does not fit LOCAL_WORLD_SIZE=2"):
+        PartialState()
+
+
+def test_missing_master_addr(clean_env):
+    clean_env.setenv("WORLD_SIZE", "2")
+    clean_env.setenv("RANK", "0")
+    with pytest.raises(TopologyError, match="MASTER_ADDR/MASTER_PORT are not set"):
+        PartialState()
+
+
+def test_non_integer_rank(clean_env):
+    clean_env.setenv("RANK", "zero")
+    with pytest.raises(TopologyError, match="RANK='zero' is not an integer"):
+        PartialState()
+
+
+def test_mixed_precision_validation(clean_env):
+    assert validate_mixed_precision("BF16") == "bf16"
+    assert validate_mixed_precision(None) == "no"
+    with pytest.raises(ValueError, match="choose one of no, fp16, bf16"):
+        validate_mixed_precision("fp8x")
+    clean_env.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # the reference library's spelling
+    assert AcceleratorState().mixed_precision == "bf16"
+    with pytest.raises(RuntimeError, match="cannot change"):
+        AcceleratorState(mixed_precision="fp16")
+
+
+def test_gradient_state_shared(clean_env):
+    g = GradientState(gradient_accumulation_steps=4)
+    assert GradientState().num_steps == 4 and g.sync_gradients and not g.end_of_dataloader
+
+
+@pytest.mark.parametrize(
+    "n,parts,pad,expected",
+    [
+        (5, 2, False, [[0, 1, 2], [3, 4]]),
+        (5, 2, True, [[0, 1, 2], [3, 4, 4]]),
+        (2, 3, True, [[0], [1], [1]]),
+        (6, 3, False, [[0, 1], [2, 3], [4, 5]]),
+    ],
+)
+def test_split_for_process_lists(n, parts, pad, expected):
+    data = list(range(n))
+    assert [split_for_process(data, i, parts, pad) for i in range(parts)] == expected
+
+
+def test_split_for_process_types():
+    t = torch.arange(5)
+    assert torch.equal(split_for_process(t, 1, 2, True), torch.tensor([3, 4, 4]))
+    d = {"a": [1, 2, 3], "b": torch.tensor([4, 5, 6])}
+    part = split_for_process(d, 1, 2)
+    assert part["a"] == [3] and torch.equal(part["b"], torch.tensor([6]))
+    assert split_for_process((1, 2, 3), 1, 2, True) == (3, 3)
+    with pytest.raises(ValueError, match="same length"):
+        split_for_process({"a": [1], "b": [1, 2]}, 0, 2)
+    with pytest.raises(TypeError, match="list, tuple, tensor or dict"):
+        split_for_process(7, 0, 2)
+
+
+# -- real 2-rank gloo groups ----------------------------------------------------------------------
+def _topology():
+    s = PartialState()
+    import torch.distributed as dist
+
+    return (s.process_index, s.num_processes, s.local_process_index, s.distributed_type.value, s.backend,
+            dist.get_world_size(), s.is_main_process, s.is_last_process)
+
+
+@pytest.mark.multiproc
+def test_two_ranks_form_a_real_gloo_group():
+    res = run_ranks(_topology, 2)
+    assert res == [
+        (0, 2, 0, "MULTI_CPU", "gloo", 2, True, False),
+        (1, 2, 1, "MULTI_CPU", "gloo", 2, False, True),
+    ]
+
+
+def _ordering(path):
+    s = PartialState()
+    with s.main_process_first():
+        with open(path, "a") as f:
+            f.write(f"enter {s.process_index}\n")
+        time.sleep(0.3 if s.is_main_process else 0)
+        with open(path, "a") as f:
+            f.write(f"leave {s.process_index}\n")
+    s.wait_for_everyone()
+    return open(path).read().split("\n")[:4]
+
+
+@pytest.mark.multiproc
+def test_main_process_first_ordering(tmp_path):
+    path = str(tmp_path / "order.txt")
+    res = run_ranks(_ordering, 2, args=(path,))
+    assert res[0] == ["enter 0", "leave 0", "enter 1", "leave 1"]
+
+
+def _barrier(path):
+    s = PartialState()
+    if s.process_index == 1:
+        time.sleep(0.5)
+        open(path, "w").write("late rank was here")
+    s.wait_for_everyone()
+    return os.path.exists(path)
+
+
+@pytest.mark.multiproc
+def test_wait_for_everyone(tmp_path):
+    assert run_ranks(_barrier, 2, args=(str(tmp_path / "flag"),)) == [True, True]
+
+
+def _split():
+    s = PartialState()
+    with s.split_between_processes(list(range(5)), apply_padding=True) as mine:
+        a = mine
+    with s.split_between_processes({"x": torch.arange(4)}) as mine:
+        b = mine["x"].tolist()
+    return a, b
+
+
+@pytest.mark.multiproc
+def test_split_between_processes():
+    assert run_ranks(_split, 2) == [([0, 1, 2], [0, 1]), ([3, 4, 4], [2, 3])]
+
+
+def _print_and_decorators():
+    import contextlib
+    import io
+
+    s = PartialState()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        s.print("hello from", s.process_index)
+    ran = []
+    s.on_main_process(lambda: ran.append("main"))()
+    s.on_process(lambda: ran.append("last"), process_index=1)()
+    s.on_local_main_process(lambda: ran.append("local"))()
+    return buf.getvalue(), ran
+
+
+@pytest.mark.multiproc
+def test_print_and_decorators():
+    res = run_ranks(_print_and_decorators, 2)
+    assert res[0] == ("hello from 0\n", ["main", "local"])
+    assert res[1] == ("", ["last"])
+
+
+def _destroy_and_rejoin():
+    s = PartialState()
+    first = s.num_processes
+    s.destroy_process_group()
+    import torch.distributed as dist
+
+    return first, dist.is_initialized(), PartialState._shared_state == {}
+
+
+@pytest.mark.multiproc
+def test_destroy_process_group_resets():
+    assert run_ranks(_destroy_and_rejoin, 2) == [(2, False, True), (2, False, True)]
+
+
+@pytest.mark.multiproc
+def test_unreachable_master_is_a_clear_timeout(clean_env):
+    """A non-main rank whose MASTER_ADDR:PORT has nobody listening fails within the limit."""
+    port = free_port()
+    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               ACCEL_NB_RENDEZVOUS_TIMEOUT="3")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", "from accel_nb import PartialState; PartialState()"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert "RendezvousError" in proc.stderr
+    assert f"rank 1 could not reach the main process at 127.0.0.1:{port} within 3 s" in proc.stderr
+    assert elapsed < 30
+
+
+@pytest.mark.multiproc
+def test_missing_peer_is_a_clear_timeout(clean_env):
+    """Rank 0 of 2 whose peer never comes gives up with a message, not a hang."""
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               ACCEL_NB_RENDEZVOUS_TIMEOUT="3")
+    proc = subprocess.run([sys.executable, "-c", "from accel_nb import PartialState; PartialState()"],
+                          env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode != 0
+    assert "RendezvousError" in proc.stderr and "are all 2 ranks started?" in proc.stderr
+
+
+def _bad_rank_in_child():
+    os.environ["RANK"] = "5"
+    _reset_all_states()
+    PartialState()
+
+
+@pytest.mark.multiproc
+def test_errors_from_ranks_are_reported():
+    with pytest.raises(RanksFailed, match="RANK=5 does not fit WORLD_SIZE=2"):
+        run_ranks(_bad_rank_in_child, 2, timeout=60)
