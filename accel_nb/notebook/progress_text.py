@@ -1,0 +1,266 @@
+"""What the parent knows about each rank of a launch, and how to say it in whole text lines.
+
+:class:`LaunchProgress` folds the events of one launch into a per-rank view (status, loop
+position, rate, ETA, latest metrics, failure, recent log lines); the widget draws it and
+:class:`ProgressTextFormatter` turns it into rank-prefixed lines for terminals, nbconvert and CI.
+
+    state = LaunchProgress(2)
+    state.apply(Progress(rank=0, name="train", n=5, total=10))
+    print(state.summary_lines(ok=True))
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from accel_nb import events as ev
+from accel_nb.progress import (
+    eta_seconds,
+    format_duration,
+    format_metrics,
+    format_progress_line,
+    format_rate,
+)
+
+STALL_AFTER = 30.0  # seconds without any event from a running rank that showed progress
+LOG_LINES_KEPT = 500  # per rank, for the log panes (full logs live in the launcher's files)
+
+
+@dataclass
+class RankView:
+    """Everything shown for one rank."""
+
+    rank: int
+    phase: str = "starting"  # last Phase event, or running/done/failed
+    name: str | None = None  # the loop shown (the last one that reported)
+    desc: str | None = None
+    n: int = 0
+    total: int | None = None
+    rate: float | None = None
+    loop_done: bool = False
+    metrics: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+    finished: bool = False  # Result seen
+    failed: bool = False
+    exc_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    last_event: float = field(default_factory=time.monotonic)
+    seen_progress: bool = False
+    logs: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES_KEPT))
+    log_count: int = 0
+
+    def eta(self) -> float | None:
+        if self.finished or self.loop_done:
+            return 0.0 if self.total else None
+        return eta_seconds(self.n, self.total, self.rate)
+
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return min(max(self.n / self.total, 0.0), 1.0)
+
+
+class LaunchProgress:
+    """The per-rank state of one launch, updated by :meth:`apply` for every event."""
+
+    def __init__(self, num_processes: int, stall_after: float = STALL_AFTER) -> None:
+        self.num_processes = max(int(num_processes), 1)
+        self.stall_after = stall_after
+        self.ranks = {r: RankView(r) for r in range(self.num_processes)}
+        self.started = time.monotonic()
+        self.ended: float | None = None
+        self.ok: bool | None = None
+        self.first_failure: int | None = None
+
+    def view(self, rank: int) -> RankView:
+        if rank not in self.ranks:  # more ranks than announced (or an odd rank id): show it anyway
+            self.ranks[rank] = RankView(rank)
+            self.num_processes = max(self.num_processes, len(self.ranks))
+        return self.ranks[rank]
+
+    def apply(self, event: Any) -> bool:
+        """Fold ``event`` in; True when it changed a rank's status (worth showing at once)."""
+        rank = getattr(event, "rank", None)
+        if rank is None or rank < 0:
+            return False
+        v = self.view(int(rank))
+        now = time.monotonic()
+        before = self.status(v.rank, now)
+        if isinstance(event, ev.Progress):
+            v.name, v.desc, v.n, v.total = event.name, event.desc, event.n, event.total
+            v.rate, v.loop_done = event.rate, event.done
+            if event.metrics:
+                v.metrics.update(event.metrics)
+            v.seen_progress = True
+            if not v.finished and not v.failed:
+                v.phase = "running"
+            v.last_event = now
+        elif isinstance(event, ev.Metrics):
+            v.metrics.update(event.values)
+            if event.step is not None:
+                v.step = event.step
+            v.last_event = now
+        elif isinstance(event, ev.Log):
+            for line in event.text.splitlines():
+                v.logs.append((event.stream, line))
+                v.log_count += 1
+            v.last_event = now
+        elif isinstance(event, ev.Phase):
+            if not v.finished and not v.failed:
+                v.phase = event.phase
+            v.last_event = now
+        elif isinstance(event, ev.Result):
+            v.finished = True
+            v.phase = "done"
+            v.last_event = now
+        elif isinstance(event, ev.Failure):
+            v.failed = True
+            v.phase = "failed"
+            v.exc_type, v.message, v.traceback = event.exc_type, event.message, event.traceback
+            if self.first_failure is None:
+                self.first_failure = v.rank
+            v.last_event = now
+        elif isinstance(event, ev.Stacks):
+            v.logs.append(("stacks", "--- stack dump ---"))
+            for line in event.text.splitlines():
+                v.logs.append(("stacks", line))
+        return self.status(v.rank, now) != before
+
+    def finish(self, ok: bool) -> None:
+        self.ended = time.monotonic()
+        self.ok = ok
+        for v in self.ranks.values():
+            if ok and not v.failed:
+                v.finished, v.phase = True, "done"
+            elif not v.finished and not v.failed:
+                v.phase = "stopped"
+
+    def status(self, rank: int, now: float | None = None) -> str:
+        """``starting`` / a phase name / ``running`` / ``stalled`` / ``done`` / ``failed`` / ``stopped``."""
+        v = self.ranks[rank]
+        if v.failed:
+            return "failed"
+        if v.finished:
+            return "done"
+        if self.ended is not None:
+            return v.phase
+        now = time.monotonic() if now is None else now
+        if v.seen_progress and now - v.last_event > self.stall_after:
+            return "stalled"
+        return v.phase
+
+    def elapsed(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+    # -- text ------------------------------------------------------------------------------
+    def rank_line(self, rank: int, now: float | None = None) -> str:
+        """``"rank 0  done     train 100%|####| 100/100 [2300 it/s, ETA 0:00] loss=0.1"``."""
+        v = self.ranks[rank]
+        status = self.status(rank, now)
+        parts = [f"rank {rank}", f"{status:<8}"]
+        if v.seen_progress:
+            parts.append(format_progress_line(v.n, v.total, v.rate, None, v.desc or v.name))
+        metrics = format_metrics(v.metrics)
+        if metrics:
+            parts.append(metrics)
+        if v.failed:
+            parts.append(f"{v.exc_type}: {v.message}")
+        return " ".join(parts)
+
+    def aggregate_line(self, now: float | None = None) -> str:
+        """``"2 ranks: 1 running, 1 done | 4500 it/s total | slowest ETA 0:12 | elapsed 0:03"``."""
+        now = time.monotonic() if now is None else now
+        counts: dict[str, int] = {}
+        for r in self.ranks:
+            s = self.status(r, now)
+            counts[s] = counts.get(s, 0) + 1
+        parts = [f"{len(self.ranks)} ranks: " + ", ".join(f"{c} {s}" for s, c in counts.items())]
+        running = [v for v in self.ranks.values() if not v.finished and not v.failed and v.seen_progress]
+        rates = [v.rate for v in running if v.rate]
+        if rates:
+            parts.append(f"{format_rate(sum(rates))} total")
+        etas = [v.eta() for v in running]
+        if etas and all(e is not None for e in etas):
+            parts.append(f"slowest ETA {format_duration(max(etas))}")  # type: ignore[type-var]
+        parts.append(f"elapsed {format_duration(self.elapsed())}")
+        return " | ".join(parts)
+
+    def summary_lines(self, ok: bool | None = None, summary: str | None = None) -> list[str]:
+        """The final state in a few lines (kept in saved notebooks, printed in text mode)."""
+        ok = self.ok if ok is None else ok
+        word = "finished" if ok else "failed"
+        head = f"accel_nb launch {word}: {self.num_processes} process{'es' if self.num_processes != 1 else ''} in {format_duration(self.elapsed())}"
+        lines = [head]
+        lines += ["  " + self.rank_line(r) for r in sorted(self.ranks)]
+        if summary:
+            lines.append("  " + summary.strip())
+        return lines
+
+
+class ProgressTextFormatter:
+    """Turns events into whole, rank-prefixed text lines; progress lines are throttled.
+
+    A loop's line is printed when it starts, when it ends, and at most every ``interval`` seconds
+    in between, so a 100k-step loop writes a handful of lines, never partial ones.
+
+        fmt = ProgressTextFormatter(interval=5)
+        fmt.start(2, {})
+        for line in fmt.lines_for(event): print(line)
+    """
+
+    def __init__(self, interval: float = 5.0, show_logs: bool = True) -> None:
+        self.interval = interval
+        self.show_logs = show_logs
+        self.state = LaunchProgress(1)
+        self._last_line: dict[tuple[int, str], float] = {}
+        self._last_metrics: dict[int, float] = {}
+
+    def start(self, num_processes: int, info: dict[str, Any] | None = None) -> None:
+        self.state = LaunchProgress(num_processes)
+        self._last_line.clear()
+        self._last_metrics.clear()
+
+    @staticmethod
+    def prefix(rank: int) -> str:
+        return f"[rank {rank}] "
+
+    def lines_for(self, event: Any) -> list[str]:
+        """The lines to print for ``event`` now (often none: throttled)."""
+        self.state.apply(event)
+        rank = getattr(event, "rank", 0)
+        p = self.prefix(rank)
+        now = time.monotonic()
+        if isinstance(event, ev.Progress):
+            key = (rank, event.name)
+            last = self._last_line.get(key)
+            if event.done or last is None or now - last >= self.interval:
+                self._last_line[key] = now
+                line = format_progress_line(event.n, event.total, event.rate, event.metrics, event.desc or event.name)
+                return [p + line]
+            return []
+        if isinstance(event, ev.Metrics):
+            last = self._last_metrics.get(rank)
+            if last is None or now - last >= self.interval:
+                self._last_metrics[rank] = now
+                step = f"step {event.step}: " if event.step is not None else ""
+                return [p + step + format_metrics(event.values)]
+            return []
+        if isinstance(event, ev.Log):
+            if not self.show_logs:
+                return []
+            return [p + line for line in event.text.splitlines()]
+        if isinstance(event, ev.Failure):
+            lines = [f"{p}FAILED: {event.exc_type}: {event.message}"]
+            lines += [p + line for line in (event.traceback or "").rstrip("\n").splitlines()]
+            return lines
+        if isinstance(event, ev.Stacks):
+            return [p + "stack:"] + [p + line for line in event.text.rstrip("\n").splitlines()]
+        return []
+
+    def finish_lines(self, ok: bool, summary: str | None = None) -> list[str]:
+        self.state.finish(ok)
+        return self.state.summary_lines(ok, summary)
