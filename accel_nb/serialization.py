@@ -74,7 +74,7 @@ class CheckpointError(ValueError):
 def parse_size(size: int | str) -> int:
     """Bytes in a size: ``parse_size("10GB") == 10**9 * 10``, ``parse_size("2GiB") == 2 * 2**30``.
 
-        parse_size("500MB")  # 500_000_000
+    parse_size("500MB")  # 500_000_000
     """
     if isinstance(size, bool):
         raise ValueError(f"size {size!r} is not a size; use bytes (int) or a string like '10GB'")
@@ -265,7 +265,11 @@ def save_sharded_safetensors(
     index_path = os.path.join(save_directory, weights_name + SAFE_INDEX_SUFFIX)
     single_path = os.path.join(save_directory, weights_name)
 
-    names = [weights_name] if len(shards) == 1 else [shard_file_name(weights_name, i + 1, len(shards)) for i in range(len(shards))]
+    names = (
+        [weights_name]
+        if len(shards) == 1
+        else [shard_file_name(weights_name, i + 1, len(shards)) for i in range(len(shards))]
+    )
     written: list[str] = []
     for file_name, shard in zip(names, shards):
         path = os.path.join(save_directory, file_name)
@@ -401,7 +405,10 @@ class CheckpointIndex:
 
 
 def _find_in_folder(folder: str) -> str:
-    candidates = [os.path.join(folder, SAFE_WEIGHTS_NAME + SAFE_INDEX_SUFFIX), os.path.join(folder, SAFE_WEIGHTS_NAME)]
+    candidates = [
+        os.path.join(folder, SAFE_WEIGHTS_NAME + SAFE_INDEX_SUFFIX),
+        os.path.join(folder, SAFE_WEIGHTS_NAME),
+    ]
     for c in candidates:
         if os.path.isfile(c):
             return c
@@ -436,7 +443,9 @@ def _aliases_from(metadata: Mapping[str, str], path: str) -> dict[str, str]:
         value = json.loads(raw)
         return {str(k): str(v) for k, v in value.items()}
     except (ValueError, AttributeError):
-        raise CheckpointError(f"{path}: metadata {ALIASES_KEY!r} is not a JSON object; re-save the file") from None
+        raise CheckpointError(
+            f"{path}: metadata {ALIASES_KEY!r} is not a JSON object; re-save the file"
+        ) from None
 
 
 def index_checkpoint(path: str | os.PathLike) -> CheckpointIndex:
@@ -490,7 +499,11 @@ def _index_from_json(index_file: str) -> CheckpointIndex:
     if missing:
         raise CheckpointError(
             f"shard {os.path.basename(missing[0])} named by {index_file} is missing"
-            + (f" (and {len(missing) - 1} more: {', '.join(os.path.basename(m) for m in missing[1:4])})" if len(missing) > 1 else "")
+            + (
+                f" (and {len(missing) - 1} more: {', '.join(os.path.basename(m) for m in missing[1:4])})"
+                if len(missing) > 1
+                else ""
+            )
             + "; copy the complete checkpoint folder"
         )
     headers: dict[str, dict[str, TensorHeader]] = {}
@@ -507,13 +520,20 @@ def _index_from_json(index_file: str) -> CheckpointIndex:
             )
     aliases.update({str(k): str(v) for k, v in (metadata.get("aliases") or {}).items()})
     aliases = {a: t for a, t in aliases.items() if a not in abs_map}
-    return CheckpointIndex(files=files, weight_map=abs_map, metadata=metadata, aliases=aliases, headers=headers, index_file=index_file)
+    return CheckpointIndex(
+        files=files,
+        weight_map=abs_map,
+        metadata=metadata,
+        aliases=aliases,
+        headers=headers,
+        index_file=index_file,
+    )
 
 
 def tensor_info(index: CheckpointIndex, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
     """``(torch dtype, shape)`` of a tensor from the headers (no data read); aliases resolve.
 
-        dtype, shape = tensor_info(index, "lm_head.weight")
+    dtype, shape = tensor_info(index, "lm_head.weight")
     """
     saved = index.resolve(name)
     if saved not in index.weight_map:
@@ -536,7 +556,10 @@ def _as_index(checkpoint: CheckpointIndex | str | os.PathLike) -> CheckpointInde
 
 
 def check_against(
-    index: CheckpointIndex, expected: Mapping[str, torch.Size | tuple[int, ...]], strict: bool = True, what: str = "model"
+    index: CheckpointIndex,
+    expected: Mapping[str, torch.Size | tuple[int, ...]],
+    strict: bool = True,
+    what: str = "model",
 ) -> LoadResult:
     """Compare a checkpoint with the names and shapes a target expects; one error listing every problem."""
     where = index.index_file or index.files[0]
@@ -556,17 +579,27 @@ def check_against(
     if mismatched:
         problems.append(f"{len(mismatched)} shape mismatch(es): " + "; ".join(mismatched))
     if strict and missing:
-        problems.append(f"{len(missing)} missing key(s): " + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else ""))
+        problems.append(
+            f"{len(missing)} missing key(s): "
+            + ", ".join(missing[:20])
+            + (" ..." if len(missing) > 20 else "")
+        )
     if strict and unexpected:
         problems.append(
-            f"{len(unexpected)} unexpected key(s): " + ", ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20 else "")
+            f"{len(unexpected)} unexpected key(s): "
+            + ", ".join(unexpected[:20])
+            + (" ..." if len(unexpected) > 20 else "")
         )
     if problems:
         raise CheckpointError(
             f"checkpoint {where} does not match the {what} (nothing was loaded): "
             + " | ".join(problems)
             + ". Build the same architecture/config that was saved"
-            + ("" if not (missing or unexpected) or not strict else ", or pass strict=False to skip missing/unexpected keys")
+            + (
+                ""
+                if not (missing or unexpected) or not strict
+                else ", or pass strict=False to skip missing/unexpected keys"
+            )
         )
     return LoadResult(missing, unexpected)
 

@@ -49,7 +49,15 @@ def _same(a: nn.Module, b: nn.Module) -> None:
 # -- sizes -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text,expected",
-    [("10GB", 10 * 10**9), ("500MB", 500 * 10**6), ("2GiB", 2 * 2**30), ("1.5KB", 1500), ("64 kib", 65536), (123, 123), ("77", 77)],
+    [
+        ("10GB", 10 * 10**9),
+        ("500MB", 500 * 10**6),
+        ("2GiB", 2 * 2**30),
+        ("1.5KB", 1500),
+        ("64 kib", 65536),
+        (123, 123),
+        ("77", 77),
+    ],
 )
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
@@ -223,7 +231,9 @@ def test_corrupted_header_and_trailing_garbage(tmp_path):
 def test_missing_shard_names_shard_and_index(tmp_path):
     _, shards = _sharded(tmp_path)
     os.remove(tmp_path / shards[1])
-    with pytest.raises(CheckpointError, match=rf"shard {shards[1]} named by .*model.safetensors.index.json is missing"):
+    with pytest.raises(
+        CheckpointError, match=rf"shard {shards[1]} named by .*model.safetensors.index.json is missing"
+    ):
         index_checkpoint(tmp_path)
 
 
@@ -240,13 +250,17 @@ def test_index_naming_a_missing_tensor(tmp_path):
 def test_shape_mismatch_missing_and_unexpected_are_listed_together(tmp_path):
     _sharded(tmp_path)
     other = TiedLM(dim=8)
-    with pytest.raises(CheckpointError, match=r"shape mismatch.*'blocks.0.weight': checkpoint \[16, 16\].*TiedLM \[8, 8\]"):
+    with pytest.raises(
+        CheckpointError, match=r"shape mismatch.*'blocks.0.weight': checkpoint \[16, 16\].*TiedLM \[8, 8\]"
+    ):
         load_safetensors_into(other, tmp_path)
     fewer = TiedLM(layers=2)
     with pytest.raises(CheckpointError, match=r"unexpected key\(s\): blocks.2.bias, blocks.2.weight"):
         load_safetensors_into(fewer, tmp_path)
     more = TiedLM(layers=4)
-    with pytest.raises(CheckpointError, match=r"missing key\(s\): blocks.3.bias, blocks.3.weight.*strict=False"):
+    with pytest.raises(
+        CheckpointError, match=r"missing key\(s\): blocks.3.bias, blocks.3.weight.*strict=False"
+    ):
         load_safetensors_into(more, tmp_path)
     result = load_safetensors_into(more, tmp_path, strict=False)
     assert result.missing_keys == ["blocks.3.bias", "blocks.3.weight"] and result.unexpected_keys == []
@@ -264,6 +278,10 @@ def test_pickle_layout_when_not_safe(tmp_path):
     sd = {f"w{i}": torch.full((100,), float(i)) for i in range(4)}
     save_sharded_safetensors(sd, tmp_path, max_shard_size=900, safe_serialization=False)
     names = sorted(os.listdir(tmp_path))
-    assert names == ["pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json"]
+    assert names == [
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+        "pytorch_model.bin.index.json",
+    ]
     part = torch.load(tmp_path / names[0], weights_only=True)
     assert torch.equal(part["w0"], sd["w0"])
