@@ -1,0 +1,378 @@
+"""One live ipywidgets view per launch: a bar per rank, an aggregate line, failures, log panes.
+
+Fed by the launcher's supervisor like any Reporter (``start`` / ``handle`` / ``finish``). Widget
+updates are coalesced: at most ``1 / min_interval`` syncs per second per launch (10 by default),
+whatever the number of events; a rank's status change (done, failed) shows at once, and
+``finish`` always flushes the final state. When the launch ends, the output's ``text/plain``
+becomes a per-rank summary, so executed and saved notebooks show the final state as text too.
+
+    reporter = WidgetReporter(2, desc="train")
+    reporter.start(2, {})
+    reporter.handle(Progress(rank=0, name="train", n=5, total=10))
+    reporter.finish(ok=True)
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+from accel_nb import events as ev
+from accel_nb.progress import format_duration, format_metrics, format_rate
+
+from .progress_text import LaunchProgress
+
+STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
+    "starting": ("", "#757575"),
+    "running": ("info", "#1565c0"),
+    "stalled": ("warning", "#ef6c00"),
+    "done": ("success", "#2e7d32"),
+    "failed": ("danger", "#c62828"),
+    "stopped": ("warning", "#6d4c41"),
+}
+PANE_LINES = 200  # lines of each rank's log shown in its pane
+PANE_INTERVAL = 0.5  # seconds between two refreshes of a log pane
+
+
+def _esc(text: Any) -> str:
+    return html.escape(str(text), quote=False)
+
+
+class WidgetReporter:
+    """Draws one launch in a Jupyter cell; thread-safe; see the module docstring."""
+
+    def __init__(
+        self,
+        num_processes: int = 1,
+        desc: str | None = None,
+        min_interval: float = 0.1,
+        stall_after: float = 30.0,
+        echo_logs: bool = True,
+        display: bool = True,
+        **info: Any,
+    ) -> None:
+        self.num_processes = max(int(num_processes), 1)
+        self.info = {"desc": desc, **info}
+        self.min_interval = min_interval
+        self.stall_after = stall_after
+        self.echo_logs = echo_logs
+        self.display = display
+        self.state = LaunchProgress(self.num_processes, stall_after)
+        self.widget: Any = None
+        self.rows: dict[int, Any] = {}
+        self.bars: dict[int, Any] = {}
+        self.infos: dict[int, Any] = {}
+        self.statuses: dict[int, Any] = {}
+        self.panes: dict[int, Any] = {}
+        self.title: Any = None
+        self.aggregate: Any = None
+        self.failure_box: Any = None
+        self.logs: Any = None
+        self.flushes = 0  # how many times the widgets were synced (for tests and benchmarks)
+        self._lock = threading.RLock()
+        self._dirty = False
+        self._last_flush = 0.0
+        self._pane_seen: dict[int, int] = {}
+        self._last_pane_flush = 0.0
+        self._started = False
+        self._finished = False
+        self._display_handle: Any = None
+        self._ticker: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- Reporter protocol -------------------------------------------------------------------
+    def start(self, num_processes: int | None = None, info: dict[str, Any] | None = None) -> None:
+        """Build the widget and show it in the current cell."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            if num_processes:
+                self.num_processes = max(int(num_processes), 1)
+            self.info.update({k: v for k, v in (info or {}).items() if v is not None})
+            self.state = LaunchProgress(self.num_processes, self.stall_after)
+            self._build()
+            self._flush_locked(force=True)
+        if self.display:
+            self._show()
+        self._ticker = threading.Thread(target=_tick, args=(weakref.ref(self), self._stop), daemon=True,
+                                         name="accel_nb-progress-widget")
+        self._ticker.start()
+
+    def handle(self, event: Any) -> None:
+        """Fold one event in; sync the widgets if ``min_interval`` passed or a status changed."""
+        if not self._started:
+            self.start(self.num_processes, None)
+        if self.echo_logs and isinstance(event, ev.Log):
+            self._echo(event)
+        with self._lock:
+            changed = self.state.apply(event)
+            if isinstance(event, ev.Failure):
+                self._show_failures()
+            now = time.monotonic()
+            if changed or now - self._last_flush >= self.min_interval:
+                self._flush_locked(now=now)
+            else:
+                self._dirty = True  # the ticker thread flushes it within min_interval
+
+    def finish(self, ok: bool, summary: str | None = None) -> None:
+        """Show the final state (always flushed) and leave a text summary in the output."""
+        if not self._started:
+            self.start(self.num_processes, None)
+        self._stop.set()
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            self.state.finish(ok)
+            if summary:
+                self.info["summary"] = summary
+            self._show_failures()
+            self._flush_locked(force=True)
+        self._leave_text_summary(ok, summary)
+
+    # -- building ------------------------------------------------------------------------------
+    def _build(self) -> None:
+        import ipywidgets as W
+
+        self.title = W.HTML(value=self._title_html())
+        rows = []
+        for r in range(self.num_processes):
+            rows.append(self._make_row(W, r))
+        self.rows_box = W.VBox(rows)
+        self.aggregate = W.HTML(value="")
+        self.failure_box = W.HTML(value="", layout=W.Layout(display="none"))
+        self.panes = {r: W.HTML(value=self._pane_html(r)) for r in range(self.num_processes)}
+        self.logs = W.Accordion(
+            children=[self.panes[r] for r in range(self.num_processes)],
+            titles=tuple(f"rank {r} output" for r in range(self.num_processes)),
+        )
+        self.logs.selected_index = None
+        self.widget = W.VBox(
+            [self.title, self.rows_box, self.aggregate, self.failure_box, self.logs],
+            layout=W.Layout(width="100%"),
+        )
+
+    def _make_row(self, W: Any, rank: int) -> Any:
+        self.bars[rank] = W.IntProgress(value=0, min=0, max=1, bar_style="", layout=W.Layout(width="35%"))
+        self.infos[rank] = W.HTML(value="", layout=W.Layout(width="auto"))
+        self.statuses[rank] = W.HTML(value="", layout=W.Layout(width="auto", min_width="90px"))
+        label = W.HTML(value=f"<b>rank {rank}</b>", layout=W.Layout(width="60px"))
+        self.rows[rank] = W.HBox([label, self.bars[rank], self.statuses[rank], self.infos[rank]])
+        return self.rows[rank]
+
+    def _add_missing_rows(self) -> None:
+        """A rank we did not expect (num_processes was wrong): give it a row and a pane."""
+        missing = [r for r in sorted(self.state.ranks) if r not in self.rows]
+        if not missing or self.widget is None:
+            return
+        import ipywidgets as W
+
+        for r in missing:
+            self._make_row(W, r)
+            self.panes[r] = W.HTML(value="")
+        order = sorted(self.rows)
+        self.rows_box.children = tuple(self.rows[r] for r in order)
+        self.logs.children = tuple(self.panes[r] for r in order)
+        self.logs.titles = tuple(f"rank {r} output" for r in order)
+
+    def _show(self) -> None:
+        try:
+            from IPython.display import display
+
+            bundle = self.widget._repr_mimebundle_()
+            if bundle is None:
+                bundle = {}
+            bundle = dict(bundle)
+            bundle["text/plain"] = self._plain_running()
+            self._display_handle = display(bundle, raw=True, display_id=True)
+        except Exception:  # noqa: BLE001 - no display machinery: the widget still holds the state
+            self._display_handle = None
+
+    # -- rendering -----------------------------------------------------------------------------
+    def _title_html(self) -> str:
+        bits = ["<b>accel_nb launch</b>"]
+        desc = self.info.get("desc")
+        if desc:
+            bits.append(_esc(desc))
+        n = self.num_processes
+        bits.append(f"{n} process{'es' if n != 1 else ''}")
+        for key in ("launch_id", "start_method", "log_dir"):
+            if self.info.get(key):
+                bits.append(f"{key.replace('_', ' ')}: <code>{_esc(self.info[key])}</code>")
+        return " &middot; ".join(bits)
+
+    def _pane_html(self, rank: int) -> str:
+        v = self.state.ranks.get(rank)
+        if v is None or not v.logs:
+            return "<i style='color:#757575'>no output yet</i>"
+        lines = list(v.logs)[-PANE_LINES:]
+        out = []
+        for stream, line in lines:
+            text = _esc(line)
+            if stream == "stderr":
+                text = f"<span style='color:#b71c1c'>{text}</span>"
+            elif stream == "stacks":
+                text = f"<span style='color:#6d4c41'>{text}</span>"
+            out.append(text)
+        skipped = v.log_count - len(lines)
+        head = f"<i style='color:#757575'>... {skipped} earlier lines (full log in the launch's log files)</i>\n" if skipped > 0 else ""
+        return (
+            "<pre style='max-height:18em;overflow:auto;margin:0;font-size:12px;line-height:1.3'>"
+            + head + "\n".join(out) + "</pre>"
+        )
+
+    def _info_html(self, rank: int) -> str:
+        v = self.state.ranks[rank]
+        bits = []
+        if v.seen_progress:
+            name = v.desc or v.name
+            count = f"{v.n}/{v.total}" if v.total else f"{v.n} it"
+            bits.append(f"{_esc(name)} <b>{count}</b>" if name else f"<b>{count}</b>")
+            bits.append(format_rate(v.rate))
+            if v.total:
+                bits.append(f"ETA {format_duration(v.eta())}")
+        metrics = format_metrics(v.metrics)
+        if metrics:
+            step = f"step {v.step}: " if v.step is not None else ""
+            bits.append(f"<code>{_esc(step + metrics)}</code>")
+        return " &middot; ".join(bits)
+
+    def _status_html(self, rank: int, status: str) -> str:
+        colour = STATUS_STYLE.get(status, ("", "#757575"))[1]
+        text = status
+        v = self.state.ranks[rank]
+        if status == "failed" and v.exc_type:
+            text = f"failed: {v.exc_type}"
+        return f"<span style='color:{colour};font-weight:600'>{_esc(text)}</span>"
+
+    def _show_failures(self) -> None:
+        failed = [v for v in self.state.ranks.values() if v.failed]
+        if not failed or self.failure_box is None:
+            return
+        first = self.state.first_failure
+        failed.sort(key=lambda v: (v.rank != first, v.rank))
+        parts = []
+        for v in failed:
+            parts.append(
+                f"<div style='color:#c62828;font-weight:600'>rank {v.rank} failed: "
+                f"{_esc(v.exc_type)}: {_esc(v.message)}</div>"
+                f"<pre style='max-height:24em;overflow:auto;margin:2px 0 6px 0;font-size:12px;"
+                f"background:#fff5f5;padding:4px'>{_esc((v.traceback or '').rstrip())}</pre>"
+            )
+        self.failure_box.value = (
+            "<div style='border-left:4px solid #c62828;padding-left:8px'>" + "".join(parts) + "</div>"
+        )
+        self.failure_box.layout.display = None
+        if first is not None and self.logs is not None:
+            order = sorted(self.panes)
+            if first in order:
+                self.logs.selected_index = order.index(first)
+
+    def _flush_locked(self, force: bool = False, now: float | None = None) -> None:
+        """Push the state into the widgets (caller holds the lock)."""
+        if self.widget is None:
+            return
+        now = time.monotonic() if now is None else now
+        self._add_missing_rows()
+        for r in sorted(self.state.ranks):
+            v = self.state.ranks[r]
+            status = self.state.status(r, now)
+            bar = self.bars[r]
+            with bar.hold_sync():
+                if v.total:
+                    if bar.max != v.total:
+                        bar.max = max(int(v.total), 1)
+                    bar.value = min(max(int(v.n), 0), bar.max)
+                elif status == "done":
+                    bar.max, bar.value = 1, 1
+                bar.bar_style = STATUS_STYLE.get(status, ("info", ""))[0]
+            self.statuses[r].value = self._status_html(r, status)
+            self.infos[r].value = self._info_html(r)
+        self.aggregate.value = f"<span style='color:#424242'>{_esc(self.state.aggregate_line(now))}</span>"
+        if force or now - self._last_pane_flush >= PANE_INTERVAL:
+            self._last_pane_flush = now
+            for r, pane in self.panes.items():
+                v = self.state.ranks.get(r)
+                count = v.log_count if v else 0
+                if self._pane_seen.get(r, -1) != count:
+                    self._pane_seen[r] = count
+                    pane.value = self._pane_html(r)
+                    if v is not None and count:
+                        titles = list(self.logs.titles)
+                        idx = sorted(self.panes).index(r)
+                        if idx < len(titles):
+                            titles[idx] = f"rank {r} output ({count} line{'s' if count != 1 else ''})"
+                            self.logs.titles = tuple(titles)
+        # still dirty only if a log pane waits for its own (slower) refresh
+        self._dirty = any(
+            r in self.state.ranks and self._pane_seen.get(r, -1) != self.state.ranks[r].log_count
+            for r in self.panes
+        )
+        self._last_flush = now
+        self.flushes += 1
+
+    def _tick_once(self) -> None:
+        """Ticker body: flush pending updates; notice ranks that went quiet (stalled)."""
+        with self._lock:
+            if self._finished or self.widget is None:
+                return
+            now = time.monotonic()
+            if now - self._last_flush < self.min_interval:
+                return
+            statuses = {r: self.state.status(r, now) for r in self.state.ranks}
+            shown = getattr(self, "_shown_statuses", None)
+            if self._dirty or statuses != shown or now - self._last_flush >= 1.0:
+                self._shown_statuses = statuses
+                self._flush_locked(now=now)
+
+    # -- text ----------------------------------------------------------------------------------
+    def _echo(self, event: Any) -> None:
+        """Relay a rank's output into the cell as whole, rank-prefixed lines."""
+        stream = sys.stderr if event.stream == "stderr" else sys.stdout
+        text = "".join(f"[rank {event.rank}] {line}\n" for line in event.text.splitlines())
+        if text:
+            try:
+                stream.write(text)
+                stream.flush()
+            except (ValueError, OSError):
+                pass
+
+    def _plain_running(self) -> str:
+        desc = self.info.get("desc")
+        head = f"accel_nb launch{': ' + str(desc) if desc else ''} ({self.num_processes} processes)"
+        return head + " - live progress widget (run in Jupyter with ipywidgets to see it)"
+
+    def summary_text(self, ok: bool | None = None, summary: str | None = None) -> str:
+        """The final per-rank state as plain text."""
+        return "\n".join(self.state.summary_lines(ok, summary))
+
+    def _leave_text_summary(self, ok: bool, summary: str | None) -> None:
+        text = self.summary_text(ok, summary)
+        if self._display_handle is not None:
+            try:
+                bundle = dict(self.widget._repr_mimebundle_() or {})
+                bundle["text/plain"] = text
+                self._display_handle.update(bundle, raw=True)
+                return
+            except Exception:  # noqa: BLE001 - fall through to printing
+                pass
+        if self.display:
+            print(text)
+
+
+def _tick(ref: Any, stop: threading.Event) -> None:
+    """Background flusher: at most every ``min_interval``, until the launch finishes."""
+    while not stop.wait(0.1):
+        reporter = ref()
+        if reporter is None:
+            return
+        try:
+            reporter._tick_once()
+        except Exception:  # noqa: BLE001 - a display problem must never break the launch
+            pass
+        del reporter
