@@ -1,0 +1,430 @@
+"""What this machine has: CPU cores, memory, GPUs (through NVML), TPU/XLA, MPS, software versions.
+
+Nothing here creates a CUDA context: GPUs are counted and described through NVML (the driver's
+management library, loaded with ctypes), never through ``torch.cuda``. So a launcher may call
+these functions and still fork its workers safely afterwards.
+
+    from accel_nb import hardware
+    hardware.cuda_device_count()     # 0 on a machine without NVIDIA driver
+    print(hardware.environment_report())
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.util
+import os
+import platform
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+_NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
+_NVML_SUCCESS = 0
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """One CUDA device as CUDA numbers it in this process (after ``CUDA_VISIBLE_DEVICES``)."""
+
+    index: int
+    name: str
+    total_memory: int  # bytes
+    compute_capability: tuple[int, int]
+    bf16: bool
+    uuid: str = ""
+
+    def describe(self) -> str:
+        major, minor = self.compute_capability
+        return (
+            f"GPU {self.index}: {self.name}, {human_bytes(self.total_memory)}, compute capability "
+            f"{major}.{minor}, bf16 {'yes' if self.bf16 else 'no'}"
+        )
+
+
+@dataclass
+class HardwareInfo:
+    """A snapshot of the machine, for defaults and for bug reports."""
+
+    cpu_physical_cores: int | None
+    cpu_logical_cores: int
+    ram_total: int | None
+    ram_available: int | None
+    gpus: list[GPUInfo] = field(default_factory=list)
+    nvml_available: bool = False
+    cuda_visible_devices: str | None = None
+    xla_available: bool = False  # torch_xla can be imported
+    tpu_detected: bool = False  # evidence of a TPU runtime (PJRT_DEVICE=TPU, device files, TPU env)
+    tpu_hints: list[str] = field(default_factory=list)
+    mps_available: bool = False
+    python_version: str = ""
+    torch_version: str | None = None
+    torch_cuda_version: str | None = None
+    accel_nb_version: str = ""
+    os: str = ""
+    notebook_host: str | None = None  # "colab", "kaggle" or None (a hint only)
+
+    @property
+    def num_gpus(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def bf16_gpus(self) -> bool:
+        """True when every visible GPU supports bf16 (there must be at least one)."""
+        return bool(self.gpus) and all(g.bf16 for g in self.gpus)
+
+
+# --------------------------------------------------------------------------------------------
+# NVML through ctypes
+# --------------------------------------------------------------------------------------------
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class NvmlUnavailable(RuntimeError):
+    """The NVIDIA management library is missing or failed to initialise (no driver, no GPU)."""
+
+
+def _load_nvml() -> Any:
+    last: Exception | None = None
+    for name in _NVML_LIBRARIES:
+        try:
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            last = exc
+    raise NvmlUnavailable(f"libnvidia-ml could not be loaded ({last}); no NVIDIA driver on this machine")
+
+
+def _check(lib: Any, code: int, what: str) -> None:
+    if code != _NVML_SUCCESS:
+        try:
+            lib.nvmlErrorString.restype = ctypes.c_char_p
+            text = lib.nvmlErrorString(code).decode(errors="replace")
+        except Exception:  # pragma: no cover - very old drivers
+            text = f"error {code}"
+        raise NvmlUnavailable(f"{what} failed: {text}")
+
+
+def _nvml_devices() -> list[dict[str, Any]]:
+    """Every physical GPU NVML knows, in NVML order: index, name, uuid, memory, compute capability."""
+    lib = _load_nvml()
+    init = getattr(lib, "nvmlInit_v2", None) or lib.nvmlInit
+    _check(lib, init(), "nvmlInit")
+    try:
+        count = ctypes.c_uint(0)
+        get_count = getattr(lib, "nvmlDeviceGetCount_v2", None) or lib.nvmlDeviceGetCount
+        _check(lib, get_count(ctypes.byref(count)), "nvmlDeviceGetCount")
+        get_handle = getattr(lib, "nvmlDeviceGetHandleByIndex_v2", None) or lib.nvmlDeviceGetHandleByIndex
+        devices = []
+        for i in range(count.value):
+            handle = ctypes.c_void_p()
+            _check(
+                lib, get_handle(ctypes.c_uint(i), ctypes.byref(handle)), f"nvmlDeviceGetHandleByIndex({i})"
+            )
+            name = ctypes.create_string_buffer(256)
+            _check(lib, lib.nvmlDeviceGetName(handle, name, ctypes.c_uint(256)), "nvmlDeviceGetName")
+            uuid = ctypes.create_string_buffer(96)
+            if lib.nvmlDeviceGetUUID(handle, uuid, ctypes.c_uint(96)) != _NVML_SUCCESS:
+                uuid.value = b""
+            mem = _NvmlMemory()
+            total = (
+                mem.total if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == _NVML_SUCCESS else 0
+            )
+            major, minor = ctypes.c_int(0), ctypes.c_int(0)
+            cc_fn = lib.nvmlDeviceGetCudaComputeCapability
+            if cc_fn(handle, ctypes.byref(major), ctypes.byref(minor)) != _NVML_SUCCESS:
+                major.value, minor.value = 0, 0
+            devices.append(
+                {
+                    "nvml_index": i,
+                    "name": name.value.decode(errors="replace"),
+                    "uuid": uuid.value.decode(errors="replace"),
+                    "total_memory": int(total),
+                    "compute_capability": (major.value, minor.value),
+                }
+            )
+        return devices
+    finally:
+        lib.nvmlShutdown()
+
+
+def _visible(devices: list[dict[str, Any]], spec: str | None) -> list[dict[str, Any]]:
+    """Apply ``CUDA_VISIBLE_DEVICES`` the way the CUDA runtime does.
+
+    Entries are indices or (prefixes of) UUIDs; the list stops at the first entry that matches
+    nothing (so ``-1`` hides every GPU), and a device named twice makes CUDA see none.
+    """
+    if spec is None:
+        return list(devices)
+    chosen: list[dict[str, Any]] = []
+    for raw in spec.split(","):
+        entry = raw.strip()
+        if not entry:
+            break
+        match = None
+        if entry.lstrip("+").isdigit():
+            idx = int(entry)
+            match = devices[idx] if 0 <= idx < len(devices) else None
+        elif entry.startswith(("GPU-", "MIG-")):
+            hits = [d for d in devices if d["uuid"] and d["uuid"].startswith(entry)]
+            if not hits and entry.startswith("MIG-"):
+                # MIG instances are not NVML top-level devices; count them on their parent.
+                match = {
+                    "nvml_index": -1,
+                    "name": "MIG instance",
+                    "uuid": entry,
+                    "total_memory": 0,
+                    "compute_capability": devices[0]["compute_capability"] if devices else (0, 0),
+                }
+            elif len(hits) == 1:
+                match = hits[0]
+        if match is None:
+            break
+        if any(c is match for c in chosen):
+            return []
+        chosen.append(match)
+    return chosen
+
+
+def gpu_info() -> list[GPUInfo]:
+    """The CUDA devices this process may use, described through NVML (no CUDA context is made).
+
+    for gpu in gpu_info():
+        print(gpu.describe())
+    """
+    try:
+        devices = _nvml_devices()
+    except (NvmlUnavailable, AttributeError, OSError):
+        return []
+    return _describe_visible(devices)
+
+
+def _describe_visible(devices: list[dict[str, Any]]) -> list[GPUInfo]:
+    visible = _visible(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return [
+        GPUInfo(
+            index=i,
+            name=d["name"],
+            total_memory=d["total_memory"],
+            compute_capability=tuple(d["compute_capability"]),
+            bf16=d["compute_capability"] >= (8, 0),
+            uuid=d["uuid"],
+        )
+        for i, d in enumerate(visible)
+    ]
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices this process can see (NVML + ``CUDA_VISIBLE_DEVICES``); 0 without a driver.
+
+    Safe to call before forking: it neither imports ``torch.cuda`` state nor calls ``cuInit``.
+    """
+    return len(gpu_info())
+
+
+def bf16_supported(index: int = 0) -> bool:
+    """Whether visible CUDA device ``index`` computes in bf16 natively (compute capability >= 8.0)."""
+    gpus = gpu_info()
+    return 0 <= index < len(gpus) and gpus[index].bf16
+
+
+# --------------------------------------------------------------------------------------------
+# The rest of the machine
+# --------------------------------------------------------------------------------------------
+
+
+def _tpu_evidence() -> tuple[bool, list[str]]:
+    """Runtime evidence of a TPU, plus hints that are only environment names (Colab/Kaggle)."""
+    evidence: list[str] = []
+    pjrt = os.environ.get("PJRT_DEVICE", "")
+    if pjrt.upper() == "TPU":
+        evidence.append("PJRT_DEVICE=TPU")
+    accel_files = sorted(glob.glob("/dev/accel*"))
+    if accel_files:
+        evidence.append(f"device files {', '.join(accel_files[:4])}{' ...' if len(accel_files) > 4 else ''}")
+    vfio = [p for p in glob.glob("/dev/vfio/*") if os.path.basename(p).isdigit()]
+    if vfio and (pjrt.upper() == "TPU" or os.environ.get("TPU_ACCELERATOR_TYPE")):
+        evidence.append(f"vfio devices {', '.join(sorted(vfio)[:4])}")
+    if os.environ.get("TPU_ACCELERATOR_TYPE"):
+        evidence.append(f"TPU_ACCELERATOR_TYPE={os.environ['TPU_ACCELERATOR_TYPE']}")
+    hints = []
+    for name in ("COLAB_TPU_ADDR", "TPU_NAME", "XRT_TPU_CONFIG"):
+        if os.environ.get(name):
+            hints.append(f"{name} is set")
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and os.environ.get("TPU_WORKER_ID") is not None:
+        hints.append("Kaggle TPU worker variables are set")
+    return bool(evidence), evidence + hints
+
+
+def _notebook_host() -> str | None:
+    if (
+        os.environ.get("COLAB_RELEASE_TAG")
+        or os.environ.get("COLAB_GPU") is not None
+        or "google.colab" in sys.modules
+    ):
+        return "colab"
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") or os.environ.get("KAGGLE_URL_BASE"):
+        return "kaggle"
+    return None
+
+
+def _mps_available() -> bool:
+    if sys.platform != "darwin":
+        return False
+    try:
+        import torch
+
+        return bool(torch.backends.mps.is_available())
+    except Exception:
+        return False
+
+
+def _torch_versions() -> tuple[str | None, str | None]:
+    """torch's version and the CUDA it was built for, read without importing torch (it is slow)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "version"):
+        return str(torch.__version__), getattr(torch.version, "cuda", None)
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return None, None
+    version = cuda = None
+    try:
+        with open(os.path.join(list(spec.submodule_search_locations)[0], "version.py")) as f:
+            for line in f:
+                m = re.match(r"^(__version__|cuda)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", line)
+                if m:
+                    if m.group(1) == "__version__":
+                        version = m.group(2)
+                    else:
+                        cuda = m.group(2)
+    except OSError:
+        pass
+    return version, cuda
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (a copy of accel_nb.utils.human_bytes that does not import torch)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def detect() -> HardwareInfo:
+    """Describe this machine without touching any accelerator.
+
+    hw = detect()
+    hw.num_gpus, hw.bf16_gpus, hw.cpu_logical_cores
+    """
+    import psutil
+
+    from . import __version__
+
+    try:
+        vm = psutil.virtual_memory()
+        ram_total, ram_available = int(vm.total), int(vm.available)
+    except Exception:  # pragma: no cover - exotic containers
+        ram_total = ram_available = None
+    try:
+        gpus, nvml_ok = _describe_visible(_nvml_devices()), True
+    except (NvmlUnavailable, AttributeError, OSError):
+        gpus, nvml_ok = [], False
+    tpu, tpu_hints = _tpu_evidence()
+    torch_version, torch_cuda = _torch_versions()
+    return HardwareInfo(
+        cpu_physical_cores=psutil.cpu_count(logical=False),
+        cpu_logical_cores=psutil.cpu_count(logical=True) or os.cpu_count() or 1,
+        ram_total=ram_total,
+        ram_available=ram_available,
+        gpus=gpus,
+        nvml_available=nvml_ok,
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        xla_available=importlib.util.find_spec("torch_xla") is not None,
+        tpu_detected=tpu,
+        tpu_hints=tpu_hints,
+        mps_available=_mps_available(),
+        python_version=platform.python_version(),
+        torch_version=torch_version,
+        torch_cuda_version=torch_cuda,
+        accel_nb_version=__version__,
+        os=f"{platform.system()} {platform.release()} ({platform.machine()})",
+        notebook_host=_notebook_host(),
+    )
+
+
+def environment_report(hw: HardwareInfo | None = None, config_path: str | None = None) -> str:
+    """The text to paste into a bug report: versions, hardware and the launch config in effect.
+
+    print(environment_report())
+    """
+    hw = hw or detect()
+    cores = f"{hw.cpu_logical_cores} logical"
+    if hw.cpu_physical_cores:
+        cores = f"{hw.cpu_physical_cores} physical / {cores}"
+    lines = [
+        "accel_nb environment",
+        f"- accel_nb version: {hw.accel_nb_version}",
+        f"- Python version: {hw.python_version} ({sys.executable})",
+        f"- PyTorch version: {hw.torch_version or 'not installed'}"
+        + (
+            f" (built for CUDA {hw.torch_cuda_version})"
+            if hw.torch_cuda_version
+            else " (CPU build)"
+            if hw.torch_version
+            else ""
+        ),
+        f"- OS: {hw.os}",
+        f"- CPU cores: {cores}",
+        f"- RAM: {human_bytes(hw.ram_total) if hw.ram_total else 'unknown'} total, "
+        f"{human_bytes(hw.ram_available) if hw.ram_available else 'unknown'} available",
+    ]
+    if hw.gpus:
+        lines.append(
+            f"- GPUs: {hw.num_gpus}"
+            + (
+                f" (CUDA_VISIBLE_DEVICES={hw.cuda_visible_devices})"
+                if hw.cuda_visible_devices is not None
+                else ""
+            )
+        )
+        lines.extend(f"  - {g.describe()}" for g in hw.gpus)
+    elif hw.nvml_available:
+        lines.append(f"- GPUs: none visible (NVML works; CUDA_VISIBLE_DEVICES={hw.cuda_visible_devices!r})")
+    else:
+        lines.append("- GPUs: none (no NVIDIA driver found)")
+    xla = "torch_xla installed" if hw.xla_available else "torch_xla not installed"
+    tpu = (
+        f"TPU detected ({'; '.join(hw.tpu_hints)})"
+        if hw.tpu_detected
+        else (f"no TPU runtime (hints: {'; '.join(hw.tpu_hints)})" if hw.tpu_hints else "no TPU")
+    )
+    lines.append(f"- TPU/XLA: {tpu}, {xla}")
+    lines.append(f"- MPS (Apple GPU): {'available' if hw.mps_available else 'no'}")
+    if hw.notebook_host:
+        lines.append(f"- Notebook host: {hw.notebook_host}")
+    lines.extend(_config_lines(config_path))
+    return "\n".join(lines)
+
+
+def _config_lines(config_path: str | None) -> list[str]:
+    """The launch config section of the report (never fails: the report must always print)."""
+    try:
+        from .config import default_config_path, load_config
+
+        path = config_path or default_config_path()
+        if not os.path.exists(path):
+            return [f"- Launch config: none saved ({path}); run `accel-nb config` to create one"]
+        cfg = load_config(path)
+        lines = [f"- Launch config ({path}):"]
+        lines.extend(f"  - {k}: {v}" for k, v in cfg.to_dict().items())
+        return lines
+    except Exception as exc:  # a broken config file is itself worth reporting
+        return [f"- Launch config: could not be read: {exc}"]
