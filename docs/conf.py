@@ -42,9 +42,12 @@ _EXTERNAL = (
 nitpick_ignore_regex = [
     (r"py:.*", _EXTERNAL),
     # builtins and typing names as they appear in docstrings
-    (r"py:.*", r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|Optional|Union|Literal|Self"
-               r"|int|float|str|bool|bytes|dict|list|tuple|set|None|object|type|callable"
-               r"|optional|Path|PathLike|Tensor|Module|Optimizer|DataLoader|Dataset)"),
+    (
+        r"py:.*",
+        r"(Any|Callable|Iterable|Iterator|Mapping|Sequence|Optional|Union|Literal|Self"
+        r"|int|float|str|bool|bytes|dict|list|tuple|set|None|object|type|callable"
+        r"|optional|Path|PathLike|Tensor|Module|Optimizer|DataLoader|Dataset)",
+    ),
 ]
 
 autodoc_typehints = "none"  # signatures show names and defaults; docstrings explain the types
@@ -64,9 +67,28 @@ html_theme_options = {"description": "Device-agnostic PyTorch, launched from a n
 # indented block. reStructuredText wants "::" before such a block; add it here so the sources stay
 # plain and autodoc renders the examples as code instead of failing on "Unexpected indentation".
 _NAPOLEON_SECTIONS = {
-    "args", "arguments", "parameters", "params", "returns", "return", "raises", "raise", "yields",
-    "yield", "attributes", "note", "notes", "warning", "warnings", "see also", "keyword args",
-    "keyword arguments", "other parameters", "methods", "todo", "references",
+    "args",
+    "arguments",
+    "parameters",
+    "params",
+    "returns",
+    "return",
+    "raises",
+    "raise",
+    "yields",
+    "yield",
+    "attributes",
+    "note",
+    "notes",
+    "warning",
+    "warnings",
+    "see also",
+    "keyword args",
+    "keyword arguments",
+    "other parameters",
+    "methods",
+    "todo",
+    "references",
 }
 
 
@@ -79,7 +101,8 @@ def _is_structural(line: str) -> bool:
     s = line.strip()
     return (
         s.startswith((".. ", "- ", "* ", "+ ", ":", ">>>"))
-        or s[:-1].strip().lower() in _NAPOLEON_SECTIONS and s.endswith(":")
+        or s[:-1].strip().lower() in _NAPOLEON_SECTIONS
+        and s.endswith(":")
         or (s[:1].isdigit() and s.split(" ", 1)[0].rstrip(".)").isdigit())
     )
 
