@@ -1,0 +1,737 @@
+"""Accelerator: the few calls that make a PyTorch training loop run on any number of devices.
+
+A thin facade over ``state`` (topology), ``data`` (sharded loaders), ``precision`` (autocast and
+grad scaling), ``ops`` (collectives) and ``checkpoint`` (save/load). Everything heavy is torch's:
+``DistributedDataParallel``, ``torch.autocast``, ``torch.amp.GradScaler``.
+
+    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=4)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(batch).loss
+            accelerator.backward(loss)
+            optimizer.step(); scheduler.step(); optimizer.zero_grad()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from . import ops
+from .data import DataLoaderConfiguration, prepare_data_loader
+from .data import skip_first_batches as _skip_first_batches
+from .precision import PrecisionPolicy
+from .state import (
+    ENV_GRADIENT_ACCUMULATION_STEPS,
+    AcceleratorState,
+    GradientState,
+    env_value,
+)
+
+__all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """A prepared optimizer: steps only on sync steps, through the grad scaler in fp16.
+
+    ``step_was_skipped`` is True after a step that the fp16 scaler skipped (inf/nan gradients).
+    ``zero_grad`` is a no-op while gradients are being accumulated.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+        # not calling super().__init__: this object forwards everything to ``optimizer``
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.gradient_state = GradientState()
+        self._step_was_skipped = False
+
+    # attributes that torch code (schedulers, clip helpers) reads from an optimizer
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:
+        """Update the parameters (only on a sync step); note whether the fp16 scaler skipped it."""
+        if not self.gradient_state.sync_gradients:
+            self._step_was_skipped = False  # nothing happened: the step belongs to a later batch
+            return None
+        if self.scaler is None:
+            self._step_was_skipped = False
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        scale_before = self.scaler.get_scale()
+        result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+        self.scaler.update()
+        # the scaler lowers its scale exactly when it found inf/nan gradients and skipped the step
+        self._step_was_skipped = self.scaler.get_scale() < scale_before
+        return result
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last ``step()`` was skipped by the fp16 grad scaler."""
+        return self._step_was_skipped
+
+    def train(self) -> None:  # schedule-free optimizers
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+
+class AcceleratedScheduler:
+    """A prepared LR scheduler: steps only when its optimizers really stepped.
+
+    Each optimizer step covers ``num_processes`` batches (one per process), so the scheduler
+    advances ``num_processes`` times per step -- a schedule written for a single process keeps its
+    length in samples -- unless ``split_batches`` (then one batch is shared by all processes) or
+    ``step_with_optimizer=False``.
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        optimizers: list[AcceleratedOptimizer],
+        step_with_optimizer: bool = True,
+        split_batches: bool = False,
+        num_processes: int = 1,
+    ) -> None:
+        self.scheduler = scheduler
+        self.optimizers = optimizers
+        self.step_with_optimizer = step_with_optimizer
+        self.split_batches = split_batches
+        self.num_processes = num_processes
+        self.gradient_state = GradientState()
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            return  # accumulating: the optimizer did not step either
+        if any(opt.step_was_skipped for opt in self.optimizers):
+            return  # the fp16 scaler skipped the update: the schedule waits too
+        times = 1 if self.split_batches else self.num_processes
+        total = getattr(self.scheduler, "total_steps", None)  # e.g. OneCycleLR refuses to go past it
+        for _ in range(times):
+            if total is not None and getattr(self.scheduler, "last_epoch", 0) >= total:
+                break
+            self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def get_lr(self) -> Any:
+        return self.scheduler.get_lr()
+
+    def print_lr(self, *args: Any, **kwargs: Any) -> Any:
+        return self.scheduler.print_lr(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedScheduler({self.scheduler!r})"
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and isinstance(obj.optimizer, torch.optim.Optimizer)
+        and not isinstance(obj, torch.optim.Optimizer)
+    )
+
+
+class Accelerator:
+    """Run one training loop unchanged on a CPU, one GPU, many GPUs or many machines.
+
+        accelerator = Accelerator(mixed_precision="fp16")
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for x, y in loader:
+            loss = loss_fn(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step(); optimizer.zero_grad()
+
+    ``self.step`` counts ``accumulate()`` blocks since the start or the last end of a data loader
+    (where it returns to 0 so every epoch starts a fresh accumulation window).
+    """
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        split_batches: bool | None = None,
+        even_batches: bool | None = None,
+        device_placement: bool = True,
+        step_scheduler_with_optimizer: bool = True,
+        rng_types: list[str] | None = None,
+        project_dir: str | None = None,
+        project_config: Any = None,
+        log_with: Any = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        ddp_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs:
+            raise TypeError(
+                f"Accelerator got unsupported arguments {sorted(kwargs)}; accel_nb supports the arguments "
+                "listed in help(Accelerator)"
+            )
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu)
+        if gradient_accumulation_steps == 1:
+            gradient_accumulation_steps = int(env_value(ENV_GRADIENT_ACCUMULATION_STEPS, "1"))
+        if int(gradient_accumulation_steps) < 1:
+            raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be at least 1")
+        self.gradient_state = GradientState(gradient_accumulation_steps=int(gradient_accumulation_steps))
+        self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device)
+        self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler()
+
+        config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
+        if split_batches is not None:
+            config.split_batches = split_batches
+        if even_batches is not None:
+            config.even_batches = even_batches
+        self.dataloader_config = config
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = rng_types
+        self.log_with = log_with
+        self.ddp_kwargs = dict(ddp_kwargs or {})
+        self.project_configuration = self._make_project_configuration(project_dir, project_config)
+
+        # everything prepare() produced, in order; the checkpoint module saves and restores these
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoader] = []
+        self._custom_objects: list[Any] = []
+        self.step = 0
+        self.trackers: list[Any] = []
+
+    @staticmethod
+    def _make_project_configuration(project_dir: str | None, project_config: Any) -> Any:
+        if project_config is not None:
+            if project_dir is not None and getattr(project_config, "project_dir", None) is None:
+                project_config.project_dir = project_dir
+            return project_config
+        try:
+            from .checkpoint import ProjectConfiguration
+        except ImportError:  # the checkpoint module is optional for training itself
+            import types
+
+            return types.SimpleNamespace(
+                project_dir=project_dir, logging_dir=project_dir, automatic_checkpoint_naming=False,
+                total_limit=None, iteration=0, save_on_each_node=False,
+            )
+        return ProjectConfiguration(project_dir=project_dir)
+
+    # -- topology (delegated to the shared state) ---------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def distributed_type(self) -> Any:
+        return self.state.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def project_dir(self) -> str | None:
+        return getattr(self.project_configuration, "project_dir", None)
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = int(value)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the steps where gradients are synchronised and the optimizer updates."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(bool(value))
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    def wait_for_everyone(self) -> None:
+        """A barrier across all processes."""
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Any) -> Any:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Any) -> Any:
+        return self.state.on_local_main_process(function)
+
+    def on_process(self, function: Any = None, process_index: int = 0) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        self.state.print(*args, **kwargs)
+
+    # -- prepare -------------------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, data loaders and schedulers; returns them in the same order.
+
+        Anything else is returned unchanged. Models are prepared first, then optimizers, loaders
+        and finally schedulers (which need the prepared optimizers).
+
+            model, opt, loader = accelerator.prepare(model, opt, loader)
+        """
+        if device_placement is None:
+            device_placement = [None] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(
+                f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
+            )
+        result: list[Any] = list(args)
+        kinds = [self._kind(obj) for obj in args]
+        for kind in ("model", "optimizer", "dataloader", "scheduler"):
+            for i, obj in enumerate(args):
+                if kinds[i] != kind:
+                    continue
+                if kind == "model":
+                    result[i] = self.prepare_model(obj, device_placement=device_placement[i])
+                elif kind == "optimizer":
+                    result[i] = self.prepare_optimizer(obj, device_placement=device_placement[i])
+                elif kind == "dataloader":
+                    result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
+                else:
+                    result[i] = self.prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    @staticmethod
+    def _kind(obj: Any) -> str | None:
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+        if isinstance(obj, DataLoader):
+            return "dataloader"
+        if _is_scheduler(obj):
+            return "scheduler"
+        return None
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Move ``model`` to the device, run its forward under autocast, wrap it in DDP when distributed.
+
+        Preparing a model twice is an error (it would be wrapped twice): keep the object
+        ``prepare`` returned.
+        """
+        inner = model.module if isinstance(model, DistributedDataParallel) else model
+        if any(inner is self.unwrap_model(m) for m in self._models) or isinstance(model, DistributedDataParallel):
+            raise ValueError(
+                f"this {type(inner).__name__} was already prepared; prepare each model once and keep the "
+                "object that prepare() returned"
+            )
+        if device_placement is None:
+            device_placement = self.device_placement
+        if device_placement:
+            model = model.to(self.device)
+        if self.precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
+            model._accel_nb_original_forward = model.forward
+            model.forward = self.precision.wrap_forward(model.forward)
+        if self.use_distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+            kwargs = dict(self.ddp_kwargs)
+            if self.device.type == "cuda":
+                kwargs.setdefault("device_ids", [self.device.index])
+                kwargs.setdefault("output_device", self.device.index)
+            model = DistributedDataParallel(model, **kwargs)
+        self._models.append(model)
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wrap ``optimizer`` so it steps on sync steps only, through the grad scaler in fp16."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            raise ValueError("this optimizer was already prepared; prepare it once and keep the returned object")
+        if device_placement is None:
+            device_placement = self.device_placement
+        if device_placement and optimizer.state:
+            # reloading the state moves it onto the devices of the (already moved) parameters
+            optimizer.load_state_dict(optimizer.state_dict())
+        accelerated = AcceleratedOptimizer(optimizer, scaler=self.scaler)
+        self._optimizers.append(accelerated)
+        return accelerated
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap an LR scheduler so it follows the real optimizer steps."""
+        if isinstance(scheduler, AcceleratedScheduler):
+            raise ValueError("this scheduler was already prepared; prepare it once and keep the returned object")
+        target = getattr(scheduler, "optimizer", None)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target] or list(self._optimizers)
+        accelerated = AcceleratedScheduler(
+            scheduler,
+            optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            num_processes=self.num_processes,
+        )
+        self._schedulers.append(accelerated)
+        return accelerated
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> DataLoader:
+        """Shard ``data_loader`` over the processes and place its batches on the device."""
+        if device_placement is None:
+            device_placement = self.device_placement
+        cfg = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            device=self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=cfg.split_batches,
+            even_batches=cfg.even_batches,
+            put_on_device=device_placement,
+            use_seedable_sampler=cfg.use_seedable_sampler,
+            data_seed=cfg.data_seed,
+            non_blocking=cfg.non_blocking,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+        """A loader like ``dataloader`` that starts after its first ``num_batches`` batches."""
+        return _skip_first_batches(dataloader, num_batches)
+
+    # -- the training step ---------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled in fp16.
+
+        Works on any loss tensor: gradients are synchronised only for models that went through
+        ``prepare`` (DDP), everything else is plain autograd.
+        """
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(
+                f"backward() needs the loss tensor, got {type(loss).__name__}; pass the tensor your loss "
+                "function returned (not loss.item())"
+            )
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+        """The autocast context of this run's mixed precision (nothing for ``no``)."""
+        return self.precision.autocast(**kwargs)
+
+    def _do_sync(self) -> None:
+        gs = self.gradient_state
+        if gs.sync_with_dataloader and gs.end_of_dataloader:
+            self.step = 0
+            gs._set_sync_gradients(True)
+        else:
+            self.step += 1
+            gs._set_sync_gradients(self.step % gs.num_steps == 0)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Accumulate gradients: sync and step every ``gradient_accumulation_steps`` blocks.
+
+        Inside the block ``sync_gradients`` says whether this is an updating step; DDP
+        communication is skipped (``no_sync``) on the other steps. The last batch of a prepared
+        data loader always syncs.
+        """
+        self._do_sync()
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
+        if isinstance(model, DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide fp16 gradients by the loss scale (before clipping or inspecting them)."""
+        if self.scaler is None:
+            return
+        optimizers = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        for opt in optimizers:
+            self.scaler.unscale_(opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor | None:
+        """``torch.nn.utils.clip_grad_norm_`` after unscaling fp16 gradients; returns the total norm.
+
+        With fp16 it returns None on accumulation steps (the gradients are partial and still scaled).
+        """
+        if self.scaler is not None:
+            if not self.sync_gradients:
+                return None
+            self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients."""
+        if self.scaler is not None:
+            if not self.sync_gradients:
+                return
+            self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    # -- models --------------------------------------------------------------------------------------
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+        """The user's model inside the DDP/compile wrappers (without the autocast forward if asked)."""
+        while True:
+            if isinstance(model, DistributedDataParallel):
+                model = model.module
+            elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, torch.nn.Module):  # torch.compile
+                model = model._orig_mod
+            else:
+                break
+        if not keep_fp32_wrapper and "_accel_nb_original_forward" in model.__dict__:
+            original = model.__dict__.pop("_accel_nb_original_forward")
+            if getattr(original, "__func__", None) is getattr(type(model), "forward", None):
+                model.__dict__.pop("forward", None)  # back to the class's own forward
+            else:
+                model.forward = original
+        return model
+
+    # -- collectives ---------------------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nested structure of tensors) from every process along dim 0."""
+        return ops.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather predictions/labels for a metric, without the samples repeated to even out the last batch.
+
+            preds, labels = accelerator.gather_for_metrics((logits.argmax(-1), labels))
+        """
+        flat = _flatten(input_data)
+        all_tensors = bool(flat) and all(isinstance(x, torch.Tensor) for x in flat)
+        if use_gather_object or not all_tensors:
+            data = ops.gather_object(input_data)
+        else:
+            data = ops.gather(input_data)
+        if self.num_processes == 1 or not self.gradient_state.end_of_dataloader:
+            return data
+        dl = self.gradient_state.active_dataloader
+        real = getattr(dl, "last_round_real", None)
+        if real is None:
+            return data
+        if use_gather_object or not all_tensors:
+            return data[:real]
+        return ops.recursively_apply(lambda t: t[:real], data)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum (or average) ``tensor`` over the processes."""
+        return ops.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """Pad ``tensor`` along ``dim`` to the largest size on any process (so it can be gathered)."""
+        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    # -- logging -------------------------------------------------------------------------------------
+    def log_metrics(self, values: dict[str, Any], step: int | None = None) -> bool:
+        """Send scalar metrics to the launching notebook/terminal (a no-op outside a launch).
+
+            accelerator.log_metrics({"loss": loss.item()}, step=step)
+        """
+        from .events import Metrics, emit
+
+        clean = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+        return emit(Metrics(rank=self.process_index, values=clean, step=step))
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> bool:
+        """The reference library's spelling of :meth:`log_metrics`."""
+        return self.log_metrics(values, step=step)
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+        """Accepted for compatibility: metrics go through :meth:`log_metrics` to the launcher."""
+        self.project_name = project_name
+        self.tracker_config = config
+
+    def end_training(self) -> None:
+        """Wait for every process (compatibility with the reference library)."""
+        self.wait_for_everyone()
+
+    # -- checkpointing (implemented in accel_nb.checkpoint) -------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save/restore ``objects`` (anything with state_dict/load_state_dict) with save_state/load_state."""
+        bad = [f"#{i} ({type(o).__name__})" for i, o in enumerate(objects)
+               if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))]
+        if bad:
+            raise ValueError(
+                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+                f"{', '.join(bad)} lack them. Wrap the object in a class that provides both."
+            )
+        self._custom_objects.extend(objects)
+
+    def save_state(self, output_dir: str | None = None, **kwargs: Any) -> Any:
+        """Save models, optimizers, schedulers, scaler, RNG states, loader positions and registered objects."""
+        from .checkpoint import save_accelerator_state
+
+        return save_accelerator_state(self, output_dir, **kwargs)
+
+    def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
+        """Restore what :meth:`save_state` saved (the latest checkpoint of the project by default)."""
+        from .checkpoint import load_accelerator_state
+
+        return load_accelerator_state(self, input_dir, **kwargs)
+
+    def save_model(self, model: torch.nn.Module, save_directory: str, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> Any:
+        """Save the unwrapped model's weights (sharded safetensors + index) on the main process."""
+        from . import checkpoint
+
+        return checkpoint.save_model(self, model, save_directory, max_shard_size, safe_serialization)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` (or safetensors for a dict of tensors) on the main process only."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in obj.items()}, f)
+        else:
+            torch.save(obj, f)
+
+    # -- memory --------------------------------------------------------------------------------------
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop every prepared object's reference here, collect garbage and empty the CUDA cache.
+
+            model, optimizer = accelerator.free_memory(model, optimizer)
+        """
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self._custom_objects.clear()
+        self.step = 0
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(num_processes={self.num_processes}, device={self.device}, "
+            f"mixed_precision={self.mixed_precision!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+
+def _flatten(data: Any) -> list[Any]:
+    if isinstance(data, (list, tuple)):
+        return [x for item in data for x in _flatten(item)]
+    if isinstance(data, dict):
+        return [x for item in data.values() for x in _flatten(item)]
+    return [data]
+

@@ -1,0 +1,663 @@
+"""Sharded, device-placing, resumable data loaders.
+
+``Accelerator.prepare`` turns a ``torch.utils.data.DataLoader`` into a :class:`DataLoaderShard`:
+every process reads its own share of the batches, batches arrive on the process's device,
+shuffling is the same on every rank (a seeded sampler, reshuffled per epoch), the loader tells
+``GradientState`` when it yields its last batch, and ``state_dict()`` / ``load_state_dict()``
+let a resumed run continue with the next batch.
+
+    loader = prepare_data_loader(DataLoader(ds, batch_size=8, shuffle=True), num_processes=2, process_index=0)
+    for batch in loader:          # this rank's batches, already on its device
+        ...
+    rest = skip_first_batches(loader, 10)   # same loader, first 10 batches not even loaded
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+
+from .ops import send_to_device
+from .state import GradientState
+
+__all__ = [
+    "DataLoaderConfiguration",
+    "SeedableRandomSampler",
+    "BatchSamplerShard",
+    "SkipBatchSampler",
+    "IterableDatasetShard",
+    "DataLoaderShard",
+    "prepare_data_loader",
+    "skip_first_batches",
+]
+
+
+@dataclass
+class DataLoaderConfiguration:
+    """How ``Accelerator.prepare`` shards data loaders (same names as the reference library).
+
+    ``data_seed`` fixes the shuffle seed; by default it is drawn on rank 0 (after your
+    ``set_seed``) and shared with every rank.
+    """
+
+    split_batches: bool = False
+    even_batches: bool = True
+    use_seedable_sampler: bool = True
+    data_seed: int | None = None
+    non_blocking: bool = False
+
+
+# -- samplers ---------------------------------------------------------------------------------------
+class SeedableRandomSampler(RandomSampler):
+    """A random sampler whose order is a pure function of ``(seed, epoch)``: equal on every rank.
+
+        sampler = SeedableRandomSampler(ds, seed=0); sampler.set_epoch(1); order = list(sampler)
+    """
+
+    def __init__(self, data_source: Any, seed: int = 0, replacement: bool = False, num_samples: int | None = None) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        self.seed = int(seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        n = len(self.data_source)
+        if self.replacement:
+            yield from torch.randint(n, (self.num_samples,), dtype=torch.int64, generator=g).tolist()
+            return
+        full, rest = divmod(self.num_samples, n)
+        for _ in range(full):
+            yield from torch.randperm(n, generator=g).tolist()
+        if rest:
+            yield from torch.randperm(n, generator=g)[:rest].tolist()
+
+
+class BatchSamplerShard(Sampler):
+    """This process's share of the batches of ``batch_sampler``.
+
+    Without ``split_batches``, rank ``i`` takes batches ``i, i+n, i+2n...``; with it, every
+    batch is cut into ``n`` contiguous slices and rank ``i`` takes slice ``i``. With
+    ``even_batches`` the last round is completed with samples from the start of the epoch, so
+    every rank gets the same number of equally sized batches (``gather_for_metrics`` removes the
+    duplicates again); without it, ranks may get fewer or shorter batches.
+    """
+
+    def __init__(
+        self,
+        batch_sampler: Any,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        self.batch_sampler = batch_sampler
+        self.num_processes = int(num_processes)
+        self.process_index = int(process_index)
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+        if split_batches and self.batch_size is not None and self.batch_size % self.num_processes:
+            raise ValueError(
+                f"split_batches=True needs a batch size divisible by the number of processes, got batch_size="
+                f"{self.batch_size} for {self.num_processes} processes; use a batch size of "
+                f"{math.ceil(self.batch_size / self.num_processes) * self.num_processes} or split_batches=False"
+            )
+        if even_batches and self.batch_size is None:
+            raise ValueError(
+                "even_batches=True needs a batch sampler with a fixed batch_size attribute; "
+                "pass even_batches=False for a custom batch sampler"
+            )
+        #: real (not duplicated) samples in the last round over all ranks, when the last round was padded
+        self.last_round_real: int | None = None
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @property
+    def per_rank_batch_size(self) -> int | None:
+        if self.batch_size is None:
+            return None
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
+
+    def _num_samples(self) -> int | None:
+        s = self.sampler
+        try:
+            return len(s) if s is not None else None
+        except TypeError:
+            return None
+
+    def __len__(self) -> int:
+        total = len(self.batch_sampler)
+        n, i = self.num_processes, self.process_index
+        if self.split_batches:
+            if self.even_batches or total == 0:
+                return total
+            last = self._last_batch_len()
+            return total - (1 if last is not None and self._split_sizes(last)[i] == 0 else 0)
+        if self.drop_last:
+            return total // n
+        if self.even_batches:
+            return math.ceil(total / n)
+        return total // n + (1 if i < total % n else 0)
+
+    def _last_batch_len(self) -> int | None:
+        m = self._num_samples()
+        if m is None or self.batch_size is None:
+            return None
+        return m - (len(self.batch_sampler) - 1) * self.batch_size
+
+    def _split_sizes(self, size: int) -> list[int]:
+        base, extra = divmod(size, self.num_processes)
+        return [base + (1 if r < extra else 0) for r in range(self.num_processes)]
+
+    def expected_last_round_real(self) -> int | None:
+        """Real samples of the last round over all ranks when ``even_batches`` pads it, else None."""
+        m = self._num_samples()
+        if m is None or not self.even_batches or self.batch_size is None or self.drop_last:
+            return None
+        round_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        rest = m % round_size
+        return rest if rest else None
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.last_round_real = None
+        if self.split_batches:
+            yield from self._iter_split()
+        else:
+            yield from self._iter_rounds()
+
+    def _fill(self, indices: list[int], size: int, start: list[int]) -> list[int]:
+        """Complete ``indices`` to ``size`` with indices from the start of the epoch (cycled)."""
+        out = list(indices)
+        pool = start if start else indices
+        k = 0
+        while len(out) < size and pool:
+            out.append(pool[k % len(pool)])
+            k += 1
+        return out
+
+    def _iter_split(self) -> Iterator[list[int]]:
+        n, i = self.num_processes, self.process_index
+        first: list[int] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if not first:
+                first = batch[:]
+            if self.even_batches and self.batch_size is not None and len(batch) < self.batch_size:
+                self.last_round_real = len(batch)
+                batch = self._fill(batch, self.batch_size, first)
+            if self.even_batches:
+                part = len(batch) // n
+                yield batch[i * part : (i + 1) * part]
+            else:
+                sizes = self._split_sizes(len(batch))
+                start = sum(sizes[:i])
+                if sizes[i]:
+                    yield batch[start : start + sizes[i]]
+
+    def _iter_rounds(self) -> Iterator[list[int]]:
+        n, i = self.num_processes, self.process_index
+        first: list[int] = []  # the first round's indices, used to complete the last round
+        round_: list[list[int]] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            round_.append(batch)
+            if len(first) < (self.batch_size or 0) * n:
+                first.extend(batch)
+            if len(round_) == n and (self.batch_size is None or len(batch) == self.batch_size):
+                yield round_[i]
+                round_ = []
+        if not round_:
+            return
+        if self.drop_last:  # only full batches exist; an incomplete round is dropped on every rank
+            return
+        if not self.even_batches:
+            if i < len(round_):
+                yield round_[i]
+            return
+        # even_batches: the last round is laid out contiguously and completed from the start of the
+        # epoch, so that gathering it in rank order gives the real samples first, then the copies.
+        real = [x for b in round_ for x in b]
+        self.last_round_real = len(real)
+        filled = self._fill(real, self.batch_size * n, first)
+        yield filled[i * self.batch_size : (i + 1) * self.batch_size]
+
+
+class SkipBatchSampler(Sampler):
+    """``batch_sampler`` without its first ``skip_batches`` batches (indices only: nothing is loaded)."""
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip_batches = int(skip_batches)
+
+    @property
+    def batch_size(self) -> int | None:
+        return getattr(self.batch_sampler, "batch_size", None)
+
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for k, batch in enumerate(self.batch_sampler):
+            if k >= self.skip_batches:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+
+class IterableDatasetShard(IterableDataset):
+    """This process's share of an iterable dataset, read in rounds of ``batch_size * num_processes``.
+
+    Rank ``i`` keeps slice ``i`` of every round (``split_batches`` means ``batch_size`` is the
+    whole round). The last, incomplete round is completed with the first samples
+    (``even_batches``) or dropped (``drop_last``) so every rank yields the same number of samples.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ) -> None:
+        if split_batches and batch_size % num_processes:
+            raise ValueError(
+                f"split_batches=True needs a batch size divisible by the number of processes, got "
+                f"batch_size={batch_size} for {num_processes} processes"
+            )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.epoch = 0
+        self.last_round_real: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.last_round_real = None
+        per_rank = self.batch_size // self.num_processes if self.split_batches else self.batch_size
+        round_size = per_rank * self.num_processes
+        lo, hi = self.process_index * per_rank, (self.process_index + 1) * per_rank
+        first: list[Any] | None = None
+        buf: list[Any] = []
+        for item in self.dataset:
+            buf.append(item)
+            if len(buf) == round_size:
+                if first is None:
+                    first = buf[:]
+                yield from buf[lo:hi]
+                buf = []
+        if buf and not self.drop_last:
+            if not self.even_batches:
+                yield from buf[lo:hi]
+                return
+            self.last_round_real = len(buf)
+            pool = first if first is not None else buf[:]
+            k = 0
+            while len(buf) < round_size:
+                buf.append(pool[k % len(pool)])
+                k += 1
+            yield from buf[lo:hi]
+
+
+# -- the loader -------------------------------------------------------------------------------------
+def _innermost_sampler(batch_sampler: Any) -> Any:
+    while batch_sampler is not None and not hasattr(batch_sampler, "set_epoch"):
+        inner = getattr(batch_sampler, "batch_sampler", None) or getattr(batch_sampler, "sampler", None)
+        if inner is None or inner is batch_sampler:
+            return None
+        batch_sampler = inner
+    return batch_sampler
+
+
+def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
+    """The settings of ``dl`` that a rebuilt loader keeps (workers, collate, pinning...)."""
+    kw: dict[str, Any] = {
+        "num_workers": dl.num_workers,
+        "collate_fn": dl.collate_fn,
+        "pin_memory": dl.pin_memory,
+        "timeout": dl.timeout,
+        "worker_init_fn": dl.worker_init_fn,
+        "multiprocessing_context": dl.multiprocessing_context,
+        "generator": dl.generator,
+        "persistent_workers": dl.persistent_workers,
+    }
+    if dl.num_workers > 0:
+        kw["prefetch_factor"] = dl.prefetch_factor
+    if getattr(dl, "pin_memory_device", ""):
+        kw["pin_memory_device"] = dl.pin_memory_device
+    if getattr(dl, "in_order", True) is not True:
+        kw["in_order"] = dl.in_order
+    return kw
+
+
+class DataLoaderShard(DataLoader):
+    """A ``DataLoader`` that yields this rank's batches on ``device`` and can resume mid-epoch.
+
+    Built by :func:`prepare_data_loader` (``Accelerator.prepare``). On top of a DataLoader it has
+    ``set_epoch(e)``, ``end_of_dataloader`` (true while the last batch is out),
+    ``state_dict()`` / ``load_state_dict()`` and ``len()`` = this rank's number of batches.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        non_blocking: bool = False,
+        skip_batches: int = 0,
+        _source: DataLoader | None = None,
+        _shard_info: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)
+        self.device = device
+        self.non_blocking = non_blocking
+        self.skip_batches = int(skip_batches)  # skipped at the start of every pass
+        self.epoch = 0
+        self.batches_yielded = 0
+        self.end_of_dataloader = False
+        self._resume_skip = 0  # one-shot skip set by load_state_dict
+        self._source = _source
+        self._shard_info = dict(_shard_info or {})
+        self.gradient_state = GradientState()
+
+    # -- sharding facts ---------------------------------------------------------------------------
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step over all processes."""
+        info = self._shard_info
+        bs = info.get("batch_size")
+        if bs is None:
+            return None
+        return bs if info.get("split_batches") else bs * info.get("num_processes", 1)
+
+    @property
+    def total_dataset_length(self) -> int | None:
+        try:
+            return len(self.dataset)
+        except TypeError:
+            return None
+
+    @property
+    def last_round_real(self) -> int | None:
+        """Real samples (all ranks together) in the current last batch round when it was padded."""
+        bs = self.batch_sampler
+        while bs is not None:
+            if isinstance(bs, BatchSamplerShard):
+                value = bs.expected_last_round_real()
+                return value if value is not None else bs.last_round_real
+            bs = getattr(bs, "batch_sampler", None)
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset.last_round_real
+        return None
+
+    # -- epochs and resumption ---------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use the shuffle order of ``epoch`` on the next pass (the same on every rank)."""
+        if epoch != self.epoch:
+            self.batches_yielded = 0
+            self._resume_skip = 0
+        self.epoch = int(epoch)
+        self._apply_epoch()
+
+    def _apply_epoch(self) -> None:
+        target = _innermost_sampler(self.batch_sampler)
+        if target is not None and hasattr(target, "set_epoch"):
+            target.set_epoch(self.epoch)
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(self.epoch)
+
+    def _sampler_seed(self) -> int | None:
+        target = _innermost_sampler(self.batch_sampler)
+        return getattr(target, "seed", None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: ``{"epoch", "batches_yielded", "seed"}`` (plus the skip setting)."""
+        return {
+            "epoch": self.epoch,
+            "batches_yielded": self.batches_yielded,
+            "seed": self._sampler_seed(),
+            "skip_batches": self.skip_batches,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state``: the next pass starts with the batch after the last one yielded."""
+        seed = state.get("seed")
+        target = _innermost_sampler(self.batch_sampler)
+        if seed is not None and target is not None and hasattr(target, "seed"):
+            target.seed = int(seed)
+        self.skip_batches = int(state.get("skip_batches", self.skip_batches))
+        if self._skip_in_sampler():
+            self.batch_sampler.skip_batches = self.skip_batches
+        epoch = int(state.get("epoch", 0))
+        done = int(state.get("batches_yielded", 0))
+        if self._has_len() and done >= len(self) + self.skip_batches:
+            epoch, done = epoch + 1, 0  # the saved pass had finished: start the next epoch
+        self.epoch = epoch
+        self.batches_yielded = done
+        self._resume_skip = max(done - self.skip_batches, 0)
+        self._apply_epoch()
+
+    def _has_len(self) -> bool:
+        try:
+            len(self)
+            return True
+        except TypeError:
+            return False
+
+    def __len__(self) -> int:
+        n = super().__len__()
+        if isinstance(self.dataset, IterableDataset) and self.skip_batches:
+            n = max(n - self.skip_batches, 0)
+        return n
+
+    # -- iteration -------------------------------------------------------------------------------
+    def _skip_in_sampler(self) -> bool:
+        return isinstance(self.batch_sampler, SkipBatchSampler) and not isinstance(self.dataset, IterableDataset)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._apply_epoch()
+        resume = self._resume_skip
+        self._resume_skip = 0
+        if self._skip_in_sampler():  # skip by index: the skipped samples are never loaded
+            self.batch_sampler.skip_batches = self.skip_batches + resume
+            to_drop = 0
+        else:
+            to_drop = self.skip_batches + resume
+        self.batches_yielded = self.skip_batches + resume
+        self.end_of_dataloader = False
+        self.gradient_state._add_dataloader(self)
+        try:
+            it = super().__iter__()
+            try:
+                for _ in range(to_drop):
+                    next(it)
+                current = next(it)
+            except StopIteration:
+                self.end_of_dataloader = True
+                self._finish_pass()
+                return
+            while True:
+                try:
+                    upcoming = next(it)
+                except StopIteration:
+                    upcoming = None
+                    self.end_of_dataloader = True
+                batch = self._place(current)
+                self.batches_yielded += 1
+                yield batch
+                if self.end_of_dataloader:
+                    break
+                current = upcoming
+            self._finish_pass()
+        finally:
+            if self._skip_in_sampler():
+                self.batch_sampler.skip_batches = self.skip_batches
+            self.gradient_state._remove_dataloader(self)
+
+    def _finish_pass(self) -> None:
+        self.epoch += 1
+        self.batches_yielded = 0
+
+    def _place(self, batch: Any) -> Any:
+        if self.device is None:
+            return batch
+        non_blocking = self.non_blocking or (self.pin_memory and self.device.type == "cuda")
+        return send_to_device(batch, self.device, non_blocking=non_blocking)
+
+
+def _resolve_sampler(dl: DataLoader, seed: int | None, use_seedable_sampler: bool) -> Any:
+    """The sampler to shard: a RandomSampler becomes a SeedableRandomSampler so all ranks agree."""
+    sampler = dl.sampler
+    if use_seedable_sampler and type(sampler) is RandomSampler:
+        gen = getattr(sampler, "generator", None)
+        if gen is not None:
+            seed = gen.initial_seed()
+        if seed is None:
+            seed = _shared_seed()
+        return SeedableRandomSampler(
+            sampler.data_source, seed=seed, replacement=sampler.replacement, num_samples=sampler._num_samples
+        )
+    return sampler
+
+
+def _shared_seed() -> int:
+    """A shuffle seed drawn from rank 0's torch RNG and sent to every rank."""
+    from .ops import broadcast_object_list
+
+    seed = [int(torch.randint(0, 2**31 - 1, (1,)).item())]
+    return int(broadcast_object_list(seed, from_process=0)[0])
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    even_batches: bool = True,
+    put_on_device: bool = True,
+    use_seedable_sampler: bool = True,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+) -> DataLoader:
+    """Shard ``dataloader`` for this process and place its batches on ``device``.
+
+        loader = prepare_data_loader(DataLoader(ds, batch_size=16, shuffle=True))
+    """
+    if num_processes is None or process_index is None:
+        from .state import PartialState
+
+        state = PartialState()
+        num_processes = state.num_processes if num_processes is None else num_processes
+        process_index = state.process_index if process_index is None else process_index
+        device = state.device if device is None and put_on_device else device
+    if isinstance(dataloader, DataLoaderShard):
+        raise ValueError(
+            "this data loader was already prepared; pass the original DataLoader to prepare() once "
+            "and keep the object it returns"
+        )
+    if not put_on_device:
+        device = None
+    kwargs = _loader_kwargs(dataloader)
+    info = {"num_processes": num_processes, "process_index": process_index, "split_batches": split_batches,
+            "even_batches": even_batches}
+    dataset = dataloader.dataset
+    if isinstance(dataset, IterableDataset):
+        batch_size = dataloader.batch_size
+        if batch_size is None:
+            warnings.warn("a DataLoader with batch_size=None over an iterable dataset is not sharded", stacklevel=2)
+            return dataloader
+        info["batch_size"] = batch_size
+        shard = IterableDatasetShard(
+            dataset, batch_size=batch_size, drop_last=dataloader.drop_last, num_processes=num_processes,
+            process_index=process_index, split_batches=split_batches, even_batches=even_batches,
+        )
+        per_rank = batch_size // num_processes if split_batches else batch_size
+        return DataLoaderShard(
+            shard, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
+            batch_size=per_rank, drop_last=dataloader.drop_last, **kwargs,
+        )
+    batch_sampler = dataloader.batch_sampler
+    if batch_sampler is None:
+        warnings.warn(
+            "a DataLoader with batch_size=None (no automatic batching) is not sharded; it is returned unchanged",
+            stacklevel=2,
+        )
+        return dataloader
+    if type(batch_sampler) is BatchSampler:
+        sampler = _resolve_sampler(dataloader, data_seed, use_seedable_sampler)
+        batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    info["batch_size"] = getattr(batch_sampler, "batch_size", None)
+    if num_processes > 1 or split_batches:
+        batch_sampler = BatchSamplerShard(
+            batch_sampler, num_processes=num_processes, process_index=process_index,
+            split_batches=split_batches, even_batches=even_batches and getattr(batch_sampler, "batch_size", None) is not None,
+        )
+    return DataLoaderShard(
+        dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
+        batch_sampler=SkipBatchSampler(batch_sampler, 0), **kwargs,
+    )
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """A loader like ``dataloader`` whose passes start after the first ``num_batches`` batches.
+
+    Map-style datasets skip by index, so the skipped samples are never loaded.
+
+        for batch in skip_first_batches(train_loader, resume_step):
+            ...
+    """
+    num_batches = int(num_batches)
+    if num_batches < 0:
+        raise ValueError(f"num_batches={num_batches} must be >= 0")
+    if isinstance(dataloader, DataLoaderShard):
+        new = DataLoaderShard.__new__(DataLoaderShard)
+        kwargs = _loader_kwargs(dataloader)
+        if isinstance(dataloader.dataset, IterableDataset):
+            DataLoaderShard.__init__(
+                new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
+                skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
+                batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs,
+            )
+        else:
+            inner = dataloader.batch_sampler
+            inner = inner.batch_sampler if isinstance(inner, SkipBatchSampler) else inner
+            DataLoaderShard.__init__(
+                new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
+                skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
+                batch_sampler=SkipBatchSampler(inner, num_batches), **kwargs,
+            )
+        new.epoch = dataloader.epoch
+        return new
+    kwargs = _loader_kwargs(dataloader)
+    if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
+        return DataLoaderShard(
+            dataloader.dataset, device=None, skip_batches=num_batches, _source=dataloader,
+            batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs,
+        )
+    return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs)

@@ -1,0 +1,287 @@
+"""Sharded data loaders: batch sharding, even_batches, split_batches, iterable shards, shuffling,
+device placement, end-of-data signal, resumption and skip_first_batches."""
+
+from __future__ import annotations
+
+import itertools
+from collections import namedtuple
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, SequentialSampler, TensorDataset
+
+from accel_nb.data import (
+    BatchSamplerShard,
+    DataLoaderShard,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    prepare_data_loader,
+    skip_first_batches,
+)
+from accel_nb.state import GradientState, PartialState, _reset_all_states
+from tests.dist_helpers import run_ranks
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    _reset_all_states()
+    yield
+    _reset_all_states()
+
+
+def _shards(n_items, batch_size, world, drop_last=False, split=False, even=True):
+    bs = BatchSampler(SequentialSampler(range(n_items)), batch_size, drop_last)
+    return [BatchSamplerShard(bs, world, r, split_batches=split, even_batches=even) for r in range(world)]
+
+
+@pytest.mark.parametrize("n_items", [0, 1, 7, 8, 10, 13, 16, 21])
+@pytest.mark.parametrize("batch_size", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("even", [False, True])
+def test_batch_sampler_shard_covers_dataset_and_len_matches(n_items, batch_size, world, drop_last, even):
+    shards = _shards(n_items, batch_size, world, drop_last=drop_last, even=even)
+    per_rank = [list(s) for s in shards]
+    for s, batches in zip(shards, per_rank):
+        assert len(s) == len(batches), (s.process_index, batches)
+    seen = [i for batches in per_rank for b in batches for i in b]
+    full = list(BatchSampler(SequentialSampler(range(n_items)), batch_size, drop_last))
+    expected = {i for b in full for i in b}
+    if drop_last:
+        assert set(seen) <= expected
+        assert len(seen) == len(set(seen))  # nothing duplicated when dropping
+    else:
+        assert set(seen) == expected  # every sample is read by some rank
+    if even:
+        assert len({len(b) for b in per_rank}) <= 1  # every rank the same number of batches
+        assert all(len(b) == batch_size for batches in per_rank for b in batches)
+
+
+def test_even_batches_last_round_wraps_around_from_the_start():
+    r0, r1 = (list(s) for s in _shards(10, 4, 2))
+    assert r0 == [[0, 1, 2, 3], [8, 9, 0, 1]]
+    assert r1 == [[4, 5, 6, 7], [2, 3, 4, 5]]
+    shard = _shards(10, 4, 2)[0]
+    assert shard.expected_last_round_real() == 2
+
+
+def test_uneven_batches_when_even_batches_is_off():
+    r0, r1 = (list(s) for s in _shards(10, 4, 2, even=False))
+    assert r0 == [[0, 1, 2, 3], [8, 9]]
+    assert r1 == [[4, 5, 6, 7]]
+
+
+def test_split_batches_cuts_each_batch():
+    r0, r1 = (list(s) for s in _shards(10, 4, 2, split=True))
+    assert r0 == [[0, 1], [4, 5], [8, 9]]
+    assert r1 == [[2, 3], [6, 7], [0, 1]]
+    with pytest.raises(ValueError, match="divisible"):
+        _shards(10, 3, 2, split=True)
+
+
+def test_seedable_sampler_depends_only_on_seed_and_epoch():
+    a, b = SeedableRandomSampler(range(20), seed=3), SeedableRandomSampler(range(20), seed=3)
+    assert list(a) == list(b) and sorted(a) == list(range(20))
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first and sorted(a) == list(range(20))
+    b.set_epoch(1)
+    assert list(a) == list(b)
+
+
+class Stream(IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+@pytest.mark.parametrize("n", [0, 5, 8, 11])
+def test_iterable_shard_equal_counts_and_coverage(n):
+    shards = [list(IterableDatasetShard(Stream(n), batch_size=2, num_processes=2, process_index=r)) for r in range(2)]
+    assert len(shards[0]) == len(shards[1])
+    assert set(shards[0]) | set(shards[1]) == set(range(n))
+    if n == 5:
+        assert shards == [[0, 1, 4, 0], [2, 3, 1, 2]]
+    dropped = [list(IterableDatasetShard(Stream(n), 2, drop_last=True, num_processes=2, process_index=r)) for r in range(2)]
+    assert len(dropped[0]) == len(dropped[1]) == (n // 4) * 2
+
+
+def _dl(n=10, bs=4, **kw):
+    ds = TensorDataset(torch.arange(n))
+    return DataLoader(ds, batch_size=bs, **kw)
+
+
+def _ids(loader):
+    return [b[0].tolist() for b in loader]
+
+
+def test_prepared_loader_len_shards_and_device():
+    r0 = prepare_data_loader(_dl(), num_processes=2, process_index=0, device=torch.device("cpu"))
+    r1 = prepare_data_loader(_dl(), num_processes=2, process_index=1, device=torch.device("cpu"))
+    assert isinstance(r0, DataLoader) and len(r0) == len(r1) == 2
+    assert _ids(r0) == [[0, 1, 2, 3], [8, 9, 0, 1]] and _ids(r1) == [[4, 5, 6, 7], [2, 3, 4, 5]]
+    assert r0.last_round_real == 2 and r0.total_batch_size == 8
+
+
+def test_shuffle_is_shared_by_ranks_and_changes_per_epoch():
+    loaders = [prepare_data_loader(_dl(16, 2, shuffle=True), num_processes=2, process_index=r, data_seed=7) for r in range(2)]
+    e0 = [_ids(dl) for dl in loaders]
+    flat = sorted(i for rank in e0 for b in rank for i in b)
+    assert flat == list(range(16))  # the two ranks read disjoint halves of one permutation
+    e1 = [_ids(dl) for dl in loaders]  # the epoch advances by itself after a full pass
+    assert e1 != e0 and sorted(i for rank in e1 for b in rank for i in b) == list(range(16))
+    for dl in loaders:
+        dl.set_epoch(0)
+    assert [_ids(dl) for dl in loaders] == e0
+
+
+def test_generator_seed_is_respected():
+    a = prepare_data_loader(_dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(5)), num_processes=1, process_index=0)
+    b = prepare_data_loader(_dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(5)), num_processes=1, process_index=0)
+    assert _ids(a) == _ids(b)
+
+
+Pair = namedtuple("Pair", "x y")
+
+
+class Nested(Dataset):
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return {"a": torch.tensor([i]), "pair": Pair(torch.tensor(i), [torch.tensor(2 * i)]), "name": f"s{i}"}
+
+
+def test_nested_batches_keep_structure_on_device():
+    dl = prepare_data_loader(DataLoader(Nested(), batch_size=2, pin_memory=False), num_processes=1, process_index=0,
+                             device=torch.device("cpu"))
+    batch = next(iter(dl))
+    assert isinstance(batch["pair"], Pair) and batch["pair"].y[0].tolist() == [0, 2]
+    assert batch["name"] == ["s0", "s1"] and batch["a"].device.type == "cpu"
+
+
+def test_end_of_dataloader_signal_and_gradient_state_registration():
+    gs = GradientState()
+    dl = prepare_data_loader(_dl(10, 4), num_processes=1, process_index=0)
+    flags = []
+    for _ in dl:
+        flags.append((gs.end_of_dataloader, gs.active_dataloader is dl))
+    assert flags == [(False, True), (False, True), (True, True)]
+    assert gs.active_dataloader is None
+
+
+def test_break_out_unregisters_the_loader():
+    gs = GradientState()
+    dl = prepare_data_loader(_dl(10, 2), num_processes=1, process_index=0)
+    for _ in dl:
+        break
+    assert gs.active_dataloader is None
+    assert dl.epoch == 0  # an unfinished pass does not advance the epoch
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_resume_continues_with_next_batch_and_same_order(shuffle, num_workers):
+    def make(rank):
+        return prepare_data_loader(_dl(22, 3, shuffle=shuffle, num_workers=num_workers), num_processes=2,
+                                   process_index=rank, data_seed=11)
+
+    for rank in range(2):
+        ref = make(rank)
+        _ids(ref)  # epoch 0
+        full = _ids(ref)  # epoch 1, uninterrupted
+        run = make(rank)
+        _ids(run)
+        it = iter(run)
+        half = [next(it)[0].tolist() for _ in range(2)]
+        state = run.state_dict()
+        assert state["epoch"] == 1 and state["batches_yielded"] == 2
+        del it
+        fresh = make(rank)
+        fresh.load_state_dict(state)
+        rest = _ids(fresh)
+        assert half + rest == full
+        assert fresh.epoch == 2 and fresh.state_dict()["batches_yielded"] == 0
+        assert _ids(fresh) == _ids(ref)  # and the following epoch matches too
+
+
+def test_resume_after_a_finished_pass_starts_the_next_epoch():
+    dl = prepare_data_loader(_dl(8, 2, shuffle=True), num_processes=1, process_index=0, data_seed=1)
+    it = iter(dl)
+    for _ in range(4):
+        next(it)
+    state = dl.state_dict()
+    assert state["batches_yielded"] == 4
+    fresh = prepare_data_loader(_dl(8, 2, shuffle=True), num_processes=1, process_index=0, data_seed=1)
+    fresh.load_state_dict(state)
+    ref = prepare_data_loader(_dl(8, 2, shuffle=True), num_processes=1, process_index=0, data_seed=1)
+    _ids(ref)
+    assert _ids(fresh) == _ids(ref)
+
+
+def test_skip_first_batches_prepared_and_plain():
+    dl = prepare_data_loader(_dl(10, 2), num_processes=1, process_index=0)
+    skipped = skip_first_batches(dl, 3)
+    assert isinstance(skipped, DataLoaderShard) and len(skipped) == 2
+    assert _ids(skipped) == [[6, 7], [8, 9]]
+    plain = skip_first_batches(_dl(10, 2), 4)
+    assert _ids(plain) == [[8, 9]] and len(plain) == 1
+    stream = skip_first_batches(DataLoader(Stream(7), batch_size=2), 2)
+    assert [b.tolist() for b in stream] == [[4, 5], [6]]
+
+
+class Counting(Dataset):
+    def __init__(self):
+        self.loaded = []
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        self.loaded.append(i)
+        return i
+
+
+def test_skip_does_not_load_skipped_samples():
+    ds = Counting()
+    dl = skip_first_batches(prepare_data_loader(DataLoader(ds, batch_size=2), num_processes=1, process_index=0), 4)
+    assert [b.tolist() for b in dl] == [[8, 9]]
+    assert ds.loaded == [8, 9]
+
+
+def test_iterable_loader_resume_and_len():
+    def make(rank):
+        return prepare_data_loader(DataLoader(Stream(13), batch_size=2), num_processes=2, process_index=rank)
+
+    full = [b.tolist() for b in make(0)]
+    run = make(0)
+    it = iter(run)
+    first = [next(it).tolist() for _ in range(2)]
+    state = run.state_dict()
+    del it
+    fresh = make(0)
+    fresh.load_state_dict(state)
+    assert first + [b.tolist() for b in fresh] == full
+
+
+def test_already_prepared_loader_is_refused():
+    dl = prepare_data_loader(_dl(), num_processes=1, process_index=0)
+    with pytest.raises(ValueError, match="already prepared"):
+        prepare_data_loader(dl, num_processes=1, process_index=0)
+
+
+def _sharded_shuffle_without_seed():
+    torch.manual_seed(1000 + PartialState().process_index)  # ranks start with different RNGs
+    dl = prepare_data_loader(_dl(12, 2, shuffle=True))
+    return _ids(dl)
+
+
+@pytest.mark.multiproc
+def test_ranks_agree_on_shuffle_even_with_different_rngs():
+    r0, r1 = run_ranks(_sharded_shuffle_without_seed, 2)
+    flat = [i for b in itertools.chain(r0, r1) for i in b]
+    assert sorted(flat) == list(range(12))
