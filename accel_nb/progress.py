@@ -222,7 +222,9 @@ class ProgressBar:
         if not self.disable and self.n >= self._next_check:
             self._checkpoint()
 
-    def set_postfix(self, ordered_dict: Mapping[str, Any] | None = None, refresh: bool = False, **metrics: Any) -> None:
+    def set_postfix(
+        self, ordered_dict: Mapping[str, Any] | None = None, refresh: bool = False, **metrics: Any
+    ) -> None:
         """Attach metrics (``loss=0.3``) shown next to this rank's bar; sent with the next update."""
         if ordered_dict:
             metrics = {**dict(ordered_dict), **metrics}

@@ -239,7 +239,9 @@ class ProgressTextFormatter:
             last = self._last_line.get(key)
             if event.done or last is None or now - last >= self.interval:
                 self._last_line[key] = now
-                line = format_progress_line(event.n, event.total, event.rate, event.metrics, event.desc or event.name)
+                line = format_progress_line(
+                    event.n, event.total, event.rate, event.metrics, event.desc or event.name
+                )
                 return [p + line]
             return []
         if isinstance(event, ev.Metrics):

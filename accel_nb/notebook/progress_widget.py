@@ -99,8 +99,9 @@ class WidgetReporter:
             self._flush_locked(force=True)
         if self.display:
             self._show()
-        self._ticker = threading.Thread(target=_tick, args=(weakref.ref(self), self._stop), daemon=True,
-                                         name="accel_nb-progress-widget")
+        self._ticker = threading.Thread(
+            target=_tick, args=(weakref.ref(self), self._stop), daemon=True, name="accel_nb-progress-widget"
+        )
         self._ticker.start()
 
     def handle(self, event: Any) -> None:
@@ -220,10 +221,16 @@ class WidgetReporter:
                 text = f"<span style='color:#6d4c41'>{text}</span>"
             out.append(text)
         skipped = v.log_count - len(lines)
-        head = f"<i style='color:#757575'>... {skipped} earlier lines (full log in the launch's log files)</i>\n" if skipped > 0 else ""
+        head = (
+            f"<i style='color:#757575'>... {skipped} earlier lines (full log in the launch's log files)</i>\n"
+            if skipped > 0
+            else ""
+        )
         return (
             "<pre style='max-height:18em;overflow:auto;margin:0;font-size:12px;line-height:1.3'>"
-            + head + "\n".join(out) + "</pre>"
+            + head
+            + "\n".join(out)
+            + "</pre>"
         )
 
     def _info_html(self, rank: int) -> str:

@@ -1,0 +1,210 @@
+"""accel_nb.progress on the rank side: events through a test sink, throttling, the text bar."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+import accel_nb
+from accel_nb import events
+from accel_nb.events import Progress
+
+progress_module = sys.modules.get("accel_nb.progress") or __import__("importlib").import_module(
+    "accel_nb.progress"
+)
+
+
+class FakeClock:
+    """Stands in for the ``time`` module inside accel_nb.progress: the test sets ``now``."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+@pytest.fixture
+def sink():
+    got: list = []
+    events.set_event_sink(got.append)
+    try:
+        yield got
+    finally:
+        events.set_event_sink(None)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(progress_module, "time", fake)
+    return fake
+
+
+def _progress(got):
+    return [e for e in got if isinstance(e, Progress)]
+
+
+def test_public_name_is_the_function_even_after_importing_the_module():
+    import importlib
+
+    mod = importlib.import_module("accel_nb.progress")
+    bar = accel_nb.progress([1, 2, 3], disable=True)
+    assert list(bar) == [1, 2, 3]
+    assert callable(mod)  # `accel_nb.progress(...)` works whichever object the package attribute is
+    assert list(mod([4, 5], disable=True)) == [4, 5]
+
+
+def test_events_in_a_launch_first_and_last_and_values(sink, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    bar = accel_nb.progress(range(50), desc="train")
+    seen = []
+    for i in bar:
+        seen.append(i)
+        bar.set_postfix(loss=1.0 / (i + 1))
+    got = _progress(sink)
+    assert seen == list(range(50))
+    assert got[0].n == 1 and got[0].done is False
+    last = got[-1]
+    assert (last.rank, last.name, last.desc, last.n, last.total, last.done) == (
+        3,
+        "train",
+        "train",
+        50,
+        50,
+        True,
+    )
+    assert last.metrics == {"loss": pytest.approx(1.0 / 50)}
+    assert sum(e.done for e in got) == 1
+
+
+def test_100k_steps_send_a_bounded_number_of_events(sink, clock):
+    n_steps = 100_000
+    bar = accel_nb.progress(range(n_steps), desc="fast")
+    for i in bar:
+        clock.now = 1000.0 + i * 1e-5  # 100k steps/s: the whole loop takes one (fake) second
+    got = _progress(sink)
+    # one second at <= 10 events/s, plus the first and the final one
+    assert 3 <= len(got) <= 14, [e.n for e in got]
+    assert got[-1].n == n_steps and got[-1].total == n_steps and got[-1].done
+    ns = [e.n for e in got]
+    assert ns == sorted(ns)
+    assert clock.reads < n_steps // 10, "the clock must not be read on every step"
+    assert got[-1].rate == pytest.approx(1e5, rel=0.2)
+
+
+def test_slow_loop_sends_every_step_once_interval_passed(sink, clock):
+    for _ in accel_nb.progress(range(5), every=0.5):
+        clock.now += 1.0  # each step takes longer than `every`
+    assert [e.n for e in _progress(sink)] == [1, 2, 3, 4, 5, 5]
+
+
+def test_every_throttles_to_the_given_interval(sink, clock):
+    bar = accel_nb.progress(total=1000, every=1.0)
+    for _ in range(1000):
+        clock.now += 0.01  # 10 s in all
+        bar.update()
+    bar.close()
+    got = _progress(sink)
+    assert 9 <= len(got) <= 13
+    assert got[-1].n == 1000 and got[-1].done
+
+
+def test_manual_update_context_manager_and_set_metrics(sink):
+    with accel_nb.progress(total=10, desc="eval", name="eval-loop") as bar:
+        for _ in range(5):
+            bar.update(2)
+        bar.set_metrics({"acc": 0.5}, f1=0.25)
+        assert len(bar) == 10
+    last = _progress(sink)[-1]
+    assert (last.name, last.n, last.done, last.metrics) == ("eval-loop", 10, True, {"acc": 0.5, "f1": 0.25})
+
+
+def test_break_reports_where_the_loop_stopped_without_done(sink):
+    for i in accel_nb.progress(range(100), desc="b", every=1000):
+        if i == 41:
+            break
+    last = _progress(sink)[-1]
+    assert last.n == 41 and last.done is False  # 41 steps completed (0..40)
+
+
+def test_exception_in_body_is_not_reported_as_done(sink):
+    with pytest.raises(ValueError):
+        with accel_nb.progress(total=10, desc="x") as bar:
+            bar.update(3)
+            raise ValueError("boom")
+    last = _progress(sink)[-1]
+    assert last.n == 3 and last.done is False
+
+
+def test_tensor_metrics_become_numbers(sink):
+    torch = pytest.importorskip("torch")
+    bar = accel_nb.progress(range(2))
+    for _ in bar:
+        bar.set_postfix(loss=torch.tensor(0.5))
+    assert _progress(sink)[-1].metrics == {"loss": 0.5}
+    assert type(_progress(sink)[-1].metrics["loss"]) is float
+
+
+def test_unknown_total_from_a_generator(sink):
+    list(accel_nb.progress((i for i in range(7)), desc="gen"))
+    last = _progress(sink)[-1]
+    assert last.total is None and last.n == 7 and last.done
+
+
+def test_outside_a_launch_draws_whole_lines_on_a_non_tty():
+    assert not events.in_launch()
+    buf = io.StringIO()
+    bar = accel_nb.progress(range(1000), desc="local", file=buf)
+    for _ in bar:
+        bar.set_postfix(loss=0.25)
+    text = buf.getvalue()
+    assert "\r" not in text and text.endswith("\n")
+    lines = text.splitlines()
+    assert 1 <= len(lines) <= 3
+    assert lines[-1].startswith("local: 100%|") and "1000/1000" in lines[-1] and "loss=0.25" in lines[-1]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_outside_a_launch_redraws_one_line_on_a_tty(clock):
+    buf = _Tty()
+    for _ in accel_nb.progress(range(30), desc="tty", file=buf):
+        clock.now += 0.05
+    text = buf.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one line, redrawn with \r
+    assert text.count("\r") >= 3
+    assert "30/30" in text.rsplit("\r", 1)[-1]
+
+
+def test_disable_emits_nothing(sink):
+    assert list(accel_nb.progress(range(3), disable=True)) == [0, 1, 2]
+    assert sink == []
+
+
+def test_format_helpers():
+    from accel_nb.progress import format_duration, format_progress_line, format_rate
+
+    assert (
+        format_duration(75.2) == "1:15"
+        and format_duration(3725) == "1:02:05"
+        and format_duration(None) == "?"
+    )
+    assert (
+        format_rate(1234.5) == "1234 it/s"
+        and format_rate(0.5) == "2.00 s/it"
+        and format_rate(None) == "? it/s"
+    )
+    line = format_progress_line(50, 100, 10.0, {"loss": 0.123456}, "train")
+    assert (
+        line.startswith("train:  50%|##########          | 50/100")
+        and "ETA 0:05" in line
+        and "loss=0.1235" in line
+    )
