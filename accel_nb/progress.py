@@ -52,6 +52,7 @@ def format_rate(rate: float | None, unit: str = "it") -> str:
 
 def format_value(value: Any) -> str:
     """A metric value, short: floats with 4 significant digits, anything else with ``str``."""
+    value = _plain(value)
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -226,16 +227,14 @@ class ProgressBar:
         self, ordered_dict: Mapping[str, Any] | None = None, refresh: bool = False, **metrics: Any
     ) -> None:
         """Attach metrics (``loss=0.3``) shown next to this rank's bar; sent with the next update."""
-        if ordered_dict:
-            metrics = {**dict(ordered_dict), **metrics}
-        self.set_metrics(metrics)
+        self.metrics = {**ordered_dict, **metrics} if ordered_dict else metrics
         if refresh:
             self.refresh()
 
     def set_metrics(self, metrics: Mapping[str, Any] | None = None, **more: Any) -> None:
         """Same as :meth:`set_postfix`: replace the metrics shown with this loop."""
-        values = {**dict(metrics or {}), **more}
-        self.metrics = {k: _plain(v) for k, v in values.items()}
+        # kept as given (cheap on every step); tensors become numbers only when an update is sent
+        self.metrics = {**metrics, **more} if metrics else more
 
     def set_description(self, desc: str | None = None, refresh: bool = False) -> None:
         """Change the text shown before the bar."""
@@ -291,7 +290,7 @@ class ProgressBar:
                     name=self.name,
                     n=self.n,
                     total=self.total,
-                    metrics=dict(self.metrics),
+                    metrics={k: _plain(v) for k, v in self.metrics.items()},
                     desc=self.desc,
                     rate=self._rate,
                     done=done,
