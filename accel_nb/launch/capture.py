@@ -1,0 +1,206 @@
+"""Capture a rank's output at the file-descriptor level and turn it into ``Log`` events.
+
+fds 1 and 2 are pointed at pipes, so output from Python, C libraries (gloo, NCCL) and child
+processes is caught alike. Reader threads send whole lines, keep every byte in the rank's log
+file, and drop lines past a rate limit with a "N lines dropped" note.
+
+    capture = OutputCapture(rank=0, send=writer.send, log_path="/tmp/x/rank0.log")
+    capture.start(); ...; capture.stop()
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+import os
+import select
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..events import Event, Log
+
+PARTIAL_FLUSH_S = 0.5  # a line without its newline is sent after this long
+
+
+class _RateLimit:
+    """Token bucket shared by a rank's streams: ``burst`` lines at once, then ``per_second``."""
+
+    def __init__(self, per_second: float, burst: float) -> None:
+        self.per_second = per_second
+        self.burst = burst
+        self.tokens = burst
+        self.last = time.monotonic()
+        self.dropped = 0
+        self.lock = threading.Lock()
+
+    def allow(self, n: int) -> int:
+        """How many of ``n`` lines may be sent now (the rest count as dropped)."""
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.per_second)
+            self.last = now
+            ok = min(n, int(self.tokens))
+            self.tokens -= ok
+            self.dropped += n - ok
+            return ok
+
+    def take_dropped(self) -> int:
+        with self.lock:
+            n, self.dropped = self.dropped, 0
+            return n
+
+
+class OutputCapture:
+    """Point fds 1/2 at pipes; reader threads send ``Log`` events and append to ``log_path``."""
+
+    def __init__(
+        self,
+        rank: int,
+        send: Callable[[Event], None],
+        log_path: str,
+        lines_per_second: float = 200.0,
+        burst: float = 2000.0,
+    ) -> None:
+        self.rank = rank
+        self.send = send
+        self.log_path = log_path
+        self.limit = _RateLimit(lines_per_second, burst)
+        self._threads: list[threading.Thread] = []
+        self._read_fds: list[int] = []
+        self._busy = 0  # readers between a read and its events being sent
+        self._log = open(log_path, "ab", buffering=0)
+        self._log_lock = threading.Lock()
+
+    def start(self) -> None:
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            r, w = os.pipe()
+            os.dup2(w, fd)
+            os.close(w)
+            self._read_fds.append(r)
+            t = threading.Thread(target=self._pump, args=(r, name), name=f"accel_nb-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        # Python-level streams onto the captured fds (under fork they were the kernel's ZMQ streams)
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
+        sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+
+    def sync(self, timeout: float = 1.0) -> None:
+        """Flush Python's streams and wait until the readers have sent what is in the pipes."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._busy == 0 and all(_unread(fd) == 0 for fd in self._read_fds):
+                return
+            time.sleep(0.002)
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Flush, close the write ends (EOF for the readers), wait for them to send the rest."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._note_dropped()
+        try:
+            self._log.close()
+        except Exception:
+            pass
+
+    def _note_dropped(self) -> None:
+        n = self.limit.take_dropped()
+        if n:
+            self._send(
+                "stderr",
+                f"[accel_nb: {n} line{'s' if n != 1 else ''} dropped from rank {self.rank}'s output "
+                f"(too fast to show); the full log is {self.log_path}]\n",
+            )
+
+    def _send(self, stream: str, text: str) -> None:
+        try:
+            self.send(Log(rank=self.rank, stream=stream, text=text))
+        except Exception:
+            pass
+
+    def _emit_lines(self, stream: str, lines: list[str]) -> None:
+        if not lines:
+            return
+        ok = self.limit.allow(len(lines))
+        if ok < len(lines):
+            lines = lines[:ok]
+        elif self.limit.dropped:
+            self._note_dropped()
+        if lines:
+            self._send(stream, "".join(lines))
+
+    def _pump(self, fd: int, stream: str) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending = ""
+        pending_since = 0.0
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], PARTIAL_FLUSH_S)
+                if not ready:
+                    if pending and time.monotonic() - pending_since >= PARTIAL_FLUSH_S:
+                        self._emit_lines(stream, [pending.rsplit("\r", 1)[-1] + "\n"])
+                        pending = ""
+                    continue
+                self._busy += 1
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        break
+                    pending, pending_since = self._handle_chunk(stream, chunk, decoder, pending, pending_since)
+                finally:
+                    self._busy -= 1
+            tail = pending + decoder.decode(b"", final=True)
+            if tail:
+                self._emit_lines(stream, [tail.rsplit("\r", 1)[-1] + "\n"])
+        finally:
+            os.close(fd)
+
+    def _handle_chunk(self, stream: str, chunk: bytes, decoder: Any, pending: str, pending_since: float) -> tuple[str, float]:
+        with self._log_lock:
+            try:
+                self._log.write(chunk)
+            except Exception:
+                pass
+        text = pending + decoder.decode(chunk)
+        if not pending:
+            pending_since = time.monotonic()
+        parts = text.split("\n")
+        pending = parts.pop()
+        if len(pending) > 8192:  # a huge line without a newline: send it anyway
+            parts.append(pending)
+            pending = ""
+        # a carriage-return progress bar keeps only its latest state per line
+        self._emit_lines(stream, [p.rsplit("\r", 1)[-1] + "\n" for p in parts])
+        if parts:
+            pending_since = time.monotonic()
+        return pending, pending_since
+
+
+def _unread(fd: int) -> int:
+    """Bytes waiting in pipe ``fd`` (0 when it cannot be asked)."""
+    try:
+        import fcntl
+        import termios
+
+        buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+        return int.from_bytes(buf, sys.byteorder)
+    except Exception:
+        return 0

@@ -1,0 +1,131 @@
+"""What went wrong in a launch: one ``RankFailure`` per failing rank, gathered in a ``LaunchError``.
+
+    try:
+        notebook_launcher(train, num_processes=2)
+    except LaunchError as err:
+        print(err.failures[0].rank, err.failures[0].exc_type)
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field
+
+# signal number -> what it most likely means for a training process
+_SIGNAL_CAUSES: dict[int, str] = {
+    _signal.SIGKILL: "likely out of memory (the kernel's OOM killer) or killed from outside with kill -9",
+    _signal.SIGSEGV: "a crash in native code (segmentation fault in a C/C++/CUDA extension)",
+    _signal.SIGABRT: "aborted by native code (a failed C++ assertion or an uncaught C++ exception)",
+    _signal.SIGBUS: "a bus error in native code (often a full /dev/shm or a truncated memory-mapped file)",
+    _signal.SIGFPE: "an arithmetic fault in native code",
+    _signal.SIGILL: "an illegal instruction in native code (a binary built for another CPU)",
+    _signal.SIGTERM: "terminated from outside (SIGTERM)",
+    _signal.SIGINT: "interrupted (SIGINT)",
+}
+
+
+def signal_name(signum: int) -> str:
+    """``9`` -> ``"SIGKILL"``."""
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def signal_cause(signum: int) -> str:
+    """A short human explanation of why a process may have died from ``signum``."""
+    return _SIGNAL_CAUSES.get(signum, "killed by a signal")
+
+
+@dataclass
+class RankFailure:
+    """How one rank failed: a Python exception, or a death with an exit code / signal."""
+
+    rank: int
+    exc_type: str
+    message: str
+    traceback: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    first: bool = False
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+    def summary(self) -> str:
+        """One line: ``rank 1 failed: ValueError: boom`` or ``rank 0 died: SIGKILL (...)``."""
+        if self.signal is not None:
+            return f"rank {self.rank} died from {signal_name(self.signal)}: {signal_cause(self.signal)}"
+        if self.exc_type == "Hang":
+            return f"rank {self.rank} hung: {self.message}"
+        if self.exc_type == "ExitCode":
+            return f"rank {self.rank} exited with code {self.exit_code} without a Python exception: {self.message}"
+        return f"rank {self.rank} failed: {self.exc_type}: {self.message}"
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line if line else line for line in text.rstrip().splitlines())
+
+
+class LaunchError(RuntimeError):
+    """A launch failed; ``.failures`` holds one ``RankFailure`` per failing rank (first failure first).
+
+        except LaunchError as err:
+            for f in err.failures:
+                print(f.rank, f.exc_type, f.message)
+    """
+
+    def __init__(
+        self,
+        failures: list[RankFailure],
+        *,
+        headline: str | None = None,
+        stopped: list[int] | None = None,
+        log_dir: str | None = None,
+    ) -> None:
+        self.failures = sorted(failures, key=lambda f: (not f.first, f.rank))
+        self.headline = headline
+        self.stopped = sorted(stopped or [])
+        self.log_dir = log_dir
+        super().__init__(self.report())
+
+    @property
+    def first(self) -> RankFailure | None:
+        return self.failures[0] if self.failures else None
+
+    def report(self) -> str:
+        """The whole story in one readable block: who failed first, its traceback, who was stopped."""
+        lines: list[str] = []
+        first = self.first
+        if self.headline:
+            lines.append(self.headline)
+        elif first is not None:
+            lines.append(first.summary().replace(f"rank {first.rank} ", f"rank {first.rank} (first to fail) ", 1))
+        else:
+            lines.append("the launch failed")
+        if first is not None and first.traceback:
+            lines.append(f"--- rank {first.rank} traceback ---")
+            lines.append(_indent(first.traceback))
+        for other in self.failures[1:]:
+            lines.append(other.summary())
+            if other.traceback and other.exc_type == "Hang":
+                lines.append(_indent(other.traceback))
+        if self.stopped:
+            who = ", ".join(str(r) for r in self.stopped)
+            lines.append(f"rank{'s' if len(self.stopped) > 1 else ''} {who} {'were' if len(self.stopped) > 1 else 'was'} stopped.")
+        if self.log_dir:
+            lines.append(f"full per-rank logs: {self.log_dir}")
+        return "\n".join(lines)
+
+    def __reduce__(self):  # picklable (e.g. when a launch runs inside another worker)
+        return (_rebuild_launch_error, (self.failures, self.headline, self.stopped, self.log_dir))
+
+
+def _rebuild_launch_error(failures, headline, stopped, log_dir):
+    return LaunchError(failures, headline=headline, stopped=stopped, log_dir=log_dir)
+
+
+class PayloadError(TypeError):
+    """The function, its arguments or a notebook name cannot be sent to the worker processes."""
+
+
+class LaunchSetupError(ValueError):
+    """The launch cannot start as asked (busy port, unsupported mixed precision, bad option...)."""

@@ -1,0 +1,277 @@
+"""The one worker entry: set a rank up once, execute payloads, report results, shut down.
+
+A rank is either forked from the notebook (``fork_main``) or started as a fresh interpreter
+(``spawn_main``, run as ``python -c "from accel_nb.launch.worker import spawn_main; spawn_main()"``).
+Both build a ``WorkerRuntime``: it dies with its parent, captures fds 1/2, installs the event
+sink (``accel_nb.events.set_event_sink``), registers faulthandler for the hang watchdog, then
+``execute(payload)`` may be called any number of times (one-shot launches call it once; warm
+interactive workers can keep calling it) before ``shutdown()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, NoReturn
+
+from .. import events
+from .capture import OutputCapture
+from .channel import ChannelClosed, EventWriter, encode_event
+
+HEARTBEAT_S = 2.0
+STACKS_SIGNAL = signal.SIGUSR1
+_LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs to know about its launch (JSON-able: spawned ranks read it from a file)."""
+
+    rank: int
+    world_size: int
+    log_dir: str
+    event_fd: int
+    parent_pid: int
+    forked: bool
+    env: dict[str, str] = field(default_factory=dict)
+    sys_path: list[str] | None = None
+    cwd: str | None = None
+    payload_path: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def log_path(log_dir: str, rank: int) -> str:
+    return os.path.join(log_dir, f"rank{rank}.log")
+
+
+def stacks_path(log_dir: str, rank: int) -> str:
+    return os.path.join(log_dir, f"rank{rank}.stacks")
+
+
+def crash_path(log_dir: str, rank: int) -> str:
+    return os.path.join(log_dir, f"rank{rank}.crash")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: SIGKILL this rank when the launching process dies (kernel restart or crash)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def to_cpu(value: Any, _depth: int = 0) -> Any:
+    """Move tensors and modules inside ``value`` to the CPU so the notebook can load them anywhere."""
+    torch = sys.modules.get("torch")
+    if torch is None or _depth > 20:
+        return value
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad and not value.is_leaf:
+            value = value.detach()
+        return value.cpu() if value.device.type != "cpu" else value
+    if isinstance(value, torch.nn.Module):
+        inner = getattr(value, "module", None)
+        if isinstance(inner, torch.nn.Module) and type(value).__name__ in ("DistributedDataParallel", "DataParallel"):
+            value = inner
+        return value.cpu()
+    if isinstance(value, dict):
+        items = [(k, to_cpu(v, _depth + 1)) for k, v in value.items()]
+        try:
+            return type(value)(items)
+        except Exception:
+            return dict(items)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_cpu(v, _depth + 1) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v, _depth + 1) for v in value)
+    return value
+
+
+def format_exception(exc: BaseException) -> str:
+    """The traceback with the launcher's own frames removed (the user's frames stay)."""
+    tb = exc.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_LAUNCH_DIR):
+        tb = tb.tb_next
+    return "".join(traceback.TracebackException(type(exc), exc, tb).format())
+
+
+def _portable_exception(exc: BaseException) -> BaseException | None:
+    """``exc`` itself when it survives a pickle round trip, else None (the text still travels)."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return None
+
+
+class WorkerRuntime:
+    """One rank's process-wide setup; ``execute`` runs payloads and reports how they ended."""
+
+    def __init__(self, spec: RankSpec) -> None:
+        self.spec = spec
+        self.rank = spec.rank
+        self.writer = EventWriter(spec.event_fd)
+        self.capture: OutputCapture | None = None
+        self._stop = threading.Event()
+        self._files: list[Any] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def setup(self) -> None:
+        spec = self.spec
+        _die_with_parent(spec.parent_pid)
+        self._install_faulthandler()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if spec.env:
+            os.environ.update(spec.env)
+        if spec.forked:
+            os.environ["ACCEL_NB_FORKED"] = "1"
+            if "accel_nb.state" in sys.modules:  # the notebook may hold a PartialState of its own
+                sys.modules["accel_nb.state"]._reset_all_states()
+        if spec.sys_path is not None:
+            sys.path[:] = spec.sys_path
+        if spec.cwd:
+            with contextlib.suppress(OSError):
+                os.chdir(spec.cwd)
+        self.capture = OutputCapture(self.rank, self._send, log_path(spec.log_dir, self.rank))
+        self.capture.start()
+        events.set_event_sink(self._send)
+        threading.Thread(target=self._heartbeat, name="accel_nb-heartbeat", daemon=True).start()
+        self._send(events.Phase(rank=self.rank, phase="started"))
+
+    def _install_faulthandler(self) -> None:
+        stacks = open(stacks_path(self.spec.log_dir, self.rank), "w")  # noqa: SIM115 - lives as long as the rank
+        crash = open(crash_path(self.spec.log_dir, self.rank), "w")  # noqa: SIM115
+        self._files += [stacks, crash]
+        faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
+        faulthandler.enable(file=crash, all_threads=True)
+
+    def _send(self, event: events.Event) -> None:
+        try:
+            self.writer.send(event)
+        except ChannelClosed:
+            pass
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self._send(events.Heartbeat(rank=self.rank, time=time.time()))
+
+    def execute(self, payload: Any) -> bool:
+        """Run one payload; send ``Result`` or ``Failure``. True when it succeeded."""
+        self._send(events.Phase(rank=self.rank, phase="running"))
+        try:
+            value = payload.run(self.rank)
+        except SystemExit as exc:
+            if exc.code in (None, 0):
+                value = None
+            else:
+                return self.report_failure(exc)
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported to the parent
+            return self.report_failure(exc)
+        try:
+            frame = encode_event(events.Result(rank=self.rank, value=to_cpu(value)))
+        except BaseException as exc:  # noqa: BLE001
+            err = TypeError(
+                f"rank {self.rank} returned a {type(value).__name__} that cannot be sent back to the notebook "
+                f"({type(exc).__name__}: {exc}); return plain data, tensors or a state_dict instead"
+            )
+            return self.report_failure(err, with_traceback=False)
+        self._sync_output()
+        with contextlib.suppress(ChannelClosed):
+            self.writer.send_frame(frame)
+        return True
+
+    def report_failure(self, exc: BaseException, with_traceback: bool = True) -> bool:
+        text = format_exception(exc) if with_traceback else f"{type(exc).__name__}: {exc}\n"
+        self._sync_output()
+        self._send(
+            events.Failure(
+                rank=self.rank,
+                exc_type=type(exc).__name__,
+                message=str(exc),
+                traceback=text,
+                exception=_portable_exception(exc),
+            )
+        )
+        return False
+
+    def _sync_output(self) -> None:
+        if self.capture is not None:
+            self.capture.sync()
+
+    def shutdown(self) -> None:
+        """Leave the process group, send the last output, close the channel."""
+        self._stop.set()
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            with contextlib.suppress(Exception):
+                import torch.distributed as dist
+
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
+        if self.capture is not None:
+            self.capture.stop()
+        events.set_event_sink(None)
+        self.writer.close()
+
+
+def fork_main(spec: RankSpec, payload: Any) -> NoReturn:
+    """Entry of a forked rank: never returns to the notebook's code."""
+    code = 70
+    try:
+        runtime = WorkerRuntime(spec)
+        runtime.setup()
+        code = 0 if runtime.execute(payload) else 1
+        runtime.shutdown()
+    except BaseException:  # noqa: BLE001 - the last resort: say something on the log, then exit
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+            sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def spawn_main(argv: list[str] | None = None) -> NoReturn:
+    """Entry of a spawned rank: ``<spec.json> <rank> <event fd>``; loads the cloudpickled payload."""
+    argv = sys.argv[1:] if argv is None else argv
+    code = 70
+    try:
+        spec_file, rank, fd = argv[0], int(argv[1]), int(argv[2])
+        with open(spec_file) as f:
+            data = json.load(f)
+        data.update(rank=rank, event_fd=fd)
+        spec = RankSpec(**data)
+        runtime = WorkerRuntime(spec)
+        runtime.setup()
+        try:
+            import cloudpickle
+
+            with open(spec.payload_path, "rb") as f:
+                payload = cloudpickle.load(f)
+        except BaseException as exc:  # noqa: BLE001
+            runtime.report_failure(exc)
+            code = 1
+        else:
+            code = 0 if runtime.execute(payload) else 1
+        runtime.shutdown()
+    except BaseException:  # noqa: BLE001
+        with contextlib.suppress(Exception):
+            traceback.print_exc()
+            sys.stderr.flush()
+    finally:
+        os._exit(code)

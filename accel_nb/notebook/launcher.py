@@ -1,0 +1,121 @@
+"""``notebook_launcher``: run a training function on every GPU (or N CPU processes) from a cell.
+
+    from accel_nb import notebook_launcher, PartialState
+
+    def where_am_i():
+        return PartialState().process_index
+
+    notebook_launcher(where_am_i, num_processes=2)      # -> [0, 1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..launch import cuda_guard
+from ..launch.payload import FunctionPayload
+from ..launch.plan import make_plan
+from ..launch.reporting import TextReporter
+from ..launch.run import run_launch
+
+# Remember where CUDA is first initialised from now on (names the line when spawn must be used).
+cuda_guard.install_cuda_init_recorder()
+
+
+def choose_reporter(num_processes: int, show_ranks: Any = "all", **info: Any) -> Any:
+    """The live widget in a kernel with a widget frontend, else rank-prefixed text."""
+    try:
+        from .display import make_reporter
+    except Exception:  # noqa: BLE001 - the progress display is optional
+        return TextReporter(show_ranks=show_ranks)
+    try:
+        return make_reporter(num_processes, show_ranks=show_ranks, **info)
+    except Exception:  # noqa: BLE001
+        return TextReporter(show_ranks=show_ranks)
+
+
+def launch_payload(
+    payload: Any,
+    *,
+    num_processes: int | None = None,
+    mixed_precision: str | None = None,
+    master_addr: str = "127.0.0.1",
+    use_port: int | str | None = None,
+    start_method: str = "auto",
+    timeout: float | None = None,
+    show_ranks: Any = "all",
+    reporter: Any = None,
+    cpu: bool = False,
+    gradient_accumulation_steps: int | None = None,
+    env: dict[str, str] | None = None,
+    keep_logs: bool | None = None,
+) -> list[Any]:
+    """The one code path behind ``notebook_launcher``, ``debug_launcher`` and ``%%accelerate``."""
+    __tracebackhide__ = True
+    cuda_guard.install_cuda_init_recorder()
+    plan = make_plan(
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,
+        master_addr=master_addr,
+        use_port=use_port,
+        start_method=start_method,
+        cpu=cpu,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        extra_env=env,
+    )
+    if reporter is None:
+        reporter = choose_reporter(plan.num_processes, show_ranks=show_ranks, title=payload.describe())
+    return run_launch(payload, plan, reporter, timeout=timeout, info={"title": payload.describe()}, keep_logs=keep_logs)
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple = (),
+    kwargs: dict[str, Any] | None = None,
+    num_processes: int | None = None,
+    mixed_precision: str | None = None,
+    master_addr: str = "127.0.0.1",
+    use_port: int | str | None = None,
+    start_method: str = "auto",
+    timeout: float | None = None,
+    show_ranks: Any = "all",
+    reporter: Any = None,
+    **options: Any,
+) -> list[Any]:
+    """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks; return each rank's result in rank order.
+
+    ``num_processes=None`` uses every GPU, or 1 CPU process without GPUs. ``start_method="auto"``
+    forks while the notebook has not touched CUDA, else spawns. ``timeout`` (seconds without any
+    progress) turns a hang into a ``LaunchError`` showing each rank's stack. ``show_ranks`` picks
+    whose output is shown ("all", a rank, or a list); every rank's full log is kept in a file.
+    Extra ``options``: ``cpu=True``, ``gradient_accumulation_steps=K``, ``env={...}``, ``keep_logs=True``.
+
+        results = notebook_launcher(train, args=(config,), num_processes=2)
+    """
+    __tracebackhide__ = True
+    unknown = set(options) - {"cpu", "gradient_accumulation_steps", "env", "keep_logs"}
+    if unknown:
+        raise TypeError(f"notebook_launcher() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    return launch_payload(
+        FunctionPayload(function, args, kwargs),
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,
+        master_addr=master_addr,
+        use_port=use_port,
+        start_method=start_method,
+        timeout=timeout,
+        show_ranks=show_ranks,
+        reporter=reporter,
+        **options,
+    )
+
+
+def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2, **options: Any) -> list[Any]:
+    """Run ``function(*args)`` on ``num_processes`` CPU processes (a real gloo group); for tests and debugging.
+
+        assert debug_launcher(lambda: PartialState().num_processes) == [2, 2]
+    """
+    __tracebackhide__ = True
+    options.setdefault("cpu", True)
+    return notebook_launcher(function, args, num_processes=num_processes, **options)
