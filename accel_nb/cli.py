@@ -1,0 +1,503 @@
+"""The ``accel-nb`` command: ``config`` (questions), ``config default``, ``env`` and ``launch``.
+
+    accel-nb config default                  # write a config for this machine, no questions
+    accel-nb env                             # the report to paste into a bug report
+    accel-nb launch --num_processes 2 train.py --epochs 3
+
+``launch`` runs the script through torch.distributed's elastic agent (what ``torchrun`` runs),
+with the saved config's values where a flag is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import os
+import re
+import shlex
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from .config import (
+    DYNAMO_BACKENDS,
+    MIXED_PRECISIONS,
+    START_METHODS,
+    ConfigError,
+    LaunchConfig,
+    default_config,
+    load_config,
+    save_config,
+)
+
+PROG = "accel-nb"
+
+
+# ------------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Configure and launch accel_nb training.")
+    sub = parser.add_subparsers(dest="command", metavar="{config,env,launch}")
+
+    cfg = sub.add_parser("config", help="answer a few questions and save the launch config")
+    cfg.add_argument(
+        "--config_file", "--config-file", default=None, help="where to save (default: %(default)s)"
+    )
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{default}")
+    dflt = cfg_sub.add_parser("default", help="save a config for this machine without questions")
+    dflt.add_argument("--config_file", "--config-file", default=None, dest="config_file_default")
+    dflt.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISIONS, default=None)
+
+    env = sub.add_parser("env", help="print versions, hardware and the launch config (for bug reports)")
+    env.add_argument("--config_file", "--config-file", default=None)
+
+    launch = sub.add_parser(
+        "launch",
+        help="run a script on several processes through torch.distributed's elastic agent",
+        description="Run SCRIPT on N processes. Flags override the saved config (accel-nb config).",
+    )
+    launch.add_argument(
+        "--config_file", "--config-file", default=None, help="config to read (default: saved one)"
+    )
+    launch.add_argument(
+        "--num_processes", "--num-processes", type=int, default=None, help="all machines together"
+    )
+    launch.add_argument("--num_machines", "--num-machines", type=int, default=None)
+    launch.add_argument("--machine_rank", "--machine-rank", type=int, default=None)
+    launch.add_argument("--main_process_ip", "--main-process-ip", default=None)
+    launch.add_argument("--main_process_port", "--main-process-port", type=int, default=None)
+    launch.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISIONS, default=None)
+    launch.add_argument(
+        "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=int, default=None
+    )
+    launch.add_argument("--gpu_ids", "--gpu-ids", default=None, help="'all' or e.g. 0,1")
+    launch.add_argument("--cpu", action="store_true", help="run on CPU processes even when GPUs are present")
+    launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
+    launch.add_argument("--log_dir", "--log-dir", default=None, help="keep per-rank logs here")
+    launch.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
+    launch.add_argument("script", help="the training script (or module with -m)")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``accel-nb`` and ``python -m accel_nb.cli``; returns the exit code."""
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        if ns.command == "config":
+            if ns.config_command == "default":
+                return cmd_config_default(ns.config_file_default or ns.config_file, ns.mixed_precision)
+            return cmd_config_questions(ns.config_file)
+        if ns.command == "env":
+            return cmd_env(ns.config_file)
+        if ns.command == "launch":
+            return cmd_launch(ns)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    parser.print_help()
+    return 1
+
+
+# ------------------------------------------------------------------------------------ config / env
+
+
+def cmd_config_default(path: str | None, mixed_precision: str | None = None) -> int:
+    cfg = default_config()
+    if mixed_precision:
+        cfg = cfg.replace(mixed_precision=mixed_precision)
+    written = save_config(cfg, path)
+    print(f"accel_nb config written to {written}")
+    print(f"  {describe(cfg)}")
+    return 0
+
+
+def cmd_env(path: str | None) -> int:
+    from .hardware import environment_report
+
+    print(environment_report(config_path=path))
+    return 0
+
+
+def describe(cfg: LaunchConfig) -> str:
+    """One line: what a launch with this config does."""
+    where = "CPU" if cfg.use_cpu or cfg.distributed_type == "MULTI_CPU" else cfg.distributed_type
+    n = "every GPU (else 1)" if cfg.num_processes is None else str(cfg.num_processes)
+    return (
+        f"distributed_type={cfg.distributed_type}, num_processes={n} on {cfg.num_machines} machine(s), "
+        f"mixed_precision={cfg.mixed_precision}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+        + (" (CPU)" if where == "CPU" else "")
+    )
+
+
+class _Aborted(Exception):
+    pass
+
+
+def _ask(prompt: str, default: Any, parse: Callable[[str], Any], out: Any) -> Any:
+    """Ask until ``parse`` accepts the answer; an empty answer means the default (parsed the same way)."""
+    shown = (
+        "yes" if default is True else "no" if default is False else "" if default is None else str(default)
+    )
+    while True:
+        try:
+            raw = input(f"{prompt} [{shown}]: ")
+        except EOFError:
+            raise _Aborted from None
+        try:
+            return parse(raw.strip() or shown)
+        except (ConfigError, ValueError) as exc:
+            print(f"  ! {exc}", file=out, flush=True)
+
+
+def _derive_distributed_type(cfg: LaunchConfig, compute: str) -> str:
+    if compute == "xla":
+        return "XLA"
+    several = (cfg.num_processes or 1) > 1 or cfg.num_machines > 1
+    if not several:
+        return "NO"
+    return "MULTI_GPU" if compute == "gpu" else "MULTI_CPU"
+
+
+def _checked(cfg: LaunchConfig, compute: str, **change: Any) -> LaunchConfig:
+    """``cfg`` with ``change`` applied and validated; a ConfigError about that key propagates."""
+    new = dataclasses.replace(cfg, **change)
+    new.extras = dict(cfg.extras)
+    new.use_cpu = compute == "cpu"
+    new.distributed_type = _derive_distributed_type(new, compute)
+    try:
+        return new.validate()
+    except ConfigError as exc:
+        if exc.key in change or (exc.key == "distributed_type" and "num_processes" in change):
+            raise
+        return new  # a consistency problem with a later answer: checked again at the end
+
+
+def _one_of(options: tuple[str, ...] | list[str], key: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in [o.lower() for o in options]:
+            raise ConfigError(key, raw, ", ".join(options))
+        return value
+
+    return parse
+
+
+def _yes_no(key: str) -> Callable[[str], bool]:
+    def parse(raw: str) -> bool:
+        value = raw.strip().lower()
+        if value in ("y", "yes", "true", "1"):
+            return True
+        if value in ("n", "no", "false", "0"):
+            return False
+        raise ConfigError(key, raw, "yes or no")
+
+    return parse
+
+
+def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
+    """Ask for each setting in the terminal (``input()``), validating every answer; return the config."""
+    from .hardware import detect
+
+    out = out or sys.stdout
+    hw = detect()
+    try:
+        base = load_config(path) if path is None or os.path.exists(path) else None
+    except ConfigError as exc:
+        print(f"The saved config cannot be used ({exc}); starting from this machine's defaults.", file=out)
+        base = None
+    base = base or default_config(hw)
+    print(f"Detected: {hw.cpu_logical_cores} CPU cores, {hw.num_gpus} GPU(s)"
+          + (f" ({', '.join(g.name for g in hw.gpus)})" if hw.gpus else "")
+          + (", TPU" if hw.tpu_detected else ""), file=out)  # fmt: skip
+    print("Press Enter to keep the value in [brackets].", file=out, flush=True)
+
+    choices = ["cpu"] + (["gpu"] if hw.num_gpus else []) + (["xla"] if hw.xla_available else [])
+    current = {"XLA": "xla", "MULTI_GPU": "gpu", "MULTI_CPU": "cpu"}.get(base.distributed_type)
+    if current is None:
+        current = "cpu" if base.use_cpu or not hw.num_gpus else "gpu"
+    if current not in choices:
+        current = "gpu" if hw.num_gpus else "cpu"
+    compute = _ask(f"Compute on ({'/'.join(choices)})", current, _one_of(choices, "compute"), out)
+    cfg = _checked(base, compute)
+
+    def field(key: str, prompt: str, default: Any, convert: Callable[[str], Any] = str) -> None:
+        nonlocal cfg
+        cfg = _ask(prompt, default, lambda raw: _checked(cfg, compute, **{key: convert(raw)}), out)
+
+    field("num_machines", "How many machines", cfg.num_machines)
+    if cfg.num_machines > 1:
+        field("machine_rank", "Rank of this machine (0 = the main one)", cfg.machine_rank)
+        field("main_process_ip", "IP address or host name of machine 0", cfg.main_process_ip)
+        field("main_process_port", "Port on machine 0", cfg.main_process_port or 29500)
+        field("rdzv_backend", "Rendezvous backend (static/c10d)", cfg.rdzv_backend)
+        field("same_network", "Are all machines on the same network (yes/no)", cfg.same_network,
+              _yes_no("same_network"))  # fmt: skip
+    else:
+        cfg = _checked(cfg, compute, machine_rank=0)
+    per_machine = {"gpu": max(hw.num_gpus, 1), "cpu": 1, "xla": 1}[compute]
+    default_n = cfg.num_processes if cfg.num_processes is not None else per_machine * cfg.num_machines
+    if compute == "gpu" and base.use_cpu:
+        default_n = per_machine * cfg.num_machines
+    field("num_processes", "How many processes in total (all machines)", default_n)
+    if compute == "gpu":
+        field("gpu_ids", "Which GPUs (all, or ids like 0,1)", cfg.gpu_ids)
+    mp_default = "no" if compute == "cpu" and cfg.mixed_precision == "fp16" else cfg.mixed_precision
+    field("mixed_precision", f"Mixed precision ({'/'.join(MIXED_PRECISIONS)})", mp_default,
+          _one_of(MIXED_PRECISIONS, "mixed_precision"))  # fmt: skip
+    field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
+    field("start_method", f"Start method for notebook launches ({'/'.join(START_METHODS)})", cfg.start_method,
+          _one_of(START_METHODS, "start_method"))  # fmt: skip
+    field("dynamo_backend", "torch.compile backend (no, inductor, ...)", cfg.dynamo_backend,
+          _one_of(DYNAMO_BACKENDS, "dynamo_backend"))  # fmt: skip
+    cfg.validate()
+    try:
+        for note in cfg.check_hardware(hw):
+            print(f"  note: {note}", file=out)
+    except ConfigError as exc:
+        print(f"  warning: {exc} (saved anyway: the config may be meant for another machine)", file=out)
+    return cfg
+
+
+def cmd_config_questions(path: str | None) -> int:
+    try:
+        cfg = questionnaire(path)
+    except _Aborted:
+        print(f"\n{PROG} config: no answer (end of input); nothing was written", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{PROG} config: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    written = save_config(cfg, path)
+    print(f"accel_nb config written to {written}")
+    print(f"  {describe(cfg)}")
+    print(f"  launch a script with: {launch_command_line(cfg)}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------ launch
+
+
+def launch_command_line(cfg: LaunchConfig, script: str = "train.py", explicit: bool = True) -> str:
+    """The ``accel-nb launch`` command equivalent to ``cfg`` (every flag given when ``explicit``)."""
+    parts = [PROG, "launch"]
+    if cfg.num_processes is not None:
+        parts += ["--num_processes", str(cfg.num_processes)]
+    if cfg.num_machines > 1:
+        parts += ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank)]
+        parts += ["--main_process_ip", cfg.main_process_ip or "?"]
+    if cfg.main_process_port:
+        parts += ["--main_process_port", str(cfg.main_process_port)]
+    if explicit or cfg.mixed_precision != "no":
+        parts += ["--mixed_precision", cfg.mixed_precision]
+    if cfg.gradient_accumulation_steps != 1:
+        parts += ["--gradient_accumulation_steps", str(cfg.gradient_accumulation_steps)]
+    if cfg.gpu_ids != "all" and not cfg.use_cpu:
+        parts += ["--gpu_ids", cfg.gpu_ids]
+    if cfg.use_cpu or cfg.distributed_type == "MULTI_CPU":
+        parts.append("--cpu")
+    parts.append(script)
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
+    """The saved (or default) config with the command-line flags applied, validated."""
+    if ns.config_file and not os.path.exists(ns.config_file):
+        raise ConfigError("--config_file", ns.config_file, "an existing config file", None, "no such file")
+    cfg = load_config(ns.config_file) or default_config()
+    changes = {
+        "num_processes": ns.num_processes,
+        "num_machines": ns.num_machines,
+        "machine_rank": ns.machine_rank,
+        "main_process_ip": ns.main_process_ip,
+        "main_process_port": ns.main_process_port,
+        "mixed_precision": ns.mixed_precision,
+        "gradient_accumulation_steps": ns.gradient_accumulation_steps,
+        "gpu_ids": ns.gpu_ids,
+        "max_restarts": ns.max_restarts,
+    }
+    if ns.cpu:
+        changes["use_cpu"] = True
+    try:
+        return cfg.replace(**changes)
+    except ConfigError as exc:
+        flag = f"--{exc.key}" if changes.get(exc.key) is not None else exc.key
+        raise ConfigError(flag, exc.value, exc.allowed, exc.path) from None
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: list[str], log_dir: str,
+                       module: bool = False) -> list[str]:  # fmt: skip
+    """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says."""
+    addr = cfg.main_process_ip or "127.0.0.1"
+    port = cfg.main_process_port or (_free_port() if cfg.num_machines == 1 else 29500)
+    args = ["--nnodes", str(cfg.num_machines), "--node_rank", str(cfg.machine_rank)]
+    args += ["--nproc_per_node", str(nproc), "--max_restarts", str(cfg.max_restarts)]
+    if cfg.rdzv_backend == "static":
+        args += ["--master_addr", addr, "--master_port", str(port)]
+    else:
+        args += [
+            "--rdzv_backend",
+            cfg.rdzv_backend,
+            "--rdzv_endpoint",
+            f"{addr}:{port}",
+            "--rdzv_id",
+            "accel_nb",
+        ]
+    args += ["--log_dir", log_dir, "--tee", "3"]
+    if module:
+        args.append("--module")
+    return args + [script] + list(script_args)
+
+
+def cmd_launch(ns: argparse.Namespace) -> int:
+    from .hardware import detect
+
+    cfg = config_for_launch(ns)
+    hw = detect()
+    for note in cfg.check_hardware(hw):
+        print(f"{PROG} launch: note: {note}", file=sys.stderr)
+    if not ns.module and not os.path.isfile(ns.script):
+        print(f"{PROG} launch: error: script {ns.script!r} not found (from {os.getcwd()})", file=sys.stderr)
+        return 2
+    nproc = cfg.processes_here(hw)
+    own_log_dir = ns.log_dir is None
+    log_dir = ns.log_dir or tempfile.mkdtemp(prefix="accel_nb_launch_")
+    os.environ.update(cfg.to_env())
+    args = torchrun_arguments(cfg, nproc, ns.script, ns.script_args, log_dir, ns.module)
+    device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
+    print(f"{PROG} launch: {nproc} {device} process(es) on this machine"
+          + (f" (machine {cfg.machine_rank} of {cfg.num_machines})" if cfg.num_machines > 1 else "")
+          + f", mixed_precision={cfg.mixed_precision}", file=sys.stderr, flush=True)  # fmt: skip
+    code = run_elastic(args, ns.script, log_dir)
+    if code == 0 and own_log_dir:
+        import shutil
+
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return code
+
+
+class _DropFailureLine:
+    """Logging filter: torch's own "failed (exitcode ...)" line is replaced by our summary."""
+
+    def filter(self, record: Any) -> bool:
+        return not str(record.getMessage()).startswith("failed (exitcode")
+
+
+def run_elastic(args: list[str], script: str, log_dir: str) -> int:
+    """Run torch.distributed's elastic agent in this process; a readable summary when a rank fails."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    api_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    drop = _DropFailureLine()
+    api_logger.addFilter(drop)
+    try:
+        run(parse_args(args))
+        return 0
+    except ChildFailedError as exc:
+        print(failure_summary(exc.failures, script, log_dir), file=sys.stderr, flush=True)
+        first = order_failures(exc.failures, log_dir)[0][1]
+        return first.exitcode if first.exitcode > 0 else 128 + (-first.exitcode or 1)
+    except KeyboardInterrupt:
+        print(f"{PROG} launch: interrupted; every rank was stopped", file=sys.stderr)
+        return 130
+    except Exception as exc:  # rendezvous errors and the like: one line, not a traceback
+        print(f"{PROG} launch: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        api_logger.removeFilter(drop)
+
+
+_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|[A-Z]\w+Error)\b:?.*")
+
+
+def _rank_log(log_dir: str, local_rank: int, stream: str = "stderr") -> str | None:
+    found = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), f"{stream}.log")),
+                   key=os.path.getmtime)  # fmt: skip
+    return found[-1] if found else None
+
+
+def _last_exception(log_path: str | None) -> str | None:
+    if not log_path:
+        return None
+    try:
+        with open(log_path, errors="replace") as f:
+            lines = [_PREFIX.sub("", line.rstrip()) for line in f]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        if _EXC_LINE.match(line):
+            return line.strip()
+    return None
+
+
+def _signal_text(code: int) -> str:
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = {"SIGKILL": " (often the out-of-memory killer)", "SIGSEGV": " (a crash in native code)"}.get(
+        name, ""
+    )
+    return f"was killed by {name}{hint}"
+
+
+_SYMPTOMS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+)
+
+
+def order_failures(failures: dict[int, Any], log_dir: str) -> list[tuple[int, Any]]:
+    """Failing ranks, the cause first: ranks that only saw a peer vanish come after the rest,
+    then by failure time (torch records whole seconds) and by when each rank last wrote its log."""
+
+    def key(item: tuple[int, Any]) -> tuple[int, float, float, int]:
+        rank, failure = item
+        log = _rank_log(log_dir, failure.local_rank)
+        exc = _last_exception(log) or ""
+        symptom = any(s in exc for s in _SYMPTOMS)
+        mtime = os.path.getmtime(log) if log else float("inf")
+        return (int(symptom), float(failure.timestamp), mtime, rank)
+
+    return sorted(failures.items(), key=key)
+
+
+def failure_summary(failures: dict[int, Any], script: str, log_dir: str) -> str:
+    """A few lines: which rank failed first, how, the last exception line, and where its log is."""
+    ordered = order_failures(failures, log_dir)
+    rank, first = ordered[0]
+    how = f"exited with code {first.exitcode}" if first.exitcode >= 0 else _signal_text(first.exitcode)
+    log = _rank_log(log_dir, first.local_rank)
+    exc = _last_exception(log)
+    lines = [f"{PROG} launch: rank {rank} failed first: {exc or how}" + (f" ({how})" if exc else "")]
+    lines.append(f"  script: {script}")
+    if log:
+        lines.append(f"  its log: {log} (stdout.log next to it)")
+    others = [r for r, _ in ordered[1:]]
+    if others:
+        lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")
+    lines.append(f"  the other ranks were stopped; every rank's log is under {log_dir}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
