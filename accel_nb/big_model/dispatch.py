@@ -1,0 +1,359 @@
+"""Spread a model over devices and run it: in-place blocks, moving activations, offloaded blocks.
+
+    model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
+                                         no_split_module_classes=["LlamaDecoderLayer"])
+    model.hf_device_map         # {'model.embed_tokens': 0, ..., 'model.layers.30': 'cpu', ...}
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from .device_map import DeviceMapError, check_device_map, resolve_device_map
+from .hooks import attach_device_hook, remove_device_hooks
+from .offload import OffloadEngine, OffloadUnit, TensorSlot
+from .sizes import Device, get_max_memory, normalize_device, torch_device
+
+_DISK_INDEX = "_accel_nb_disk_index"  # set by load_checkpoint_in_model: {tensor name: (file, key)}
+_ENGINE = "_accel_nb_engine"
+
+
+def _tensor_slots(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module, str, bool, torch.Tensor]]:
+    """(full name, owner module, attribute, is_param, tensor) for every tensor, ties included."""
+    for mname, owner in module.named_modules(prefix=prefix, remove_duplicate=False):
+        for attr, p in owner._parameters.items():
+            if p is not None:
+                yield (f"{mname}.{attr}" if mname else attr), owner, attr, True, p
+        for attr, b in owner._buffers.items():
+            if b is not None:
+                yield (f"{mname}.{attr}" if mname else attr), owner, attr, False, b
+
+
+def _is_container(module: nn.Module) -> bool:
+    """Modules whose forward is never called (ModuleList, ModuleDict): hook their children."""
+    return type(module).forward is nn.Module.forward
+
+
+def _hook_targets(name: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
+    if not _is_container(module):
+        return [(name, module)]
+    if module._parameters or module._buffers:
+        raise DeviceMapError(f"{name!r} ({type(module).__name__}) holds tensors but has no forward; "
+                             "assign its parent module to one device instead")
+    out: list[tuple[str, nn.Module]] = []
+    for child_name, child in module.named_children():
+        out += _hook_targets(f"{name}.{child_name}" if name else child_name, child)
+    return out
+
+
+def _resolve(model: nn.Module, name: str) -> tuple[nn.Module | None, nn.Module, str | None]:
+    """(module, owner, attr): a module entry gives (module, module, None); a tensor entry (None, owner, attr)."""
+    if name == "":
+        return model, model, None
+    modules = dict(model.named_modules(remove_duplicate=False))
+    if name in modules:
+        return modules[name], modules[name], None
+    owner_name, _, attr = name.rpartition(".")
+    owner = modules.get(owner_name)
+    if owner is None or (attr not in owner._parameters and attr not in owner._buffers):
+        raise DeviceMapError(f"device_map entry {name!r} is neither a module nor a tensor of the model")
+    return None, owner, attr
+
+
+def _not_loaded(name: str) -> DeviceMapError:
+    return DeviceMapError(
+        f"{name!r} is still on the meta device (no weights). Load them first: "
+        "load_checkpoint_and_dispatch(model, checkpoint, device_map=...) or load_checkpoint_in_model(...)"
+    )
+
+
+def _move(owner: nn.Module, attr: str, is_param: bool, name: str, device: torch.device) -> None:
+    t = owner._parameters[attr] if is_param else owner._buffers[attr]
+    if t.device == device:
+        return
+    if t.device.type == "meta":
+        raise _not_loaded(name)
+    if is_param:
+        try:
+            t.data = t.data.to(device)  # keeps the Parameter object (and so any tie) intact
+        except RuntimeError:
+            owner._parameters[attr] = nn.Parameter(t.data.to(device), requires_grad=t.requires_grad)
+    else:
+        owner._buffers[attr] = t.to(device)
+
+
+def _save_for_disk(tensors: dict[str, torch.Tensor], offload_dir: str | None, tag: str) -> str:
+    """Write in-memory weights that must live on disk as one safetensors file; return its path."""
+    if offload_dir is None:
+        raise DeviceMapError("the device map sends modules to 'disk' but no offload folder was given; "
+                             "pass offload_dir=... (dispatch_model) or offload_folder=... (load_checkpoint_and_dispatch)")
+    from safetensors.torch import save_file
+
+    os.makedirs(offload_dir, exist_ok=True)
+    path = os.path.join(offload_dir, "accel_nb_offload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", tag or "model") + ".safetensors")
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, path)
+    return path
+
+
+def _build_unit(model: nn.Module, name: str, module: nn.Module, owner_attr: str | None, source: str,
+                exec_device: torch.device, offload_buffers: bool, offload_dir: str | None,
+                placeholders: dict[int, torch.Tensor]) -> OffloadUnit | None:
+    """Take a module's (or one tensor's) weights off the module into an OffloadUnit."""
+    disk_index: dict[str, tuple[str, str]] = getattr(model, _DISK_INDEX, {})
+    unit = OffloadUnit(name, module, source)
+    if owner_attr is None:
+        entries = list(_tensor_slots(module, name))
+    else:
+        is_param = owner_attr in module._parameters
+        t = module._parameters[owner_attr] if is_param else module._buffers[owner_attr]
+        entries = [(name, module, owner_attr, is_param, t)]
+    to_write: dict[str, torch.Tensor] = {}
+    first_name: dict[int, str] = {}
+    for full, owner, attr, is_param, t in entries:
+        if not is_param and not offload_buffers:
+            if t.device.type == "meta" and full in disk_index:
+                path, key = disk_index[full]
+                from safetensors import safe_open
+
+                with safe_open(path, framework="pt", device="cpu") as f:
+                    owner._buffers[attr] = f.get_tensor(key).to(t.dtype).to(exec_device)
+            else:
+                _move(owner, attr, False, full, exec_device)
+            continue
+        key = first_name.setdefault(id(t), full)
+        if source == "disk" and key in disk_index:
+            unit.disk[key] = disk_index[key]
+        elif t.device.type != "meta":
+            if source == "cpu":
+                unit.host[key] = t.detach().to("cpu")
+            else:
+                to_write[key] = t.detach()
+        elif key in disk_index:  # cpu source, weights were sent to disk by the loader: read them in
+            from safetensors import safe_open
+
+            path, k = disk_index[key]
+            with safe_open(path, framework="pt", device="cpu") as f:
+                unit.host[key] = f.get_tensor(k).to(t.dtype)
+        else:
+            raise _not_loaded(full)
+        holder = placeholders.get(id(t))
+        if holder is None:
+            meta = t.detach().to("meta")
+            holder = nn.Parameter(meta, requires_grad=t.requires_grad) if is_param else meta
+            placeholders[id(t)] = holder
+            placeholders[id(holder)] = holder
+        unit.slots.append(TensorSlot(owner, attr, is_param, key, t.dtype, t.shape, holder))
+    if to_write:
+        path = _save_for_disk(to_write, offload_dir, name)
+        for key in to_write:
+            unit.disk[key] = (path, key)
+    if not unit.slots:
+        return None
+    for s in unit.slots:
+        if s.is_param:
+            s.owner._parameters[s.attr] = s.placeholder  # type: ignore[assignment]
+        else:
+            s.owner._buffers[s.attr] = s.placeholder
+    return unit
+
+
+def remove_dispatch(model: nn.Module) -> None:
+    """Remove hooks and offload buffers added by dispatch_model / cpu_offload / disk_offload."""
+    remove_device_hooks(model)
+    engine = getattr(model, _ENGINE, None)
+    if engine is not None:
+        engine.close()
+        del model._accel_nb_engine
+
+
+def dispatch_model(
+    model: nn.Module,
+    device_map: Mapping[str, Any],
+    main_device: Any = None,
+    offload_dir: str | os.PathLike | None = None,
+    offload_buffers: bool = False,
+    num_buffers: int = 2,
+    prefetch: bool = True,
+) -> nn.Module:
+    """Put each mapped module on its device and hook the model so it runs across them.
+
+        model = dispatch_model(model, {"embed": 0, "blocks.0": 0, "blocks.1": "cpu", "head": "disk"},
+                               offload_dir="offload")
+    GPU (and accelerator) entries run in place; inputs are moved to each module's device. CPU and
+    disk entries are offloaded: their weights come to ``main_device`` (the first GPU of the map, or
+    the CPU when there is none) only for their forward. With no GPU, 'cpu' entries run in place.
+    The model's outputs come back to the device of its inputs. Sets ``model.hf_device_map``.
+    """
+    if isinstance(device_map, str):
+        device_map = resolve_device_map(model, device_map)
+    device_map = {name: normalize_device(dev) for name, dev in device_map.items()}
+    check_device_map(model, device_map)
+    remove_dispatch(model)
+    offload_dir = os.fspath(offload_dir) if offload_dir is not None else None
+    in_place_devices = [d for d in device_map.values() if d not in ("cpu", "disk")]
+    if main_device is None:
+        gpus = sorted(d for d in in_place_devices if isinstance(d, int))
+        main_device = gpus[0] if gpus else (in_place_devices[0] if in_place_devices else "cpu")
+    exec_device = torch_device(normalize_device(main_device))
+    if exec_device.type == "cuda" and exec_device.index is None:
+        exec_device = torch.device("cuda", 0)
+    engine = OffloadEngine(exec_device, num_buffers=num_buffers, prefetch=prefetch)
+    placeholders: dict[int, torch.Tensor] = {}
+    # longest names first would break ties; the map order is the execution order we want
+    for name, dev in device_map.items():
+        module, owner, attr = _resolve(model, name)
+        runs_in_place = dev not in ("cpu", "disk") or (dev == "cpu" and exec_device.type == "cpu")
+        if runs_in_place:
+            device = torch_device(dev)
+            if attr is not None:
+                _move(owner, attr, attr in owner._parameters, name, device)
+                continue
+            for full, o, a, is_param, _ in _tensor_slots(module, name):
+                _move(o, a, is_param, full, device)
+            for target_name, target in _hook_targets(name, module):
+                attach_device_hook(target, device)
+            continue
+        if attr is not None:
+            unit = _build_unit(model, name, owner, attr, dev, exec_device, offload_buffers, offload_dir, placeholders)
+            if unit is not None:
+                engine.add_unit(unit)
+                attach_device_hook(owner, exec_device, unit, engine)
+            continue
+        for target_name, target in _hook_targets(name, module):
+            unit = _build_unit(model, target_name, target, None, dev, exec_device, offload_buffers, offload_dir,
+                               placeholders)
+            attach_device_hook(target, exec_device, unit, engine)
+            if unit is not None:
+                engine.add_unit(unit)
+    engine.finalize()
+    attach_device_hook(model, io_same_device=True)
+    model.hf_device_map = dict(device_map)
+    model._accel_nb_engine = engine
+    return model
+
+
+def _per_module_map(model: nn.Module, device: Device) -> dict[str, Device]:
+    """Every module that holds tensors directly, as its own entry (fine-grained offload units)."""
+    out: dict[str, Device] = {}
+    for name, module in model.named_modules():
+        for attr, t in list(module._parameters.items()) + list(module._buffers.items()):
+            if t is None:
+                continue
+            if _is_container(module) or (module._modules and name == ""):
+                out[f"{name}.{attr}" if name else attr] = device
+            else:
+                out[name] = device
+    return out
+
+
+def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers: bool = False,
+                num_buffers: int = 2) -> nn.Module:
+    """Keep all weights in (pinned) CPU memory; stream each layer to ``execution_device`` for its forward.
+
+        model = cpu_offload(model, execution_device=0)   # uses ~2 layers of GPU memory
+    """
+    if execution_device is None:
+        execution_device = 0 if torch.cuda.is_available() else "cpu"
+    return _offload_all(model, "cpu", execution_device, None, offload_buffers, num_buffers)
+
+
+def disk_offload(model: nn.Module, offload_dir: str | os.PathLike, execution_device: Any = None,
+                 offload_buffers: bool = False, num_buffers: int = 2) -> nn.Module:
+    """Keep all weights in memory-mapped safetensors under ``offload_dir``; load each layer for its forward.
+
+        model = disk_offload(model, "offload", execution_device="cpu")
+    """
+    if execution_device is None:
+        execution_device = 0 if torch.cuda.is_available() else "cpu"
+    return _offload_all(model, "disk", execution_device, os.fspath(offload_dir), offload_buffers, num_buffers)
+
+
+def _offload_all(model: nn.Module, source: str, execution_device: Any, offload_dir: str | None,
+                 offload_buffers: bool, num_buffers: int) -> nn.Module:
+    remove_dispatch(model)
+    exec_device = torch_device(normalize_device(execution_device))
+    engine = OffloadEngine(exec_device, num_buffers=num_buffers)
+    placeholders: dict[int, torch.Tensor] = {}
+    modules = dict(model.named_modules(remove_duplicate=False))
+    disk_index: dict[str, tuple[str, str]] = dict(getattr(model, _DISK_INDEX, {}))
+    if source == "disk":  # one file for everything not already in a safetensors file
+        pending: dict[str, torch.Tensor] = {}
+        first: dict[int, str] = {}
+        tied: dict[str, str] = {}
+        for full, _, _, is_param, t in _tensor_slots(model, ""):
+            if not (is_param or offload_buffers) or t.device.type == "meta" or full in disk_index:
+                continue
+            if id(t) in first:
+                tied[full] = first[id(t)]
+                continue
+            first[id(t)] = full
+            pending[full] = t
+        if pending:
+            path = _save_for_disk(pending, offload_dir, "model")
+            disk_index.update({k: (path, k) for k in pending})
+            disk_index.update({k: (path, v) for k, v in tied.items()})
+        model._accel_nb_disk_index = disk_index
+    for name, module in modules.items():
+        direct = [(a, t) for a, t in list(module._parameters.items()) + list(module._buffers.items()) if t is not None]
+        if not direct:
+            continue
+        unit = OffloadUnit(name, module, source)
+        # the module's own tensors only: its children are units of their own
+        for full, owner, attr, is_param, t in _tensor_slots(module, name):
+            if owner is not module:
+                continue
+            part = _build_unit(model, full, owner, attr, source, exec_device, offload_buffers, offload_dir, placeholders)
+            if part is not None:
+                unit.slots += part.slots
+                unit.host.update(part.host)
+                unit.disk.update(part.disk)
+        if unit.slots:
+            engine.add_unit(unit)
+            attach_device_hook(module, exec_device, unit, engine)
+        elif not _is_container(module):
+            attach_device_hook(module, exec_device)
+    engine.finalize()
+    attach_device_hook(model, exec_device, io_same_device=True)
+    model.hf_device_map = {"": "disk" if source == "disk" else "cpu"}
+    model._accel_nb_engine = engine
+    return model
+
+
+def load_checkpoint_and_dispatch(
+    model: nn.Module,
+    checkpoint: str | os.PathLike,
+    device_map: str | Mapping[str, Any] | None = "auto",
+    max_memory: Mapping[Any, int | str] | None = None,
+    no_split_module_classes: Iterable[str | type] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    offload_buffers: bool = False,
+    dtype: torch.dtype | str | None = None,
+    strict: bool = False,
+    allow_pickle: bool = False,
+) -> nn.Module:
+    """Plan a device map, load the checkpoint straight onto it, and dispatch the model.
+
+        with init_empty_weights():
+            model = LlamaForCausalLM(config)
+        model = load_checkpoint_and_dispatch(model, "llama_dir", device_map="auto",
+                                             no_split_module_classes=["LlamaDecoderLayer"],
+                                             offload_folder="offload")
+    With ``offload_folder`` and a string device_map, modules that fit nowhere go to disk.
+    """
+    from .loading import load_checkpoint_in_model
+
+    if isinstance(device_map, str):
+        budgets: dict[Any, Any] = dict(get_max_memory(max_memory))
+        if offload_folder is not None and "disk" not in budgets:
+            budgets["disk"] = 2**62
+        device_map = resolve_device_map(model, device_map, budgets, no_split_module_classes, dtype)
+    load_checkpoint_in_model(model, checkpoint, device_map=device_map, offload_folder=offload_folder,
+                             dtype=dtype, strict=strict, allow_pickle=allow_pickle, offload_buffers=offload_buffers)
+    if device_map is None:
+        return model
+    return dispatch_model(model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers)

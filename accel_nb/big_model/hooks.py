@@ -1,0 +1,93 @@
+"""Wrap a module's forward so its inputs reach its device and offloaded weights appear in time.
+
+    attach_device_hook(block, torch.device("cuda:1"))                # inputs -> cuda:1
+    attach_device_hook(block, torch.device("cuda:0"), unit=u, engine=e)  # offloaded block
+    remove_device_hooks(model)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..ops import send_to_device
+from .offload import OffloadEngine, OffloadUnit
+
+_ATTR = "_accel_nb_hook"
+
+
+class DeviceHook:
+    """What a wrapped forward does: move inputs, materialise weights, optionally return outputs home."""
+
+    def __init__(self, device: torch.device | None = None, units: list[OffloadUnit] | None = None,
+                 engine: OffloadEngine | None = None, io_same_device: bool = False) -> None:
+        self.device = device
+        self.units = list(units or [])
+        self.engine = engine
+        self.io_same_device = io_same_device
+
+    def __call__(self, original_forward: Any, *args: Any, **kwargs: Any) -> Any:
+        input_device = _first_device((args, kwargs)) if self.io_same_device else None
+        if self.device is not None:
+            args = send_to_device(args, self.device, non_blocking=True)
+            kwargs = send_to_device(kwargs, self.device, non_blocking=True)
+        entered: list[OffloadUnit] = []
+        try:
+            for unit in self.units:
+                self.engine.before_forward(unit)
+                entered.append(unit)
+            output = original_forward(*args, **kwargs)
+        finally:
+            for unit in reversed(entered):
+                self.engine.after_forward(unit)
+        if input_device is not None:
+            output = send_to_device(output, input_device)
+        return output
+
+
+def _first_device(obj: Any) -> torch.device | None:
+    if isinstance(obj, torch.Tensor):
+        return obj.device
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        for x in obj:
+            d = _first_device(x)
+            if d is not None:
+                return d
+    return None
+
+
+def attach_device_hook(module: nn.Module, device: torch.device | None = None, unit: OffloadUnit | None = None,
+                       engine: OffloadEngine | None = None, io_same_device: bool = False) -> DeviceHook:
+    """Wrap ``module.forward``; a second call on the same module merges into the existing hook."""
+    hook: DeviceHook | None = getattr(module, _ATTR, None)
+    if hook is None:
+        hook = DeviceHook(device, [], engine, io_same_device)
+        original = module.forward
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return hook(original, *args, **kwargs)
+
+        module.forward = forward  # instance attribute: nn.Module.__call__ finds it first
+        setattr(module, _ATTR, hook)
+    else:
+        hook.device = device if device is not None else hook.device
+        hook.io_same_device = hook.io_same_device or io_same_device
+        hook.engine = engine if engine is not None else hook.engine
+    if unit is not None:
+        hook.units.append(unit)
+    return hook
+
+
+def remove_device_hooks(model: nn.Module) -> None:
+    """Undo :func:`attach_device_hook` on the model and all its submodules."""
+    for module in model.modules():
+        if getattr(module, _ATTR, None) is not None:
+            delattr(module, _ATTR)
+            if "forward" in module.__dict__:
+                del module.forward

@@ -1,0 +1,277 @@
+"""The offload engine: bring CPU- or disk-held weights to the execution device for one forward.
+
+On a CUDA execution device it streams at bus speed:
+- each offloaded unit's weights are packed into ONE pinned host buffer (one large DMA per unit);
+- copies run on a side CUDA stream into a small pool of device buffers (``num_buffers``, 2 by
+  default), so GPU memory for offloaded weights stays bounded;
+- while unit *i* computes, the weights of the unit that ran after it last time (or the next one
+  in module order on the first pass) are already being copied: the next unit is prefetched;
+- a buffer is refilled only after the compute that read it has finished (CUDA events, no host
+  synchronisation); disk units are read from memory-mapped safetensors by a worker thread into
+  pinned staging memory, then copied the same way.
+On the CPU the weights are simply used where they are (CPU) or read from the memory-mapped file
+(disk); nothing is copied more than once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+_ALIGN = 256  # bytes; keeps every tensor view in a flat buffer aligned for any dtype
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass
+class TensorSlot:
+    """One tensor of a unit: where it lives in the module and where its data comes from."""
+
+    owner: nn.Module
+    attr: str
+    is_param: bool
+    key: str  # full name in the model (also the key in the store)
+    dtype: torch.dtype
+    shape: torch.Size
+    placeholder: torch.Tensor  # what the module holds between forwards (meta)
+    offset: int = 0
+    nbytes: int = 0
+
+
+@dataclass
+class OffloadUnit:
+    """A module whose tensors live off the execution device between its forwards."""
+
+    name: str
+    module: nn.Module
+    source: str  # "cpu" | "disk"
+    slots: list[TensorSlot] = field(default_factory=list)
+    host: dict[str, torch.Tensor] = field(default_factory=dict)  # cpu source: key -> tensor
+    packed: torch.Tensor | None = None  # cpu source on CUDA: pinned flat uint8
+    disk: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (file, key in file)
+    nbytes: int = 0
+    index: int = 0
+
+    def layout(self) -> None:
+        offset = 0
+        seen: dict[str, int] = {}
+        for s in self.slots:
+            s.nbytes = s.shape.numel() * torch.empty((), dtype=s.dtype, device="meta").element_size()
+            if s.key in seen:  # the same tensor twice in one unit (tied): share the bytes
+                s.offset = seen[s.key]
+                continue
+            s.offset = offset
+            seen[s.key] = offset
+            offset += _aligned(s.nbytes)
+        self.nbytes = offset
+
+
+class _DeviceBuffer:
+    """One reusable region on the execution device (plus pinned staging for disk reads)."""
+
+    def __init__(self) -> None:
+        self.data: torch.Tensor | None = None
+        self.staging: torch.Tensor | None = None
+        self.unit: OffloadUnit | None = None
+        self.in_use = 0
+        self.copy_done: torch.cuda.Event | None = None
+        self.released: torch.cuda.Event | None = None
+        self.pending: concurrent.futures.Future | None = None
+        self.last_used = 0
+
+
+class OffloadEngine:
+    """Materialise offloaded units on ``device`` for their forward; prefetch the next one."""
+
+    def __init__(self, device: torch.device | str, num_buffers: int = 2, prefetch: bool = True) -> None:
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.cuda = self.device.type == "cuda"
+        self.units: list[OffloadUnit] = []
+        self.successor: dict[int, int] = {}
+        self.prefetch = prefetch
+        self.num_buffers = max(1, num_buffers)
+        self._buffers: list[_DeviceBuffer] = []
+        self._resident: dict[int, _DeviceBuffer] = {}
+        self._last: int | None = None
+        self._clock = 0
+        self._files: dict[str, Any] = {}
+        self._files_lock = threading.Lock()
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        self._side_stream: torch.cuda.Stream | None = None
+        self.bytes_streamed = 0
+
+    # -- setup --------------------------------------------------------------------------------------
+    def add_unit(self, unit: OffloadUnit) -> None:
+        unit.layout()
+        unit.index = len(self.units)
+        self.units.append(unit)
+        if unit.index > 0:
+            self.successor.setdefault(unit.index - 1, unit.index)
+
+    def finalize(self) -> None:
+        """Pack CPU-held weights into pinned memory and size the device buffers."""
+        if not self.units:
+            return
+        if self.units:
+            self.successor.setdefault(len(self.units) - 1, 0)
+        if not self.cuda:
+            return
+        for unit in self.units:
+            if unit.source == "cpu":
+                packed = torch.empty(unit.nbytes, dtype=torch.uint8, pin_memory=True)
+                for s in unit.slots:
+                    view = packed[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+                    view.copy_(unit.host[s.key])
+                unit.packed = packed
+                unit.host.clear()  # the pinned copy is now the only one
+        biggest = max(u.nbytes for u in self.units)
+        self._side_stream = torch.cuda.Stream(device=self.device)
+        for _ in range(min(self.num_buffers, len(self.units))):
+            buf = _DeviceBuffer()
+            buf.data = torch.empty(biggest, dtype=torch.uint8, device=self.device)
+            buf.copy_done = torch.cuda.Event()
+            buf.released = torch.cuda.Event()
+            if any(u.source == "disk" for u in self.units):
+                buf.staging = torch.empty(biggest, dtype=torch.uint8, pin_memory=True)
+            self._buffers.append(buf)
+        if any(u.source == "disk" for u in self.units):
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="accel_nb-offload")
+
+    def close(self) -> None:
+        """Drop device buffers, pinned memory and open files."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+            self._worker = None
+        self._buffers.clear()
+        self._resident.clear()
+        self._files.clear()
+
+    # -- reading ------------------------------------------------------------------------------------
+    def _open(self, path: str) -> Any:
+        with self._files_lock:
+            handle = self._files.get(path)
+            if handle is None:
+                from safetensors import safe_open
+
+                handle = self._files[path] = safe_open(path, framework="pt", device="cpu")
+            return handle
+
+    def _read_disk(self, unit: OffloadUnit, key: str) -> torch.Tensor:
+        path, name = unit.disk[key]
+        return self._open(path).get_tensor(name)
+
+    # -- the forward protocol -----------------------------------------------------------------------
+    def before_forward(self, unit: OffloadUnit) -> None:
+        """Put the unit's weights on the execution device and point its modules at them."""
+        if self._last is not None and self._last != unit.index:
+            self.successor[self._last] = unit.index
+        self._last = unit.index
+        if not self.cuda:
+            tensors = self._host_tensors(unit)
+        else:
+            tensors = self._cuda_tensors(unit)
+            nxt = self.successor.get(unit.index)
+            if self.prefetch and nxt is not None and nxt != unit.index and nxt not in self._resident:
+                self._issue(self.units[nxt])
+        for s in unit.slots:
+            t = tensors[s.key]
+            if s.is_param:
+                s.owner._parameters[s.attr] = nn.Parameter(t, requires_grad=False)
+            else:
+                s.owner._buffers[s.attr] = t
+
+    def after_forward(self, unit: OffloadUnit) -> None:
+        """Point the modules back at their placeholders; let the buffer be refilled."""
+        for s in unit.slots:
+            if s.is_param:
+                s.owner._parameters[s.attr] = s.placeholder  # type: ignore[assignment]
+            else:
+                s.owner._buffers[s.attr] = s.placeholder
+        if self.cuda:
+            buf = self._resident.get(unit.index)
+            if buf is not None and buf.unit is unit and buf.in_use:
+                buf.in_use -= 1
+                if not buf.in_use:
+                    buf.released.record(torch.cuda.current_stream(self.device))
+
+    # -- CPU execution ------------------------------------------------------------------------------
+    def _host_tensors(self, unit: OffloadUnit) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for s in unit.slots:
+            if s.key in out:
+                continue
+            t = unit.host[s.key] if unit.source == "cpu" else self._read_disk(unit, s.key)
+            if t.dtype != s.dtype:
+                t = t.to(s.dtype)
+            if t.device != self.device:
+                t = t.to(self.device)
+            out[s.key] = t
+        return out
+
+    # -- CUDA execution -----------------------------------------------------------------------------
+    def _pick_buffer(self, unit: OffloadUnit) -> _DeviceBuffer | None:
+        free = [b for b in self._buffers if not b.in_use and b.unit is not unit]
+        if not free:
+            return None
+        return min(free, key=lambda b: b.last_used)
+
+    def _fill_staging(self, unit: OffloadUnit, buf: _DeviceBuffer) -> None:
+        """Worker thread: read a disk unit into pinned staging, then start its copy."""
+        buf.copy_done.synchronize()  # the previous copy out of this staging area has finished
+        for s in unit.slots:
+            view = buf.staging[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+            view.copy_(self._read_disk(unit, s.key))
+        self._start_copy(buf, buf.staging[:unit.nbytes])
+
+    def _start_copy(self, buf: _DeviceBuffer, host: torch.Tensor) -> None:
+        stream = self._side_stream
+        with torch.cuda.stream(stream):
+            stream.wait_event(buf.released)  # whoever read this buffer last is done with it
+            buf.data[:host.numel()].copy_(host, non_blocking=True)
+            buf.copy_done.record(stream)
+        self.bytes_streamed += host.numel()
+
+    def _issue(self, unit: OffloadUnit) -> _DeviceBuffer | None:
+        buf = self._pick_buffer(unit)
+        if buf is None:
+            return None
+        if buf.pending is not None:  # a disk read still filling it (never when not in use, but be safe)
+            buf.pending.result()
+            buf.pending = None
+        if buf.unit is not None:
+            self._resident.pop(buf.unit.index, None)
+        buf.unit = unit
+        self._clock += 1
+        buf.last_used = self._clock
+        self._resident[unit.index] = buf
+        if unit.source == "cpu":
+            self._start_copy(buf, unit.packed)
+        else:
+            buf.pending = self._worker.submit(self._fill_staging, unit, buf)
+        return buf
+
+    def _cuda_tensors(self, unit: OffloadUnit) -> dict[str, torch.Tensor]:
+        buf = self._resident.get(unit.index)
+        if buf is None or buf.unit is not unit:
+            buf = self._issue(unit)
+        if buf is None:  # every buffer busy (nested offloaded units): plain synchronous copies
+            return {s.key: (unit.packed[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+                            if unit.source == "cpu" else self._read_disk(unit, s.key).to(s.dtype)).to(self.device)
+                    for s in unit.slots}
+        if buf.pending is not None:
+            buf.pending.result()  # re-raises a read error here, in the forward that needs it
+            buf.pending = None
+        torch.cuda.current_stream(self.device).wait_event(buf.copy_done)
+        buf.in_use += 1
+        self._clock += 1
+        buf.last_used = self._clock
+        return {s.key: buf.data[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape) for s in unit.slots}

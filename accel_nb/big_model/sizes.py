@@ -1,0 +1,221 @@
+"""How big each module is, how much each device can hold, and which parameters are tied.
+
+    sizes = compute_module_sizes(model, dtype=torch.float16)   # {"": total, "h.0": ..., ...}
+    budget = get_max_memory({0: "20GiB", "cpu": "64GiB"})      # {0: 21474836480, "cpu": ...}
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+Device = int | str
+
+_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_memory(value: int | float | str) -> int:
+    """'10GiB' -> 10737418240, '500MB' -> 500000000, 1024 -> 1024."""
+    if isinstance(value, bool):
+        raise ValueError(f"memory budget {value!r} is not a size; use bytes or a string like '10GiB'")
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if m is None or m.group(2).lower() not in _UNITS | {"": 1}:
+        raise ValueError(f"cannot read memory budget {value!r}; write bytes or a size like '10GiB', '500MB'")
+    return int(float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1))
+
+
+def normalize_device(device: Any) -> Device:
+    """0, 'cuda:0', torch.device('cuda', 0) -> 0; 'cpu' -> 'cpu'; 'disk' -> 'disk'; 'mps' stays."""
+    if isinstance(device, bool):
+        raise ValueError(f"{device!r} is not a device")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, torch.device):
+        if device.type == "cuda":
+            return device.index or 0
+        return device.type
+    text = str(device).strip().lower()
+    if text.isdigit():
+        return int(text)
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    if text in ("cpu", "disk", "meta", "mps") or ":" in text:
+        return text
+    raise ValueError(f"unknown device {device!r}; use a GPU index (0, 'cuda:1'), 'cpu' or 'disk'")
+
+
+def torch_device(device: Device) -> torch.device:
+    """The torch.device a normalized device runs on (GPU indices become cuda:i)."""
+    return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+
+
+def device_order(device: Device) -> tuple[int, int]:
+    """Sort key: GPUs by index, then other accelerators, then cpu, then disk."""
+    if isinstance(device, int):
+        return (0, device)
+    return ({"cpu": 2, "disk": 3}.get(device, 1), 0)
+
+
+def dtype_size(dtype: torch.dtype) -> float:
+    """Bytes per element (bool 1, float16 2, ...)."""
+    if dtype == torch.bool:
+        return 1
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def _tensor_bytes(t: torch.Tensor, dtype: torch.dtype | None) -> int:
+    use = dtype if dtype is not None and t.is_floating_point() else t.dtype
+    return int(t.numel() * dtype_size(use))
+
+
+def named_tensors(module: nn.Module, recurse: bool = True) -> Iterable[tuple[str, torch.Tensor]]:
+    """Parameters then buffers, each tensor once (tied ones under their first name)."""
+    seen: set[int] = set()
+    for name, t in list(module.named_parameters(recurse=recurse)) + list(module.named_buffers(recurse=recurse)):
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield name, t
+
+
+def compute_module_sizes(model: nn.Module, dtype: torch.dtype | str | None = None) -> dict[str, int]:
+    """Bytes held by every module path ('' is the whole model); tied tensors count once.
+
+        compute_module_sizes(model)["transformer.h.0"]   # bytes of block 0
+    ``dtype`` counts floating tensors as if they were converted to it (e.g. torch.float16).
+    """
+    dtype = as_dtype(dtype)
+    sizes: dict[str, int] = defaultdict(int)
+    for name, t in named_tensors(model):
+        n = _tensor_bytes(t, dtype)
+        parts = name.split(".")
+        for i in range(len(parts) + 1):
+            sizes[".".join(parts[:i])] += n
+    for name, _ in model.named_modules():
+        sizes.setdefault(name, 0)
+    return dict(sizes)
+
+
+def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
+    """'float16' / 'fp16' / torch.float16 -> torch.float16."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    text = str(dtype).replace("torch.", "")
+    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+    value = getattr(torch, aliases.get(text, text), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. torch.float16 or 'bfloat16'")
+    return value
+
+
+def tied_parameter_groups(model: nn.Module) -> list[list[str]]:
+    """Names that share one tensor, e.g. [['transformer.wte.weight', 'lm_head.weight']]."""
+    by_id: dict[int, list[str]] = defaultdict(list)
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_id[id(p)].append(name)
+    return [names for names in by_id.values() if len(names) > 1]
+
+
+def is_no_split(module: nn.Module, no_split_module_classes: Iterable[str | type] | None) -> bool:
+    """True when the module's class is one that must stay whole on one device."""
+    for cls in no_split_module_classes or ():
+        if isinstance(cls, type) and isinstance(module, cls):
+            return True
+        if isinstance(cls, str) and type(module).__name__ == cls:
+            return True
+    return False
+
+
+def layer_sizes(model: nn.Module, no_split_module_classes: Iterable[str | type] | None = None,
+                dtype: torch.dtype | None = None) -> dict[str, int]:
+    """The units that always move whole: no-split blocks and leaf modules with weights."""
+    sizes = compute_module_sizes(model, dtype)
+    out: dict[str, int] = {}
+    stack = [("", model)]
+    while stack:
+        name, module = stack.pop()
+        children = list(module.named_children())
+        if (name and is_no_split(module, no_split_module_classes)) or not children:
+            if sizes.get(name, 0):
+                out[name] = sizes[name]
+            continue
+        direct = sum(_tensor_bytes(t, dtype) for _, t in named_tensors(module, recurse=False))
+        if direct:
+            out[name] = direct
+        stack.extend((f"{name}.{c}" if name else c, m) for c, m in children)
+    return out
+
+
+# -- device budgets ---------------------------------------------------------------------------------
+def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[Device, int]:
+    """What each device may hold, in bytes: GPUs (free memory) and the CPU (available RAM).
+
+        get_max_memory()                                 # {0: free bytes on GPU 0, ..., "cpu": ...}
+        get_max_memory({0: "10GiB", "cpu": "30GB"})      # user budgets, parsed
+    GPU memory is read with torch.cuda.mem_get_info only when CUDA is available.
+    """
+    if max_memory is None:
+        budgets: dict[Device, int] = {}
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                budgets[i] = int(torch.cuda.mem_get_info(i)[0])
+        import psutil
+
+        budgets["cpu"] = int(psutil.virtual_memory().available)
+        return budgets
+    budgets = {}
+    for key, value in max_memory.items():
+        dev = normalize_device(key)
+        if dev in budgets:
+            raise ValueError(f"max_memory names device {dev!r} twice (as {key!r}); give each device once")
+        budgets[dev] = parse_memory(value)
+        if budgets[dev] < 0:
+            raise ValueError(f"max_memory[{key!r}] is negative ({value!r})")
+    if any(isinstance(d, int) for d in budgets) and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        missing = [d for d in budgets if isinstance(d, int) and d >= n]
+        if missing:
+            raise ValueError(f"max_memory names GPU(s) {missing} but this machine has {n} GPU(s)")
+    return dict(sorted(budgets.items(), key=lambda kv: device_order(kv[0])))
+
+
+def get_balanced_memory(
+    model: nn.Module,
+    max_memory: Mapping[Any, int | str] | None = None,
+    no_split_module_classes: Iterable[str | type] | None = None,
+    dtype: torch.dtype | str | None = None,
+    low_zero: bool = False,
+) -> dict[Device, int]:
+    """GPU budgets that spread the model evenly over all GPUs instead of filling GPU 0 first.
+
+        device_map = infer_auto_device_map(model, max_memory=get_balanced_memory(model))
+    Each GPU gets an equal share of the model plus room for its largest layer (never more than
+    it has). ``low_zero=True`` keeps GPU 0 nearly empty (for generate() outputs and the like).
+    """
+    budgets = get_max_memory(max_memory)
+    gpus = [d for d in budgets if isinstance(d, int) and budgets[d] > 0]
+    if len(gpus) <= 1:
+        return budgets
+    dtype = as_dtype(dtype)
+    total = compute_module_sizes(model, dtype)[""]
+    layers = layer_sizes(model, no_split_module_classes, dtype)
+    largest = max(layers.values(), default=0)
+    share_over = gpus[1:] if low_zero else gpus
+    share = total // len(share_over) + largest
+    out = dict(budgets)
+    for i, gpu in enumerate(gpus):
+        if low_zero and i == 0:
+            out[gpu] = min(budgets[gpu], largest)
+        else:
+            out[gpu] = min(budgets[gpu], share)
+    return out
