@@ -235,11 +235,22 @@ def _next_iteration(root: str, iteration: int) -> int:
 
 
 def _remove_stale_temps(parent: str, name: str) -> None:
-    pattern = re.compile(r"^\.(tmp|old)-" + re.escape(name) + r"-(\d+)$")
+    """Remove temp folders of saves that died (their process is gone), for ``name`` or any
+    ``checkpoint_<i>`` when ``name`` is one."""
+    names = r"checkpoint_\d+" if _CHECKPOINT_DIR.match(name) else re.escape(name)
+    pattern = re.compile(r"^\.(tmp|old)-(" + names + r")-(\d+)$")
     for entry in os.listdir(parent):
         m = pattern.match(entry)
-        if m and (int(m.group(2)) == os.getpid() or not _pid_alive(int(m.group(2)))):
-            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+        if not m or (int(m.group(3)) != os.getpid() and _pid_alive(int(m.group(3)))):
+            continue
+        stale, target = os.path.join(parent, entry), os.path.join(parent, m.group(2))
+        if m.group(1) == "old" and is_complete_checkpoint(stale) and not is_complete_checkpoint(target):
+            # the save died between moving the old checkpoint away and moving the new one in
+            if os.path.isdir(target):
+                shutil.rmtree(target, ignore_errors=True)
+            os.rename(stale, target)
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def _commit_dir(tmp: str, final: str) -> None:
@@ -623,6 +634,7 @@ def load_accelerator_state(
     for loader, state in zip(loaders, loader_states):
         if state is not None and hasattr(loader, "load_state_dict"):
             loader.load_state_dict(state)
+            _resume_without_rng_draw(loader)
     if hasattr(accelerator, "step"):
         accelerator.step = int(manifest.get("step", 0))
     config = _config(accelerator)
@@ -635,6 +647,29 @@ def load_accelerator_state(
         config.iteration = max(config.iteration, int(m.group(1)) + 1)
     set_rng_state(rank_state["rng"])  # last: nothing above may consume randomness afterwards
     return path
+
+
+def _resume_without_rng_draw(loader: Any) -> None:
+    """Make the next pass of a loader resumed mid-epoch leave the global RNG alone.
+
+    Creating a DataLoader iterator draws one number from torch's global RNG. The saving run made
+    that draw when the interrupted epoch began, before the RNG state was saved; the resumed pass
+    must not draw again, or dropout & co. would diverge from an uninterrupted run.
+    """
+    resumed_mid_pass = getattr(loader, "batches_yielded", 0) > getattr(loader, "skip_batches", 0)
+    make_iterator = getattr(type(loader), "_get_iterator", None)
+    if not resumed_mid_pass or make_iterator is None:
+        return
+
+    def once(*args: Any, **kwargs: Any) -> Any:
+        loader.__dict__.pop("_get_iterator", None)
+        state = torch.get_rng_state()
+        try:
+            return make_iterator(loader, *args, **kwargs)
+        finally:
+            torch.set_rng_state(state)
+
+    loader._get_iterator = once
 
 
 def _apply(load: Any, state: Any, file: str, what: str) -> None:

@@ -1,0 +1,235 @@
+"""Resume exactness and crash safety with real processes (2 gloo ranks on CPU)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from tests.dist_helpers import run_ranks
+
+pytestmark = pytest.mark.multiproc
+
+TOTAL_STEPS = 10  # 40 samples / (2 ranks x batch 4) = 5 batches per epoch: the save lands mid-epoch 0
+HALF = 7  # ... and the resumed run crosses an epoch boundary (epoch 1 starts at step 5)
+
+
+class DropNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+class Counter:
+    """A registered object: how many samples this run has seen."""
+
+    def __init__(self):
+        self.seen = 0
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state):
+        self.seen = state["seen"]
+
+
+def _train(ckpt: str, start: int, stop: int, save: bool):
+    """Train steps [start, stop) on this rank; load the checkpoint first when start > 0."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from accel_nb import Accelerator
+    from accel_nb.utils import set_seed
+
+    set_seed(1234)
+    accelerator = Accelerator(cpu=True)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 6, generator=g)
+    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(40, 1, generator=g)
+    loader = DataLoader(TensorDataset(x, y), batch_size=4, shuffle=True)
+    model = DropNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    if start:
+        accelerator.load_state(ckpt)
+        assert counter.seen == start * 4, counter.seen
+    losses, step = [], start
+    while step < stop:
+        for xb, yb in loader:
+            loss = nn.functional.mse_loss(model(xb), yb)
+            accelerator.backward(loss)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            counter.seen += len(xb)
+            losses.append(loss.item())
+            step += 1
+            if step == stop:
+                break
+    if save:
+        accelerator.save_state(ckpt)
+    # numpy arrays travel back by value (tensors would go through shared memory of an exited process)
+    weights = {k: v.detach().numpy().copy() for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    return losses, weights, torch.rand(1).item()
+
+
+def test_resume_is_bitwise_exact(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    full = run_ranks(_train, 2, args=(ckpt + "-unused", 0, TOTAL_STEPS, False))
+    first = run_ranks(_train, 2, args=(ckpt, 0, HALF, True))
+    assert sorted(os.listdir(ckpt)) == [
+        "checkpoint.json",
+        "custom_checkpoint_0.bin",
+        "model.safetensors",
+        "optimizer.bin",
+        "rank_0.pt",
+        "rank_1.pt",
+        "scheduler.bin",
+    ]
+    second = run_ranks(_train, 2, args=(ckpt, HALF, TOTAL_STEPS, False))  # a brand-new process group
+    for rank in range(2):
+        full_losses, full_weights, full_rand = full[rank]
+        resumed = first[rank][0] + second[rank][0]
+        assert len(resumed) == TOTAL_STEPS
+        assert resumed == full_losses, f"rank {rank}: losses differ"  # bitwise: float equality
+        for k, v in full_weights.items():
+            assert (second[rank][1][k] == v).all(), f"rank {rank}: {k} differs"
+        assert second[rank][2] == full_rand  # the RNG stream continues exactly
+    assert full[0][0] != full[1][0]  # ranks saw different batches: the test would notice a mix-up
+
+
+def _bad_world(ckpt: str):
+    from accel_nb import Accelerator
+    from accel_nb.serialization import CheckpointError
+
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(DropNet())
+    try:
+        accelerator.load_state(ckpt)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def test_world_size_mismatch_is_a_clear_error(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    run_ranks(_train, 2, args=(ckpt, 0, 2, True))
+    (message,) = run_ranks(_bad_world, 1, args=(ckpt,))
+    assert message and "saved by 2 processes but this run has 1" in message and "checkpoint.json" in message
+
+
+# -- crash safety ---------------------------------------------------------------------------------
+_SAVER = textwrap.dedent(
+    """
+    import sys, torch
+    from torch import nn
+    from accel_nb import Accelerator
+    from accel_nb.checkpoint import ProjectConfiguration
+    torch.manual_seed(0)
+    project = sys.argv[1]
+    accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(project, automatic_checkpoint_naming=True, total_limit=2))
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(12)])   # ~50 MB of weights
+    optimizer = torch.optim.Adam(model.parameters())
+    model, optimizer = accelerator.prepare(model, optimizer)
+    i = 0
+    while True:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float(i))
+        path = accelerator.save_state()
+        print("saved", i, path, flush=True)
+        i += 1
+    """
+)
+
+
+def _kill_during_save(project: str) -> bool:
+    """Start the saving loop, SIGKILL it while a save is in flight; True when the kill landed there."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.getcwd()}
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        env.pop(k, None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SAVER, project],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    ckdir = os.path.join(project, "checkpoints")
+    try:
+        saved = 0
+        while saved < 2:
+            line = proc.stdout.readline()
+            assert line, f"the saving process died: {proc.stderr.read()}"
+            saved += line.startswith("saved")
+        deadline = time.time() + 60
+        while time.time() < deadline:  # wait until a save's temp folder exists and has files in it
+            temps = [e for e in os.listdir(ckdir) if e.startswith(".tmp-")]
+            try:
+                if temps and os.listdir(os.path.join(ckdir, temps[0])):
+                    break
+            except FileNotFoundError:  # that save just finished
+                pass
+            time.sleep(0.002)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return any(e.startswith(".tmp-") for e in os.listdir(ckdir))
+
+
+def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
+    from accel_nb import Accelerator
+    from accel_nb.checkpoint import ProjectConfiguration, list_checkpoints
+    from accel_nb.serialization import CheckpointError
+    from accel_nb.state import _reset_all_states
+
+    for attempt in range(4):
+        project = str(tmp_path / f"proj{attempt}")
+        if _kill_during_save(project):
+            break
+    else:
+        pytest.fail("the SIGKILL never landed during a save in 4 attempts; the test proved nothing")
+    ckdir = os.path.join(project, "checkpoints")
+    complete = list_checkpoints(project)
+    assert complete, "no complete checkpoint survived"
+    newest_index = int(os.path.basename(complete[-1]).split("_")[1])
+
+    # a fresh run loads the newest complete checkpoint (never the half-written one) and saves on
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        os.environ.pop(k, None)
+    _reset_all_states()
+    try:
+        torch.manual_seed(0)
+        config = ProjectConfiguration(project, automatic_checkpoint_naming=True, total_limit=2)
+        accelerator = Accelerator(cpu=True, project_config=config)
+        model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(12)])
+        optimizer = torch.optim.Adam(model.parameters())
+        model, optimizer = accelerator.prepare(model, optimizer)
+        (half_written,) = [e for e in os.listdir(ckdir) if e.startswith(".tmp-")]
+        with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+            accelerator.load_state(os.path.join(ckdir, half_written))
+        assert accelerator.load_state() == complete[-1]
+        assert all(torch.all(p == float(newest_index)) for p in model.parameters())
+        nxt = accelerator.save_state()
+        assert os.path.basename(nxt) == f"checkpoint_{newest_index + 1}"
+        assert not [
+            e for e in os.listdir(ckdir) if e.startswith(".tmp-")
+        ]  # the dead save's temp folder is gone
+        assert len(list_checkpoints(project)) == 2  # total_limit
+    finally:
+        _reset_all_states()
