@@ -197,9 +197,9 @@ class WidgetReporter:
     # -- rendering -----------------------------------------------------------------------------
     def _title_html(self) -> str:
         bits = ["<b>accel_nb launch</b>"]
-        desc = self.info.get("desc")
-        if desc:
-            bits.append(_esc(desc))
+        for key in ("title", "desc"):
+            if self.info.get(key):
+                bits.append(_esc(self.info[key]))
         n = self.num_processes
         bits.append(f"{n} process{'es' if n != 1 else ''}")
         for key in ("launch_id", "start_method", "log_dir"):
@@ -338,8 +338,21 @@ class WidgetReporter:
                 self._flush_locked(now=now)
 
     # -- text ----------------------------------------------------------------------------------
+    def _shown(self, rank: int) -> bool:
+        """Whether ``show_ranks`` (from the launcher: "all", a rank, or a list) includes ``rank``."""
+        show = self.info.get("show_ranks", "all")
+        if show is None or show == "all":
+            return True
+        if isinstance(show, int):
+            return rank == show
+        if isinstance(show, str):
+            return str(rank) in {x.strip() for x in show.split(",")}
+        return rank in {int(x) for x in show}
+
     def _echo(self, event: Any) -> None:
-        """Relay a rank's output into the cell as whole, rank-prefixed lines."""
+        """Relay a rank's output into the cell as whole, rank-prefixed lines (ranks in ``show_ranks``)."""
+        if not self._shown(event.rank):
+            return
         stream = sys.stderr if event.stream == "stderr" else sys.stdout
         text = "".join(f"[rank {event.rank}] {line}\n" for line in event.text.splitlines())
         if text:
@@ -350,7 +363,7 @@ class WidgetReporter:
                 pass
 
     def _plain_running(self) -> str:
-        desc = self.info.get("desc")
+        desc = self.info.get("desc") or self.info.get("title")
         head = f"accel_nb launch{': ' + str(desc) if desc else ''} ({self.num_processes} processes)"
         return head + " - live progress widget (run in Jupyter with ipywidgets to see it)"
 

@@ -1,0 +1,198 @@
+"""Acceptance: a REAL Jupyter kernel launches 2 ranks that iterate with accel_nb.progress.
+
+Asserts on what the kernel sends: the widget's comm messages (models opened, bar values rising to
+the total for each rank, final colours and status), the text fallback (ACCEL_NB_PROGRESS=text),
+and the final state kept by a headless (nbclient) execution.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.kernel_helpers import ROOT, KernelSession
+
+pytest.importorskip("ipywidgets")
+if not os.path.exists(os.path.join(ROOT, "accel_nb", "notebook", "launcher.py")):
+    pytest.skip("needs accel_nb.notebook.launcher", allow_module_level=True)
+
+pytestmark = [pytest.mark.kernel, pytest.mark.timeout(300)]
+
+STEPS = 240
+
+LOOP_CELL = f"""
+import time
+from accel_nb import notebook_launcher, progress
+
+def train(fail_rank=None):
+    import os
+    bar = progress(range({STEPS}), desc="train")
+    for i in bar:
+        time.sleep(0.002)
+        bar.set_postfix(loss=1.0 / (i + 1))
+        if fail_rank is not None and int(os.environ["RANK"]) == fail_rank and i == 50:
+            raise ValueError("boom at step 50")
+    print("rank", os.environ["RANK"], "finished its loop")
+    return int(os.environ["RANK"])
+"""
+
+
+def _models(out, name):
+    """comm ids of the widget models named ``name`` (in creation order) and their opening state."""
+    return [
+        (c["comm_id"], c["data"]["state"])
+        for c in out.comms
+        if c["msg_type"] == "comm_open" and c.get("data", {}).get("state", {}).get("_model_name") == name
+    ]
+
+
+def _updates(out, comm_id):
+    """The successive state updates the kernel sent for one widget model."""
+    return [
+        c["data"]["state"]
+        for c in out.comms
+        if c["msg_type"] == "comm_msg" and c["comm_id"] == comm_id and c["data"].get("method") == "update"
+    ]
+
+
+def _final(opening, updates):
+    state = dict(opening)
+    for u in updates:
+        state.update(u)
+    return state
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "auto"}) as k:
+        assert k.run(LOOP_CELL, timeout=60).error is None
+        yield k
+
+
+def test_widget_bars_rise_to_the_total_and_turn_green(kernel):
+    out = kernel.run(
+        "results = notebook_launcher(train, num_processes=2, cpu=True)\nprint(results)", timeout=180
+    )
+    assert out.error is None, out.traceback
+    assert "[0, 1]" in out.stdout
+    bars = _models(out, "IntProgressModel")
+    assert len(bars) == 2, "one progress bar per rank"
+    assert {"VBoxModel", "HBoxModel", "HTMLModel", "AccordionModel"} <= {
+        c["data"]["state"].get("_model_name") for c in out.comms if c["msg_type"] == "comm_open"
+    }
+    for comm_id, opening in bars:
+        updates = _updates(out, comm_id)
+        values = [u["value"] for u in updates if "value" in u]
+        assert values, "the bar never moved"
+        assert values == sorted(values), f"values must only rise: {values}"
+        final = _final(opening, updates)
+        assert final["value"] == STEPS and final["max"] == STEPS
+        assert final["bar_style"] == "success"
+    # throttled: far fewer bar updates than steps
+    total_updates = sum(len(_updates(out, cid)) for cid, _ in bars)
+    assert total_updates < STEPS
+    htmls = [_final(s, _updates(out, cid)) for cid, s in _models(out, "HTMLModel")]
+    texts = [h.get("value", "") for h in htmls]
+    assert sum(">done<" in t for t in texts) == 2, "a green 'done' status per rank"
+    assert any(f"{STEPS}/{STEPS}" in t and "loss=" in t for t in texts)
+    assert any("rank 0 finished its loop" in t for t in texts), "rank 0's log pane"
+    assert any("2 done" in t for t in texts), "aggregate line"
+    # ranks' prints still reach the cell, whole and labelled
+    assert (
+        "[rank 0] rank 0 finished its loop\n" in out.stdout
+        and "[rank 1] rank 1 finished its loop\n" in out.stdout
+    )
+    # the output's text form ends as the final summary (what saved/executed notebooks show)
+    updates = [m["content"]["data"] for m in out.messages if m["msg_type"] == "update_display_data"]
+    assert updates and updates[-1]["text/plain"].startswith("accel_nb launch finished: 2 processes")
+    assert f"rank 1 done" in updates[-1]["text/plain"] and f"{STEPS}/{STEPS}" in updates[-1]["text/plain"]
+    assert "application/vnd.jupyter.widget-view+json" in updates[-1]
+
+
+def test_failing_rank_turns_red_with_its_traceback(kernel):
+    out = kernel.run("notebook_launcher(train, args=(1,), num_processes=2, cpu=True)", timeout=180)
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    (rank0_id, s0), (rank1_id, s1) = _models(out, "IntProgressModel")
+    assert _final(s1, _updates(out, rank1_id))["bar_style"] == "danger"
+    assert _final(s0, _updates(out, rank0_id))["bar_style"] != "danger"
+    htmls = [_final(s, _updates(out, cid)).get("value", "") for cid, s in _models(out, "HTMLModel")]
+    box = [t for t in htmls if "rank 1 failed: ValueError: boom at step 50" in t]
+    assert box, "a failure box naming the rank and the exception"
+    assert "Traceback" in box[0] and "raise ValueError" in box[0]
+    assert any("failed: ValueError" in t for t in htmls), "the rank's status"
+    accordion = [_final(s, _updates(out, cid)) for cid, s in _models(out, "AccordionModel")]
+    assert accordion[0]["selected_index"] == 1, "the failing rank's log pane is opened"
+    updates = [m["content"]["data"] for m in out.messages if m["msg_type"] == "update_display_data"]
+    assert "rank 1 failed" in updates[-1]["text/plain"]
+    assert kernel.children() == []
+
+
+def test_text_fallback_prints_whole_rank_prefixed_lines():
+    cell = LOOP_CELL + (
+        "\ndef chatty():\n"
+        "    import os\n"
+        "    r = os.environ['RANK']\n"
+        "    for i in progress(range(50), desc='chat'):\n"
+        "        print(f'rank {r} line {i} ' + 'x' * 200)\n"
+        "    return train()\n"
+        "results = notebook_launcher(chatty, num_processes=2, cpu=True)\nprint(results)"
+    )
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+        out = k.run(cell, timeout=180)
+    assert out.error is None, out.traceback
+    assert not [c for c in out.comms if c["msg_type"] == "comm_open"], "no widget in text mode"
+    text = out.stdout + out.stderr
+    assert text.endswith("\n")
+    lines = [line for line in text.splitlines() if line.strip()]
+    rank_lines = [line for line in lines if "[rank" in line]
+    assert all(re.match(r"^\[rank [01]\] ", line) for line in rank_lines), "prefix at the start of the line"
+    assert all(line.count("[rank") <= 1 for line in lines), "no two ranks' text on one line"
+    for rank in (0, 1):
+        mine = [line for line in rank_lines if line.startswith(f"[rank {rank}] ")]
+        assert sum(bool(re.search(rf"line \d+ x{{200}}$", line)) for line in mine) == 50, (
+            "every printed line whole"
+        )
+        assert any(f"{STEPS}/{STEPS}" in line for line in mine), "the final progress line"
+    assert "[0, 1]" in out.stdout
+
+
+@pytest.mark.notebooks
+def test_executed_notebook_keeps_the_final_state(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(LOOP_CELL),
+        nbformat.v4.new_code_cell("notebook_launcher(train, num_processes=2, cpu=True)"),
+    ]
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=180,
+        kernel_name="python3",
+        resources={"metadata": {"path": ROOT}},
+        store_widget_state=True,
+    )
+    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        client.execute()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    outputs = nb.cells[1].outputs
+    plain = "".join(
+        o.get("data", {}).get("text/plain", "") for o in outputs if o.get("output_type") == "display_data"
+    )
+    assert plain.startswith("accel_nb launch finished: 2 processes"), plain
+    assert "rank 0 done" in plain and "rank 1 done" in plain and f"{STEPS}/{STEPS}" in plain
+    state = (
+        nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    )
+    bars = [m["state"] for m in state.values() if m.get("model_name") == "IntProgressModel"]
+    assert len(bars) == 2 and all(b["value"] == STEPS and b["bar_style"] == "success" for b in bars)
