@@ -107,7 +107,7 @@ def test_widget_bars_rise_to_the_total_and_turn_green(kernel):
     # the output's text form ends as the final summary (what saved/executed notebooks show)
     updates = [m["content"]["data"] for m in out.messages if m["msg_type"] == "update_display_data"]
     assert updates and updates[-1]["text/plain"].startswith("accel_nb launch finished: 2 processes")
-    assert f"rank 1 done" in updates[-1]["text/plain"] and f"{STEPS}/{STEPS}" in updates[-1]["text/plain"]
+    assert "rank 1 done" in updates[-1]["text/plain"] and f"{STEPS}/{STEPS}" in updates[-1]["text/plain"]
     assert "application/vnd.jupyter.widget-view+json" in updates[-1]
 
 
@@ -151,7 +151,7 @@ def test_text_fallback_prints_whole_rank_prefixed_lines():
     assert all(line.count("[rank") <= 1 for line in lines), "no two ranks' text on one line"
     for rank in (0, 1):
         mine = [line for line in rank_lines if line.startswith(f"[rank {rank}] ")]
-        assert sum(bool(re.search(rf"line \d+ x{{200}}$", line)) for line in mine) == 50, (
+        assert sum(bool(re.search(r"line \d+ x{200}$", line)) for line in mine) == 50, (
             "every printed line whole"
         )
         assert any(f"{STEPS}/{STEPS}" in line for line in mine), "the final progress line"
