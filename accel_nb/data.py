@@ -492,7 +492,16 @@ class DataLoaderShard(DataLoader):
         self.end_of_dataloader = False
         self.gradient_state._add_dataloader(self)
         try:
-            it = super().__iter__()
+            if resume:
+                # the interrupted run drew the iterator's base seed from torch's global RNG when this
+                # epoch began, before its RNG state was saved: the resumed pass must not draw again
+                rng = torch.get_rng_state()
+                try:
+                    it = super().__iter__()
+                finally:
+                    torch.set_rng_state(rng)
+            else:
+                it = super().__iter__()
             try:
                 for _ in range(to_drop):
                     next(it)

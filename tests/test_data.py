@@ -292,3 +292,24 @@ def test_ranks_agree_on_shuffle_even_with_different_rngs():
     r0, r1 = run_ranks(_sharded_shuffle_without_seed, 2)
     flat = [i for b in itertools.chain(r0, r1) for i in b]
     assert sorted(flat) == list(range(12))
+
+
+def test_resumed_pass_leaves_the_global_rng_alone():
+    def make():
+        return prepare_data_loader(_dl(12, 2, shuffle=True), num_processes=1, process_index=0, data_seed=3)
+
+    ref = make()
+    it = iter(ref)
+    next(it)
+    next(it)
+    state = ref.state_dict()
+    torch.manual_seed(99)
+    expected = torch.rand(3)  # what the uninterrupted run would draw next
+    fresh = make()
+    fresh.load_state_dict(state)
+    torch.manual_seed(99)
+    assert len(_ids(fresh)) == 4
+    assert torch.equal(torch.rand(3), expected)
+    torch.manual_seed(99)
+    _ids(fresh)  # a normal (not resumed) pass draws the iterator seed as torch does
+    assert not torch.equal(torch.rand(3), expected)
