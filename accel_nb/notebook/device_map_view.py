@@ -1,0 +1,335 @@
+"""See a device map: one bar per device, filled by the modules placed there, with budgets and headroom.
+
+    view = show_device_map(model, max_memory={0: "6GiB", "cpu": "30GiB"},
+                           no_split_module_classes=["GPT2Block"])
+    view.set_budget(0, "8GiB")     # what a slider does: the map is recomputed on the (meta) model
+    view.device_map                # the resulting {module: device}, ready for dispatch_model
+
+In Jupyter the interactive view has one budget slider per device; exported notebooks get the
+static HTML (``_repr_html_``), terminals the text summary (``str(view)``). Stable hooks for
+browser tests: ``.accel-nb-device-bar[data-device="cpu"]``, ``.accel-nb-module[data-module=...]``,
+``.accel-nb-budget-slider[data-device=...]``, ``.accel-nb-device-table``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+from typing import Any, Iterable, Mapping
+
+from ..utils import human_bytes
+
+_CSS = """
+<style>
+.accel-nb-device-map{font-family:var(--jp-ui-font-family,sans-serif);font-size:12px;max-width:900px}
+.accel-nb-device-row{display:flex;align-items:center;margin:3px 0}
+.accel-nb-device-label{width:64px;font-weight:600}
+.accel-nb-device-bar{position:relative;flex:1;height:22px;background:#eee;border:1px solid #bbb;display:flex;overflow:hidden}
+.accel-nb-module{height:100%;box-sizing:border-box;border-right:1px solid #fff;min-width:1px}
+.accel-nb-headroom{height:100%;background:repeating-linear-gradient(45deg,#ccc,#ccc 4px,#eee 4px,#eee 8px);margin-left:auto}
+.accel-nb-budget-line{position:absolute;top:0;bottom:0;width:2px;background:#c00}
+.accel-nb-device-info{width:300px;padding-left:8px;color:#444}
+.accel-nb-device-table{border-collapse:collapse;margin-top:6px}
+.accel-nb-device-table td,.accel-nb-device-table th{padding:1px 8px;text-align:left;border-bottom:1px solid #eee}
+.accel-nb-moves{margin-top:6px;color:#333}
+.accel-nb-error{color:#b00;font-weight:600}
+</style>
+"""
+
+
+def _dev_name(device: Any) -> str:
+    return f"GPU {device}" if isinstance(device, int) else str(device)
+
+
+def _colour(name: str) -> str:
+    hue = int(hashlib.md5(name.encode()).hexdigest()[:4], 16) % 360
+    return f"hsl({hue},55%,62%)"
+
+
+def _order(device: Any) -> tuple[int, int]:
+    from ..big_model.sizes import device_order
+
+    return device_order(device)
+
+
+class DeviceMapView:
+    """A device map with its sizes and budgets, renderable as HTML, text or an ipywidgets view."""
+
+    def __init__(self, model: Any = None, device_map: Mapping[str, Any] | None = None,
+                 max_memory: Mapping[Any, Any] | None = None,
+                 no_split_module_classes: Iterable[str | type] | None = None, dtype: Any = None) -> None:
+        self.model = model
+        self.no_split_module_classes = list(no_split_module_classes or [])
+        self.dtype = dtype
+        self.error: str | None = None
+        self.plan = None
+        self._fixed_map = dict(device_map) if device_map is not None else None
+        self._budgets: dict[Any, int] = {}
+        self._widget = None
+        self._html_widget = None
+        self._shown_in: int | None = None
+        from ..big_model.sizes import get_max_memory
+
+        if max_memory is not None or (model is not None and self._fixed_map is None):
+            self._budgets = dict(get_max_memory(max_memory))
+        self._recompute()
+
+    # -- the model of the view -------------------------------------------------------------------
+    def _recompute(self) -> None:
+        from ..big_model.device_map import plan_device_map
+
+        if self._fixed_map is not None or self.model is None:
+            return
+        try:
+            self.plan = plan_device_map(self.model, self._budgets, self.no_split_module_classes, self.dtype)
+            self.error = None
+        except ValueError as exc:
+            self.error = str(exc)
+        self._refresh()
+
+    @property
+    def device_map(self) -> dict[str, Any]:
+        """The current map {module: device} (the last one that fit, if the budget is now too small)."""
+        if self._fixed_map is not None:
+            return dict(self._fixed_map)
+        return dict(self.plan.device_map) if self.plan is not None else {}
+
+    @property
+    def budgets(self) -> dict[Any, int]:
+        """Bytes allowed per device (what the sliders set)."""
+        return dict(self._budgets)
+
+    def set_budget(self, device: Any, budget: int | str) -> dict[str, Any]:
+        """Change one device's budget and recompute the map on the model; returns the new map."""
+        from ..big_model.sizes import normalize_device, parse_memory
+
+        if self.model is None:
+            raise ValueError("this view was made from a plain device map; pass the model to recompute it")
+        dev = normalize_device(device)
+        self._budgets[dev] = parse_memory(budget)
+        self._budgets = dict(sorted(self._budgets.items(), key=lambda kv: _order(kv[0])))
+        self._recompute()
+        return self.device_map
+
+    def _sizes(self) -> dict[str, int]:
+        if self.plan is not None:
+            return self.plan.sizes
+        if self.model is not None:
+            from ..big_model.sizes import compute_module_sizes
+
+            return compute_module_sizes(self.model, self.dtype)
+        return {}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per map entry: module, device, size (bytes or None), class name."""
+        sizes = self._sizes()
+        classes = self.plan.classes if self.plan is not None else {}
+        modules = dict(self.model.named_modules()) if self.model is not None else {}
+        out = []
+        for name, dev in self.device_map.items():
+            cls = classes.get(name) or (type(modules[name]).__name__ if name in modules else "")
+            out.append({"module": name, "device": dev, "size": sizes.get(name) if sizes else None, "class": cls})
+        return out
+
+    def devices(self) -> list[dict[str, Any]]:
+        """Per device: name, budget (or None), headroom, used, free, its rows."""
+        rows = self.rows()
+        devs = set(self._budgets) | {r["device"] for r in rows}
+        headroom = self.plan.headroom if self.plan is not None else {}
+        out = []
+        for dev in sorted(devs, key=_order):
+            mine = [r for r in rows if r["device"] == dev]
+            used = sum(r["size"] or 0 for r in mine)
+            budget = self._budgets.get(dev)
+            if dev == "disk" and budget is not None and budget >= 2**60:
+                budget = None
+            room = headroom.get(dev, 0)
+            out.append({"device": dev, "name": _dev_name(dev), "budget": budget, "headroom": room, "used": used,
+                        "free": None if budget is None else budget - room - used, "rows": mine})
+        return out
+
+    def moves(self) -> list[str]:
+        """Why each block moved on to the next device, one sentence each."""
+        if self.plan is None:
+            return []
+        return [f"{s.module}: {s.reason}" for s in self.plan.moved_on()]
+
+    # -- text -----------------------------------------------------------------------------------
+    def text_summary(self, width: int = 40) -> str:
+        """Terminal-friendly summary: a bar per device, then the moves and the table."""
+        rows = self.rows()
+        total = sum(r["size"] or 0 for r in rows)
+        lines = [f"Device map: {len(rows)} entries, {human_bytes(total)}"]
+        if self.error:
+            lines.append(f"ERROR: {self.error}")
+        for d in self.devices():
+            scale = max(d["budget"] or 0, d["used"] + d["headroom"], 1)
+            filled = round(width * d["used"] / scale)
+            reserved = round(width * d["headroom"] / scale)
+            bar = "#" * filled + "." * max(width - filled - reserved, 0) + "/" * reserved
+            budget = f" of {human_bytes(d['budget'])}, {human_bytes(max(d['free'], 0))} free" if d["budget"] is not None else ""
+            head = f", headroom {human_bytes(d['headroom'])}" if d["headroom"] else ""
+            lines.append(f"  {d['name']:>7s} [{bar[:width]}] {human_bytes(d['used'])} used{budget}{head}")
+        moves = self.moves()
+        if moves:
+            lines.append("Moved on:")
+            lines += [f"  {m}" for m in moves]
+        lines.append("Modules:")
+        for r in rows:
+            size = human_bytes(r["size"]) if r["size"] is not None else "?"
+            lines.append(f"  {r['module'] or '(model)':44s} {_dev_name(r['device']):>7s} {size:>10s}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.text_summary()
+
+    def __repr__(self) -> str:
+        devs = ", ".join(f"{d['name']}: {len(d['rows'])}" for d in self.devices())
+        return f"<DeviceMapView {len(self.device_map)} entries ({devs})>"
+
+    # -- HTML -----------------------------------------------------------------------------------
+    def to_html(self, include_style: bool = True) -> str:
+        """Static HTML: bars (modules coloured, headroom hatched, budget line), moves and the table."""
+        esc = html.escape
+        parts = [_CSS if include_style else "", '<div class="accel-nb-device-map">']
+        if self.error:
+            parts.append(f'<div class="accel-nb-error">{esc(self.error)}</div>')
+        for d in self.devices():
+            scale = max(d["budget"] or 0, d["used"] + d["headroom"], 1)
+            title = f"{d['name']}: {human_bytes(d['used'])} used"
+            if d["budget"] is not None:
+                title += f" of {human_bytes(d['budget'])}"
+            parts.append(f'<div class="accel-nb-device-row" data-device="{esc(str(d["device"]))}">'
+                         f'<div class="accel-nb-device-label">{esc(d["name"])}</div>'
+                         f'<div class="accel-nb-device-bar" data-device="{esc(str(d["device"]))}" '
+                         f'data-used="{d["used"]}" data-budget="{d["budget"] if d["budget"] is not None else ""}" '
+                         f'data-headroom="{d["headroom"]}" title="{esc(title)}">')
+            for r in d["rows"]:
+                size = r["size"] or 0
+                pct = 100.0 * size / scale if d["used"] else 100.0 / max(len(d["rows"]), 1)
+                label = f"{r['module'] or '(model)'} ({r['class']}) {human_bytes(size) if r['size'] is not None else ''}"
+                parts.append(f'<div class="accel-nb-module" data-module="{esc(r["module"])}" '
+                             f'style="width:{pct:.3f}%;background:{_colour(r["module"])}" title="{esc(label.strip())}"></div>')
+            if d["headroom"]:
+                parts.append(f'<div class="accel-nb-headroom" style="width:{100.0 * d["headroom"] / scale:.3f}%" '
+                             f'title="{esc("headroom reserved for the largest layer: " + human_bytes(d["headroom"]))}"></div>')
+            if d["budget"] is not None:
+                parts.append(f'<div class="accel-nb-budget-line" style="left:calc({100.0 * d["budget"] / scale:.3f}% - 2px)" '
+                             f'title="{esc("budget " + human_bytes(d["budget"]))}"></div>')
+            info = f"{human_bytes(d['used'])} used"
+            if d["budget"] is not None:
+                info += f" / {human_bytes(d['budget'])} budget, {human_bytes(max(d['free'], 0))} free"
+            if d["headroom"]:
+                info += f", {human_bytes(d['headroom'])} headroom"
+            parts.append(f'</div><div class="accel-nb-device-info">{esc(info)}</div></div>')
+        moves = self.moves()
+        if moves:
+            parts.append('<details class="accel-nb-moves"><summary>Why blocks moved on</summary><ul>')
+            parts += [f"<li>{esc(m)}</li>" for m in moves]
+            parts.append("</ul></details>")
+        parts.append('<table class="accel-nb-device-table"><tr><th>module</th><th>device</th><th>size</th></tr>')
+        for r in self.rows():
+            size = human_bytes(r["size"]) if r["size"] is not None else "?"
+            parts.append(f'<tr data-module="{esc(r["module"])}" data-device="{esc(str(r["device"]))}" title="{esc(r["module"])}">'
+                         f'<td><span style="color:{_colour(r["module"])}">&#9632;</span> {esc(r["module"] or "(model)")}</td>'
+                         f'<td>{esc(_dev_name(r["device"]))}</td><td>{size}</td></tr>')
+        parts.append("</table></div>")
+        return "".join(parts)
+
+    def _repr_html_(self) -> str:
+        return self.to_html()
+
+    # -- widget ---------------------------------------------------------------------------------
+    def _slider_unit(self) -> tuple[int, str]:
+        total = self._sizes().get("", 0) if self.model is not None else 0
+        for unit, name in ((2**30, "GiB"), (2**20, "MiB")):
+            if total >= 64 * unit:
+                return unit, name
+        return (2**20, "MiB") if total >= 4 * 2**20 else (2**10, "KiB")
+
+    def widget(self) -> Any:
+        """The interactive view: one budget slider per device above the live HTML (ipywidgets)."""
+        if self._widget is not None:
+            return self._widget
+        import ipywidgets as w
+
+        self._html_widget = w.HTML(self.to_html())
+        sliders = []
+        if self.model is not None and self._fixed_map is None:
+            unit, unit_name = self._slider_unit()
+            total = self._sizes().get("", 0)
+            for dev, budget in self._budgets.items():
+                if dev == "disk":
+                    continue
+                top = max(int(budget // unit), int(total // unit) * 2, 1)
+                slider = w.IntSlider(value=int(budget // unit), min=0, max=top, step=max(top // 200, 1),
+                                     description=f"{_dev_name(dev)} ({unit_name})", continuous_update=False,
+                                     style={"description_width": "110px"}, layout=w.Layout(width="520px"))
+                slider.add_class("accel-nb-budget-slider")
+                slider.add_class(f"accel-nb-budget-slider-{str(dev).replace(':', '-')}")
+
+                def on_change(change: Any, dev: Any = dev, unit: int = unit) -> None:
+                    self.set_budget(dev, int(change["new"]) * unit)
+
+                slider.observe(on_change, names="value")
+                sliders.append(slider)
+        self.sliders = sliders
+        self._widget = w.VBox([*sliders, self._html_widget])
+        self._widget.add_class("accel-nb-device-map-widget")
+        return self._widget
+
+    def _refresh(self) -> None:
+        if self._html_widget is not None:
+            self._html_widget.value = self.to_html()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        if self._shown_in is not None and self._shown_in == _execution_count():
+            # show_device_map already displayed it in this very cell: do not draw it twice
+            return {"text/plain": repr(self)}
+        bundle = {"text/plain": self.text_summary(), "text/html": self.to_html()}
+        if self._interactive:
+            widget_bundle = self.widget()._repr_mimebundle_(include=include, exclude=exclude) or {}
+            bundle.update({k: v for k, v in widget_bundle.items() if k != "text/plain"})
+        return bundle
+
+    _interactive = False
+
+
+def _execution_count() -> int | None:
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    return getattr(shell, "execution_count", None) if shell is not None else None
+
+
+def show_device_map(model_or_map: Any, max_memory: Mapping[Any, Any] | None = None, interactive: bool | None = None,
+                    no_split_module_classes: Iterable[str | type] | None = None, dtype: Any = None) -> DeviceMapView:
+    """Draw where each module goes: bars per device, budgets, headroom, a module table.
+
+        view = show_device_map(model, max_memory={0: "6GiB", "cpu": "30GiB"},
+                               no_split_module_classes=["LlamaDecoderLayer"])
+        device_map = view.device_map          # after moving the sliders
+    ``model_or_map``: a model (empty/meta is best; its ``hf_device_map`` is shown if it was
+    dispatched) or a plain ``{module: device}`` dict. ``interactive`` (default: in Jupyter with
+    ipywidgets) adds one budget slider per device that recomputes the map live.
+    """
+    from ..notebook.display import widget_frontend_available
+
+    if isinstance(model_or_map, Mapping):
+        view = DeviceMapView(None, model_or_map, max_memory)
+    elif getattr(model_or_map, "hf_device_map", None) is not None and max_memory is None:
+        view = DeviceMapView(model_or_map, model_or_map.hf_device_map, None, no_split_module_classes, dtype)
+    else:
+        view = DeviceMapView(model_or_map, None, max_memory, no_split_module_classes, dtype)
+    frontend = widget_frontend_available()
+    view._interactive = frontend if interactive is None else bool(interactive)
+    if frontend:
+        from IPython.display import display
+
+        display(view)
+        view._shown_in = _execution_count()
+    elif interactive is None:
+        print(view.text_summary())
+        view._shown_in = _execution_count()
+    return view
