@@ -115,7 +115,7 @@ def _bad_world(ckpt: str):
     from accel_nb.serialization import CheckpointError
 
     accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(DropNet())
+    accelerator.prepare(DropNet())
     try:
         accelerator.load_state(ckpt)
     except CheckpointError as exc:
