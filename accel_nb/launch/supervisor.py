@@ -177,6 +177,29 @@ def _tail(path: str, lines: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+_LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+_INTERNAL_THREADS = ("in _pump", "in _heartbeat")
+
+
+def clean_stacks(text: str) -> str:
+    """faulthandler output without the launcher's own threads and frames (the user's frames stay)."""
+    blocks = [b for b in text.strip().split("\n\n") if b.strip()]
+    kept: list[str] = []
+    for block in blocks:
+        lines = block.splitlines()
+        if block.startswith("Extension modules") or any(
+            _LAUNCH_DIR in line and line.rstrip().endswith(_INTERNAL_THREADS) for line in lines
+        ):
+            continue
+        out: list[str] = []
+        for line in lines:
+            if _LAUNCH_DIR in line:
+                break  # below the first launcher frame: the worker entry and the notebook that forked it
+            out.append(line)
+        kept.append("\n".join(out))
+    return "\n\n".join(kept)
+
+
 class Supervisor:
     """Feed events to the reporter, decide when ranks failed, stop the rest, watch for hangs."""
 
@@ -232,7 +255,7 @@ class Supervisor:
         if self._term_sent_at is not None:
             self.outcome.stopped.append(rank)
             return
-        crash = _tail(crash_path(self.log_dir, rank), 40)
+        crash = clean_stacks(_tail(crash_path(self.log_dir, rank), 200))
         log_tail = _tail(log_path(self.log_dir, rank))
         details = ""
         if crash:
@@ -297,6 +320,7 @@ class Supervisor:
             if len(stacks) == len(live):
                 time.sleep(0.05)  # let faulthandler finish writing
                 stacks = {p.rank: _tail(stacks_path(self.log_dir, p.rank), 400) for p in live}
+                stacks = {r: clean_stacks(t) or t for r, t in stacks.items()}
                 break
             time.sleep(0.05)
         return stacks

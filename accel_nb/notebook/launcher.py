@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..launch import cuda_guard
+from ..launch.errors import LaunchError, LaunchSetupError, PayloadError
 from ..launch.payload import FunctionPayload
 from ..launch.plan import make_plan
 from ..launch.reporting import TextReporter
@@ -54,19 +55,26 @@ def launch_payload(
     """The one code path behind ``notebook_launcher``, ``debug_launcher`` and ``%%accelerate``."""
     __tracebackhide__ = True
     cuda_guard.install_cuda_init_recorder()
-    plan = make_plan(
-        num_processes=num_processes,
-        mixed_precision=mixed_precision,
-        master_addr=master_addr,
-        use_port=use_port,
-        start_method=start_method,
-        cpu=cpu,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        extra_env=env,
-    )
+    try:
+        plan = make_plan(
+            num_processes=num_processes,
+            mixed_precision=mixed_precision,
+            master_addr=master_addr,
+            use_port=use_port,
+            start_method=start_method,
+            cpu=cpu,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            extra_env=env,
+        )
+    except LaunchSetupError as exc:
+        raise exc.with_traceback(None) from None
     if reporter is None:
         reporter = choose_reporter(plan.num_processes, show_ranks=show_ranks, title=payload.describe())
-    return run_launch(payload, plan, reporter, timeout=timeout, info={"title": payload.describe()}, keep_logs=keep_logs)
+    try:
+        return run_launch(payload, plan, reporter, timeout=timeout, info={"title": payload.describe()}, keep_logs=keep_logs)
+    except (LaunchError, PayloadError, LaunchSetupError) as exc:
+        # the launcher's frames say nothing useful: the report (the ranks' tracebacks) is in the message
+        raise exc.with_traceback(None) from None
 
 
 def notebook_launcher(

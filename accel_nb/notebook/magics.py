@@ -1,0 +1,213 @@
+"""IPython magics: ``%%accelerate`` runs a cell on N processes; ``%accelerate_config``, ``%accelerate_env``.
+
+    %load_ext accel_nb
+
+    %%accelerate -n 2 --return model,history
+    accelerator = Accelerator()
+    model, opt = accelerator.prepare(model, opt)
+    history = train(model, opt)
+
+The cell becomes a ``CellPayload`` run by the same worker entry as ``notebook_launcher``: with
+fork it sees the notebook's namespace as it is; with spawn the namespace is cloudpickled (modules
+re-imported by name, unpicklable names skipped with a warning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import keyword
+import shlex
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from ..launch import cuda_guard
+from ..launch.payload import CellPayload
+
+USAGE = (
+    "%%accelerate [-n/--num_processes N] [--mixed_precision no|fp16|bf16] [--gradient_accumulation_steps K] "
+    "[--start_method auto|fork|spawn] [--timeout S] [--rank R|all] [--return NAME[,NAME...]] [--use_port P] [--cpu]"
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, before anything is launched
+        raise UsageError(f"%%accelerate: {message}. Usage: {USAGE}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> None:
+        raise UsageError(message or USAGE)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be more than 0 seconds")
+    return value
+
+
+def _rank(text: str) -> Any:
+    if text == "all":
+        return "all"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a rank number or 'all'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"rank {value} must be 0 or more")
+    return value
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if not n.isidentifier() or keyword.iskeyword(n)]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of Python names")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="%%accelerate", add_help=False, allow_abbrev=False)
+    p.add_argument("-n", "--num_processes", "--num-processes", type=_positive_int, default=None)
+    p.add_argument("--mixed_precision", "--mixed-precision", choices=("no", "fp16", "bf16"), default=None)
+    p.add_argument("--gradient_accumulation_steps", "--gradient-accumulation-steps", type=_positive_int, default=None)
+    p.add_argument("--start_method", "--start-method", choices=("auto", "fork", "spawn"), default=None)
+    p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--rank", type=_rank, default=None)
+    p.add_argument("--return", dest="return_names", type=_names, default=())
+    p.add_argument("--use_port", "--use-port", type=_positive_int, default=None)
+    p.add_argument("--cpu", action="store_true", default=False)
+    return p
+
+
+def parse_accelerate_line(line: str) -> argparse.Namespace:
+    """Parse the ``%%accelerate`` line; ``UsageError`` (one line) for an unknown flag or a bad value."""
+    try:
+        tokens = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"%%accelerate: cannot read the flags ({exc}). Usage: {USAGE}") from None
+    return build_parser().parse_args(tokens)
+
+
+def saved_config() -> Any:
+    """The saved launch config (config module), or None when there is none or the module is missing."""
+    try:
+        from ..config import load_config
+    except ImportError:
+        return None
+    try:
+        return load_config()
+    except Exception as exc:  # noqa: BLE001 - a broken config file must not block a launch with flags
+        print(f"[accel_nb] ignoring the saved launch config: {exc}")
+        return None
+
+
+@magics_class
+class AccelerateMagics(Magics):
+    """``%%accelerate``, ``%accelerate_config`` and ``%accelerate_env``."""
+
+    _cell_counter = 0
+
+    @cell_magic("accelerate")
+    def accelerate(self, line: str, cell: str) -> None:
+        """Run this cell on N processes (see ``%%accelerate --help`` for the flags)."""
+        __tracebackhide__ = True
+        if line.strip() in ("-h", "--help"):
+            print(USAGE)
+            return
+        args = parse_accelerate_line(line)
+        from .launcher import launch_payload
+
+        cfg = saved_config()
+        num_processes = args.num_processes
+        mixed_precision = args.mixed_precision
+        grad_steps = args.gradient_accumulation_steps
+        start_method = args.start_method
+        cpu = args.cpu
+        if cfg is not None:
+            num_processes = num_processes if num_processes is not None else getattr(cfg, "num_processes", None)
+            mixed_precision = mixed_precision or getattr(cfg, "mixed_precision", None)
+            if grad_steps is None and getattr(cfg, "gradient_accumulation_steps", 1) not in (None, 1):
+                grad_steps = cfg.gradient_accumulation_steps
+            start_method = start_method or getattr(cfg, "start_method", None)
+            cpu = cpu or bool(getattr(cfg, "use_cpu", False))
+        return_rank = args.rank if isinstance(args.rank, int) else 0
+        count = self.shell.execution_count if self.shell is not None else None
+        AccelerateMagics._cell_counter += 1
+        filename = f"<accelerate-cell-{count if count is not None else AccelerateMagics._cell_counter}>"
+        payload = CellPayload(cell, self.shell.user_ns, filename=filename, return_names=args.return_names, return_rank=return_rank)
+        results = launch_payload(
+            payload,
+            num_processes=num_processes,
+            mixed_precision=mixed_precision,
+            start_method=start_method or "auto",
+            timeout=args.timeout,
+            show_ranks=args.rank if args.rank is not None else "all",
+            use_port=args.use_port,
+            cpu=cpu,
+            gradient_accumulation_steps=grad_steps,
+        )
+        if args.return_names:
+            if return_rank >= len(results):
+                raise UsageError(f"%%accelerate: --rank {return_rank} but only {len(results)} processes ran")
+            values = results[return_rank] or {}
+            self.shell.user_ns.update(values)
+            print(f"[accel_nb] {', '.join(args.return_names)} copied from rank {return_rank} into the notebook")
+
+    @line_magic("accelerate_config")
+    def accelerate_config(self, line: str = "") -> None:
+        """Print the launch config that ``%%accelerate`` uses when flags are absent."""
+        try:
+            from .. import config as config_module
+        except ImportError:
+            print("accel_nb.config is not available in this installation; %%accelerate uses its flags only")
+            return
+        path = getattr(config_module, "find_config_file", lambda: None)()
+        cfg = saved_config()
+        if cfg is None:
+            where = getattr(config_module, "default_config_path", lambda: "the per-user config dir")()
+            print(f"No saved launch config (looked for {where}).")
+            print("%%accelerate defaults: every GPU, else 1 CPU process; mixed_precision=no; start_method=auto.")
+            print("Write one with `accel-nb config default` or accel_nb.config_wizard().")
+            return
+        print(f"Launch config from {path}:")
+        data = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(vars(cfg))
+        for key, value in data.items():
+            print(f"  {key}: {value}")
+
+    @line_magic("accelerate_env")
+    def accelerate_env(self, line: str = "") -> None:
+        """Print the hardware/software report to paste into a bug report."""
+        try:
+            from ..hardware import environment_report
+        except ImportError:
+            print("accel_nb.hardware is not available in this installation, so there is no environment report")
+            return
+        print(environment_report())
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register the magics; from now on remember which line first initialises CUDA."""
+    ipython.register_magics(AccelerateMagics)
+    cuda_guard.install_cuda_init_recorder()
+    if "torch" not in __import__("sys").modules:
+        import torch  # noqa: F401 - so the recorder sees the first CUDA initialisation
+
+        cuda_guard.install_cuda_init_recorder()
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Nothing to undo beyond what IPython does (magics stay registered until the kernel restarts)."""

@@ -1,0 +1,309 @@
+"""notebook_launcher / debug_launcher driven from this test process: real forked/spawned ranks, gloo."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import psutil
+import pytest
+
+from accel_nb import LaunchError, PartialState, debug_launcher, notebook_launcher
+from accel_nb.events import Failure, Log, Phase, Progress, Result, emit
+from accel_nb.launch.errors import LaunchSetupError, PayloadError, RankFailure
+from accel_nb.launch.plan import make_plan
+from accel_nb.launch.reporting import ListReporter, TextReporter
+
+pytestmark = pytest.mark.multiproc
+
+
+def _no_children() -> list:
+    return [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def _allreduce_rank() -> list[int]:
+    import torch
+    import torch.distributed as dist
+
+    state = PartialState()
+    t = torch.tensor([state.process_index + 1.0])
+    dist.all_reduce(t)
+    return [state.process_index, state.num_processes, int(t.item())]
+
+
+def test_results_come_back_in_rank_order_from_a_real_gloo_group():
+    rep = ListReporter()
+    assert debug_launcher(_allreduce_rank, reporter=rep) == [[0, 2, 3], [1, 2, 3]]
+    assert rep.started[0] == 2 and rep.finished == (True, None)
+    assert {e.rank for e in rep.of_type(Result)} == {0, 1}
+    assert not _no_children()
+
+
+def _env_of_rank(extra):
+    keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "ACCEL_NB_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", "ACCEL_NB_FORKED", "GROUP_RANK"]
+    return {k: os.environ.get(k) for k in keys} | {"extra": extra}
+
+
+def test_every_rank_gets_the_torchrun_environment_and_the_parent_env_is_untouched():
+    before = dict(os.environ)
+    out = notebook_launcher(_env_of_rank, args=("x",), num_processes=2, mixed_precision="fp16", cpu=True,
+                            reporter=ListReporter(), use_port=None)
+    assert [e["RANK"] for e in out] == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in out} == {"2"} and {e["LOCAL_WORLD_SIZE"] for e in out} == {"2"}
+    assert [e["LOCAL_RANK"] for e in out] == ["0", "1"]
+    assert out[0]["MASTER_PORT"] == out[1]["MASTER_PORT"] and out[0]["MASTER_ADDR"] == "127.0.0.1"
+    assert out[0]["ACCEL_NB_MIXED_PRECISION"] == "fp16" and out[0]["ACCELERATE_MIXED_PRECISION"] == "fp16"
+    assert out[0]["ACCEL_NB_FORKED"] == "1" and out[0]["GROUP_RANK"] == "0"
+    assert dict(os.environ) == before
+
+
+def _prints_at_fd_level():
+    import subprocess
+    import sys
+
+    rank = PartialState().process_index
+    print(f"python print {rank}")
+    os.write(1, f"raw fd write {rank}\n".encode())
+    os.write(2, f"raw stderr {rank}\n".encode())
+    subprocess.run(["echo", f"child process {rank}"], check=True)
+    sys.stdout.write("no newline at the end")
+    return rank
+
+
+def test_output_is_captured_at_fd_level_labelled_by_rank_and_logged_to_files():
+    rep = ListReporter()
+    debug_launcher(_prints_at_fd_level, reporter=rep, keep_logs=True)
+    for rank in (0, 1):
+        out = rep.output(rank=rank)
+        for text in (f"python print {rank}\n", f"raw fd write {rank}\n", f"raw stderr {rank}\n", f"child process {rank}\n", "no newline at the end\n"):
+            assert text in out, (text, out)
+        assert f"raw stderr {rank}" in rep.output(rank=rank, stream="stderr")
+    for e in rep.of_type(Log):  # whole lines only
+        assert e.text.endswith("\n")
+    log_dir = rep.started[1]["log_dir"]
+    assert "child process 1" in open(os.path.join(log_dir, "rank1.log")).read()
+
+
+def test_text_reporter_prefixes_lines_and_shows_one_rank_when_asked(capsys):
+    debug_launcher(_prints_at_fd_level, show_ranks=1)
+    out = capsys.readouterr()
+    assert "[rank 1] python print 1" in out.out and "[rank 1] raw stderr 1" in out.err
+    assert "[rank 0]" not in out.out + out.err
+    assert out.out.startswith("Launching 2 CPU processes (gloo)")
+
+
+def test_text_reporter_throttles_progress_and_formats_it():
+    import io
+
+    buf = io.StringIO()
+    rep = TextReporter(stream=buf, progress_interval=3600)
+    rep.start(1, {})
+    for n in range(1, 101):
+        rep.handle(Progress(rank=0, name="train", n=n, total=100, metrics={"loss": 0.31}, rate=2.1))
+    lines = buf.getvalue().splitlines()
+    assert lines == ["[rank 0] train 1/100 (2.1 it/s) loss=0.31", "[rank 0] train 100/100 (2.1 it/s) loss=0.31"]
+
+
+def _floods():
+    for i in range(20000):
+        print("line", i)
+    return PartialState().process_index
+
+
+def test_an_output_flood_is_rate_limited_with_a_note_and_kept_whole_in_the_log():
+    rep = ListReporter()
+    assert debug_launcher(_floods, num_processes=1, reporter=rep, keep_logs=True) == [0]
+    out = rep.output(rank=0)
+    assert "lines dropped from rank 0" in out
+    assert out.count("\nline ") < 20000
+    with open(os.path.join(rep.started[1]["log_dir"], "rank0.log")) as f:
+        assert f.read().count("line ") == 20000
+
+
+def _fails_on_rank_1():
+    if PartialState().process_index == 1:
+        raise ValueError("boom on purpose")
+    time.sleep(60)
+
+
+def test_a_raising_rank_stops_the_others_and_raises_launch_error_with_its_traceback():
+    rep = ListReporter()
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        debug_launcher(_fails_on_rank_1, reporter=rep)
+    assert time.monotonic() - t0 < 30  # rank 0 sleeps 60 s: it was stopped
+    err = info.value
+    assert [f.rank for f in err.failures] == [1]
+    f = err.failures[0]
+    assert isinstance(f, RankFailure) and f.first and f.exc_type == "ValueError" and f.message == "boom on purpose"
+    assert "_fails_on_rank_1" in f.traceback and "raise ValueError" in f.traceback
+    assert isinstance(f.exception, ValueError)
+    text = str(err)
+    assert "rank 1 (first to fail) failed: ValueError: boom on purpose" in text and "rank 0 was stopped" in text
+    assert "accel_nb/launch" not in f.traceback  # only the user's frames
+    assert rep.finished[0] is False and rep.of_type(Failure)
+    assert not _no_children()
+
+
+def _exits_hard():
+    if PartialState().process_index == 1:
+        os._exit(3)
+    time.sleep(60)
+
+
+def _killed():
+    if PartialState().process_index == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+
+
+def _segfaults():
+    import ctypes
+
+    if PartialState().process_index == 0:
+        ctypes.string_at(0)
+    time.sleep(60)
+
+
+def test_deaths_without_a_python_exception_are_reported_with_exit_code_or_signal():
+    with pytest.raises(LaunchError) as info:
+        debug_launcher(_exits_hard)
+    f = info.value.failures[0]
+    assert f.rank == 1 and f.exit_code == 3 and f.signal is None
+    assert "exited with code 3" in str(info.value)
+
+    with pytest.raises(LaunchError) as info:
+        debug_launcher(_killed)
+    f = info.value.failures[0]
+    assert f.rank == 0 and f.signal == signal.SIGKILL and "out of memory" in str(info.value)
+
+    with pytest.raises(LaunchError) as info:
+        debug_launcher(_segfaults)
+    f = info.value.failures[0]
+    assert f.rank == 0 and f.signal == signal.SIGSEGV and "native code" in str(info.value)
+    assert "_segfaults" in f.traceback  # faulthandler's Python stack of the crash
+    assert not _no_children()
+
+
+def _hangs():
+    PartialState()
+    print("about to hang", flush=True)
+    time.sleep(120)
+
+
+def test_hang_watchdog_shows_each_rank_stack_and_stops_them():
+    rep = ListReporter()
+    with pytest.raises(LaunchError) as info:
+        debug_launcher(_hangs, timeout=1.5, reporter=rep)
+    err = info.value
+    assert "hung" in str(err) and {f.rank for f in err.failures} == {0, 1}
+    for f in err.failures:
+        assert f.exc_type == "Hang" and "_hangs" in f.traceback
+    stacks = [e for e in rep.events if type(e).__name__ == "Stacks"]
+    assert {s.rank for s in stacks} == {0, 1} and all("in _hangs" in s.text for s in stacks)
+    assert not _no_children()
+
+
+def test_unpicklable_function_or_argument_is_named_before_any_process_starts():
+    lock = threading.Lock()
+    gen = (i for i in range(3))
+
+    def uses_lock():
+        with lock:
+            return 1
+
+    before = len(psutil.Process().children())
+    with pytest.raises(PayloadError, match="'lock' captured by the function") as info:
+        debug_launcher(uses_lock)
+    assert "_thread.lock" in str(info.value)
+    with pytest.raises(PayloadError, match=r"args\[1\]\['data'\]\[0\]"):
+        debug_launcher(lambda a, b: a, args=(1, {"data": [gen]}))
+    assert len(psutil.Process().children()) == before
+
+
+def test_a_busy_port_is_a_clear_error_before_starting():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        with pytest.raises(LaunchSetupError, match=f"port {port} .* already in use"):
+            debug_launcher(_allreduce_rank, use_port=port)
+
+
+def test_bad_options_are_one_clear_error():
+    with pytest.raises(LaunchSetupError, match="mixed_precision='fp32'"):
+        debug_launcher(_allreduce_rank, mixed_precision="fp32")
+    with pytest.raises(LaunchSetupError, match="start_method='thread'"):
+        debug_launcher(_allreduce_rank, start_method="thread")
+    with pytest.raises(TypeError, match="bogus"):
+        notebook_launcher(_allreduce_rank, bogus=1)
+
+
+def test_plan_without_gpus_uses_one_cpu_process_and_says_so(monkeypatch):
+    from accel_nb.launch import cuda_guard
+
+    monkeypatch.setattr(cuda_guard, "gpu_count", lambda: 0)
+    plan = make_plan()
+    assert plan.num_processes == 1 and not plan.use_gpu
+    assert plan.headline().startswith("Launching 1 CPU process (gloo)")
+    monkeypatch.setenv(cuda_guard.SIMULATE_ENV, "1")
+    plan = make_plan(num_processes=2)
+    assert plan.start_method == "spawn" and "CUDA was initialised" in plan.spawn_reason
+    with pytest.raises(LaunchSetupError, match="start_method='fork' is unsafe"):
+        make_plan(num_processes=2, start_method="fork")
+
+
+def _returns_tensors():
+    import torch
+
+    rank = PartialState().process_index
+    model = torch.nn.Linear(2, 1)
+    loss = (model(torch.ones(1, 2)) * 0).sum() + rank
+    return {"loss": loss, "model": model, "pair": (torch.arange(2), rank)}
+
+
+def test_spawn_returns_tensors_and_modules_and_reports_output():
+    rep = ListReporter()
+    out = debug_launcher(_returns_tensors, start_method="spawn", reporter=rep)
+    assert [int(o["loss"].item()) for o in out] == [0, 1]
+    assert out[1]["model"].weight.shape == (1, 2) and out[1]["pair"][1] == 1
+    assert rep.started[1]["start_method"] == "spawn"
+    assert any(isinstance(e, Phase) and e.phase == "running" for e in rep.events)
+
+
+def _emits_progress():
+    for i in range(3):
+        emit(Progress(rank=PartialState().process_index, name="train", n=i + 1, total=3))
+    return True
+
+
+def test_events_emitted_by_the_function_reach_the_reporter():
+    rep = ListReporter()
+    debug_launcher(_emits_progress, reporter=rep)
+    got = [(e.rank, e.n) for e in rep.of_type(Progress)]
+    assert sorted(got) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+
+
+def _trivial():
+    return PartialState().process_index
+
+
+@pytest.mark.slow
+def test_fifty_launches_leak_no_processes_no_fds_and_no_ports():
+    proc = psutil.Process()
+    debug_launcher(_trivial, reporter=ListReporter())  # warm up lazily opened files
+    fds = proc.num_fds()
+    threads = proc.num_threads()
+    for _ in range(50):
+        assert debug_launcher(_trivial, reporter=ListReporter()) == [0, 1]
+    assert proc.num_fds() <= fds
+    assert proc.num_threads() <= threads
+    assert not _no_children()
+    # a fixed port is free again at once
+    port = make_plan(num_processes=2, cpu=True).master_port
+    for _ in range(3):
+        assert debug_launcher(_trivial, reporter=ListReporter(), use_port=port) == [0, 1]
