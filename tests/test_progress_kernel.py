@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import pytest
 
@@ -167,10 +168,17 @@ def test_executed_notebook_keeps_the_final_state(tmp_path):
         nbformat.v4.new_code_cell(LOOP_CELL),
         nbformat.v4.new_code_cell("notebook_launcher(train, num_processes=2, cpu=True)"),
     ]
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpec
+
+    km = KernelManager()
+    km._kernel_spec = KernelSpec(  # this interpreter (the project's venv), like KernelSession
+        argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"], language="python"
+    )
     client = nbclient.NotebookClient(
         nb,
+        km=km,
         timeout=180,
-        kernel_name="python3",
         resources={"metadata": {"path": ROOT}},
         store_widget_state=True,
     )

@@ -108,9 +108,11 @@ def test_metrics_events_show_latest_values_per_rank():
     r = _reporter()
     r.handle(Metrics(1, {"loss": 0.9}, step=1))
     r.handle(Metrics(1, {"loss": 0.25, "lr": 0.001}, step=20))
+    r.handle(Progress(1, "train", 3, 10, {"batch_loss": 0.5}))
     r.finish(True)
-    assert "step 20: loss=0.25 lr=0.001" in r.infos[1].value
+    assert "step 20: loss=0.25 lr=0.001" in r.infos[1].value and "batch_loss=0.5" in r.infos[1].value
     assert "loss" not in r.infos[0].value
+    assert "batch_loss=0.5 step 20: loss=0.25 lr=0.001" in r.summary_text()
 
 
 def test_stalled_rank_turns_amber():

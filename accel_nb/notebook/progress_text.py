@@ -41,8 +41,9 @@ class RankView:
     total: int | None = None
     rate: float | None = None
     loop_done: bool = False
-    metrics: dict[str, Any] = field(default_factory=dict)
-    step: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # from the loop's set_postfix / set_metrics
+    logged: dict[str, Any] = field(default_factory=dict)  # from Accelerator.log_metrics
+    step: int | None = None  # the step of the last log_metrics call
     finished: bool = False  # Result seen
     failed: bool = False
     exc_type: str | None = None
@@ -57,6 +58,11 @@ class RankView:
         if self.finished or self.loop_done:
             return 0.0 if self.total else None
         return eta_seconds(self.n, self.total, self.rate)
+
+    def logged_text(self) -> str:
+        """``"step 3: loss=0.25 lr=0.001"`` for the latest ``log_metrics`` values."""
+        step = f"step {self.step}: " if self.step is not None else ""
+        return step + format_metrics(self.logged)
 
     def fraction(self) -> float | None:
         if not self.total:
@@ -100,7 +106,7 @@ class LaunchProgress:
                 v.phase = "running"
             v.last_event = now
         elif isinstance(event, ev.Metrics):
-            v.metrics.update(event.values)
+            v.logged.update(event.values)
             if event.step is not None:
                 v.step = event.step
             v.last_event = now
@@ -167,6 +173,8 @@ class LaunchProgress:
         metrics = format_metrics(v.metrics)
         if metrics:
             parts.append(metrics)
+        if v.logged:
+            parts.append(v.logged_text())
         if v.failed:
             parts.append(f"{v.exc_type}: {v.message}")
         return " ".join(parts)

@@ -245,8 +245,9 @@ class WidgetReporter:
                 bits.append(f"ETA {format_duration(v.eta())}")
         metrics = format_metrics(v.metrics)
         if metrics:
-            step = f"step {v.step}: " if v.step is not None else ""
-            bits.append(f"<code>{_esc(step + metrics)}</code>")
+            bits.append(f"<code>{_esc(metrics)}</code>")
+        if v.logged:
+            bits.append(f"<code>{_esc(v.logged_text())}</code>")
         return " &middot; ".join(bits)
 
     def _status_html(self, rank: int, status: str) -> str:
