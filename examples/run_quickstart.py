@@ -1,0 +1,110 @@
+"""Run notebooks/quickstart.ipynb headlessly in a real Jupyter kernel and export the result.
+
+Writes the executed notebook and an HTML export to ``out/`` (or ``--out DIR``) and prints where
+they are, plus the key results the notebook printed:
+
+    .venv/bin/python examples/run_quickstart.py [--notebook notebooks/quickstart.ipynb] [--out out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_NOTEBOOK = os.path.join(ROOT, "notebooks", "quickstart.ipynb")
+
+
+def kernel_manager():
+    """A kernel manager for an ipykernel running on this very interpreter (the project's venv)."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpec
+
+    km = KernelManager()
+    km._kernel_spec = KernelSpec(  # noqa: SLF001 - the documented way to pin an interpreter
+        argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        display_name="accel_nb",
+        language="python",
+    )
+    return km
+
+
+def execute_notebook(path: str, timeout: int = 600, cwd: str | None = None):
+    """Execute ``path`` top to bottom; return the executed notebook (raises on the first error)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(path, as_version=4)
+    env_cwd = cwd or os.path.dirname(os.path.abspath(path))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    client = NotebookClient(
+        nb,
+        km=kernel_manager(),
+        timeout=timeout,
+        resources={"metadata": {"path": env_cwd}},
+        store_widget_state=True,
+    )
+    client.execute()
+    return nb
+
+
+def export_html(nb, path: str) -> str:
+    from nbconvert import HTMLExporter
+
+    body, _ = HTMLExporter().from_notebook_node(nb)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(body)
+    return path
+
+
+def key_results(nb) -> list[str]:
+    """The text the cells tagged ``key-result`` printed, line by line."""
+    lines: list[str] = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "key-result" not in cell.metadata.get("tags", []):
+            continue
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stdout":
+                lines += [ln for ln in output["text"].splitlines() if ln.strip()]
+    return lines
+
+
+def run(notebook: str = DEFAULT_NOTEBOOK, out_dir: str = os.path.join(ROOT, "out")) -> dict[str, object]:
+    """Execute, save and export one notebook; return the paths and the key results."""
+    import nbformat
+
+    os.makedirs(out_dir, exist_ok=True)
+    start = time.perf_counter()
+    nb = execute_notebook(notebook)
+    seconds = time.perf_counter() - start
+    stem = os.path.splitext(os.path.basename(notebook))[0]
+    ipynb_path = os.path.join(out_dir, f"{stem}.ipynb")
+    nbformat.write(nb, ipynb_path)
+    html_path = export_html(nb, os.path.join(out_dir, f"{stem}.html"))
+    return {"notebook": ipynb_path, "html": html_path, "seconds": seconds, "results": key_results(nb)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--notebook", default=DEFAULT_NOTEBOOK)
+    ap.add_argument("--out", default=os.path.join(ROOT, "out"))
+    args = ap.parse_args(argv)
+    print(f"executing {os.path.relpath(args.notebook, ROOT)} in a real Jupyter kernel ...", flush=True)
+    try:
+        summary = run(args.notebook, args.out)
+    except Exception as exc:  # nbclient's CellExecutionError carries the cell and the traceback
+        print(f"the notebook failed: {exc}", file=sys.stderr)
+        return 1
+    print(f"done in {summary['seconds']:.1f} s\n\nkey results:")
+    for line in summary["results"]:
+        print("  " + line)
+    print(f"\nexecuted notebook: {summary['notebook']}")
+    print(f"HTML export:       {summary['html']}")
+    print("open the notebooks interactively with: bash scripts/open_lab.sh")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,468 @@
+"""Write the notebooks in this folder from the cell sources below (outputs empty).
+
+    .venv/bin/python notebooks/_build_notebooks.py        # rewrite all three
+    .venv/bin/python notebooks/_build_notebooks.py --check  # exit 1 if a notebook is out of date
+
+Cells tagged ``key-result`` print the figures that examples/run_quickstart.py reports and that the
+tests check.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def md(text: str):
+    return new_markdown_cell(text.strip("\n"))
+
+
+def code(text: str, *tags: str):
+    cell = new_code_cell(text.strip("\n"))
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+# ----------------------------------------------------------------------------- quickstart
+QUICKSTART = [
+    md("""
+# accel_nb quickstart: a PyTorch loop on two processes, from this notebook
+
+This notebook takes a plain PyTorch training loop, changes four lines, and runs it on **two
+processes** — first with `notebook_launcher`, then with the `%%accelerate` cell magic — with a
+live progress bar per rank and the results brought back into the notebook. It runs on a laptop
+CPU in well under a minute: on a machine without GPUs the two processes form a real gloo group
+and train one model together (DistributedDataParallel), each on half of every batch of data.
+"""),
+    md("## 1. Synthetic data, a small model and a plain PyTorch loop"),
+    code("""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+
+
+def make_dataset(n=1024, seed=0):
+    \"\"\"Synthetic regression data: y = x @ w + noise.\"\"\"
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    w = torch.linspace(-1.0, 1.0, 8)
+    return TensorDataset(x, x @ w + 0.05 * torch.randn(n, generator=g))
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+
+
+def train_plain(epochs=3, lr=0.05):
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = DataLoader(make_dataset(), batch_size=32, shuffle=True)
+    for epoch in range(epochs):
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return loss.item()
+
+
+print(f"one process, final batch loss: {train_plain():.4f}")
+"""),
+    md("""
+## 2. The four-line change
+
+```diff
++from accel_nb import Accelerator
+ def train(epochs=3, lr=0.05):
++    accelerator = Accelerator()
+     ...
++    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+     for epoch in range(epochs):
+         for x, y in loader:
+             ...
+-            loss.backward()
++            accelerator.backward(loss)
+```
+
+`prepare` moves the model to this rank's device and wraps it for data-parallel training, and
+gives each rank its own share of every batch of the loader. `accel_nb.progress` reports each
+rank's progress to this notebook. The same function still runs in a single process.
+"""),
+    code("""
+from accel_nb import Accelerator, notebook_launcher, progress
+
+
+def train(epochs=3, lr=0.05):
+    accelerator = Accelerator()
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = DataLoader(make_dataset(), batch_size=32, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    history = []
+    with progress(total=epochs * len(loader), desc="train") as bar:
+        for epoch in range(epochs):
+            for x, y in loader:
+                loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
+                optimizer.zero_grad()
+                accelerator.backward(loss)
+                optimizer.step()
+                bar.update()
+                bar.set_postfix(loss=loss.item())
+            history.append(accelerator.reduce(loss.detach(), "mean").item())  # the same on every rank
+    return {"rank": accelerator.process_index, "world": accelerator.num_processes, "history": history}
+"""),
+    md("""
+## 3. `notebook_launcher`: run it on two processes
+
+The call returns what `train` returned on each rank, in rank order. While it runs, the cell shows
+one progress row per rank (a text line per rank where there is no widget frontend).
+"""),
+    code(
+        """
+results = notebook_launcher(train, num_processes=2)
+for r in results:
+    print(f"rank {r['rank']} of {r['world']}: loss per epoch {[round(v, 4) for v in r['history']]}")
+print("ranks:", [r["rank"] for r in results])
+""",
+        "key-result",
+    ),
+    md("""
+A failing rank does not leave the notebook guessing: the other ranks are stopped and the call
+raises `LaunchError`, which carries every failing rank's traceback.
+"""),
+    code(
+        """
+from accel_nb import LaunchError, PartialState
+
+
+def fails_on_rank_1():
+    if PartialState().process_index == 1:
+        raise ValueError("boom on rank 1")
+    return "ok"
+
+
+try:
+    notebook_launcher(fails_on_rank_1, num_processes=2)
+except LaunchError as err:
+    failure = err.failures[0]
+    print(f"caught: rank {failure.rank} failed with {failure.exc_type}: {failure.message}")
+""",
+        "key-result",
+    ),
+    md("""
+## 4. `%%accelerate`: run a cell on two processes
+
+Load the extension once, then `%%accelerate` runs a whole cell on N processes. The cell sees
+everything defined above (`make_model`, `make_dataset`, the imports). `--return` copies the
+named variables from rank 0 back into this notebook when the cell succeeds: here the per-step
+loss and the trained model (modules come back on the CPU).
+"""),
+    code("%load_ext accel_nb"),
+    code("""
+%%accelerate --num_processes 2 --return history,trained
+accelerator = Accelerator()
+model = make_model()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+loader = DataLoader(make_dataset(), batch_size=32, shuffle=True)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+history = []
+with progress(total=3 * len(loader), desc="train") as bar:
+    for epoch in range(3):
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
+            optimizer.zero_grad()
+            accelerator.backward(loss)
+            optimizer.step()
+            history.append(accelerator.reduce(loss.detach(), "mean").item())
+            bar.update()
+trained = accelerator.unwrap_model(model)
+"""),
+    md("## 5. The results, back in the notebook"),
+    code("""
+from IPython.display import SVG
+
+
+def plot_lines(series, width=560, height=260, pad=44):
+    \"\"\"A tiny line plot rendered as SVG (no plotting library needed).\"\"\"
+    values = [v for ys in series.values() for v in ys]
+    lo, hi = min(values), max(values)
+    n = max(len(ys) for ys in series.values())
+
+    def point(i, v):
+        x = pad + (width - 2 * pad) * i / max(n - 1, 1)
+        y = height - pad - (height - 2 * pad) * (v - lo) / ((hi - lo) or 1.0)
+        return f"{x:.1f},{y:.1f}"
+
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="12">',
+        f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" fill="none" stroke="#bbb"/>',
+        f'<text x="4" y="{pad + 4}">{hi:.3g}</text><text x="4" y="{height - pad + 4}">{lo:.3g}</text>',
+        f'<text x="{pad}" y="{height - pad + 18}">step 0</text>',
+        f'<text x="{width - pad - 60}" y="{height - pad + 18}">step {n - 1}</text>',
+    ]
+    for k, (label, ys) in enumerate(series.items()):
+        color = colors[k % len(colors)]
+        points = " ".join(point(i, v) for i, v in enumerate(ys))
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
+        parts.append(f'<text x="{width - pad - 150}" y="{pad + 18 + 16 * k}" fill="{color}">{label}</text>')
+    parts.append("</svg>")
+    return SVG("".join(parts))
+
+
+plot_lines({"loss (mean over ranks)": history})
+"""),
+    code(
+        """
+x, y = make_dataset().tensors
+with torch.no_grad():
+    final_mse = nn.functional.mse_loss(trained(x).squeeze(-1), y).item()
+print(f"{len(history)} steps on 2 processes; loss {history[0]:.4f} -> {history[-1]:.4f}")
+print(f"trained model (back in this notebook): {type(trained).__name__}, full-data MSE {final_mse:.4f}")
+""",
+        "key-result",
+    ),
+    md("""
+Next: `notebooks/big_model_inference.ipynb` (models larger than memory) and
+`notebooks/config_wizard.ipynb` (save a launch config for this machine).
+"""),
+]
+
+
+# ----------------------------------------------------------------------------- big model
+BIG_MODEL = [
+    md("""
+# Big-model inference: empty init, the device map, CPU and disk offload
+
+A model does not have to fit in memory to be built, planned and run. This notebook builds a
+small GPT-2-style model from a `transformers` config (nothing is downloaded), plans where each
+block goes under memory budgets, shows the plan, and runs it with part of the weights offloaded
+to disk. The sizes are tiny so it runs in seconds on a CPU; the same calls place a 70B model on
+GPUs, CPU and disk.
+"""),
+    code("""
+import os
+import tempfile
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging as hf_logging
+
+from accel_nb import (
+    compute_module_sizes,
+    infer_auto_device_map,
+    init_empty_weights,
+    load_checkpoint_and_dispatch,
+    show_device_map,
+)
+
+torch.set_num_threads(1)
+hf_logging.disable_progress_bar()
+config = GPT2Config(
+    n_layer=6, n_embd=128, n_head=4, n_positions=64, vocab_size=512, bos_token_id=0, eos_token_id=0, pad_token_id=0
+)
+workdir = tempfile.mkdtemp(prefix="accel_nb_big_model_")
+"""),
+    md("""
+## 1. A real checkpoint to load
+
+In real life the weights come from a hub or a disk. Here we make a model with random weights
+once, keep its output on a fixed prompt as the ground truth, and save it as sharded safetensors.
+"""),
+    code("""
+torch.manual_seed(0)
+reference_model = GPT2LMHeadModel(config).eval()
+checkpoint = os.path.join(workdir, "checkpoint")
+reference_model.save_pretrained(checkpoint, max_shard_size="500KB")
+prompt = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+with torch.no_grad():
+    expected_logits = reference_model(prompt).logits
+print(sorted(f for f in os.listdir(checkpoint) if f.endswith(".safetensors"))[:3], "...")
+"""),
+    md("""
+## 2. Build the model empty
+
+Under `init_empty_weights()` the parameters live on the `meta` device: they have shapes and
+dtypes but no storage, so building costs no memory at any size.
+"""),
+    code(
+        """
+with init_empty_weights():
+    model = GPT2LMHeadModel(config)
+sizes = compute_module_sizes(model)
+print("parameter device:", next(model.parameters()).device)
+print(f"whole model: {sizes[''] / 2**20:.2f} MiB; one block: {sizes['transformer.h.0'] / 2**20:.2f} MiB")
+""",
+        "key-result",
+    ),
+    md("""
+## 3. Plan and look at the device map
+
+`show_device_map` plans the placement the way `infer_auto_device_map` does — filling the
+devices in order, GPUs, then the CPU, then the disk, never splitting a `GPT2Block` — and draws
+one bar per device with the modules placed on it, the budget line and the free room. In
+JupyterLab a slider per device changes its budget and recomputes the map live on the empty
+model; `view.device_map` is the map for the budgets you settled on.
+"""),
+    code(
+        """
+max_memory = {"cpu": "1.2MB", "disk": "64MB"}
+view = show_device_map(model, max_memory=max_memory, no_split_module_classes=["GPT2Block"])
+""",
+        "device-map",
+    ),
+    code(
+        """
+device_map = view.device_map
+print("devices used:", sorted({str(d) for d in device_map.values()}))
+same = device_map == infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=["GPT2Block"])
+print("same map as infer_auto_device_map:", same)
+""",
+        "key-result",
+    ),
+    md("""
+## 4. Load and dispatch: CPU + disk offload
+
+`load_checkpoint_and_dispatch` loads each tensor straight to its place (memory-mapped
+safetensors), writes the disk part to the offload folder, and adds hooks that move activations
+between devices and bring offloaded weights in only for their module's forward.
+"""),
+    code("""
+model = load_checkpoint_and_dispatch(
+    model,
+    checkpoint,
+    device_map=device_map,
+    offload_folder=os.path.join(workdir, "offload"),
+    no_split_module_classes=["GPT2Block"],
+)
+model.eval()
+placement = {}
+for name, device in model.hf_device_map.items():
+    placement.setdefault(str(device), []).append(name)
+for device, names in placement.items():
+    print(f"{device:>5}: {len(names)} modules, e.g. {names[0]}")
+"""),
+    code(
+        """
+with torch.no_grad():
+    logits = model(prompt).logits
+print("offloaded forward matches the in-memory model:", torch.allclose(logits, expected_logits, atol=1e-5))
+""",
+        "key-result",
+    ),
+    md("## 5. Generate"),
+    code(
+        """
+with torch.no_grad():
+    tokens = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    expected_tokens = reference_model.generate(prompt, max_new_tokens=8, do_sample=False)
+print("generated:", tokens[0, prompt.shape[1]:].tolist())
+print("same tokens as the in-memory model:", torch.equal(tokens, expected_tokens))
+""",
+        "key-result",
+    ),
+]
+
+
+# ----------------------------------------------------------------------------- config wizard
+WIZARD = [
+    md("""
+# The config wizard
+
+`config_wizard()` shows what this machine has, proposes launch settings for it, validates your
+changes as you make them, and on **Save** writes the launch config that `notebook_launcher`,
+`%%accelerate` and `accel-nb launch` read. It also shows the equivalent `%%accelerate` line,
+`notebook_launcher(...)` call and `accel-nb launch` command.
+
+This notebook points `ACCEL_NB_CONFIG_FILE` at a temporary file so that running it does not
+touch your own config.
+"""),
+    code("""
+import os
+import tempfile
+
+config_path = os.path.join(tempfile.mkdtemp(prefix="accel_nb_wizard_"), "default_config.yaml")
+os.environ["ACCEL_NB_CONFIG_FILE"] = config_path
+print("config file for this notebook:", config_path)
+"""),
+    code("""
+from accel_nb import config_wizard
+
+wizard = config_wizard()
+wizard
+"""),
+    md("""
+Change the settings above and press **Save**. The next cell does the same from code, so that
+the notebook also runs unattended: it picks 2 processes and no mixed precision, then saves.
+"""),
+    code(
+        """
+wizard.set_values(num_processes=2, mixed_precision="no")
+wizard.save()
+print(open(config_path).read())
+""",
+        "key-result",
+    ),
+    md("The saved file is the config in effect from now on:"),
+    code(
+        """
+from accel_nb import LaunchConfig
+
+config = LaunchConfig.load(config_path)
+print(f"num_processes={config.num_processes}, mixed_precision={config.mixed_precision}")
+""",
+        "key-result",
+    ),
+]
+
+
+NOTEBOOKS = {
+    "quickstart.ipynb": QUICKSTART,
+    "big_model_inference.ipynb": BIG_MODEL,
+    "config_wizard.ipynb": WIZARD,
+}
+
+
+def build(name: str) -> nbformat.NotebookNode:
+    nb = new_notebook(cells=NOTEBOOKS[name])
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+    }
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, cell in enumerate(nb.cells):  # stable ids: rebuilding gives byte-identical files
+        cell["id"] = f"{os.path.splitext(name)[0].replace('_', '-')}-{i:02d}"
+    return nb
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name in NOTEBOOKS:
+        text = nbformat.writes(build(name)) + "\n"
+        path = os.path.join(HERE, name)
+        if "--check" in argv:
+            if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
+                stale.append(name)
+            continue
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        print("wrote", path)
+    if stale:
+        print("out of date (run notebooks/_build_notebooks.py):", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
