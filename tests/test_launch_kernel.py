@@ -1,0 +1,245 @@
+"""notebook_launcher from a REAL Jupyter kernel (jupyter_client + ipykernel), as a user runs it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.kernel_helpers import KernelSession
+
+pytestmark = [pytest.mark.kernel, pytest.mark.multiproc]
+
+SETUP = """
+import os, time, threading
+from accel_nb import notebook_launcher, debug_launcher, PartialState, LaunchError
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+        out = k.run(SETUP, timeout=120)
+        assert out.error is None, out.traceback
+        yield k
+
+
+def _live_children(k: KernelSession) -> list:
+    import psutil
+
+    return [c for c in k.children() if c.status() != psutil.STATUS_ZOMBIE]
+
+
+def _assert_no_children(k: KernelSession, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while _live_children(k) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _live_children(k) == []
+
+
+def test_two_processes_return_their_rank_from_a_notebook_lambda(kernel):
+    out = kernel.run("r = notebook_launcher(lambda: PartialState().process_index, num_processes=2)\nprint('RESULT', r)")
+    assert out.error is None, out.traceback
+    assert "RESULT [0, 1]" in out.stdout
+    assert out.stdout.startswith("Launching 2 CPU processes (gloo) with fork")
+    _assert_no_children(kernel)
+
+
+def test_rank_output_appears_in_the_launching_cell_labelled_by_rank(kernel):
+    out = kernel.run(
+        "def hello():\n"
+        "    s = PartialState()\n"
+        "    print('hello from', s.process_index)\n"
+        "    os.write(2, b'C-level stderr\\n')\n"
+        "    return s.num_processes\n"
+        "print(notebook_launcher(hello, num_processes=2))"
+    )
+    assert out.error is None, out.traceback
+    assert "[rank 0] hello from 0" in out.stdout and "[rank 1] hello from 1" in out.stdout
+    assert "[rank 1] C-level stderr" in out.stderr
+    assert "[2, 2]" in out.stdout
+
+
+def test_a_failing_rank_shows_its_traceback_and_raises_launch_error(kernel):
+    out = kernel.run(
+        "def train():\n"
+        "    if PartialState().process_index == 1:\n"
+        "        raise ValueError('loss is nan')\n"
+        "    time.sleep(60)\n"
+        "t0 = time.time()\n"
+        "notebook_launcher(train, num_processes=2)"
+    )
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    assert "[rank 1] failed: ValueError: loss is nan" in out.stderr
+    assert "raise ValueError('loss is nan')" in out.stderr  # the user's frame, with its source line
+    assert "rank 1 (first to fail) failed: ValueError: loss is nan" in out.traceback
+    assert "rank 0 was stopped" in out.traceback
+    check = kernel.run(
+        "try:\n"
+        "    notebook_launcher(train, num_processes=2)\n"
+        "except LaunchError as e:\n"
+        "    print('FAILURES', [(f.rank, f.exc_type, f.first) for f in e.failures], time.time() - t0 < 60)"
+    )
+    assert "FAILURES [(1, 'ValueError', True)] True" in check.stdout
+    _assert_no_children(kernel)
+
+
+def test_a_rank_that_calls_os_exit_is_reported_with_its_exit_code(kernel):
+    out = kernel.run(
+        "def quits():\n"
+        "    if PartialState().process_index == 1:\n"
+        "        os._exit(3)\n"
+        "    time.sleep(60)\n"
+        "notebook_launcher(quits, num_processes=2)"
+    )
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    assert "rank 1 (first to fail) exited with code 3" in out.traceback
+    _assert_no_children(kernel)
+
+
+def test_unpicklable_objects_defined_in_the_notebook_are_named_before_start(kernel):
+    out = kernel.run(
+        "lock = threading.Lock()\n"
+        "def uses_lock():\n"
+        "    with lock:\n"
+        "        return 1\n"
+        "notebook_launcher(uses_lock, num_processes=2)"
+    )
+    assert out.error is not None and out.error["ename"] == "PayloadError"
+    assert "the global 'lock' used by the function 'uses_lock'" in out.error["evalue"]
+    assert "Launching" not in out.stdout  # nothing started
+    out = kernel.run("batches = (i for i in range(3))\nnotebook_launcher(lambda b: 1, args=(batches,), num_processes=2)")
+    assert out.error is not None and "args[0]" in out.error["evalue"] and "generator" in out.error["evalue"]
+    assert "Launching" not in out.stdout
+    _assert_no_children(kernel)
+
+
+def test_hang_watchdog_shows_where_each_rank_is_stuck(kernel):
+    out = kernel.run(
+        "def stuck():\n"
+        "    PartialState()\n"
+        "    time.sleep(300)\n"
+        "notebook_launcher(stuck, num_processes=2, timeout=2)",
+        timeout=60,
+    )
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    assert "the launch hung" in out.traceback
+    assert "[rank 0] Python stacks (hang watchdog)" in out.stderr and "[rank 1] Python stacks" in out.stderr
+    assert "in stuck" in out.stderr
+    _assert_no_children(kernel)
+
+
+def test_interrupting_the_kernel_stops_every_rank_and_raises_keyboard_interrupt(kernel):
+    msg_id = kernel.kc.execute(
+        "def forever():\n"
+        "    PartialState()\n"
+        "    print('rank running', flush=True)\n"
+        "    time.sleep(300)\n"
+        "notebook_launcher(forever, num_processes=2)"
+    )
+    seen: list[str] = []
+
+    def watch(msg):
+        if msg["msg_type"] == "stream":
+            seen.append(msg["content"]["text"])
+
+    # wait until both ranks print, then press the stop button
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "".join(seen).count("rank running") < 2:
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=0.5)
+        except Exception:
+            continue
+        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+            watch(msg)
+    assert "".join(seen).count("rank running") == 2
+    assert len(_live_children(kernel)) >= 2
+    t0 = time.monotonic()
+    kernel.interrupt()
+    out = kernel.collect(msg_id, timeout=30)
+    assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - t0 < 10
+    _assert_no_children(kernel, within=1.0)
+    again = kernel.run("print(notebook_launcher(lambda: 7, num_processes=2))")  # the next launch works at once
+    assert "[7, 7]" in again.stdout, again.text
+
+
+def test_after_cuda_was_touched_the_launch_uses_spawn_and_names_the_line(kernel):
+    # no GPU here: the touch goes through torch.cuda's lazy initialisation (and fails), which the
+    # recorder notes; the env var then makes the detector report "CUDA initialised"
+    out = kernel.run(
+        "import torch\n"
+        "import accel_nb.notebook.launcher\n"
+        "try:\n"
+        "    torch.cuda.current_device()\n"
+        "except Exception:\n"
+        "    pass\n"
+        "os.environ['ACCEL_NB_SIMULATE_CUDA_INITIALIZED'] = '1'\n"
+        "def where():\n"
+        "    s = PartialState()\n"
+        "    return (s.process_index, os.environ.get('ACCEL_NB_FORKED'))\n"
+        "try:\n"
+        "    print('RESULT', notebook_launcher(where, num_processes=2))\n"
+        "finally:\n"
+        "    del os.environ['ACCEL_NB_SIMULATE_CUDA_INITIALIZED']",
+        timeout=180,
+    )
+    assert out.error is None, out.traceback
+    assert "RESULT [(0, None), (1, None)]" in out.stdout  # spawned, not forked
+    lines = [l for l in out.stdout.splitlines() if "using spawn instead of fork" in l]
+    assert len(lines) == 1
+    assert "CUDA was initialised in this kernel before the launch by line 4 of a notebook cell" in lines[0]
+    assert "torch.cuda.current_device()" in lines[0]
+    _assert_no_children(kernel)
+
+
+def test_fifty_launches_in_a_row_leak_no_processes_and_no_fds(kernel):
+    out = kernel.run(
+        "import psutil\n"
+        "from accel_nb.launch.reporting import ListReporter\n"
+        "me = psutil.Process()\n"
+        "debug_launcher(lambda: 0, reporter=ListReporter())\n"
+        "fds0 = me.num_fds()\n"
+        "ok = all(debug_launcher(lambda: PartialState().process_index, reporter=ListReporter()) == [0, 1] for _ in range(50))\n"
+        "print('LEAKS', ok, me.num_fds() - fds0, len([c for c in me.children(recursive=True) if c.status() != 'zombie']))",
+        timeout=300,
+    )
+    assert out.error is None, out.traceback
+    ok, fd_delta, children = out.stdout.split("LEAKS", 1)[1].split()[:3]
+    assert ok == "True"
+    assert int(fd_delta) <= 0 and int(children) == 0
+    _assert_no_children(kernel)
+
+
+def test_a_training_function_with_accelerator_trains_on_two_processes(kernel):
+    pytest.importorskip("accel_nb.accelerator")
+    out = kernel.run(
+        "import torch\n"
+        "from accel_nb import Accelerator, set_seed\n"
+        "def train(steps=30):\n"
+        "    set_seed(0)\n"
+        "    accelerator = Accelerator()\n"
+        "    x = torch.linspace(-1, 1, 64).unsqueeze(1)\n"
+        "    data = torch.utils.data.TensorDataset(x, 3 * x + 1)\n"
+        "    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)\n"
+        "    model = torch.nn.Linear(1, 1)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    model, opt, loader = accelerator.prepare(model, opt, loader)\n"
+        "    for epoch in range(steps):\n"
+        "        for xb, yb in loader:\n"
+        "            loss = torch.nn.functional.mse_loss(model(xb), yb)\n"
+        "            accelerator.backward(loss)\n"
+        "            opt.step(); opt.zero_grad()\n"
+        "    final = accelerator.reduce(loss.detach(), reduction='mean')\n"
+        "    return accelerator.num_processes, float(final), accelerator.unwrap_model(model).weight.item()\n"
+        "res = notebook_launcher(train, num_processes=2)\n"
+        "print('TRAINED', res)",
+        timeout=180,
+    )
+    assert out.error is None, out.traceback
+    res = eval(out.stdout.split("TRAINED", 1)[1].strip())
+    (n0, loss0, w0), (n1, loss1, w1) = res
+    assert n0 == n1 == 2
+    assert loss0 == pytest.approx(loss1) and loss0 < 0.05
+    assert w0 == pytest.approx(w1) and w0 == pytest.approx(3.0, abs=0.2)  # both ranks hold the same weights
+    _assert_no_children(kernel)
