@@ -363,7 +363,12 @@ def save_accelerator_state(
         )
     except Exception as exc:  # noqa: BLE001
         error = f"{type(exc).__name__}: {exc}"
-    _all_ok(error, f"save_state({final})")
+    try:
+        _all_ok(error, f"save_state({final})")
+    except CheckpointError:
+        if writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
     error = None
     if writer:

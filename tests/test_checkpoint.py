@@ -371,3 +371,19 @@ def test_pickled_objects_need_an_explicit_opt_in(tmp_path):
     assert box.value is None  # refused before anything was applied
     accelerator.load_state(path, weights_only=False)
     assert box.value["when"].value == 3
+
+
+def test_a_failing_save_raises_and_leaves_no_temp_folder(tmp_path):
+    accelerator, *_ = _setup()
+    previous = accelerator.save_state(tmp_path / "c")
+
+    class Broken(Box):
+        def state_dict(self):
+            raise RuntimeError("disk on fire")
+
+    accelerator.register_for_checkpointing(Broken(1))
+    with pytest.raises(
+        CheckpointError, match=r"save_state\(.*c\) failed on rank 0: RuntimeError: disk on fire"
+    ):
+        accelerator.save_state(tmp_path / "c")
+    assert sorted(os.listdir(tmp_path)) == ["c"] and is_complete_checkpoint(previous)
