@@ -158,7 +158,7 @@ def _ask(prompt: str, default: Any, parse: Callable[[str], Any], out: Any) -> An
 def _derive_distributed_type(cfg: LaunchConfig, compute: str) -> str:
     if compute == "xla":
         return "XLA"
-    several = (cfg.num_processes or 1) > 1 or cfg.num_machines > 1
+    several = int(cfg.num_processes or 1) > 1 or int(cfg.num_machines) > 1
     if not several:
         return "NO"
     return "MULTI_GPU" if compute == "gpu" else "MULTI_CPU"
@@ -169,6 +169,11 @@ def _checked(cfg: LaunchConfig, compute: str, **change: Any) -> LaunchConfig:
     new = dataclasses.replace(cfg, **change)
     new.extras = dict(cfg.extras)
     new.use_cpu = compute == "cpu"
+    try:
+        new.validate()  # normalises the answer's type (e.g. "2" -> 2)
+    except ConfigError as exc:
+        if exc.key in change:
+            raise
     new.distributed_type = _derive_distributed_type(new, compute)
     try:
         return new.validate()
@@ -474,7 +479,8 @@ def order_failures(failures: dict[int, Any], log_dir: str) -> list[tuple[int, An
         rank, failure = item
         log = _rank_log(log_dir, failure.local_rank)
         exc = _last_exception(log) or ""
-        symptom = any(s in exc for s in _SYMPTOMS)
+        # the agent stops the survivors with SIGTERM; a peer's death shows as a broken connection
+        symptom = any(s in exc for s in _SYMPTOMS) or failure.exitcode == -signal.SIGTERM
         mtime = os.path.getmtime(log) if log else float("inf")
         return (int(symptom), float(failure.timestamp), mtime, rank)
 
@@ -488,6 +494,8 @@ def failure_summary(failures: dict[int, Any], script: str, log_dir: str) -> str:
     how = f"exited with code {first.exitcode}" if first.exitcode >= 0 else _signal_text(first.exitcode)
     log = _rank_log(log_dir, first.local_rank)
     exc = _last_exception(log)
+    if exc and first.exitcode < 0:
+        how = f"then the process {how.replace('was killed by', 'got')}"
     lines = [f"{PROG} launch: rank {rank} failed first: {exc or how}" + (f" ({how})" if exc else "")]
     lines.append(f"  script: {script}")
     if log:

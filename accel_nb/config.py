@@ -166,6 +166,9 @@ class LaunchConfig:
 
     def _validate_consistency(self, path: str | None) -> None:
         n, dt = self.num_processes, self.distributed_type
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise ConfigError("main_process_ip", self.main_process_ip, "the IP address or host name of machine 0",
+                              path, f"num_machines={self.num_machines} needs the address of the main machine")  # fmt: skip
         if dt == "NO" and n is not None and n > 1:
             raise ConfigError(
                 "distributed_type", dt, "MULTI_CPU or MULTI_GPU when num_processes > 1", path,
@@ -182,9 +185,6 @@ class LaunchConfig:
                 "num_processes", n, f"a multiple of num_machines={self.num_machines}", path,
                 "num_processes counts the processes of all machines together; each machine runs the same number",
             )  # fmt: skip
-        if self.num_machines > 1 and not self.main_process_ip:
-            raise ConfigError("main_process_ip", self.main_process_ip, "the IP address or host name of machine 0",
-                              path, f"num_machines={self.num_machines} needs the address of the main machine")  # fmt: skip
         if self.gpu_ids != "all" and dt == "MULTI_GPU" and n is not None:
             ids = self.gpu_ids.split(",")
             per_machine = n // self.num_machines
