@@ -304,12 +304,19 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
                              f"{type(model).__name__}; check the spelling (module paths look like 'transformer.h.0')")
     uncovered = [n for n, _ in named_tensors(model) if device_for(device_map, n) is None]
     if uncovered:
-        # report the shortest module paths that hold unassigned tensors
-        modules = sorted({n.rsplit(".", 1)[0] if "." in n else n for n in uncovered})
+        # report the outermost modules whose tensors are all unassigned (else the tensors themselves)
+        missing = set(uncovered)
+        all_names = [n for n, _ in named_tensors(model)]
         top: list[str] = []
-        for m in modules:
-            if not any(m == t or m.startswith(t + ".") for t in top):
-                top.append(m)
+        for mname, _ in model.named_modules():
+            inside = [n for n in all_names if mname == "" or n.startswith(mname + ".")]
+            if not inside or not all(n in missing for n in inside):
+                continue
+            if any(mname == t or mname.startswith(t + ".") for t in top):
+                continue
+            top.append(mname)
+        covered_by_top = {n for n in missing if any(n.startswith(t + ".") for t in top)}
+        top += [n for n in uncovered if n not in covered_by_top]
         raise DeviceMapError(
             f"the device map leaves {len(uncovered)} tensor(s) unassigned, in: {', '.join(top[:12])}"
             f"{' ...' if len(top) > 12 else ''}. Add these modules to the map (e.g. {top[0]!r}: 'cpu') "
