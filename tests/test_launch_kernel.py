@@ -243,3 +243,21 @@ def test_a_training_function_with_accelerator_trains_on_two_processes(kernel):
     assert loss0 == pytest.approx(loss1) and loss0 < 0.05
     assert w0 == pytest.approx(w1) and w0 == pytest.approx(3.0, abs=0.2)  # both ranks hold the same weights
     _assert_no_children(kernel)
+
+
+def test_the_default_display_in_a_kernel_is_the_live_widget(kernel):
+    out = kernel.run(
+        "def counts():\n"
+        "    from accel_nb import progress\n"
+        "    total = 0\n"
+        "    for i in progress(range(5), desc='count'):\n"
+        "        total += i\n"
+        "    print('counted', total)\n"
+        "    return total\n"
+        "print('RESULT', notebook_launcher(counts, num_processes=2, progress='widget'))",
+        timeout=120,
+    )
+    assert out.error is None, out.traceback
+    assert "RESULT [10, 10]" in out.stdout
+    assert any(c["msg_type"] == "comm_open" for c in out.comms)  # a widget was created for the launch
+    _assert_no_children(kernel)

@@ -24,14 +24,19 @@ from ..launch.run import run_launch
 cuda_guard.install_cuda_init_recorder()
 
 
-def choose_reporter(num_processes: int, show_ranks: Any = "all", **info: Any) -> Any:
-    """The live widget in a kernel with a widget frontend, else rank-prefixed text."""
+def choose_reporter(num_processes: int, show_ranks: Any = "all", progress: Any = None, **info: Any) -> Any:
+    """The live widget in a kernel with a widget frontend, else rank-prefixed text.
+
+    ``progress`` = "widget" | "text" | "auto" forces the choice (see ``accel_nb.notebook.display``).
+    """
+    if progress in ("text", False):
+        return TextReporter(show_ranks=show_ranks)
     try:
         from .display import make_reporter
     except Exception:  # noqa: BLE001 - the progress display is optional
         return TextReporter(show_ranks=show_ranks)
     try:
-        return make_reporter(num_processes, show_ranks=show_ranks, **info)
+        return make_reporter(num_processes, progress=progress, show_ranks=show_ranks, **info)
     except Exception:  # noqa: BLE001
         return TextReporter(show_ranks=show_ranks)
 
@@ -51,6 +56,7 @@ def launch_payload(
     gradient_accumulation_steps: int | None = None,
     env: dict[str, str] | None = None,
     keep_logs: bool | None = None,
+    progress: Any = None,
 ) -> list[Any]:
     """The one code path behind ``notebook_launcher``, ``debug_launcher`` and ``%%accelerate``."""
     __tracebackhide__ = True
@@ -69,7 +75,7 @@ def launch_payload(
     except LaunchSetupError as exc:
         raise exc.with_traceback(None) from None
     if reporter is None:
-        reporter = choose_reporter(plan.num_processes, show_ranks=show_ranks, title=payload.describe())
+        reporter = choose_reporter(plan.num_processes, show_ranks=show_ranks, progress=progress, title=payload.describe())
     try:
         return run_launch(payload, plan, reporter, timeout=timeout, info={"title": payload.describe()}, keep_logs=keep_logs)
     except (LaunchError, PayloadError, LaunchSetupError) as exc:
@@ -97,12 +103,13 @@ def notebook_launcher(
     forks while the notebook has not touched CUDA, else spawns. ``timeout`` (seconds without any
     progress) turns a hang into a ``LaunchError`` showing each rank's stack. ``show_ranks`` picks
     whose output is shown ("all", a rank, or a list); every rank's full log is kept in a file.
-    Extra ``options``: ``cpu=True``, ``gradient_accumulation_steps=K``, ``env={...}``, ``keep_logs=True``.
+    Extra ``options``: ``cpu=True``, ``gradient_accumulation_steps=K``, ``env={...}``, ``keep_logs=True``,
+    ``progress="widget"|"text"`` (how the launch shows itself; default: a widget in Jupyter).
 
         results = notebook_launcher(train, args=(config,), num_processes=2)
     """
     __tracebackhide__ = True
-    unknown = set(options) - {"cpu", "gradient_accumulation_steps", "env", "keep_logs"}
+    unknown = set(options) - {"cpu", "gradient_accumulation_steps", "env", "keep_logs", "progress"}
     if unknown:
         raise TypeError(f"notebook_launcher() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
     return launch_payload(
