@@ -356,3 +356,53 @@ def _scheduler_on_two_ranks():
 @pytest.mark.multiproc
 def test_scheduler_counts_both_processes_batches():
     assert [r[0] for r in run_ranks(_scheduler_on_two_ranks, 2)] == [2, 2]
+
+
+def _fp16_overflow_on_one_rank():
+    acc = Accelerator(mixed_precision="fp16")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = acc.prepare(model, opt)
+    skipped = []
+    for big in (True, False):
+        x = torch.ones(2, 4) * 0.01
+        if big and acc.process_index == 1:
+            x = x * 1e30  # only this rank's gradient overflows; the all-reduce spreads the inf
+        acc.backward(model(x).mean() * 0.01)
+        opt.step()
+        opt.zero_grad()
+        skipped.append(opt.step_was_skipped)
+    return skipped, [p.detach().numpy().tolist() for p in acc.unwrap_model(model).parameters()]
+
+
+@pytest.mark.multiproc
+def test_fp16_skip_is_the_same_on_every_rank():
+    (s0, w0), (s1, w1) = run_ranks(_fp16_overflow_on_one_rank, 2)
+    assert s0 == s1 == [True, False]
+    assert w0 == w1
+
+
+def _bf16_ddp_training():
+    acc = Accelerator(mixed_precision="bf16")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(32, 4)
+    model, opt, dl = acc.prepare(model, opt, DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+    losses = []
+    for _ in range(3):
+        for xb, yb in dl:
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            acc.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            losses.append(acc.reduce(loss.detach(), reduction="mean").item())
+    return losses, [p.detach().numpy().tolist() for p in acc.unwrap_model(model).parameters()]
+
+
+@pytest.mark.multiproc
+def test_bf16_trains_on_two_ranks():
+    (l0, w0), (l1, w1) = run_ranks(_bf16_ddp_training, 2)
+    assert w0 == w1 and l0 == l1
+    assert l0[-1] < l0[0]
