@@ -540,16 +540,10 @@ def _count_check(path: str, what: str, saved: int, have: int) -> None:
         )
 
 
-def load_accelerator_state(
-    accelerator: Any, input_dir: str | None = None, strict: bool = True, weights_only: bool = True
-) -> str:
-    """Restore what ``save_accelerator_state`` wrote, on every process; returns the folder used.
-
-        load_accelerator_state(accelerator, "ckpt")     # == accelerator.load_state("ckpt")
-
-    Everything is read and checked first (manifest, world size, file sizes, tensor names and shapes);
-    only then are the model, optimizers, ... updated, so a bad checkpoint changes nothing.
-    """
+def _read_checkpoint(
+    accelerator: Any, input_dir: str | None, strict: bool, weights_only: bool
+) -> dict[str, Any]:
+    """Phase 1 of a load: find, verify and read everything; nothing is changed yet."""
     path = _resolve_input_dir(accelerator, input_dir)
     rank = int(getattr(accelerator, "process_index", 0))
     world = int(getattr(accelerator, "num_processes", 1))
@@ -567,7 +561,6 @@ def load_accelerator_state(
         _count_check(path, "scheduler(s)", counts["schedulers"], len(schedulers))
         _count_check(path, "registered object(s)", counts["custom_objects"], len(customs))
 
-    # 1) read and check everything
     model_sources = []
     for i, model in enumerate(models):
         module = _unwrap(accelerator, model)
@@ -611,19 +604,65 @@ def load_accelerator_state(
     if loaders and len(loader_states) != len(loaders):
         _count_check(path, "data loader position(s)", len(loader_states), len(loaders))
 
-    # 2) apply
+    return {
+        "path": path,
+        "manifest": manifest,
+        "models": model_sources,
+        "optimizers": list(zip(optimizers, opt_states)),
+        "schedulers": list(zip(schedulers, sched_states)),
+        "customs": list(zip(customs, custom_states)),
+        "scaler": (scaler, scaler_state),
+        "loaders": list(zip(loaders, loader_states)),
+        "rng": rank_state["rng"],
+    }
+
+
+def load_accelerator_state(
+    accelerator: Any, input_dir: str | None = None, strict: bool = True, weights_only: bool = True
+) -> str:
+    """Restore what ``save_accelerator_state`` wrote, on every process; returns the folder used.
+
+        load_accelerator_state(accelerator, "ckpt")     # == accelerator.load_state("ckpt")
+
+    Everything is read and checked first, on every rank (manifest, world size, file sizes and
+    checksums, tensor names and shapes, state files); only when every rank succeeded are the model,
+    optimizers, ... updated, so a bad checkpoint changes nothing anywhere.
+    """
+    from .ops import gather_object
+
+    failure: BaseException | None = None
+    try:
+        plan = _read_checkpoint(accelerator, input_dir, strict, weights_only)
+    except Exception as exc:  # noqa: BLE001 - shared with the other ranks below
+        failure = exc
+    if int(getattr(accelerator, "num_processes", 1)) > 1:
+        errors = gather_object([None if failure is None else f"{type(failure).__name__}: {failure}"])
+        if failure is not None:
+            raise failure
+        bad = [(r, e) for r, e in enumerate(errors) if e]
+        if bad:
+            raise CheckpointError(
+                "load_state changed nothing: "
+                + "; ".join(f"rank {r} could not use the checkpoint: {e}" for r, e in bad)
+            )
+    elif failure is not None:
+        raise failure
+    path, manifest = plan["path"], plan["manifest"]
+    model_sources = plan["models"]
+    scaler, scaler_state = plan["scaler"]
+
     for module, source in model_sources:
         if isinstance(source, dict):
             module.load_state_dict(source, strict=strict)
         else:
             load_safetensors_into(module, source, strict=strict)
-    for i, (opt, state) in enumerate(zip(optimizers, opt_states)):
+    for i, (opt, state) in enumerate(plan["optimizers"]):
         _apply(opt.load_state_dict, state, os.path.join(path, f"optimizer{_suffix(i)}.bin"), f"optimizer {i}")
-    for i, (sched, state) in enumerate(zip(schedulers, sched_states)):
+    for i, (sched, state) in enumerate(plan["schedulers"]):
         _apply(
             sched.load_state_dict, state, os.path.join(path, f"scheduler{_suffix(i)}.bin"), f"scheduler {i}"
         )
-    for i, (obj, state) in enumerate(zip(customs, custom_states)):
+    for i, (obj, state) in enumerate(plan["customs"]):
         _apply(
             obj.load_state_dict,
             state,
@@ -636,7 +675,7 @@ def load_accelerator_state(
         warnings.warn(
             f"{path} has no grad-scaler state (saved without fp16); the scaler starts fresh", stacklevel=2
         )
-    for loader, state in zip(loaders, loader_states):
+    for loader, state in plan["loaders"]:
         if state is not None and hasattr(loader, "load_state_dict"):
             loader.load_state_dict(state)
             _resume_without_rng_draw(loader)
@@ -650,7 +689,7 @@ def load_accelerator_state(
         and os.path.dirname(path) == os.path.abspath(config.checkpoints_dir or "")
     ):
         config.iteration = max(config.iteration, int(m.group(1)) + 1)
-    set_rng_state(rank_state["rng"])  # last: nothing above may consume randomness afterwards
+    set_rng_state(plan["rng"])  # last: nothing above may consume randomness afterwards
     return path
 
 

@@ -387,3 +387,32 @@ def test_a_failing_save_raises_and_leaves_no_temp_folder(tmp_path):
     ):
         accelerator.save_state(tmp_path / "c")
     assert sorted(os.listdir(tmp_path)) == ["c"] and is_complete_checkpoint(previous)
+
+
+@pytest.mark.gpu
+def test_round_trip_on_cuda(tmp_path):
+    from accel_nb import Accelerator
+
+    accelerator = Accelerator()
+    assert accelerator.device.type == "cuda"
+    torch.manual_seed(0)
+    model = TiedLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loss = model(torch.randint(0, 50, (4, 5), device=accelerator.device)).logsumexp(-1).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    path = accelerator.save_state(tmp_path / "c")
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_next = torch.rand(3, device="cuda")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    accelerator.load_state(path)
+    for k, v in model.state_dict().items():
+        assert v.device.type == "cuda" and torch.equal(v, expected[k]), k
+    assert torch.equal(torch.rand(3, device="cuda"), expected_next)  # the CUDA RNG was restored
+    files = accelerator.save_model(model, tmp_path / "out", max_shard_size="2KB")
+    fresh = TiedLM()
+    load_safetensors_into(fresh, tmp_path / "out")
+    assert len(files) > 2 and torch.equal(fresh.blocks[0].weight, expected["blocks.0.weight"].cpu())

@@ -233,3 +233,45 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
         assert len(list_checkpoints(project)) == 2  # total_limit
     finally:
         _reset_all_states()
+
+
+def _load_expecting_failure(ckpt: str):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from accel_nb import Accelerator
+    from accel_nb.serialization import CheckpointError
+
+    torch.manual_seed(5)
+    accelerator = Accelerator(cpu=True)
+    model = DropNet()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    loader = DataLoader(TensorDataset(torch.randn(40, 6), torch.randn(40, 1)), batch_size=4, shuffle=True)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    accelerator.register_for_checkpointing(Counter())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    try:
+        accelerator.load_state(ckpt)
+    except CheckpointError as exc:
+        unchanged = all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+        return str(exc), unchanged
+    return None, None
+
+
+def test_a_rank_that_cannot_load_stops_every_rank_before_any_change(tmp_path):
+    import json
+
+    from accel_nb.checkpoint import _digest
+
+    ckpt = str(tmp_path / "ckpt")
+    run_ranks(_train, 2, args=(ckpt, 0, 2, True))
+    # rank 1's own file now holds an object the safe loader refuses (the manifest is updated to match)
+    rank_file = os.path.join(ckpt, "rank_1.pt")
+    torch.save({"rng": Counter(), "dataloaders": []}, rank_file)
+    manifest_path = os.path.join(ckpt, "checkpoint.json")
+    manifest = json.loads(open(manifest_path).read())
+    manifest["files"]["rank_1.pt"] = {"size": os.path.getsize(rank_file), "digest": _digest(rank_file)}
+    open(manifest_path, "w").write(json.dumps(manifest))
+    (msg0, unchanged0), (msg1, _) = run_ranks(_load_expecting_failure, 2, args=(ckpt,))
+    assert "rank_1.pt holds Python objects" in msg1 and "weights_only=False" in msg1
+    assert msg0.startswith("load_state changed nothing: rank 1 could not use the checkpoint") and unchanged0
