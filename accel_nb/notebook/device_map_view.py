@@ -236,8 +236,14 @@ class DeviceMapView:
         parts.append("</table></div>")
         return "".join(parts)
 
-    def _repr_html_(self) -> str:
+    def _repr_html_(self) -> str | None:
+        if self._already_shown():
+            return None
         return self.to_html()
+
+    def _already_shown(self) -> bool:
+        """True right after show_device_map displayed this view in the same cell."""
+        return self._shown_in is not None and self._shown_in == _execution_count()
 
     # -- widget ---------------------------------------------------------------------------------
     def _slider_unit(self) -> tuple[int, str]:
@@ -283,7 +289,7 @@ class DeviceMapView:
             self._html_widget.value = self.to_html()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        if self._shown_in is not None and self._shown_in == _execution_count():
+        if self._already_shown():
             # show_device_map already displayed it in this very cell: do not draw it twice
             return {"text/plain": repr(self)}
         bundle = {"text/plain": self.text_summary(), "text/html": self.to_html()}

@@ -1,0 +1,154 @@
+"""The device-map view: HTML and text rendering, budget recomputation, sliders, a real kernel."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from accel_nb.big_model import compute_module_sizes, cpu_offload, init_empty_weights
+from accel_nb.notebook.device_map_view import DeviceMapView, show_device_map
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x))
+
+
+class Net(nn.Module):
+    def __init__(self, n: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 64)
+        self.blocks = nn.ModuleList(Block() for _ in range(n))
+        self.head = nn.Linear(64, 100)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(h)
+
+
+def _meta_net() -> Net:
+    with init_empty_weights():
+        return Net()
+
+
+def _bars(html: str) -> dict[str, int]:
+    """device -> number of module segments in its bar."""
+    out = {}
+    for m in re.finditer(r'<div class="accel-nb-device-bar" data-device="([^"]+)"(.*?)</div><div class="accel-nb-device-info">',
+                         html, re.S):
+        out[m.group(1)] = m.group(2).count('class="accel-nb-module"')
+    return out
+
+
+def test_html_has_one_bar_per_device_with_modules_headroom_and_budget():
+    net = _meta_net()
+    sizes = compute_module_sizes(net)
+    block = sizes["blocks.0"]
+    budgets = {0: sizes["embed"] + 4 * block, 1: 4 * block, "cpu": 2 * block, "disk": "1GB"}
+    view = DeviceMapView(net, max_memory=budgets, no_split_module_classes=["Block"])
+    html = view.to_html()
+    bars = _bars(html)
+    assert set(bars) == {"0", "1", "cpu", "disk"}
+    assert sum(bars.values()) == len(view.device_map)
+    for name, dev in view.device_map.items():
+        assert f'data-module="{name}"' in html
+        assert re.search(rf'<tr data-module="{re.escape(name)}" data-device="{dev}"', html)
+    assert html.count('class="accel-nb-headroom"') == 2  # both GPUs reserve room, CPU and disk do not
+    assert html.count('class="accel-nb-budget-line"') == 4  # every device has a budget here (disk: 1 GB)
+    assert "Why blocks moved on" in html and "needs" in html
+    assert 'title="blocks.0 (Block)' in html  # hover shows path and class
+    assert view._repr_html_() == html
+
+
+def test_text_summary_is_terminal_friendly():
+    net = _meta_net()
+    sizes = compute_module_sizes(net)
+    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    text = str(view)
+    assert text == view.text_summary()
+    assert "cpu [" in text and "disk [" in text and "Moved on:" in text and "blocks.7" in text
+    assert "<" not in text  # no markup
+    assert all(len(line) < 120 for line in text.splitlines())
+
+
+def test_set_budget_recomputes_the_map_and_reports_errors():
+    net = _meta_net()
+    sizes = compute_module_sizes(net)
+    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    assert "disk" in view.device_map.values()
+    new = view.set_budget("cpu", sizes[""] * 2)
+    assert set(new.values()) == {"cpu"} and view.device_map == new
+    assert view.budgets["cpu"] == sizes[""] * 2
+    # remove disk, shrink cpu: too small -> the error is shown, the last good map kept
+    view2 = DeviceMapView(net, max_memory={"cpu": sizes[""] * 2}, no_split_module_classes=["Block"])
+    good = view2.device_map
+    view2.set_budget("cpu", "1KiB")
+    assert view2.error and "too small" in view2.error and "accel-nb-error" in view2.to_html()
+    assert view2.device_map == good
+    view2.set_budget("cpu", "1GiB")
+    assert view2.error is None
+
+
+def test_view_of_a_plain_map_and_of_a_dispatched_model():
+    view = show_device_map({"a": 0, "b": "cpu", "c": "disk"}, interactive=False)
+    assert set(_bars(view.to_html())) == {"0", "cpu", "disk"}
+    assert "?" in view.text_summary()
+    with pytest.raises(ValueError, match="pass the model"):
+        view.set_budget("cpu", 10)
+    net = Net()
+    cpu_offload(net, "cpu")
+    shown = show_device_map(net, interactive=False)
+    assert shown.device_map == {"": "cpu"} and "(model)" in shown.text_summary()
+
+
+def test_widget_sliders_recompute_live():
+    pytest.importorskip("ipywidgets")
+    net = _meta_net()
+    sizes = compute_module_sizes(net)
+    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    box = view.widget()
+    assert len(view.sliders) == 1 and "accel-nb-budget-slider" in view.sliders[0]._dom_classes
+    html_before = view._html_widget.value
+    assert "disk" in view.device_map.values()
+    slider = view.sliders[0]
+    slider.value = slider.max  # the user drags the CPU budget up
+    assert set(view.device_map.values()) == {"cpu"}
+    assert view._html_widget.value != html_before and 'data-device="disk"' in html_before
+    assert box.children[-1] is view._html_widget
+    view._interactive = True
+    bundle = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle and "text/html" in bundle
+
+
+@pytest.mark.kernel
+def test_show_device_map_in_a_real_kernel():
+    from tests.kernel_helpers import KernelSession
+
+    code = """
+import torch
+from accel_nb import init_empty_weights, show_device_map
+from tests.test_device_map_view import Net
+with init_empty_weights():
+    net = Net()
+view = show_device_map(net, max_memory={"cpu": "100KiB", "disk": "1GB"}, no_split_module_classes=["Block"])
+view
+"""
+    with KernelSession() as k:
+        out = k.run(code, timeout=120)
+        assert out.error is None, out.traceback
+        bundles = [r for r in out.results if "text/html" in r or "application/vnd.jupyter.widget-view+json" in r]
+        assert len(bundles) == 1, [list(r) for r in out.results]  # displayed once, not twice
+        assert "application/vnd.jupyter.widget-view+json" in bundles[0]
+        assert 'accel-nb-device-bar" data-device="disk"' in bundles[0]["text/html"]
+        moved = k.run("view.set_budget('cpu', '10MiB'); print(sorted(set(view.device_map.values())))", timeout=60)
+        assert moved.stdout.strip() == "['cpu']", moved.text + moved.traceback
