@@ -415,6 +415,12 @@ class DataLoaderShard(DataLoader):
             return self.dataset.last_round_real
         return None
 
+    @property
+    def remainder(self) -> int:
+        """The reference library's name: real samples in the padded last round, or -1 when none is padded."""
+        value = self.last_round_real
+        return -1 if value is None else value
+
     # -- epochs and resumption ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Use the shuffle order of ``epoch`` on the next pass (the same on every rank)."""
@@ -491,6 +497,7 @@ class DataLoaderShard(DataLoader):
         self.batches_yielded = self.skip_batches + resume
         self.end_of_dataloader = False
         self.gradient_state._add_dataloader(self)
+        self.gradient_state.remainder = self.remainder
         try:
             if resume:
                 # the interrupted run drew the iterator's base seed from torch's global RNG when this

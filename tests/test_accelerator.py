@@ -284,6 +284,14 @@ def test_single_process_helpers():
 
 
 # -- two real processes --------------------------------------------------------------------------------
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return iter([(torch.tensor(i),) for i in range(self.n)])
+
+
 def _collectives_on_two_ranks():
     acc = Accelerator()
     r = acc.process_index
@@ -297,6 +305,9 @@ def _collectives_on_two_ranks():
         ids += gx.tolist()
         labels += gy.tolist()
         objects += acc.gather_for_metrics([f"s{i}" for i in x.tolist()], use_gather_object=True)
+    stream = []
+    for (x,) in acc.prepare(DataLoader(_Stream(11), batch_size=2)):
+        stream += acc.gather_for_metrics(x).tolist()
     red = acc.reduce(torch.tensor([r + 1.0]), reduction="mean")
     padded = acc.pad_across_processes(torch.ones(r + 1), dim=0)
     with acc.split_between_processes(list(range(5))) as part:
@@ -310,6 +321,7 @@ def _collectives_on_two_ranks():
         "mean": red.item(),
         "padded": padded.tolist(),
         "mine": mine,
+        "stream": stream,
     }
 
 
@@ -322,6 +334,7 @@ def test_collectives_and_gather_for_metrics_on_two_ranks():
         assert res["labels"] == [i * 10 for i in range(13)]
         assert res["objects"] == [f"s{i}" for i in range(13)]
         assert res["mean"] == 1.5
+        assert res["stream"] == list(range(11))  # iterable dataset: the padded round is trimmed too
     assert r0["padded"] == [1.0, 0.0] and r1["padded"] == [1.0, 1.0]
     assert r0["mine"] == [0, 1, 2] and r1["mine"] == [3, 4]
 

@@ -131,7 +131,7 @@ def test_prepared_loader_len_shards_and_device():
     r1 = prepare_data_loader(_dl(), num_processes=2, process_index=1, device=torch.device("cpu"))
     assert isinstance(r0, DataLoader) and len(r0) == len(r1) == 2
     assert _ids(r0) == [[0, 1, 2, 3], [8, 9, 0, 1]] and _ids(r1) == [[4, 5, 6, 7], [2, 3, 4, 5]]
-    assert r0.last_round_real == 2 and r0.total_batch_size == 8
+    assert r0.last_round_real == 2 and r0.remainder == 2 and r0.total_batch_size == 8
 
 
 def test_shuffle_is_shared_by_ranks_and_changes_per_epoch():
