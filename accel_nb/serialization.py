@@ -21,6 +21,7 @@ import os
 import re
 import struct
 import tempfile
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 ALIASES_KEY = "accel_nb.aliases"
+SAVE_ID_KEY = "accel_nb.save_id"  # in every shard and the index: shards of one save belong together
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_INDEX_SUFFIX = ".index.json"
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -270,6 +272,9 @@ def save_sharded_safetensors(
         if len(shards) == 1
         else [shard_file_name(weights_name, i + 1, len(shards)) for i in range(len(shards))]
     )
+    save_id = uuid.uuid4().hex
+    if len(shards) > 1:
+        file_meta[SAVE_ID_KEY] = save_id
     written: list[str] = []
     for file_name, shard in zip(names, shards):
         path = os.path.join(save_directory, file_name)
@@ -288,7 +293,11 @@ def save_sharded_safetensors(
     else:
         weight_map = {n: file_name for file_name, shard in zip(names, shards) for n in shard}
         index = {
-            "metadata": {"total_size": sum(s for _, s in sizes), **({"aliases": aliases} if aliases else {})},
+            "metadata": {
+                "total_size": sum(s for _, s in sizes),
+                "save_id": save_id,
+                **({"aliases": aliases} if aliases else {}),
+            },
             "weight_map": dict(sorted(weight_map.items())),
         }
         atomic_write_bytes(index_path, (json.dumps(index, indent=2) + "\n").encode())
@@ -512,6 +521,11 @@ def _index_from_json(index_file: str) -> CheckpointIndex:
         tensors, meta = read_safetensors_header(f)
         headers[f] = tensors
         aliases.update(_aliases_from(meta, f))
+        if metadata.get("save_id") and meta.get(SAVE_ID_KEY) != metadata["save_id"]:
+            raise CheckpointError(
+                f"shard {os.path.basename(f)} does not belong to the save described by {index_file} (a save "
+                "into this folder was interrupted, or files from two saves were mixed); save the model again"
+            )
     for name, f in abs_map.items():
         if name not in headers[f]:
             raise CheckpointError(

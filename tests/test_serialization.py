@@ -96,6 +96,7 @@ def test_sharded_layout_matches_the_ecosystem(tmp_path):
     assert shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
     index_json = json.loads((tmp_path / "model.safetensors.index.json").read_text())
     assert set(index_json) == {"metadata", "weight_map"}
+    assert set(index_json["metadata"]) == {"total_size", "save_id", "aliases"}
     sd = model.state_dict()
     saved = {k: v for k, v in sd.items() if k != "head.weight"}
     assert set(index_json["weight_map"]) == set(saved)
@@ -285,3 +286,15 @@ def test_pickle_layout_when_not_safe(tmp_path):
     ]
     part = torch.load(tmp_path / names[0], weights_only=True)
     assert torch.equal(part["w0"], sd["w0"])
+
+
+def test_shards_from_two_saves_are_not_mixed(tmp_path):
+    """A re-save killed after rewriting some shards (same shard count) must not load as one model."""
+    sd = {f"w{i}": torch.full((100,), float(i)) for i in range(4)}
+    save_sharded_safetensors(sd, tmp_path / "a", max_shard_size=900)
+    newer = {k: v + 1 for k, v in sd.items()}
+    save_sharded_safetensors(newer, tmp_path / "b", max_shard_size=900)
+    shard = "model-00001-of-00002.safetensors"
+    os.replace(tmp_path / "b" / shard, tmp_path / "a" / shard)  # as if the new save died after shard 1
+    with pytest.raises(CheckpointError, match=rf"shard {shard} does not belong to the save described by"):
+        index_checkpoint(tmp_path / "a")
