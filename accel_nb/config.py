@@ -238,6 +238,26 @@ class LaunchConfig:
             notes.append("distributed_type='XLA' but torch_xla is not installed in this environment")
         return notes
 
+    # ---------------------------------------------------------------- files
+
+    @classmethod
+    def load(cls, path: str | None = None) -> LaunchConfig:
+        """Read a config file (default: the saved one); ``ConfigFileError`` when there is none.
+
+        cfg = LaunchConfig.load("default_config.yaml")
+        """
+        cfg = load_config(path)
+        if cfg is None:
+            where = path or default_config_path()
+            raise ConfigFileError(
+                where, "does not exist; write one with `accel-nb config` or config_wizard()"
+            )
+        return cfg
+
+    def save(self, path: str | None = None) -> str:
+        """Validate and write this config (default: the per-user file) atomically; return the path."""
+        return save_config(self, path)
+
     # ---------------------------------------------------------------- conversions
 
     @classmethod

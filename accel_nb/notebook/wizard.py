@@ -1,0 +1,380 @@
+"""``config_wizard()``: a widget that shows this machine, proposes launch settings and saves them.
+
+Every change is validated at once (an error line names the key; Save is disabled while a value is
+invalid); the equivalent ``%%accelerate`` line, ``notebook_launcher(...)`` call and
+``accel-nb launch`` command follow the settings live. Save writes the YAML atomically.
+
+    from accel_nb import config_wizard
+    wizard = config_wizard()        # display it: the last expression of a cell
+    wizard.set_values(num_processes=2, mixed_precision="no")
+    wizard.save()                   # what the Save button does; returns the path, None if invalid
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from typing import Any
+
+from ..cli import _derive_distributed_type, launch_command_line
+from ..config import (
+    DYNAMO_BACKENDS,
+    MIXED_PRECISIONS,
+    RDZV_BACKENDS,
+    START_METHODS,
+    ConfigError,
+    LaunchConfig,
+    default_config,
+    default_config_path,
+    load_config,
+    save_config,
+)
+from ..hardware import HardwareInfo, detect, human_bytes
+
+_CONTROL_ORDER = (
+    "compute", "num_processes", "mixed_precision", "gradient_accumulation_steps", "gpu_ids", "start_method",
+    "dynamo_backend", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
+)  # fmt: skip
+
+
+def magic_line(cfg: LaunchConfig) -> str:
+    """The ``%%accelerate`` line that launches a cell as ``cfg`` says."""
+    parts = ["%%accelerate"]
+    if cfg.num_processes is not None:
+        parts += ["--num_processes", str(cfg.num_processes // cfg.num_machines)]
+    parts += ["--mixed_precision", cfg.mixed_precision]
+    if cfg.gradient_accumulation_steps != 1:
+        parts += ["--gradient_accumulation_steps", str(cfg.gradient_accumulation_steps)]
+    if cfg.start_method != "auto":
+        parts += ["--start_method", cfg.start_method]
+    if cfg.main_process_port:
+        parts += ["--use_port", str(cfg.main_process_port)]
+    if cfg.use_cpu:
+        parts.append("--cpu")
+    return " ".join(parts)
+
+
+def notebook_launcher_call(cfg: LaunchConfig, function: str = "training_function") -> str:
+    """The ``notebook_launcher(...)`` call that launches ``function`` as ``cfg`` says (one machine)."""
+    args = [function]
+    if cfg.num_processes is not None:
+        args.append(f"num_processes={cfg.num_processes // cfg.num_machines}")
+    args.append(f"mixed_precision={cfg.mixed_precision!r}")
+    if cfg.main_process_port:
+        args.append(f"use_port={cfg.main_process_port}")
+    if cfg.start_method != "auto":
+        args.append(f"start_method={cfg.start_method!r}")
+    call = f"notebook_launcher({', '.join(args)})"
+    return call + (
+        "  # this machine's share; notebook launches use one machine" if cfg.num_machines > 1 else ""
+    )
+
+
+def hardware_summary(hw: HardwareInfo) -> str:
+    """A few lines of what the machine has (plain text)."""
+    cores = f"{hw.cpu_logical_cores} logical cores" + (
+        f" ({hw.cpu_physical_cores} physical)" if hw.cpu_physical_cores else ""
+    )
+    ram = f"{human_bytes(hw.ram_total)} RAM" if hw.ram_total else "RAM unknown"
+    lines = [f"CPU: {cores}, {ram}"]
+    if hw.gpus:
+        lines += [g.describe() for g in hw.gpus]
+    else:
+        lines.append("GPUs: none" + (" visible" if hw.nvml_available else " (no NVIDIA driver)"))
+    if hw.tpu_detected or hw.xla_available:
+        lines.append(f"TPU/XLA: {'TPU detected' if hw.tpu_detected else 'no TPU'}, "
+                     f"torch_xla {'installed' if hw.xla_available else 'not installed'}")  # fmt: skip
+    if hw.mps_available:
+        lines.append("Apple MPS: available")
+    lines.append(f"torch {hw.torch_version}, accel_nb {hw.accel_nb_version}, Python {hw.python_version}")
+    return "\n".join(lines)
+
+
+class ConfigWizard:
+    """The widget and its API: ``controls`` (by config key), ``config``, ``error``, ``status``, ``save()``."""
+
+    def __init__(self, path: str | None = None, hw: HardwareInfo | None = None) -> None:
+        import ipywidgets as w
+
+        self.path = path or default_config_path()
+        self.hw = hw or detect()
+        self.error: ConfigError | None = None
+        self.notes: list[str] = []
+        self._status = ""
+        self._config: LaunchConfig | None = None
+        loaded_note = ""
+        try:
+            base = load_config(path) if path is None or _exists(path) else None
+            if base is not None:
+                loaded_note = f"Loaded {base.source}."
+        except ConfigError as exc:
+            base, loaded_note = (
+                None,
+                f"The saved config cannot be used ({exc}); showing this machine's proposal.",
+            )
+        self._base = base or default_config(self.hw)
+        self.proposed = default_config(self.hw)
+        b = self._base
+
+        compute_options = [("CPU processes", "cpu")]
+        if self.hw.num_gpus:
+            compute_options.append((f"GPUs ({self.hw.num_gpus})", "gpu"))
+        if self.hw.xla_available or b.distributed_type == "XLA":
+            compute_options.append(("TPU / XLA", "xla"))
+        compute = {"XLA": "xla", "MULTI_GPU": "gpu", "MULTI_CPU": "cpu"}.get(b.distributed_type)
+        if compute is None:
+            compute = "cpu" if b.use_cpu or not self.hw.num_gpus else "gpu"
+        if compute not in [v for _, v in compute_options]:
+            compute = compute_options[-1][1] if self.hw.num_gpus else "cpu"
+
+        style = {"description_width": "190px"}
+        wide = w.Layout(width="480px")
+        c: dict[str, Any] = {
+            "compute": w.Dropdown(options=compute_options, value=compute, description="Compute on"),
+            "num_processes": w.IntText(
+                value=b.num_processes or max(self.hw.num_gpus, 1),
+                description="Processes (all machines)",
+                continuous_update=True,
+            ),  # fmt: skip
+            "mixed_precision": w.Dropdown(
+                options=list(MIXED_PRECISIONS), value=b.mixed_precision, description="Mixed precision"
+            ),  # fmt: skip
+            "gradient_accumulation_steps": w.IntSlider(
+                value=min(b.gradient_accumulation_steps, 64),
+                min=1,
+                max=64,
+                description="Gradient accumulation",
+            ),  # fmt: skip
+            "gpu_ids": w.Text(
+                value=b.gpu_ids, description="GPU ids", placeholder="all, or 0,1", continuous_update=True
+            ),  # fmt: skip
+            "start_method": w.Dropdown(
+                options=list(START_METHODS), value=b.start_method, description="Notebook start method"
+            ),  # fmt: skip
+            "dynamo_backend": w.Dropdown(
+                options=list(DYNAMO_BACKENDS), value=b.dynamo_backend, description="torch.compile backend"
+            ),  # fmt: skip
+            "num_machines": w.IntText(value=b.num_machines, description="Machines", continuous_update=True),
+            "machine_rank": w.IntText(
+                value=b.machine_rank, description="This machine's rank", continuous_update=True
+            ),  # fmt: skip
+            "main_process_ip": w.Text(
+                value=b.main_process_ip or "",
+                description="Main machine address",
+                placeholder="IP or host name of machine 0",
+                continuous_update=True,
+            ),  # fmt: skip
+            "main_process_port": w.Text(
+                value=str(b.main_process_port or ""),
+                description="Main machine port",
+                placeholder="empty: a free port",
+                continuous_update=True,
+            ),  # fmt: skip
+            "rdzv_backend": w.Dropdown(
+                options=list(RDZV_BACKENDS), value=b.rdzv_backend, description="Rendezvous backend"
+            ),  # fmt: skip
+        }
+        for control in c.values():
+            control.style = style
+            control.layout = wide
+        self.controls = c
+        self.hardware_box = w.HTML(f"<pre style='margin:0'>{html.escape(hardware_summary(self.hw))}</pre>")
+        self.error_label = w.HTML("")
+        self.notes_label = w.HTML("")
+        self.commands = w.HTML("")
+        self.save_button = w.Button(description="Save", button_style="primary", icon="save")
+        self.reset_button = w.Button(description="Proposed for this machine")
+        self.status_label = w.HTML("")
+        self.save_button.on_click(lambda _b: self.save())
+        self.reset_button.on_click(lambda _b: self.reset())
+        self._multi = w.VBox(
+            [c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]]
+        )
+        self.widget = w.VBox(
+            [
+                w.HTML("<b>accel_nb launch config</b> &mdash; this machine:"),
+                self.hardware_box,
+                c["compute"], c["num_processes"], c["gpu_ids"], c["mixed_precision"],
+                c["gradient_accumulation_steps"], c["start_method"], c["dynamo_backend"], c["num_machines"],
+                self._multi,
+                self.error_label,
+                self.notes_label,
+                w.HBox([self.save_button, self.reset_button]),
+                self.status_label,
+                w.HTML("<b>Equivalent launches</b>"),
+                self.commands,
+            ]
+        )  # fmt: skip
+        self._updating = False
+        for control in c.values():
+            control.observe(self._on_change, names="value")
+        c["compute"].observe(self._on_compute, names="value")
+        self._set_status(loaded_note or f"Proposed for this machine; Save writes {self.path}.")
+        self._refresh()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def config(self) -> LaunchConfig | None:
+        """The config the controls describe, validated; ``None`` while a value is invalid."""
+        return self._config
+
+    @property
+    def valid(self) -> bool:
+        return self._config is not None
+
+    @property
+    def status(self) -> str:
+        """The status line as plain text (e.g. "Saved to ...", or the error)."""
+        return self._status
+
+    def set_values(self, **values: Any) -> LaunchConfig | None:
+        """Set controls by config key (as a user would), e.g. ``set_values(num_processes=2)``; returns ``config``."""
+        unknown = [k for k in values if k not in self.controls]
+        if unknown:
+            raise KeyError(
+                f"config_wizard has no control {unknown[0]!r}; controls: {', '.join(self.controls)}"
+            )
+        self._updating = True
+        try:
+            if "compute" in values:
+                self.controls["compute"].value = values.pop("compute")
+            for key, value in values.items():
+                control = self.controls[key]
+                if key in ("main_process_port", "main_process_ip", "gpu_ids"):
+                    value = "" if value is None else str(value)
+                control.value = value
+        finally:
+            self._updating = False
+        self._refresh()
+        return self._config
+
+    def save(self) -> str | None:
+        """Validate and write the YAML (atomically): what the Save button does. Returns the path, or None."""
+        self._refresh()
+        if self._config is None:
+            self._set_status(f"Not saved: {self.error}")
+            return None
+        try:
+            written = save_config(self._config, self.path)
+        except (ConfigError, OSError) as exc:
+            self._set_status(f"Not saved: {exc}")
+            return None
+        self._set_status(f"Saved to {written}")
+        return written
+
+    def reset(self) -> None:
+        """Put the proposal for this machine back into the controls."""
+        p = self.proposed
+        compute = {"XLA": "xla", "MULTI_GPU": "gpu"}.get(
+            p.distributed_type, "gpu" if self.hw.num_gpus else "cpu"
+        )
+        self.set_values(compute=compute, num_processes=p.num_processes or 1, mixed_precision=p.mixed_precision,
+                        gradient_accumulation_steps=1, gpu_ids="all", start_method="auto", dynamo_backend="no",
+                        num_machines=1, machine_rank=0, main_process_ip="", main_process_port="")  # fmt: skip
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"<ConfigWizard path={self.path!r} valid={self.valid} status={self._status!r}>"
+
+    # ------------------------------------------------------------------ internals
+
+    def _on_compute(self, change: dict[str, Any]) -> None:
+        if self._updating:
+            return
+        self._updating = True
+        try:
+            if change["new"] == "gpu":
+                self.controls["num_processes"].value = (
+                    max(self.hw.num_gpus, 1) * self.controls["num_machines"].value
+                )
+                if self.proposed.mixed_precision != "no":
+                    self.controls["mixed_precision"].value = self.proposed.mixed_precision
+            elif change["new"] == "cpu" and self.controls["mixed_precision"].value == "fp16":
+                self.controls["mixed_precision"].value = "no"
+        finally:
+            self._updating = False
+        self._refresh()
+
+    def _on_change(self, _change: dict[str, Any]) -> None:
+        if not self._updating:
+            self._refresh()
+
+    def _read(self) -> LaunchConfig:
+        c = self.controls
+        compute = c["compute"].value
+        values = {key: c[key].value for key in _CONTROL_ORDER if key != "compute"}
+        values["main_process_ip"] = values["main_process_ip"].strip() or None
+        values["main_process_port"] = values["main_process_port"].strip() or None
+        cfg = dataclasses.replace(self._base, use_cpu=compute == "cpu", **values)
+        cfg.extras = dict(self._base.extras)
+        cfg.source = None  # errors name the key, not a file the value is not in yet
+        try:
+            cfg.distributed_type = _derive_distributed_type(cfg, compute)
+        except (TypeError, ValueError):
+            pass  # an invalid number: validate() names it
+        return cfg
+
+    def _refresh(self) -> None:
+        c = self.controls
+        gpu = c["compute"].value == "gpu"
+        c["gpu_ids"].layout.display = None if gpu else "none"
+        self._multi.layout.display = None if (c["num_machines"].value or 1) > 1 else "none"
+        try:
+            cfg = self._read().validate()
+            self.notes = cfg.check_hardware(self.hw)
+            self._config, self.error = cfg, None
+        except ConfigError as exc:
+            self._config, self.error, self.notes = None, exc, []
+        self.save_button.disabled = self._config is None
+        if self.error is not None:
+            self.error_label.value = (
+                f"<span style='color:#b00020'>&#9888; <b>{html.escape(str(self.error.key))}</b>: "
+                f"{html.escape(str(self.error))}</span>"
+            )
+        else:
+            self.error_label.value = ""
+        self.notes_label.value = "".join(
+            f"<div style='color:#8a6d00'>note: {html.escape(n)}</div>" for n in self.notes
+        )
+        if self._config is not None:
+            cfg = self._config
+            share = (
+                " (this machine's share: notebook launches use one machine)" if cfg.num_machines > 1 else ""
+            )
+            text = "\n".join(
+                [
+                    f"# a notebook cell{share}", magic_line(cfg), "", f"# a function from a notebook{share}",
+                    notebook_launcher_call(cfg), "", "# a script, from a terminal", launch_command_line(cfg),
+                ]
+            )  # fmt: skip
+            self.commands.value = f"<pre style='margin:0'>{html.escape(text)}</pre>"
+        else:
+            self.commands.value = (
+                "<pre style='margin:0;color:#777'>(fix the value above to see the commands)</pre>"
+            )
+        if self._status.startswith("Saved to") and self._config is not None:
+            self._set_status("Changed since the last save.")
+
+    def _set_status(self, text: str) -> None:
+        self._status = text
+        color = (
+            "#b00020" if text.startswith("Not saved") else "#1b5e20" if text.startswith("Saved") else "#444"
+        )
+        self.status_label.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+
+def _exists(path: str) -> bool:
+    import os
+
+    return os.path.exists(os.path.expanduser(path))
+
+
+def config_wizard(path: str | None = None) -> ConfigWizard:
+    """Show this machine, propose launch settings, validate edits live and save them to the config file.
+
+    wizard = config_wizard()      # last line of a cell: the widget appears
+    """
+    return ConfigWizard(path)
