@@ -1,0 +1,136 @@
+"""Launch cost from a REAL Jupyter kernel: a trivial 2-process launch (gloo group, a barrier, results
+back), accel_nb fork and spawn side by side with the reference library's ``notebook_launcher``.
+
+Also records what the reference does on this machine (on a CPU-only machine it is said to print
+"Launching training on 2 GPUs" and to run copies that are not a real process group): each of its
+processes writes what ``accelerate.PartialState`` says about itself to a file.
+
+python -m benchmarks.bench_launch [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+SETUP = """
+import os, time, json, statistics
+from accel_nb import notebook_launcher, PartialState
+from accel_nb.launch.reporting import ListReporter
+
+def trivial():
+    import torch.distributed as dist
+    state = PartialState()
+    dist.barrier()
+    return state.process_index
+
+def time_ours(method, repeat):
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        res = notebook_launcher(trivial, num_processes=2, start_method=method, reporter=ListReporter(), cpu=True)
+        times.append(time.perf_counter() - t)
+        assert res == [0, 1], res
+    return times
+"""
+
+REFERENCE = """
+def ref_trivial(out_dir):
+    import os, json
+    import torch.distributed as dist
+    from accelerate import PartialState as RefState
+    state = RefState()
+    info = {"pid": os.getpid(), "process_index": state.process_index, "num_processes": state.num_processes,
+            "distributed_type": str(state.distributed_type), "RANK": os.environ.get("RANK"),
+            "WORLD_SIZE": os.environ.get("WORLD_SIZE"), "dist_initialized": dist.is_initialized()}
+    state.wait_for_everyone()
+    with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as f:
+        json.dump(info, f)
+
+def time_reference(repeat, out_dir):
+    from accelerate import notebook_launcher as ref_launcher
+    import io, contextlib
+    times, printed = [], ""
+    for i in range(repeat):
+        buf = io.StringIO()
+        t = time.perf_counter()
+        with contextlib.redirect_stdout(buf):
+            ref_launcher(ref_trivial, args=(out_dir,), num_processes=2, use_port=str(29600 + i))
+        times.append(time.perf_counter() - t)
+        printed = buf.getvalue()
+    return times, printed
+"""
+
+
+def _cell(k, code: str, timeout: float = 600) -> str:
+    out = k.run(code, timeout=timeout)
+    if out.error is not None:
+        raise RuntimeError(out.traceback)
+    return out.stdout
+
+
+def run(quick: bool = False) -> list[dict]:
+    from tests.kernel_helpers import KernelSession
+
+    fork_n, spawn_n, ref_n = (3, 2, 2) if quick else (7, 3, 3)
+    rows: list[dict] = []
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+        _cell(k, SETUP)
+        _cell(k, "time_ours('fork', 1)")  # warm-up: imports, first fork
+        fork = json.loads(_cell(k, f"print(json.dumps(time_ours('fork', {fork_n})))").strip().splitlines()[-1])
+        spawn = json.loads(_cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n})))").strip().splitlines()[-1])
+        ref: list[float] | None = None
+        ref_note = ""
+        try:
+            import accelerate  # noqa: F401
+
+            have_ref = True
+        except ImportError:
+            have_ref = False
+        if have_ref:
+            out_dir = tempfile.mkdtemp(prefix="bench_launch_ref-")
+            _cell(k, REFERENCE)
+            res = _cell(k, f"t, p = time_reference({ref_n}, {out_dir!r}); print(json.dumps([t, p]))", timeout=900)
+            ref, printed = json.loads(res.strip().splitlines()[-1])
+            seen = []
+            for name in sorted(os.listdir(out_dir)):
+                with open(os.path.join(out_dir, name)) as f:
+                    seen.append(json.load(f))
+            per_launch = seen[-2:] if len(seen) >= 2 else seen
+            ref_note = (
+                f"reference printed {printed.strip()!r}; its processes saw "
+                + "; ".join(
+                    f"process_index={s['process_index']} num_processes={s['num_processes']} "
+                    f"{s['distributed_type']} RANK={s['RANK']} process_group={s['dist_initialized']}"
+                    for s in per_launch
+                )
+            )
+    for label, pick in (("median", statistics.median), ("min", min)):
+        ref_s = pick(ref) if ref else None
+        for method, times, goal in (("fork", fork, 0.5), ("spawn", spawn, 4.0)):
+            ours_s = pick(times)
+            rows.append(
+                {
+                    "benchmark": "launch",
+                    "metric": f"trivial 2-process launch from a kernel, {method} ({label})",
+                    "accel_nb": ours_s,
+                    "reference": ref_s,
+                    "ratio": ours_s / ref_s if ref_s else None,
+                    "unit": "s",
+                    "note": f"goal <= {goal} s; {len(times)} runs; gloo group + barrier + results back"
+                    + (f"; {ref_note}" if ref_note and method == "fork" and label == "median" else ""),
+                }
+            )
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run(quick="--quick" in sys.argv):
+        print(row)
