@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from typing import Any
 
 import torch
@@ -65,8 +66,24 @@ class PrecisionPolicy:
         return torch.amp.GradScaler(self.device.type, **kwargs)
 
     def wrap_forward(self, forward: Any) -> Any:
-        """``forward`` run under autocast, with half-precision outputs returned as fp32."""
+        """``forward`` run under autocast, with half-precision outputs returned as fp32.
+
+        A bound method stays a method of its module, so ``copy.deepcopy(model)`` gives a copy whose
+        forward runs the copy (not the original).
+        """
         policy = self
+        func = getattr(forward, "__func__", None)
+        owner = getattr(forward, "__self__", None)
+        if func is not None and owner is not None:
+
+            @functools.wraps(func)
+            def method_in_autocast(module: Any, *args: Any, **kwargs: Any) -> Any:
+                with policy.autocast():
+                    out = func(module, *args, **kwargs)
+                return convert_outputs_to_fp32(out)
+
+            method_in_autocast._accel_nb_autocast = True  # type: ignore[attr-defined]
+            return types.MethodType(method_in_autocast, owner)
 
         @functools.wraps(forward)
         def forward_in_autocast(*args: Any, **kwargs: Any) -> Any:
@@ -75,7 +92,6 @@ class PrecisionPolicy:
             return convert_outputs_to_fp32(out)
 
         forward_in_autocast._accel_nb_autocast = True  # type: ignore[attr-defined]
-        forward_in_autocast.__wrapped__ = forward  # type: ignore[attr-defined]
         return forward_in_autocast
 
 

@@ -419,3 +419,17 @@ def test_bf16_trains_on_two_ranks():
     (l0, w0), (l1, w1) = run_ranks(_bf16_ddp_training, 2)
     assert w0 == w1 and l0 == l1
     assert l0[-1] < l0[0]
+
+
+def test_deepcopy_of_a_prepared_mixed_precision_model_runs_the_copy():
+    import copy
+
+    acc, model, opt, dl = _setup(mixed_precision="bf16")
+    model = acc.prepare(model)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+    x = torch.randn(2, 4)
+    assert torch.equal(twin(x), torch.zeros(2, 1)) and not torch.equal(model(x), torch.zeros(2, 1))
+    assert twin(x).dtype == torch.float32
