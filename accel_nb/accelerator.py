@@ -439,6 +439,14 @@ class Accelerator:
             )
         if device_placement is None:
             device_placement = self.device_placement
+        device_map = getattr(model, "hf_device_map", None)
+        if device_map and len(set(device_map.values())) > 1:
+            if self.use_distributed:
+                raise ValueError(
+                    "this model is dispatched over several devices (hf_device_map) and cannot be trained with "
+                    f"{self.num_processes} processes; load it on one device per process, or use one process"
+                )
+            device_placement = False  # its layers already sit where the device map put them
         if device_placement:
             model = model.to(self.device)
         if self.precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):

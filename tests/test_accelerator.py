@@ -433,3 +433,21 @@ def test_deepcopy_of_a_prepared_mixed_precision_model_runs_the_copy():
     x = torch.randn(2, 4)
     assert torch.equal(twin(x), torch.zeros(2, 1)) and not torch.equal(model(x), torch.zeros(2, 1))
     assert twin(x).dtype == torch.float32
+
+
+
+def _prepare_dispatched_model():
+    acc = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    model.hf_device_map = {"0": "cpu", "1": "disk"}
+    try:
+        acc.prepare(model)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.multiproc
+def test_a_model_dispatched_over_devices_cannot_be_trained_on_several_processes():
+    for message in run_ranks(_prepare_dispatched_model, 2):
+        assert message and "dispatched over several devices" in message and "one device per process" in message
