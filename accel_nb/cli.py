@@ -405,6 +405,7 @@ def run_elastic(args: list[str], script: str, log_dir: str) -> int:
     """Run torch.distributed's elastic agent in this process; a readable summary when a rank fails."""
     import logging
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -418,9 +419,11 @@ def run_elastic(args: list[str], script: str, log_dir: str) -> int:
         print(failure_summary(exc.failures, script, log_dir), file=sys.stderr, flush=True)
         first = order_failures(exc.failures, log_dir)[0][1]
         return first.exitcode if first.exitcode > 0 else 128 + (-first.exitcode or 1)
-    except KeyboardInterrupt:
-        print(f"{PROG} launch: interrupted; every rank was stopped", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, SignalException) as exc:
+        sig = getattr(exc, "sigval", signal.SIGINT)
+        print(f"{PROG} launch: stopped by {signal.Signals(sig).name}; every rank was stopped "
+              f"(logs under {log_dir})", file=sys.stderr)  # fmt: skip
+        return 128 + int(sig)
     except Exception as exc:  # rendezvous errors and the like: one line, not a traceback
         print(f"{PROG} launch: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -262,3 +262,35 @@ def test_torchrun_arguments_and_equivalent_command():
         "accel-nb launch --num_processes 8 --num_machines 2 --machine_rank 1 --main_process_ip 10.0.0.1 "
         "--main_process_port 29400 --mixed_precision bf16 train.py"
     )
+
+
+@pytest.mark.multiproc
+def test_interrupt_stops_every_rank(cfg, tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    script = tmp_path / "sleepy.py"
+    script.write_text("import os, time\nprint('started', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
+    env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, "-m", "accel_nb.cli", "launch", "--num_processes", "2", str(script)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    try:
+        agent = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        ranks: list = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            ranks = [c for c in agent.children(recursive=True) if "sleepy.py" in " ".join(c.cmdline())]
+            time.sleep(0.2)
+        assert len(ranks) == 2, "both ranks should be running"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "stopped by SIGINT; every rank was stopped" in err
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert alive == []
