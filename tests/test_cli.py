@@ -11,6 +11,7 @@ import yaml
 
 from accel_nb.cli import launch_command_line, torchrun_arguments
 from accel_nb.config import LaunchConfig, load_config
+from tests.test_hardware import fake_nvml_dir  # noqa: F401 - the stand-in NVIDIA driver fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "allreduce_script.py")
@@ -18,10 +19,12 @@ CONSOLE = os.path.join(os.path.dirname(sys.executable), "accel-nb")
 
 
 def accel_nb(*args: str, cfg: str, stdin: str | None = None, console: bool = False, timeout: float = 240,
-             cwd: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+             cwd: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     """Run the CLI in a fresh process with its config file in the test's tmp dir."""
+    extra = env or {}
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    env.update(extra)
     cmd = [CONSOLE] if console and os.path.exists(CONSOLE) else [sys.executable, "-m", "accel_nb.cli"]
     return subprocess.run(cmd + list(args), input=stdin, env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or ROOT)  # fmt: skip
@@ -294,3 +297,35 @@ def test_interrupt_stops_every_rank(cfg, tmp_path):
     assert "stopped by SIGINT; every rank was stopped" in err
     gone, alive = psutil.wait_procs(ranks, timeout=10)
     assert alive == []
+
+
+def test_gpu_machine_defaults_through_the_driver(cfg, fake_nvml_dir):  # noqa: F811
+    """With a (stand-in) driver reporting 2 A100s: defaults, report and questions follow the GPUs."""
+    gpus = {"LD_LIBRARY_PATH": fake_nvml_dir, "FAKE_NVML_GPUS": "NVIDIA A100:80:8.0,NVIDIA A100:80:8.0"}
+    out = accel_nb("config", "default", cfg=cfg, env=gpus)
+    assert out.returncode == 0, out.stderr
+    saved = load_config(cfg)
+    assert (saved.distributed_type, saved.num_processes, saved.mixed_precision, saved.use_cpu) == (
+        "MULTI_GPU", 2, "bf16", False,
+    )  # fmt: skip
+    env = accel_nb("env", cfg=cfg, env=gpus).stdout
+    assert "- GPUs: 2" in env and "GPU 1: NVIDIA A100, 80.0 GiB, compute capability 8.0, bf16 yes" in env
+    out = accel_nb("config", cfg=cfg, env=gpus, stdin="\n" * 8)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (
+        "Compute on (cpu/gpu) [gpu]" in out.stdout and "Detected: " in out.stdout and "2 GPU(s)" in out.stdout
+    )
+    assert load_config(cfg) == saved
+    # CUDA_VISIBLE_DEVICES limits what the defaults see
+    out = accel_nb("config", "default", cfg=cfg, env={**gpus, "CUDA_VISIBLE_DEVICES": "1"})
+    assert (load_config(cfg).distributed_type, load_config(cfg).num_processes) == ("NO", 1)
+
+
+def test_launch_refuses_bf16_on_gpus_without_it(cfg, fake_nvml_dir, tmp_path):  # noqa: F811
+    t4s = {"LD_LIBRARY_PATH": fake_nvml_dir, "FAKE_NVML_GPUS": "Tesla T4:16:7.5,Tesla T4:16:7.5"}
+    (tmp_path / "x.py").write_text("print('never')\n")
+    out = accel_nb("launch", "--num_processes", "2", "--mixed_precision", "bf16", str(tmp_path / "x.py"),
+                   cfg=cfg, env=t4s)  # fmt: skip
+    assert out.returncode == 2
+    assert "GPU 0 (Tesla T4, compute capability 7.5) does not support bf16" in out.stderr
+    assert "never" not in out.stdout
