@@ -47,9 +47,14 @@ def test_two_processes_return_their_rank_from_a_notebook_lambda(kernel):
 
 def test_rank_output_appears_in_the_launching_cell_labelled_by_rank(kernel):
     out = kernel.run(
+        "import logging, sys\n"
+        "nb_log = logging.getLogger('nbtest')\n"
+        "nb_log.addHandler(logging.StreamHandler(sys.stderr))\n"
+        "nb_log.setLevel(logging.INFO)\n"
         "def hello():\n"
         "    s = PartialState()\n"
         "    print('hello from', s.process_index)\n"
+        "    nb_log.info('logged from %d', s.process_index)\n"
         "    os.write(2, b'C-level stderr\\n')\n"
         "    return s.num_processes\n"
         "print(notebook_launcher(hello, num_processes=2))"
@@ -57,6 +62,7 @@ def test_rank_output_appears_in_the_launching_cell_labelled_by_rank(kernel):
     assert out.error is None, out.traceback
     assert "[rank 0] hello from 0" in out.stdout and "[rank 1] hello from 1" in out.stdout
     assert "[rank 1] C-level stderr" in out.stderr
+    assert "[rank 1] logged from 1" in out.stderr  # a handler made in the notebook writes into the capture
     assert "[2, 2]" in out.stdout
 
 

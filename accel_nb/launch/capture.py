@@ -84,9 +84,11 @@ class OutputCapture:
             t.start()
             self._threads.append(t)
         # Python-level streams onto the captured fds (under fork they were the kernel's ZMQ streams)
+        old = (sys.stdout, sys.stderr)
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
         sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+        _redirect_logging(old, (sys.stdout, sys.stderr))
 
     def sync(self, timeout: float = 1.0) -> None:
         """Flush Python's streams and wait until the readers have sent what is in the pipes."""
@@ -192,6 +194,24 @@ class OutputCapture:
         if parts:
             pending_since = time.monotonic()
         return pending, pending_since
+
+
+def _redirect_logging(old: tuple, new: tuple) -> None:
+    """Logging handlers created in the notebook write to its (now dead) streams: point them at ours."""
+    logging = sys.modules.get("logging")
+    if logging is None:
+        return
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in list(getattr(logger, "handlers", [])):
+            stream = getattr(handler, "stream", None)
+            if isinstance(handler, logging.StreamHandler) and stream is not None:
+                for before, after in zip(old, new):
+                    if stream is before:
+                        try:
+                            handler.setStream(after)
+                        except Exception:
+                            pass
 
 
 def _unread(fd: int) -> int:

@@ -78,11 +78,16 @@ def run_launch(
     details.update(info or {})
     reporter.start(plan.num_processes, details)
     ok = False
+    procs: list = []
     try:
-        if plan.start_method == "fork":
-            procs = start_fork(plan, payload, log_dir)
-        else:
-            procs = start_spawn(plan, log_dir, payload_path)
+        try:
+            if plan.start_method == "fork":
+                start_fork(plan, payload, log_dir, procs)
+            else:
+                start_spawn(plan, log_dir, payload_path, procs)
+        except BaseException:  # interrupted or failed half-way: take down what was started
+            Supervisor(procs, reporter, log_dir).cleanup()
+            raise
         supervisor = Supervisor(procs, reporter, log_dir, timeout=timeout)
         try:
             outcome = supervisor.run()

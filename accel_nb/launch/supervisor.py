@@ -92,9 +92,8 @@ atexit.register(_kill_all_at_exit)
 
 
 # ---------------------------------------------------------------------------- start
-def start_fork(plan: LaunchPlan, payload: Any, log_dir: str) -> list[RankProcess]:
-    """Fork one child per rank; each runs ``fork_main`` with the payload already in its memory."""
-    procs: list[RankProcess] = []
+def start_fork(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> list[RankProcess]:
+    """Fork one child per rank into ``procs``; each runs ``fork_main`` with the payload already in its memory."""
     parent_pid = os.getpid()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
@@ -120,8 +119,8 @@ def start_fork(plan: LaunchPlan, payload: Any, log_dir: str) -> list[RankProcess
     return procs
 
 
-def start_spawn(plan: LaunchPlan, log_dir: str, payload_path: str) -> list[RankProcess]:
-    """Start one fresh interpreter per rank; each loads the cloudpickled payload from ``payload_path``."""
+def start_spawn(plan: LaunchPlan, log_dir: str, payload_path: str, procs: list[RankProcess]) -> list[RankProcess]:
+    """Start one fresh interpreter per rank into ``procs``; each loads the cloudpickled payload from ``payload_path``."""
     import accel_nb
 
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(accel_nb.__file__)))
@@ -129,7 +128,6 @@ def start_spawn(plan: LaunchPlan, log_dir: str, payload_path: str) -> list[RankP
     base = RankSpec(0, plan.num_processes, log_dir, -1, os.getpid(), False, {}, list(sys.path), os.getcwd(), payload_path)
     with open(spec_file, "w") as f:
         f.write(base.to_json())
-    procs: list[RankProcess] = []
     code = "from accel_nb.launch.worker import spawn_main; spawn_main()"
     for rank in range(plan.num_processes):
         r, w = os.pipe()
