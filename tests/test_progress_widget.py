@@ -128,6 +128,22 @@ def test_stalled_rank_turns_amber():
     r.finish(True)
 
 
+def test_ticker_thread_stops_when_quiet_and_restarts_with_events():
+    r = _reporter(stall_after=0.1)
+    r.handle(Progress(0, "train", 1, 10))
+    first = r._ticker
+    assert first is not None and first.is_alive()
+    first.join(10)
+    assert not first.is_alive() and r._ticker is None, "no thread left behind by a quiet launch"
+    assert "stalled" in r.statuses[0].value  # it showed the stall before stopping
+    r.handle(Progress(0, "train", 2, 10))
+    second = r._ticker
+    assert second is not None and second is not first and second.is_alive()
+    r.finish(True)
+    second.join(10)
+    assert not second.is_alive()
+
+
 def test_unexpected_rank_gets_a_row():
     r = _reporter(1)
     r.handle(Progress(1, "train", 5, 10))

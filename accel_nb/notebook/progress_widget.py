@@ -82,6 +82,8 @@ class WidgetReporter:
         self._finished = False
         self._display_handle: Any = None
         self._ticker: threading.Thread | None = None
+        self._last_event = time.monotonic()
+        self._shown_statuses: dict[int, str] = {}
         self._stop = threading.Event()
 
     # -- Reporter protocol -------------------------------------------------------------------
@@ -99,10 +101,19 @@ class WidgetReporter:
             self._flush_locked(force=True)
         if self.display:
             self._show()
-        self._ticker = threading.Thread(
-            target=_tick, args=(weakref.ref(self), self._stop), daemon=True, name="accel_nb-progress-widget"
-        )
-        self._ticker.start()
+        with self._lock:
+            self._ensure_ticker()
+
+    def _ensure_ticker(self) -> None:
+        """Run the background flusher while events flow (caller holds the lock)."""
+        if self._ticker is None and not self._finished:
+            self._ticker = threading.Thread(
+                target=_tick,
+                args=(weakref.ref(self), self._stop),
+                daemon=True,
+                name="accel_nb-progress-widget",
+            )
+            self._ticker.start()
 
     def handle(self, event: Any) -> None:
         """Fold one event in; sync the widgets if ``min_interval`` passed or a status changed."""
@@ -111,6 +122,8 @@ class WidgetReporter:
         if self.echo_logs and isinstance(event, ev.Log):
             self._echo(event)
         with self._lock:
+            self._last_event = time.monotonic()
+            self._ensure_ticker()
             changed = self.state.apply(event)
             if isinstance(event, ev.Failure):
                 self._show_failures()
@@ -159,10 +172,11 @@ class WidgetReporter:
         )
 
     def _make_row(self, W: Any, rank: int) -> Any:
-        self.bars[rank] = W.IntProgress(value=0, min=0, max=1, bar_style="", layout=W.Layout(width="35%"))
-        self.infos[rank] = W.HTML(value="", layout=W.Layout(width="auto"))
-        self.statuses[rank] = W.HTML(value="", layout=W.Layout(width="auto", min_width="90px"))
-        label = W.HTML(value=f"<b>rank {rank}</b>", layout=W.Layout(width="60px"))
+        # fixed columns (label, bar, status) so rows line up; the details take the rest and wrap
+        self.bars[rank] = W.IntProgress(value=0, min=0, max=1, bar_style="", layout=W.Layout(flex="0 0 30%"))
+        self.infos[rank] = W.HTML(value="", layout=W.Layout(flex="1 1 0%", min_width="0"))
+        self.statuses[rank] = W.HTML(value="", layout=W.Layout(flex="0 0 180px"))
+        label = W.HTML(value=f"<b>rank {rank}</b>", layout=W.Layout(flex="0 0 60px"))
         self.rows[rank] = W.HBox([label, self.bars[rank], self.statuses[rank], self.infos[rank]])
         return self.rows[rank]
 
@@ -241,7 +255,7 @@ class WidgetReporter:
             count = f"{v.n}/{v.total}" if v.total else f"{v.n} it"
             bits.append(f"{_esc(name)} <b>{count}</b>" if name else f"<b>{count}</b>")
             bits.append(format_rate(v.rate))
-            if v.total:
+            if v.total and not (v.failed or v.finished or v.loop_done or self.state.ended):
                 bits.append(f"ETA {format_duration(v.eta())}")
         metrics = format_metrics(v.metrics)
         if metrics:
@@ -256,7 +270,7 @@ class WidgetReporter:
         v = self.state.ranks[rank]
         if status == "failed" and v.exc_type:
             text = f"failed: {v.exc_type}"
-        return f"<span style='color:{colour};font-weight:600'>{_esc(text)}</span>"
+        return f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
 
     def _show_failures(self) -> None:
         failed = [v for v in self.state.ranks.values() if v.failed]
@@ -265,13 +279,22 @@ class WidgetReporter:
         first = self.state.first_failure
         failed.sort(key=lambda v: (v.rank != first, v.rank))
         parts = []
-        for v in failed:
-            parts.append(
-                f"<div style='color:#c62828;font-weight:600'>rank {v.rank} failed: "
-                f"{_esc(v.exc_type)}: {_esc(v.message)}</div>"
-                f"<pre style='max-height:24em;overflow:auto;margin:2px 0 6px 0;font-size:12px;"
-                f"background:#fff5f5;padding:4px'>{_esc((v.traceback or '').rstrip())}</pre>"
-            )
+        pre = (
+            "<pre style='max-height:24em;overflow:auto;margin:2px 0 6px 0;font-size:12px;"
+            "background:#fff5f5;padding:4px;white-space:pre-wrap'>"
+        )
+        for i, v in enumerate(failed):
+            message = str(v.message or "")
+            if len(message) > 300:
+                message = message[:300] + " ..."
+            head = f"rank {v.rank} failed: {_esc(v.exc_type)}: {_esc(message)}"
+            body = _esc((v.traceback or "").rstrip())
+            if i == 0:  # the first failure, in full: usually the cause
+                parts.append(f"<div style='color:#c62828;font-weight:600'>{head}</div>{pre}{body}</pre>")
+            else:  # the others (often consequences: peers closing connections) folded
+                parts.append(
+                    f"<details><summary style='color:#c62828;cursor:pointer'>{head}</summary>{pre}{body}</pre></details>"
+                )
         self.failure_box.value = (
             "<div style='border-left:4px solid #c62828;padding-left:8px'>" + "".join(parts) + "</div>"
         )
@@ -287,9 +310,10 @@ class WidgetReporter:
             return
         now = time.monotonic() if now is None else now
         self._add_missing_rows()
+        self._shown_statuses = {}
         for r in sorted(self.state.ranks):
             v = self.state.ranks[r]
-            status = self.state.status(r, now)
+            status = self._shown_statuses[r] = self.state.status(r, now)
             bar = self.bars[r]
             with bar.hold_sync():
                 if v.total:
@@ -324,19 +348,25 @@ class WidgetReporter:
         self._last_flush = now
         self.flushes += 1
 
-    def _tick_once(self) -> None:
-        """Ticker body: flush pending updates; notice ranks that went quiet (stalled)."""
+    def _tick_once(self) -> bool:
+        """Ticker body: flush pending updates, show ranks that went quiet (stalled).
+
+        Returns False when the ticker may stop: the launch finished, or no event came for longer
+        than it takes a rank to look stalled (``handle`` starts a new ticker when events resume).
+        """
         with self._lock:
             if self._finished or self.widget is None:
-                return
+                self._ticker = None
+                return False
             now = time.monotonic()
-            if now - self._last_flush < self.min_interval:
-                return
-            statuses = {r: self.state.status(r, now) for r in self.state.ranks}
-            shown = getattr(self, "_shown_statuses", None)
-            if self._dirty or statuses != shown or now - self._last_flush >= 1.0:
-                self._shown_statuses = statuses
-                self._flush_locked(now=now)
+            if now - self._last_flush >= self.min_interval:
+                statuses = {r: self.state.status(r, now) for r in self.state.ranks}
+                if self._dirty or statuses != self._shown_statuses:
+                    self._flush_locked(now=now)
+            if self._dirty or now - self._last_event < self.stall_after + 1.0:
+                return True
+            self._ticker = None
+            return False
 
     # -- text ----------------------------------------------------------------------------------
     def _shown(self, rank: int) -> bool:
@@ -387,13 +417,17 @@ class WidgetReporter:
 
 
 def _tick(ref: Any, stop: threading.Event) -> None:
-    """Background flusher: at most every ``min_interval``, until the launch finishes."""
+    """Background flusher: at most every ``min_interval``, while events flow and until the launch finishes."""
     while not stop.wait(0.1):
         reporter = ref()
         if reporter is None:
             return
         try:
-            reporter._tick_once()
+            keep_going = reporter._tick_once()
         except Exception:  # noqa: BLE001 - a display problem must never break the launch
-            pass
+            with reporter._lock:
+                reporter._ticker = None  # the next event starts a fresh ticker
+            keep_going = False
         del reporter
+        if not keep_going:
+            return
