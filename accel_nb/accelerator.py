@@ -227,6 +227,7 @@ class Accelerator:
         log_with: Any = None,
         dataloader_config: DataLoaderConfiguration | None = None,
         ddp_kwargs: dict[str, Any] | None = None,
+        kwargs_handlers: list[Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -241,7 +242,8 @@ class Accelerator:
             raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be at least 1")
         self.gradient_state = GradientState(gradient_accumulation_steps=int(gradient_accumulation_steps))
         self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device)
-        self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler()
+        handler_kwargs = _read_kwargs_handlers(kwargs_handlers)
+        self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler(**handler_kwargs["scaler"])
 
         config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
         if split_batches is not None:
@@ -253,7 +255,7 @@ class Accelerator:
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types
         self.log_with = log_with
-        self.ddp_kwargs = dict(ddp_kwargs or {})
+        self.ddp_kwargs = {**handler_kwargs["ddp"], **(ddp_kwargs or {})}
         self.project_configuration = self._make_project_configuration(project_dir, project_config)
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
@@ -734,6 +736,23 @@ class Accelerator:
             f"Accelerator(num_processes={self.num_processes}, device={self.device}, "
             f"mixed_precision={self.mixed_precision!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
+
+
+_HANDLER_KINDS = {"DistributedDataParallelKwargs": "ddp", "GradScalerKwargs": "scaler"}
+
+
+def _read_kwargs_handlers(handlers: list[Any] | None) -> dict[str, dict[str, Any]]:
+    """Options from the reference library's kwargs handlers (DDP and GradScaler ones are understood)."""
+    found: dict[str, dict[str, Any]] = {"ddp": {}, "scaler": {}}
+    for handler in handlers or []:
+        kind = _HANDLER_KINDS.get(type(handler).__name__)
+        if kind is None or not callable(getattr(handler, "to_kwargs", None)):
+            raise ValueError(
+                f"kwargs handler {type(handler).__name__} is not supported; accel_nb understands "
+                f"{', '.join(_HANDLER_KINDS)} (or pass ddp_kwargs={{...}} directly)"
+            )
+        found[kind].update(handler.to_kwargs())
+    return found
 
 
 def _flatten(data: Any) -> list[Any]:

@@ -451,3 +451,17 @@ def _prepare_dispatched_model():
 def test_a_model_dispatched_over_devices_cannot_be_trained_on_several_processes():
     for message in run_ranks(_prepare_dispatched_model, 2):
         assert message and "dispatched over several devices" in message and "one device per process" in message
+
+
+def test_reference_kwargs_handlers_are_understood():
+    utils = pytest.importorskip("accelerate.utils")  # the reference library's own handler objects
+    DistributedDataParallelKwargs, GradScalerKwargs = utils.DistributedDataParallelKwargs, utils.GradScalerKwargs
+
+    acc = Accelerator(
+        mixed_precision="fp16",
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True), GradScalerKwargs(init_scale=1024.0)],
+    )
+    assert acc.ddp_kwargs == {"find_unused_parameters": True} and acc.scaler.get_scale() == 1024.0
+    _reset_all_states()
+    with pytest.raises(ValueError, match="kwargs handler object is not supported"):
+        Accelerator(kwargs_handlers=[object()])
