@@ -117,7 +117,9 @@ def _write_checkpoint(folder: str, layers: int, dim: int, dtype: str, shard_laye
     for s in range(shards):
         part = {}
         for i in range(s * shard_layers, min(layers, (s + 1) * shard_layers)):
-            part[f"{i}.weight"] = (torch.rand(dim, dim, generator=g, dtype=torch.float32) * 0.02 - 0.01).to(tdtype)
+            part[f"{i}.weight"] = (torch.rand(dim, dim, generator=g, dtype=torch.float32) * 0.02 - 0.01).to(
+                tdtype
+            )
             total += part[f"{i}.weight"].numel() * part[f"{i}.weight"].element_size()
         name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         save_file(part, os.path.join(folder, name))
@@ -128,18 +130,45 @@ def _write_checkpoint(folder: str, layers: int, dim: int, dtype: str, shard_laye
     return total
 
 
-def _measure(lib: str, ckpt: str, layers: int, dim: int, dtype: str, mode: str, max_memory: dict | None = None) -> dict:
+def _measure(
+    lib: str, ckpt: str, layers: int, dim: int, dtype: str, mode: str, max_memory: dict | None = None
+) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=ROOT)
-    res = subprocess.run([sys.executable, "-c", WORKER, lib, ckpt, str(layers), str(dim), dtype, mode,
-                          json.dumps(max_memory or {})], capture_output=True, text=True, env=env, timeout=1800)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            WORKER,
+            lib,
+            ckpt,
+            str(layers),
+            str(dim),
+            dtype,
+            mode,
+            json.dumps(max_memory or {}),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     if res.returncode != 0:
-        raise RuntimeError(f"{lib} {mode} failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}")
+        raise RuntimeError(
+            f"{lib} {mode} failed: {res.stderr.strip().splitlines()[-1] if res.stderr.strip() else res.returncode}"
+        )
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def _row(metric: str, ours: float, ref: float | None, unit: str, note: str, bench: str = "big_model") -> dict:
-    return {"benchmark": bench, "metric": metric, "accel_nb": ours, "reference": ref,
-            "ratio": (ours / ref) if ref else None, "unit": unit, "note": note}
+    return {
+        "benchmark": bench,
+        "metric": metric,
+        "accel_nb": ours,
+        "reference": ref,
+        "ratio": (ours / ref) if ref else None,
+        "unit": unit,
+        "note": note,
+    }
 
 
 def _has_accelerate() -> bool:
@@ -165,15 +194,27 @@ def _cpu_rows(quick: bool, workdir: str) -> list[dict]:
     ours, ref = runs["accel_nb"], runs.get("accelerate")
     note = f"{total / 2**30:.2f} GiB in {layers // shard_layers} shards, {reps} runs each, fresh subprocesses, warm page cache"
     rows = [
-        _row("CPU load time, sharded checkpoint (median)", statistics.median(r["load_s"] for r in ours),
-             statistics.median(r["load_s"] for r in ref) if ref else None, "s", note),
-        _row("CPU load + first read of every weight (median)", statistics.median(r["ready_s"] for r in ours),
-             statistics.median(r["ready_s"] for r in ref) if ref else None, "s",
-             "safetensors CPU tensors are memory-mapped: pages are read on first use, so this is the fair total"),
-        _row("CPU load peak RSS growth incl. touching weights (median)",
-             statistics.median(r["peak_rss_delta"] for r in ours) / 2**20,
-             statistics.median(r["peak_rss_delta"] for r in ref) / 2**20 if ref else None, "MiB",
-             f"weights kept: {total / 2**20:.0f} MiB; largest shard {total / (layers // shard_layers) / 2**20:.0f} MiB"),
+        _row(
+            "CPU load time, sharded checkpoint (median)",
+            statistics.median(r["load_s"] for r in ours),
+            statistics.median(r["load_s"] for r in ref) if ref else None,
+            "s",
+            note,
+        ),
+        _row(
+            "CPU load + first read of every weight (median)",
+            statistics.median(r["ready_s"] for r in ours),
+            statistics.median(r["ready_s"] for r in ref) if ref else None,
+            "s",
+            "safetensors CPU tensors are memory-mapped: pages are read on first use, so this is the fair total",
+        ),
+        _row(
+            "CPU load peak RSS growth incl. touching weights (median)",
+            statistics.median(r["peak_rss_delta"] for r in ours) / 2**20,
+            statistics.median(r["peak_rss_delta"] for r in ref) / 2**20 if ref else None,
+            "MiB",
+            f"weights kept: {total / 2**20:.0f} MiB; largest shard {total / (layers // shard_layers) / 2**20:.0f} MiB",
+        ),
     ]
     return rows
 
@@ -194,8 +235,15 @@ def _gpu_rows(quick: bool, workdir: str) -> list[dict]:
     floor = min(direct)
     ours = min(loads["accel_nb"]) / floor
     ref = min(loads["accelerate"]) / floor if "accelerate" in loads else None
-    rows = [_row("GPU load device_map='auto' / safetensors straight to GPU", ours, ref, "x",
-                 f"{total / 2**30:.1f} GiB fp16, {dim}x{dim} layers; floor {floor:.2f} s; goal <= 1.15x (reference ~3.1x)")]
+    rows = [
+        _row(
+            "GPU load device_map='auto' / safetensors straight to GPU",
+            ours,
+            ref,
+            "x",
+            f"{total / 2**30:.1f} GiB fp16, {dim}x{dim} layers; floor {floor:.2f} s; goal <= 1.15x (reference ~3.1x)",
+        )
+    ]
     budget = {"0": "1GiB" if quick else "4GiB", "cpu": "200GiB"}
     fractions = {}
     for lib in libs:
@@ -204,9 +252,16 @@ def _gpu_rows(quick: bool, workdir: str) -> list[dict]:
         fractions[lib] = (rate / r["h2d_bytes_per_s"], rate, r)
     ours_f, ours_rate, r = fractions["accel_nb"]
     ref_f = fractions["accelerate"][0] if "accelerate" in fractions else None
-    rows.append(_row("offloaded forward: weight streaming rate / pinned H2D bandwidth", ours_f, ref_f, "fraction",
-                     f"GPU budget {budget['0']}; {r['offloaded_bytes'] / 2**30:.2f} GiB offloaded; "
-                     f"{ours_rate / 1e9:.1f} GB/s vs H2D {r['h2d_bytes_per_s'] / 1e9:.1f} GB/s; goal >= 0.70 (reference ~0.12)"))
+    rows.append(
+        _row(
+            "offloaded forward: weight streaming rate / pinned H2D bandwidth",
+            ours_f,
+            ref_f,
+            "fraction",
+            f"GPU budget {budget['0']}; {r['offloaded_bytes'] / 2**30:.2f} GiB offloaded; "
+            f"{ours_rate / 1e9:.1f} GB/s vs H2D {r['h2d_bytes_per_s'] / 1e9:.1f} GB/s; goal >= 0.70 (reference ~0.12)",
+        )
+    )
     return rows
 
 
@@ -220,8 +275,15 @@ def run(quick: bool = False) -> list[dict]:
             shutil.rmtree(os.path.join(workdir, "cpu_ckpt"), ignore_errors=True)
             rows += _gpu_rows(quick, workdir)
         else:
-            rows.append(_row("GPU load ratio and offload streaming fraction", None, None, "x",
-                             "skipped: no CUDA GPU on this machine"))
+            rows.append(
+                _row(
+                    "GPU load ratio and offload streaming fraction",
+                    None,
+                    None,
+                    "x",
+                    "skipped: no CUDA GPU on this machine",
+                )
+            )
         return rows
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

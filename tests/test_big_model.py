@@ -80,16 +80,26 @@ def stack_ckpt(tmp_path):
 
 def _gpt2():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=500, n_positions=64,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=4, n_embd=64, n_head=4, vocab_size=500, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel, cfg
 
 
 def _llama():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=300, max_position_embeddings=64,
-                                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+    )
     return transformers.LlamaForCausalLM, cfg
 
 
@@ -158,8 +168,12 @@ def _device_totals(device_map, sizes):
 def test_device_map_respects_budgets_no_split_and_ties():
     m = _empty()
     sizes = compute_module_sizes(m)
-    budget = {0: sizes["embed"] + 2 * sizes["blocks.0"] + 100, 1: 3 * sizes["blocks.0"], "cpu": 2 * sizes["blocks.0"],
-              "disk": "1GB"}
+    budget = {
+        0: sizes["embed"] + 2 * sizes["blocks.0"] + 100,
+        1: 3 * sizes["blocks.0"],
+        "cpu": 2 * sizes["blocks.0"],
+        "disk": "1GB",
+    }
     dm = infer_auto_device_map(m, max_memory=budget, no_split_module_classes=["Block"])
     # no entry inside a Block
     assert all(not (k.startswith("blocks.") and k.count(".") > 1) for k in dm), dm
@@ -187,7 +201,10 @@ def test_device_map_no_headroom_when_everything_fits_and_splits_when_allowed():
     dm = infer_auto_device_map(m, max_memory={0: sizes[""] * 2})
     assert set(dm.values()) == {0} and dm.plan.headroom[0] == 0
     # without no_split, a block can be split across devices
-    tight = {"cpu": sizes["embed"] + sizes["blocks.0.norm"] + sizes["blocks.0.fc1"] + sizes["scale"] + 8, "disk": "1GB"}
+    tight = {
+        "cpu": sizes["embed"] + sizes["blocks.0.norm"] + sizes["blocks.0.fc1"] + sizes["scale"] + 8,
+        "disk": "1GB",
+    }
     split = infer_auto_device_map(m, max_memory=tight)
     assert split.get("blocks.0.fc1") == "cpu" and split.get("blocks.0.fc2") == "disk"
     whole = infer_auto_device_map(m, max_memory=tight, no_split_module_classes=[Block])
@@ -198,7 +215,9 @@ def test_budget_too_small_for_one_block_is_a_clear_error():
     m = _empty()
     sizes = compute_module_sizes(m)
     with pytest.raises(DeviceMapError) as info:
-        infer_auto_device_map(m, max_memory={"cpu": sizes["embed"] + sizes["scale"] + 10}, no_split_module_classes=["Block"])
+        infer_auto_device_map(
+            m, max_memory={"cpu": sizes["embed"] + sizes["scale"] + 10}, no_split_module_classes=["Block"]
+        )
     msg = str(info.value)
     assert "Block 'blocks.0' needs" in msg and "KiB" in msg and "Raise max_memory" in msg and "disk" in msg
 
@@ -224,13 +243,18 @@ def test_gpt2_map_keeps_lm_head_with_wte_and_blocks_whole():
     with init_empty_weights():
         m = cls(cfg)
     sizes = compute_module_sizes(m)
-    dm = infer_auto_device_map(m, max_memory={"cpu": sizes["transformer.wte"] + sizes["transformer.h.0"] * 1.5,
-                                              "disk": "1GB"}, no_split_module_classes=["GPT2Block"])
+    dm = infer_auto_device_map(
+        m,
+        max_memory={"cpu": sizes["transformer.wte"] + sizes["transformer.h.0"] * 1.5, "disk": "1GB"},
+        no_split_module_classes=["GPT2Block"],
+    )
     assert dm["lm_head"] == dm["transformer.wte"] == "cpu"
     assert not any(k.startswith("transformer.h.") and k.count(".") > 2 for k in dm)
     assert "disk" in dm.values()
     # the tie forces lm_head along even when the embedding itself goes to disk
-    dm2 = infer_auto_device_map(m, max_memory={"cpu": 1000, "disk": "1GB"}, no_split_module_classes=["GPT2Block"])
+    dm2 = infer_auto_device_map(
+        m, max_memory={"cpu": 1000, "disk": "1GB"}, no_split_module_classes=["GPT2Block"]
+    )
     assert dm2["lm_head"] == "disk"
 
 
@@ -330,10 +354,24 @@ def test_pickle_to_disk_offload(tmp_path):
     ids = torch.randint(0, 50, (2, 5))
     with torch.no_grad():
         want = ref(ids)
-    dm = {"embed": "cpu", "scale": "cpu", "blocks.0": "cpu", "blocks.1": "disk", "blocks.2": "disk", "blocks.3": "cpu",
-          "blocks.4": "disk", "blocks.5": "disk", "head": "cpu"}
-    m = load_checkpoint_and_dispatch(_empty(), str(tmp_path / "w.pt"), device_map=dm, allow_pickle=True,
-                                     offload_folder=str(tmp_path / "off"))
+    dm = {
+        "embed": "cpu",
+        "scale": "cpu",
+        "blocks.0": "cpu",
+        "blocks.1": "disk",
+        "blocks.2": "disk",
+        "blocks.3": "cpu",
+        "blocks.4": "disk",
+        "blocks.5": "disk",
+        "head": "cpu",
+    }
+    m = load_checkpoint_and_dispatch(
+        _empty(),
+        str(tmp_path / "w.pt"),
+        device_map=dm,
+        allow_pickle=True,
+        offload_folder=str(tmp_path / "off"),
+    )
     assert any(f.endswith(".safetensors") for f in os.listdir(tmp_path / "off"))
     with torch.no_grad():
         assert torch.allclose(m(ids), want)
@@ -347,9 +385,14 @@ def test_dispatch_stack_all_cpu_and_cpu_plus_disk(stack_ckpt, tmp_path):
     with torch.no_grad():
         assert torch.equal(m(ids), want)
     sizes = compute_module_sizes(_empty())
-    m = load_checkpoint_and_dispatch(_empty(), ckpt, device_map="auto",
-                                     max_memory={"cpu": sizes["embed"] + 2 * sizes["blocks.0"] + 200},
-                                     no_split_module_classes=["Block"], offload_folder=str(tmp_path / "off"))
+    m = load_checkpoint_and_dispatch(
+        _empty(),
+        ckpt,
+        device_map="auto",
+        max_memory={"cpu": sizes["embed"] + 2 * sizes["blocks.0"] + 200},
+        no_split_module_classes=["Block"],
+        offload_folder=str(tmp_path / "off"),
+    )
     assert "disk" in m.hf_device_map.values() and m.hf_device_map["head"] == "cpu"
     on_disk = [k for k, v in m.hf_device_map.items() if v == "disk"]
     assert m.blocks[5].fc1.weight.device.type == "meta"  # not in memory between forwards
@@ -412,8 +455,14 @@ def test_real_architectures_cpu_and_disk(arch, tmp_path):
     sizes = compute_module_sizes(m)
     layer = [k for k in sizes if k.endswith("layers.0") or k.endswith("h.0")][0]
     budget = {"cpu": sizes[""] - 2 * sizes[layer]}
-    m = load_checkpoint_and_dispatch(m, str(tmp_path / "ckpt"), device_map="auto", max_memory=budget,
-                                     no_split_module_classes=no_split, offload_folder=str(tmp_path / "off"))
+    m = load_checkpoint_and_dispatch(
+        m,
+        str(tmp_path / "ckpt"),
+        device_map="auto",
+        max_memory=budget,
+        no_split_module_classes=no_split,
+        offload_folder=str(tmp_path / "off"),
+    )
     values = set(m.hf_device_map.values())
     assert values == {"cpu", "disk"}, m.hf_device_map
     with warnings.catch_warnings():

@@ -78,8 +78,13 @@ def _write_checkpoint(folder: str) -> int:
 
 def _load_in_subprocess(folder: str, device_map: dict) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", LOADER, folder, str(LAYERS), str(DIM), json.dumps(device_map)],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", LOADER, folder, str(LAYERS), str(DIM), json.dumps(device_map)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -96,7 +101,9 @@ def test_peak_rss_all_on_cpu(sharded):
     grew = got["peak"] - got["base"]
     assert got["kept"] == LAYERS * (DIM * DIM + DIM) * 4
     limit = 1.2 * largest + got["kept"]
-    assert grew <= limit, f"RSS grew {grew / 2**20:.0f} MiB > {limit / 2**20:.0f} MiB (largest shard {largest / 2**20:.0f} MiB)"
+    assert grew <= limit, (
+        f"RSS grew {grew / 2**20:.0f} MiB > {limit / 2**20:.0f} MiB (largest shard {largest / 2**20:.0f} MiB)"
+    )
 
 
 def test_peak_rss_half_on_disk_reads_only_what_stays(sharded):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
 from torch import nn
 
 from accel_nb.big_model import compute_module_sizes, cpu_offload, init_empty_weights
@@ -44,8 +43,11 @@ def _meta_net() -> Net:
 def _bars(html: str) -> dict[str, int]:
     """device -> number of module segments in its bar."""
     out = {}
-    for m in re.finditer(r'<div class="accel-nb-device-bar" data-device="([^"]+)"(.*?)</div><div class="accel-nb-device-info">',
-                         html, re.S):
+    for m in re.finditer(
+        r'<div class="accel-nb-device-bar" data-device="([^"]+)"(.*?)</div><div class="accel-nb-device-info">',
+        html,
+        re.S,
+    ):
         out[m.group(1)] = m.group(2).count('class="accel-nb-module"')
     return out
 
@@ -73,7 +75,9 @@ def test_html_has_one_bar_per_device_with_modules_headroom_and_budget():
 def test_text_summary_is_terminal_friendly():
     net = _meta_net()
     sizes = compute_module_sizes(net)
-    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view = DeviceMapView(
+        net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"]
+    )
     text = str(view)
     assert text == view.text_summary()
     assert "cpu [" in text and "disk [" in text and "Moved on:" in text and "blocks.7" in text
@@ -84,7 +88,9 @@ def test_text_summary_is_terminal_friendly():
 def test_set_budget_recomputes_the_map_and_reports_errors():
     net = _meta_net()
     sizes = compute_module_sizes(net)
-    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view = DeviceMapView(
+        net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"]
+    )
     assert "disk" in view.device_map.values()
     new = view.set_budget("cpu", sizes[""] * 2)
     assert set(new.values()) == {"cpu"} and view.device_map == new
@@ -115,7 +121,9 @@ def test_widget_sliders_recompute_live():
     pytest.importorskip("ipywidgets")
     net = _meta_net()
     sizes = compute_module_sizes(net)
-    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view = DeviceMapView(
+        net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"]
+    )
     box = view.widget()
     assert len(view.sliders) == 1 and "accel-nb-budget-slider" in view.sliders[0]._dom_classes
     html_before = view._html_widget.value
@@ -146,9 +154,13 @@ view
     with KernelSession() as k:
         out = k.run(code, timeout=120)
         assert out.error is None, out.traceback
-        bundles = [r for r in out.results if "text/html" in r or "application/vnd.jupyter.widget-view+json" in r]
+        bundles = [
+            r for r in out.results if "text/html" in r or "application/vnd.jupyter.widget-view+json" in r
+        ]
         assert len(bundles) == 1, [list(r) for r in out.results]  # displayed once, not twice
         assert "application/vnd.jupyter.widget-view+json" in bundles[0]
         assert 'accel-nb-device-bar" data-device="disk"' in bundles[0]["text/html"]
-        moved = k.run("view.set_budget('cpu', '10MiB'); print(sorted(set(view.device_map.values())))", timeout=60)
+        moved = k.run(
+            "view.set_budget('cpu', '10MiB'); print(sorted(set(view.device_map.values())))", timeout=60
+        )
         assert moved.stdout.strip() == "['cpu']", moved.text + moved.traceback

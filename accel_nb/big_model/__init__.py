@@ -1,10 +1,10 @@
 """Big-model inference: build empty, plan a device map, load shards straight to devices, offload.
 
-    from accel_nb import init_empty_weights, load_checkpoint_and_dispatch
-    with init_empty_weights():
-        model = MyModel(config)
-    model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
-                                         no_split_module_classes=["Block"])
+from accel_nb import init_empty_weights, load_checkpoint_and_dispatch
+with init_empty_weights():
+    model = MyModel(config)
+model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
+                                     no_split_module_classes=["Block"])
 """
 
 from .device_map import (

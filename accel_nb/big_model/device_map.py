@@ -16,8 +16,9 @@ layer's worth for the offload engine's prefetch buffer.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -70,8 +71,10 @@ class DevicePlan:
         """Plain-text trace: one line per decision."""
         lines = []
         for s in self.steps:
-            lines.append(f"{s.action:9s} {s.module or '(model)':40s} -> {_dev_name(s.device):6s} "
-                         f"{human_bytes(s.size):>10s}  free {human_bytes(s.free):>10s}  {s.reason}".rstrip())
+            lines.append(
+                f"{s.action:9s} {s.module or '(model)':40s} -> {_dev_name(s.device):6s} "
+                f"{human_bytes(s.size):>10s}  free {human_bytes(s.free):>10s}  {s.reason}".rstrip()
+            )
         return "\n".join(lines)
 
     def moved_on(self) -> list[PlanStep]:
@@ -135,7 +138,11 @@ def plan_device_map(
 
     def unit_size(name: str, obj: Any) -> int:
         if isinstance(obj, torch.Tensor):
-            el = obj.element_size() if not (dtype is not None and obj.is_floating_point()) else torch.empty((), dtype=dtype, device="meta").element_size()
+            el = (
+                obj.element_size()
+                if not (dtype is not None and obj.is_floating_point())
+                else torch.empty((), dtype=dtype, device="meta").element_size()
+            )
             return int(obj.numel() * el)
         return sizes.get(name, 0)
 
@@ -153,7 +160,9 @@ def plan_device_map(
     steps: list[PlanStep] = []
     used: dict[Device, int] = {d: 0 for d in devices}
     preplaced: dict[str, Device] = {}
-    pending = deque(_children_units("", model)) if model._modules or not sizes.get("") else deque([("", model)])
+    pending = (
+        deque(_children_units("", model)) if model._modules or not sizes.get("") else deque([("", model)])
+    )
     if not pending:
         pending = deque([("", model)])
     di = 0
@@ -167,8 +176,16 @@ def plan_device_map(
             continue
         inside = [p for p in preplaced if covers(name, p) and p != name]
         if inside and isinstance(obj, nn.Module):
-            steps.append(PlanStep(name, devices[di], "split", sizes.get(name, 0), 0,
-                                  f"holds {inside[0]!r}, already placed with its tied weights"))
+            steps.append(
+                PlanStep(
+                    name,
+                    devices[di],
+                    "split",
+                    sizes.get(name, 0),
+                    0,
+                    f"holds {inside[0]!r}, already placed with its tied weights",
+                )
+            )
             pending.extendleft(reversed(_children_units(name, obj)))
             continue
         size = unit_size(name, obj)
@@ -178,7 +195,11 @@ def plan_device_map(
         if isinstance(obj, nn.Module):
             for pname, _ in obj.named_parameters(prefix=name, remove_duplicate=False):
                 for other in tied_partner.get(pname, []):
-                    if covers(name, other) or any(covers(p, other) for p in device_map) or any(covers(p, other) for p in preplaced):
+                    if (
+                        covers(name, other)
+                        or any(covers(p, other) for p in device_map)
+                        or any(covers(p, other) for p in preplaced)
+                    ):
                         continue
                     unit = owning_unit(other)
                     if unit not in partners and not covers(name, unit):
@@ -200,25 +221,45 @@ def plan_device_map(
                 for p in partners:
                     preplaced[p] = dev
                     device_map[p] = dev
-                    steps.append(PlanStep(p, dev, "tied", sizes.get(p, 0), free - size - extra,
-                                          f"shares weights with {name!r}"))
+                    steps.append(
+                        PlanStep(
+                            p,
+                            dev,
+                            "tied",
+                            sizes.get(p, 0),
+                            free - size - extra,
+                            f"shares weights with {name!r}",
+                        )
+                    )
                 break
             splittable = isinstance(obj, nn.Module) and bool(obj._modules) and not is_no_split(obj, no_split)
             if splittable:
-                steps.append(PlanStep(name, dev, "split", size, free,
-                                      f"{human_bytes(size)} does not fit in {human_bytes(max(free, 0))}; placing its children"))
+                steps.append(
+                    PlanStep(
+                        name,
+                        dev,
+                        "split",
+                        size,
+                        free,
+                        f"{human_bytes(size)} does not fit in {human_bytes(max(free, 0))}; placing its children",
+                    )
+                )
                 pending.extendleft(reversed(_children_units(name, obj)))
                 break
-            why = (f"{type(obj).__name__ if isinstance(obj, nn.Module) else 'tensor'} {name!r} needs "
-                   f"{human_bytes(size + extra)}{' (with tied ' + ', '.join(partners) + ')' if partners else ''}"
-                   f", {_dev_name(dev)} has {human_bytes(max(free, 0))} left"
-                   + (f" (after {human_bytes(headroom[dev])} headroom)" if headroom[dev] else ""))
+            why = (
+                f"{type(obj).__name__ if isinstance(obj, nn.Module) else 'tensor'} {name!r} needs "
+                f"{human_bytes(size + extra)}{' (with tied ' + ', '.join(partners) + ')' if partners else ''}"
+                f", {_dev_name(dev)} has {human_bytes(max(free, 0))} left"
+                + (f" (after {human_bytes(headroom[dev])} headroom)" if headroom[dev] else "")
+            )
             steps.append(PlanStep(name, dev, "moved_on", size + extra, free, why))
             di += 1
             if di == len(devices):
-                budget_text = ", ".join(f"{_dev_name(d)}: {human_bytes(budgets[d])}"
-                                        + (f" (headroom {human_bytes(headroom[d])})" if headroom[d] else "")
-                                        for d in devices)
+                budget_text = ", ".join(
+                    f"{_dev_name(d)}: {human_bytes(budgets[d])}"
+                    + (f" (headroom {human_bytes(headroom[d])})" if headroom[d] else "")
+                    for d in devices
+                )
                 raise DeviceMapError(
                     f"the memory budget is too small: {why}. Budgets: {budget_text}; the model needs "
                     f"{human_bytes(total)} in all and its largest layer {largest_name!r} {human_bytes(largest)}. "
@@ -226,7 +267,14 @@ def plan_device_map(
                     "does this when you pass offload_folder=...)."
                 )
     order = {n: i for i, n in enumerate(dict(model.named_modules(remove_duplicate=False)))}
-    order.update({n: i for i, (n, _) in enumerate(list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers()))})
+    order.update(
+        {
+            n: i
+            for i, (n, _) in enumerate(
+                list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers())
+            )
+        }
+    )
 
     def position(name: str) -> float:
         if name in order:
@@ -273,12 +321,15 @@ def resolve_device_map(
     """'auto' | 'balanced' | 'balanced_low_0' | 'sequential' | dict -> a checked device map."""
     if isinstance(device_map, str):
         if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
-            raise DeviceMapError(f"device_map={device_map!r} is not known; use 'auto', 'balanced', "
-                                 "'balanced_low_0', 'sequential' or a dict {module: device}")
+            raise DeviceMapError(
+                f"device_map={device_map!r} is not known; use 'auto', 'balanced', "
+                "'balanced_low_0', 'sequential' or a dict {module: device}"
+            )
         budgets = max_memory
         if device_map != "sequential":
-            budgets = get_balanced_memory(model, max_memory, no_split_module_classes, dtype,
-                                          low_zero=device_map == "balanced_low_0")
+            budgets = get_balanced_memory(
+                model, max_memory, no_split_module_classes, dtype, low_zero=device_map == "balanced_low_0"
+            )
         return infer_auto_device_map(model, budgets, no_split_module_classes, dtype)
     normalized = {name: normalize_device(dev) for name, dev in device_map.items()}
     check_device_map(model, normalized)
@@ -297,11 +348,17 @@ def device_for(device_map: Mapping[str, Device], name: str) -> Device | None:
 
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     """Raise DeviceMapError naming the modules no entry covers, or entries naming nothing."""
-    names = set(dict(model.named_modules())) | {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    names = (
+        set(dict(model.named_modules()))
+        | {n for n, _ in model.named_parameters()}
+        | {n for n, _ in model.named_buffers()}
+    )
     unknown = [k for k in device_map if k not in names]
     if unknown:
-        raise DeviceMapError(f"device_map names {unknown[:8]} which are not modules or tensors of "
-                             f"{type(model).__name__}; check the spelling (module paths look like 'transformer.h.0')")
+        raise DeviceMapError(
+            f"device_map names {unknown[:8]} which are not modules or tensors of "
+            f"{type(model).__name__}; check the spelling (module paths look like 'transformer.h.0')"
+        )
     uncovered = [n for n, _ in named_tensors(model) if device_for(device_map, n) is None]
     if uncovered:
         # report the outermost modules whose tensors are all unassigned (else the tensors themselves)

@@ -1,15 +1,16 @@
 """Spread a model over devices and run it: in-place blocks, moving activations, offloaded blocks.
 
-    model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
-                                         no_split_module_classes=["LlamaDecoderLayer"])
-    model.hf_device_map         # {'model.embed_tokens': 0, ..., 'model.layers.30': 'cpu', ...}
+model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
+                                     no_split_module_classes=["LlamaDecoderLayer"])
+model.hf_device_map         # {'model.embed_tokens': 0, ..., 'model.layers.30': 'cpu', ...}
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,19 +44,22 @@ def _hook_targets(name: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
     if not _is_container(module):
         return [(name, module)]
     if module._parameters or module._buffers:
-        raise DeviceMapError(f"{name!r} ({type(module).__name__}) holds tensors but has no forward; "
-                             "assign its parent module to one device instead")
+        raise DeviceMapError(
+            f"{name!r} ({type(module).__name__}) holds tensors but has no forward; "
+            "assign its parent module to one device instead"
+        )
     out: list[tuple[str, nn.Module]] = []
     for child_name, child in module.named_children():
         out += _hook_targets(f"{name}.{child_name}" if name else child_name, child)
     return out
 
 
-def _resolve(model: nn.Module, name: str) -> tuple[nn.Module | None, nn.Module, str | None]:
+def _resolve(
+    model: nn.Module, name: str, modules: dict[str, nn.Module]
+) -> tuple[nn.Module | None, nn.Module, str | None]:
     """(module, owner, attr): a module entry gives (module, module, None); a tensor entry (None, owner, attr)."""
     if name == "":
         return model, model, None
-    modules = dict(model.named_modules(remove_duplicate=False))
     if name in modules:
         return modules[name], modules[name], None
     owner_name, _, attr = name.rpartition(".")
@@ -90,19 +94,31 @@ def _move(owner: nn.Module, attr: str, is_param: bool, name: str, device: torch.
 def _save_for_disk(tensors: dict[str, torch.Tensor], offload_dir: str | None, tag: str) -> str:
     """Write in-memory weights that must live on disk as one safetensors file; return its path."""
     if offload_dir is None:
-        raise DeviceMapError("the device map sends modules to 'disk' but no offload folder was given; "
-                             "pass offload_dir=... (dispatch_model) or offload_folder=... (load_checkpoint_and_dispatch)")
+        raise DeviceMapError(
+            "the device map sends modules to 'disk' but no offload folder was given; "
+            "pass offload_dir=... (dispatch_model) or offload_folder=... (load_checkpoint_and_dispatch)"
+        )
     from safetensors.torch import save_file
 
     os.makedirs(offload_dir, exist_ok=True)
-    path = os.path.join(offload_dir, "accel_nb_offload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", tag or "model") + ".safetensors")
+    path = os.path.join(
+        offload_dir, "accel_nb_offload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", tag or "model") + ".safetensors"
+    )
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, path)
     return path
 
 
-def _build_unit(model: nn.Module, name: str, module: nn.Module, owner_attr: str | None, source: str,
-                exec_device: torch.device, offload_buffers: bool, offload_dir: str | None,
-                placeholders: dict[int, torch.Tensor]) -> OffloadUnit | None:
+def _build_unit(
+    model: nn.Module,
+    name: str,
+    module: nn.Module,
+    owner_attr: str | None,
+    source: str,
+    exec_device: torch.device,
+    offload_buffers: bool,
+    offload_dir: str | None,
+    placeholders: dict[int, torch.Tensor],
+) -> OffloadUnit | None:
     """Take a module's (or one tensor's) weights off the module into an OffloadUnit."""
     disk_index: dict[str, tuple[str, str]] = getattr(model, _DISK_INDEX, {})
     unit = OffloadUnit(name, module, source)
@@ -204,9 +220,10 @@ def dispatch_model(
         exec_device = torch.device("cuda", 0)
     engine = OffloadEngine(exec_device, num_buffers=num_buffers, prefetch=prefetch)
     placeholders: dict[int, torch.Tensor] = {}
-    # longest names first would break ties; the map order is the execution order we want
+    modules = dict(model.named_modules(remove_duplicate=False))
+    # the map order is the execution order the prefetcher starts from
     for name, dev in device_map.items():
-        module, owner, attr = _resolve(model, name)
+        module, owner, attr = _resolve(model, name, modules)
         runs_in_place = dev not in ("cpu", "disk") or (dev == "cpu" and exec_device.type == "cpu")
         if runs_in_place:
             device = torch_device(dev)
@@ -215,18 +232,21 @@ def dispatch_model(
                 continue
             for full, o, a, is_param, _ in _tensor_slots(module, name):
                 _move(o, a, is_param, full, device)
-            for target_name, target in _hook_targets(name, module):
+            for _, target in _hook_targets(name, module):
                 attach_device_hook(target, device)
             continue
         if attr is not None:
-            unit = _build_unit(model, name, owner, attr, dev, exec_device, offload_buffers, offload_dir, placeholders)
+            unit = _build_unit(
+                model, name, owner, attr, dev, exec_device, offload_buffers, offload_dir, placeholders
+            )
             if unit is not None:
                 engine.add_unit(unit)
                 attach_device_hook(owner, exec_device, unit, engine)
             continue
         for target_name, target in _hook_targets(name, module):
-            unit = _build_unit(model, target_name, target, None, dev, exec_device, offload_buffers, offload_dir,
-                               placeholders)
+            unit = _build_unit(
+                model, target_name, target, None, dev, exec_device, offload_buffers, offload_dir, placeholders
+            )
             attach_device_hook(target, exec_device, unit, engine)
             if unit is not None:
                 engine.add_unit(unit)
@@ -251,30 +271,42 @@ def _per_module_map(model: nn.Module, device: Device) -> dict[str, Device]:
     return out
 
 
-def cpu_offload(model: nn.Module, execution_device: Any = None, offload_buffers: bool = False,
-                num_buffers: int = 2) -> nn.Module:
+def cpu_offload(
+    model: nn.Module, execution_device: Any = None, offload_buffers: bool = False, num_buffers: int = 2
+) -> nn.Module:
     """Keep all weights in (pinned) CPU memory; stream each layer to ``execution_device`` for its forward.
 
-        model = cpu_offload(model, execution_device=0)   # uses ~2 layers of GPU memory
+    model = cpu_offload(model, execution_device=0)   # uses ~2 layers of GPU memory
     """
     if execution_device is None:
         execution_device = 0 if torch.cuda.is_available() else "cpu"
     return _offload_all(model, "cpu", execution_device, None, offload_buffers, num_buffers)
 
 
-def disk_offload(model: nn.Module, offload_dir: str | os.PathLike, execution_device: Any = None,
-                 offload_buffers: bool = False, num_buffers: int = 2) -> nn.Module:
+def disk_offload(
+    model: nn.Module,
+    offload_dir: str | os.PathLike,
+    execution_device: Any = None,
+    offload_buffers: bool = False,
+    num_buffers: int = 2,
+) -> nn.Module:
     """Keep all weights in memory-mapped safetensors under ``offload_dir``; load each layer for its forward.
 
-        model = disk_offload(model, "offload", execution_device="cpu")
+    model = disk_offload(model, "offload", execution_device="cpu")
     """
     if execution_device is None:
         execution_device = 0 if torch.cuda.is_available() else "cpu"
     return _offload_all(model, "disk", execution_device, os.fspath(offload_dir), offload_buffers, num_buffers)
 
 
-def _offload_all(model: nn.Module, source: str, execution_device: Any, offload_dir: str | None,
-                 offload_buffers: bool, num_buffers: int) -> nn.Module:
+def _offload_all(
+    model: nn.Module,
+    source: str,
+    execution_device: Any,
+    offload_dir: str | None,
+    offload_buffers: bool,
+    num_buffers: int,
+) -> nn.Module:
     remove_dispatch(model)
     exec_device = torch_device(normalize_device(execution_device))
     engine = OffloadEngine(exec_device, num_buffers=num_buffers)
@@ -299,15 +331,20 @@ def _offload_all(model: nn.Module, source: str, execution_device: Any, offload_d
             disk_index.update({k: (path, v) for k, v in tied.items()})
         model._accel_nb_disk_index = disk_index
     for name, module in modules.items():
-        direct = [(a, t) for a, t in list(module._parameters.items()) + list(module._buffers.items()) if t is not None]
+        direct = [
+            (a, t)
+            for a, t in list(module._parameters.items()) + list(module._buffers.items())
+            if t is not None
+        ]
         if not direct:
             continue
         unit = OffloadUnit(name, module, source)
         # the module's own tensors only: its children are units of their own
-        for full, owner, attr, is_param, t in _tensor_slots(module, name):
-            if owner is not module:
-                continue
-            part = _build_unit(model, full, owner, attr, source, exec_device, offload_buffers, offload_dir, placeholders)
+        for attr, _ in direct:
+            full = f"{name}.{attr}" if name else attr
+            part = _build_unit(
+                model, full, module, attr, source, exec_device, offload_buffers, offload_dir, placeholders
+            )
             if part is not None:
                 unit.slots += part.slots
                 unit.host.update(part.host)
@@ -352,8 +389,16 @@ def load_checkpoint_and_dispatch(
         if offload_folder is not None and "disk" not in budgets:
             budgets["disk"] = 2**62
         device_map = resolve_device_map(model, device_map, budgets, no_split_module_classes, dtype)
-    load_checkpoint_in_model(model, checkpoint, device_map=device_map, offload_folder=offload_folder,
-                             dtype=dtype, strict=strict, allow_pickle=allow_pickle, offload_buffers=offload_buffers)
+    load_checkpoint_in_model(
+        model,
+        checkpoint,
+        device_map=device_map,
+        offload_folder=offload_folder,
+        dtype=dtype,
+        strict=strict,
+        allow_pickle=allow_pickle,
+        offload_buffers=offload_buffers,
+    )
     if device_map is None:
         return model
     return dispatch_model(model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers)

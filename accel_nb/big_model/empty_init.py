@@ -1,14 +1,14 @@
 """Build models without allocating their weights: parameters (and optionally buffers) on ``meta``.
 
-    with init_empty_weights():
-        model = MyBigModel(config)        # instant, no memory; shapes and dtypes are real
+with init_empty_weights():
+    model = MyBigModel(config)        # instant, no memory; shapes and dtypes are real
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -20,8 +20,8 @@ _LOCK = threading.RLock()
 def init_on_device(device: torch.device | str, include_buffers: bool = True) -> Iterator[None]:
     """Create every parameter (and buffer, unless ``include_buffers=False``) on ``device``.
 
-        with init_on_device("meta"):
-            layer = torch.nn.Linear(8192, 8192)   # layer.weight.device == meta
+    with init_on_device("meta"):
+        layer = torch.nn.Linear(8192, 8192)   # layer.weight.device == meta
     """
     device = torch.device(device)
     with _LOCK:
@@ -39,7 +39,9 @@ def init_on_device(device: torch.device | str, include_buffers: bool = True) -> 
                 new.__dict__.update(kwargs)
                 module._parameters[name] = new
 
-        def register_buffer(module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True) -> None:
+        def register_buffer(
+            module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
+        ) -> None:
             old_register_buffer(module, name, tensor, persistent=persistent)
             if tensor is not None and module._buffers.get(name) is not None:
                 module._buffers[name] = module._buffers[name].to(device)

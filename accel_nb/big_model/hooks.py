@@ -1,8 +1,8 @@
 """Wrap a module's forward so its inputs reach its device and offloaded weights appear in time.
 
-    attach_device_hook(block, torch.device("cuda:1"))                # inputs -> cuda:1
-    attach_device_hook(block, torch.device("cuda:0"), unit=u, engine=e)  # offloaded block
-    remove_device_hooks(model)
+attach_device_hook(block, torch.device("cuda:1"))                # inputs -> cuda:1
+attach_device_hook(block, torch.device("cuda:0"), unit=u, engine=e)  # offloaded block
+remove_device_hooks(model)
 """
 
 from __future__ import annotations
@@ -22,8 +22,13 @@ _ATTR = "_accel_nb_hook"
 class DeviceHook:
     """What a wrapped forward does: move inputs, materialise weights, optionally return outputs home."""
 
-    def __init__(self, device: torch.device | None = None, units: list[OffloadUnit] | None = None,
-                 engine: OffloadEngine | None = None, io_same_device: bool = False) -> None:
+    def __init__(
+        self,
+        device: torch.device | None = None,
+        units: list[OffloadUnit] | None = None,
+        engine: OffloadEngine | None = None,
+        io_same_device: bool = False,
+    ) -> None:
         self.device = device
         self.units = list(units or [])
         self.engine = engine
@@ -61,8 +66,13 @@ def _first_device(obj: Any) -> torch.device | None:
     return None
 
 
-def attach_device_hook(module: nn.Module, device: torch.device | None = None, unit: OffloadUnit | None = None,
-                       engine: OffloadEngine | None = None, io_same_device: bool = False) -> DeviceHook:
+def attach_device_hook(
+    module: nn.Module,
+    device: torch.device | None = None,
+    unit: OffloadUnit | None = None,
+    engine: OffloadEngine | None = None,
+    io_same_device: bool = False,
+) -> DeviceHook:
     """Wrap ``module.forward``; a second call on the same module merges into the existing hook."""
     hook: DeviceHook | None = getattr(module, _ATTR, None)
     if hook is None:

@@ -18,8 +18,9 @@ import os
 import re
 import warnings
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -67,7 +68,9 @@ def _model_targets(model: nn.Module) -> tuple[dict[str, _Target], set[str]]:
     out: dict[str, _Target] = {}
     non_persistent: set[str] = set()
     for mname, owner in model.named_modules(remove_duplicate=False):
-        items = [(a, p, True) for a, p in owner._parameters.items()] + [(a, b, False) for a, b in owner._buffers.items()]
+        items = [(a, p, True) for a, p in owner._parameters.items()] + [
+            (a, b, False) for a, b in owner._buffers.items()
+        ]
         for attr, t, is_param in items:
             if t is None:
                 continue
@@ -128,8 +131,9 @@ def _open_source(checkpoint: str, allow_pickle: bool, weights_only: bool) -> tup
         for name in index.weight_map:
             dtypes[name], shape = tensor_info(index, name)
             shapes[name] = tuple(shape)
-        return _Source(index.files, dict(names_in), dict(index.aliases), shapes, dtypes,
-                       dict(index.weight_map), True), {}
+        return _Source(
+            index.files, dict(names_in), dict(index.aliases), shapes, dtypes, dict(index.weight_map), True
+        ), {}
     if not allow_pickle:
         raise CheckpointLoadError(
             f"{checkpoint} is a pickle checkpoint ({', '.join(os.path.basename(p) for p in pickles[:3])}); pickle can "
@@ -140,7 +144,9 @@ def _open_source(checkpoint: str, allow_pickle: bool, weights_only: bool) -> tup
     src = _Source(pickles, {}, {}, {}, {}, {}, False)
     for path in pickles:
         if not os.path.isfile(path):
-            raise CheckpointLoadError(f"shard {path} named by the index is missing; copy the complete checkpoint")
+            raise CheckpointLoadError(
+                f"shard {path} named by the index is missing; copy the complete checkpoint"
+            )
         try:
             sd = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
         except Exception as exc:  # noqa: BLE001 - name the file and the way out
@@ -160,7 +166,9 @@ def _open_source(checkpoint: str, allow_pickle: bool, weights_only: bool) -> tup
 
 
 # -- the load -----------------------------------------------------------------------------------------
-def _target_dtype(saved: torch.dtype, current: torch.dtype, dtype: torch.dtype | None, keep_fp32: bool) -> torch.dtype:
+def _target_dtype(
+    saved: torch.dtype, current: torch.dtype, dtype: torch.dtype | None, keep_fp32: bool
+) -> torch.dtype:
     if not saved.is_floating_point:
         return saved
     if keep_fp32:
@@ -172,7 +180,12 @@ def _target_dtype(saved: torch.dtype, current: torch.dtype, dtype: torch.dtype |
 
 def _install(model_owners: list[tuple[nn.Module, str, bool]], value: torch.Tensor, old: torch.Tensor) -> None:
     """Put ``value`` where ``old`` was, in every module that holds it (ties stay tied)."""
-    if old.device.type != "meta" and old.device == value.device and old.dtype == value.dtype and old.shape == value.shape:
+    if (
+        old.device.type != "meta"
+        and old.device == value.device
+        and old.dtype == value.dtype
+        and old.shape == value.shape
+    ):
         with torch.no_grad():
             old.copy_(value)
         return
@@ -225,14 +238,17 @@ def load_checkpoint_in_model(
             provided[name] = saved
     covered = {id(targets[n]) for n in provided}
     missing = [n for n, t in targets.items() if n not in provided and id(t) not in covered]
-    unexpected = [n for n in list(source.file_of) + list(source.aliases)
-                  if n not in targets and n not in non_persistent]
+    unexpected = [
+        n for n in list(source.file_of) + list(source.aliases) if n not in targets and n not in non_persistent
+    ]
     mismatched = []
     for name, saved in provided.items():
         want = tuple(targets[name].tensor.shape)
         if source.shapes[saved] != want:
-            mismatched.append(f"{name!r} is {list(source.shapes[saved])} in {os.path.basename(source.file_of[saved])}"
-                              f" but {list(want)} in the model")
+            mismatched.append(
+                f"{name!r} is {list(source.shapes[saved])} in {os.path.basename(source.file_of[saved])}"
+                f" but {list(want)} in the model"
+            )
     if mismatched:
         raise CheckpointLoadError(
             f"shape mismatch between checkpoint {checkpoint} and {type(model).__name__}: {'; '.join(mismatched[:6])}"
@@ -254,7 +270,8 @@ def load_checkpoint_in_model(
     if missing or unexpected:
         warnings.warn(
             f"load_checkpoint_in_model: missing keys: {_listing(missing) or 'none'}; "
-            f"unexpected keys: {_listing(unexpected) or 'none'}", stacklevel=2
+            f"unexpected keys: {_listing(unexpected) or 'none'}",
+            stacklevel=2,
         )
 
     # 2. plan: saved name -> (target, device, dtype) ; one target can be filled once
@@ -324,14 +341,20 @@ def load_checkpoint_in_model(
             del sd
     if pickled_for_disk:
         if offload_folder is None:
-            raise CheckpointLoadError("the device map sends modules to 'disk' and the checkpoint is pickle, so their "
-                                      "weights must be written out: pass offload_folder=...")
+            raise CheckpointLoadError(
+                "the device map sends modules to 'disk' and the checkpoint is pickle, so their "
+                "weights must be written out: pass offload_folder=..."
+            )
         from safetensors.torch import save_file
 
         folder = os.fspath(offload_folder)
         os.makedirs(folder, exist_ok=True)
-        out = os.path.join(folder, "accel_nb_offload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(checkpoint))
-                           + ".safetensors")
+        out = os.path.join(
+            folder,
+            "accel_nb_offload_"
+            + re.sub(r"[^A-Za-z0-9_.-]", "_", os.path.basename(checkpoint))
+            + ".safetensors",
+        )
         save_file({k: v.contiguous() for k, v in pickled_for_disk.items()}, out)
         for k in pickled_for_disk:
             for n in targets[k].names:

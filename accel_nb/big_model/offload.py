@@ -129,7 +129,7 @@ class OffloadEngine:
             if unit.source == "cpu":
                 packed = torch.empty(unit.nbytes, dtype=torch.uint8, pin_memory=True)
                 for s in unit.slots:
-                    view = packed[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+                    view = packed[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
                     view.copy_(unit.host[s.key])
                 unit.packed = packed
                 unit.host.clear()  # the pinned copy is now the only one
@@ -228,15 +228,15 @@ class OffloadEngine:
         """Worker thread: read a disk unit into pinned staging, then start its copy."""
         buf.copy_done.synchronize()  # the previous copy out of this staging area has finished
         for s in unit.slots:
-            view = buf.staging[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
+            view = buf.staging[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
             view.copy_(self._read_disk(unit, s.key))
-        self._start_copy(buf, buf.staging[:unit.nbytes])
+        self._start_copy(buf, buf.staging[: unit.nbytes])
 
     def _start_copy(self, buf: _DeviceBuffer, host: torch.Tensor) -> None:
         stream = self._side_stream
         with torch.cuda.stream(stream):
             stream.wait_event(buf.released)  # whoever read this buffer last is done with it
-            buf.data[:host.numel()].copy_(host, non_blocking=True)
+            buf.data[: host.numel()].copy_(host, non_blocking=True)
             buf.copy_done.record(stream)
         self.bytes_streamed += host.numel()
 
@@ -264,9 +264,14 @@ class OffloadEngine:
         if buf is None or buf.unit is not unit:
             buf = self._issue(unit)
         if buf is None:  # every buffer busy (nested offloaded units): plain synchronous copies
-            return {s.key: (unit.packed[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)
-                            if unit.source == "cpu" else self._read_disk(unit, s.key).to(s.dtype)).to(self.device)
-                    for s in unit.slots}
+            return {
+                s.key: (
+                    unit.packed[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
+                    if unit.source == "cpu"
+                    else self._read_disk(unit, s.key).to(s.dtype)
+                ).to(self.device)
+                for s in unit.slots
+            }
         if buf.pending is not None:
             buf.pending.result()  # re-raises a read error here, in the forward that needs it
             buf.pending = None
@@ -274,4 +279,6 @@ class OffloadEngine:
         buf.in_use += 1
         self._clock += 1
         buf.last_used = self._clock
-        return {s.key: buf.data[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape) for s in unit.slots}
+        return {
+            s.key: buf.data[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape) for s in unit.slots
+        }

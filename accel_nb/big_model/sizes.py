@@ -1,14 +1,15 @@
 """How big each module is, how much each device can hold, and which parameters are tied.
 
-    sizes = compute_module_sizes(model, dtype=torch.float16)   # {"": total, "h.0": ..., ...}
-    budget = get_max_memory({0: "20GiB", "cpu": "64GiB"})      # {0: 21474836480, "cpu": ...}
+sizes = compute_module_sizes(model, dtype=torch.float16)   # {"": total, "h.0": ..., ...}
+budget = get_max_memory({0: "20GiB", "cpu": "64GiB"})      # {0: 21474836480, "cpu": ...}
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,8 +17,15 @@ from torch import nn
 Device = int | str
 
 _UNITS = {
-    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 
 
@@ -82,7 +90,9 @@ def _tensor_bytes(t: torch.Tensor, dtype: torch.dtype | None) -> int:
 def named_tensors(module: nn.Module, recurse: bool = True) -> Iterable[tuple[str, torch.Tensor]]:
     """Parameters then buffers, each tensor once (tied ones under their first name)."""
     seen: set[int] = set()
-    for name, t in list(module.named_parameters(recurse=recurse)) + list(module.named_buffers(recurse=recurse)):
+    for name, t in list(module.named_parameters(recurse=recurse)) + list(
+        module.named_buffers(recurse=recurse)
+    ):
         if id(t) not in seen:
             seen.add(id(t))
             yield name, t
@@ -111,7 +121,13 @@ def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     text = str(dtype).replace("torch.", "")
-    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+    aliases = {
+        "fp16": "float16",
+        "half": "float16",
+        "bf16": "bfloat16",
+        "fp32": "float32",
+        "float": "float32",
+    }
     value = getattr(torch, aliases.get(text, text), None)
     if not isinstance(value, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use e.g. torch.float16 or 'bfloat16'")
@@ -136,8 +152,11 @@ def is_no_split(module: nn.Module, no_split_module_classes: Iterable[str | type]
     return False
 
 
-def layer_sizes(model: nn.Module, no_split_module_classes: Iterable[str | type] | None = None,
-                dtype: torch.dtype | None = None) -> dict[str, int]:
+def layer_sizes(
+    model: nn.Module,
+    no_split_module_classes: Iterable[str | type] | None = None,
+    dtype: torch.dtype | None = None,
+) -> dict[str, int]:
     """The units that always move whole: no-split blocks and leaf modules with weights."""
     sizes = compute_module_sizes(model, dtype)
     out: dict[str, int] = {}

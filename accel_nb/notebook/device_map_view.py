@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import html
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..utils import human_bytes
 
@@ -55,9 +56,14 @@ def _order(device: Any) -> tuple[int, int]:
 class DeviceMapView:
     """A device map with its sizes and budgets, renderable as HTML, text or an ipywidgets view."""
 
-    def __init__(self, model: Any = None, device_map: Mapping[str, Any] | None = None,
-                 max_memory: Mapping[Any, Any] | None = None,
-                 no_split_module_classes: Iterable[str | type] | None = None, dtype: Any = None) -> None:
+    def __init__(
+        self,
+        model: Any = None,
+        device_map: Mapping[str, Any] | None = None,
+        max_memory: Mapping[Any, Any] | None = None,
+        no_split_module_classes: Iterable[str | type] | None = None,
+        dtype: Any = None,
+    ) -> None:
         self.model = model
         self.no_split_module_classes = list(no_split_module_classes or [])
         self.dtype = dtype
@@ -128,7 +134,9 @@ class DeviceMapView:
         out = []
         for name, dev in self.device_map.items():
             cls = classes.get(name) or (type(modules[name]).__name__ if name in modules else "")
-            out.append({"module": name, "device": dev, "size": sizes.get(name) if sizes else None, "class": cls})
+            out.append(
+                {"module": name, "device": dev, "size": sizes.get(name) if sizes else None, "class": cls}
+            )
         return out
 
     def devices(self) -> list[dict[str, Any]]:
@@ -144,8 +152,17 @@ class DeviceMapView:
             if dev == "disk" and budget is not None and budget >= 2**60:
                 budget = None
             room = headroom.get(dev, 0)
-            out.append({"device": dev, "name": _dev_name(dev), "budget": budget, "headroom": room, "used": used,
-                        "free": None if budget is None else budget - room - used, "rows": mine})
+            out.append(
+                {
+                    "device": dev,
+                    "name": _dev_name(dev),
+                    "budget": budget,
+                    "headroom": room,
+                    "used": used,
+                    "free": None if budget is None else budget - room - used,
+                    "rows": mine,
+                }
+            )
         return out
 
     def moves(self) -> list[str]:
@@ -167,7 +184,11 @@ class DeviceMapView:
             filled = round(width * d["used"] / scale)
             reserved = round(width * d["headroom"] / scale)
             bar = "#" * filled + "." * max(width - filled - reserved, 0) + "/" * reserved
-            budget = f" of {human_bytes(d['budget'])}, {human_bytes(max(d['free'], 0))} free" if d["budget"] is not None else ""
+            budget = (
+                f" of {human_bytes(d['budget'])}, {human_bytes(max(d['free'], 0))} free"
+                if d["budget"] is not None
+                else ""
+            )
             head = f", headroom {human_bytes(d['headroom'])}" if d["headroom"] else ""
             lines.append(f"  {d['name']:>7s} [{bar[:width]}] {human_bytes(d['used'])} used{budget}{head}")
         moves = self.moves()
@@ -199,23 +220,31 @@ class DeviceMapView:
             title = f"{d['name']}: {human_bytes(d['used'])} used"
             if d["budget"] is not None:
                 title += f" of {human_bytes(d['budget'])}"
-            parts.append(f'<div class="accel-nb-device-row" data-device="{esc(str(d["device"]))}">'
-                         f'<div class="accel-nb-device-label">{esc(d["name"])}</div>'
-                         f'<div class="accel-nb-device-bar" data-device="{esc(str(d["device"]))}" '
-                         f'data-used="{d["used"]}" data-budget="{d["budget"] if d["budget"] is not None else ""}" '
-                         f'data-headroom="{d["headroom"]}" title="{esc(title)}">')
+            parts.append(
+                f'<div class="accel-nb-device-row" data-device="{esc(str(d["device"]))}">'
+                f'<div class="accel-nb-device-label">{esc(d["name"])}</div>'
+                f'<div class="accel-nb-device-bar" data-device="{esc(str(d["device"]))}" '
+                f'data-used="{d["used"]}" data-budget="{d["budget"] if d["budget"] is not None else ""}" '
+                f'data-headroom="{d["headroom"]}" title="{esc(title)}">'
+            )
             for r in d["rows"]:
                 size = r["size"] or 0
                 pct = 100.0 * size / scale if d["used"] else 100.0 / max(len(d["rows"]), 1)
                 label = f"{r['module'] or '(model)'} ({r['class']}) {human_bytes(size) if r['size'] is not None else ''}"
-                parts.append(f'<div class="accel-nb-module" data-module="{esc(r["module"])}" '
-                             f'style="width:{pct:.3f}%;background:{_colour(r["module"])}" title="{esc(label.strip())}"></div>')
+                parts.append(
+                    f'<div class="accel-nb-module" data-module="{esc(r["module"])}" '
+                    f'style="width:{pct:.3f}%;background:{_colour(r["module"])}" title="{esc(label.strip())}"></div>'
+                )
             if d["headroom"]:
-                parts.append(f'<div class="accel-nb-headroom" style="width:{100.0 * d["headroom"] / scale:.3f}%" '
-                             f'title="{esc("headroom reserved for the largest layer: " + human_bytes(d["headroom"]))}"></div>')
+                parts.append(
+                    f'<div class="accel-nb-headroom" style="width:{100.0 * d["headroom"] / scale:.3f}%" '
+                    f'title="{esc("headroom reserved for the largest layer: " + human_bytes(d["headroom"]))}"></div>'
+                )
             if d["budget"] is not None:
-                parts.append(f'<div class="accel-nb-budget-line" style="left:calc({100.0 * d["budget"] / scale:.3f}% - 2px)" '
-                             f'title="{esc("budget " + human_bytes(d["budget"]))}"></div>')
+                parts.append(
+                    f'<div class="accel-nb-budget-line" style="left:calc({100.0 * d["budget"] / scale:.3f}% - 2px)" '
+                    f'title="{esc("budget " + human_bytes(d["budget"]))}"></div>'
+                )
             info = f"{human_bytes(d['used'])} used"
             if d["budget"] is not None:
                 info += f" / {human_bytes(d['budget'])} budget, {human_bytes(max(d['free'], 0))} free"
@@ -227,12 +256,16 @@ class DeviceMapView:
             parts.append('<details class="accel-nb-moves"><summary>Why blocks moved on</summary><ul>')
             parts += [f"<li>{esc(m)}</li>" for m in moves]
             parts.append("</ul></details>")
-        parts.append('<table class="accel-nb-device-table"><tr><th>module</th><th>device</th><th>size</th></tr>')
+        parts.append(
+            '<table class="accel-nb-device-table"><tr><th>module</th><th>device</th><th>size</th></tr>'
+        )
         for r in self.rows():
             size = human_bytes(r["size"]) if r["size"] is not None else "?"
-            parts.append(f'<tr data-module="{esc(r["module"])}" data-device="{esc(str(r["device"]))}" title="{esc(r["module"])}">'
-                         f'<td><span style="color:{_colour(r["module"])}">&#9632;</span> {esc(r["module"] or "(model)")}</td>'
-                         f'<td>{esc(_dev_name(r["device"]))}</td><td>{size}</td></tr>')
+            parts.append(
+                f'<tr data-module="{esc(r["module"])}" data-device="{esc(str(r["device"]))}" title="{esc(r["module"])}">'
+                f'<td><span style="color:{_colour(r["module"])}">&#9632;</span> {esc(r["module"] or "(model)")}</td>'
+                f"<td>{esc(_dev_name(r['device']))}</td><td>{size}</td></tr>"
+            )
         parts.append("</table></div>")
         return "".join(parts)
 
@@ -268,9 +301,16 @@ class DeviceMapView:
                 if dev == "disk":
                     continue
                 top = max(int(budget // unit), int(total // unit) * 2, 1)
-                slider = w.IntSlider(value=int(budget // unit), min=0, max=top, step=max(top // 200, 1),
-                                     description=f"{_dev_name(dev)} ({unit_name})", continuous_update=False,
-                                     style={"description_width": "110px"}, layout=w.Layout(width="520px"))
+                slider = w.IntSlider(
+                    value=int(budget // unit),
+                    min=0,
+                    max=top,
+                    step=max(top // 200, 1),
+                    description=f"{_dev_name(dev)} ({unit_name})",
+                    continuous_update=False,
+                    style={"description_width": "110px"},
+                    layout=w.Layout(width="520px"),
+                )
                 slider.add_class("accel-nb-budget-slider")
                 slider.add_class(f"accel-nb-budget-slider-{str(dev).replace(':', '-')}")
 
@@ -309,8 +349,13 @@ def _execution_count() -> int | None:
     return getattr(shell, "execution_count", None) if shell is not None else None
 
 
-def show_device_map(model_or_map: Any, max_memory: Mapping[Any, Any] | None = None, interactive: bool | None = None,
-                    no_split_module_classes: Iterable[str | type] | None = None, dtype: Any = None) -> DeviceMapView:
+def show_device_map(
+    model_or_map: Any,
+    max_memory: Mapping[Any, Any] | None = None,
+    interactive: bool | None = None,
+    no_split_module_classes: Iterable[str | type] | None = None,
+    dtype: Any = None,
+) -> DeviceMapView:
     """Draw where each module goes: bars per device, budgets, headroom, a module table.
 
         view = show_device_map(model, max_memory={0: "6GiB", "cpu": "30GiB"},
