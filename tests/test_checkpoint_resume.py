@@ -85,10 +85,16 @@ def _train(ckpt: str, start: int, stop: int, save: bool):
     return losses, weights, torch.rand(1).item()
 
 
-def test_resume_is_bitwise_exact(tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    full = run_ranks(_train, 2, args=(ckpt + "-unused", 0, TOTAL_STEPS, False))
-    first = run_ranks(_train, 2, args=(ckpt, 0, HALF, True))
+@pytest.fixture(scope="module")
+def half_run(tmp_path_factory):
+    """2 ranks train HALF steps and save_state: (checkpoint folder, per-rank results)."""
+    ckpt = str(tmp_path_factory.mktemp("half") / "ckpt")
+    return ckpt, run_ranks(_train, 2, args=(ckpt, 0, HALF, True))
+
+
+def test_resume_is_bitwise_exact(tmp_path, half_run):
+    ckpt, first = half_run
+    full = run_ranks(_train, 2, args=(str(tmp_path / "unused"), 0, TOTAL_STEPS, False))
     assert sorted(os.listdir(ckpt)) == [
         "checkpoint.json",
         "custom_checkpoint_0.bin",
@@ -123,9 +129,8 @@ def _bad_world(ckpt: str):
     return None
 
 
-def test_world_size_mismatch_is_a_clear_error(tmp_path):
-    ckpt = str(tmp_path / "ckpt")
-    run_ranks(_train, 2, args=(ckpt, 0, 2, True))
+def test_world_size_mismatch_is_a_clear_error(half_run):
+    ckpt, _ = half_run
     (message,) = run_ranks(_bad_world, 1, args=(ckpt,))
     assert message and "saved by 2 processes but this run has 1" in message and "checkpoint.json" in message
 
@@ -258,13 +263,14 @@ def _load_expecting_failure(ckpt: str):
     return None, None
 
 
-def test_a_rank_that_cannot_load_stops_every_rank_before_any_change(tmp_path):
+def test_a_rank_that_cannot_load_stops_every_rank_before_any_change(tmp_path, half_run):
     import json
+    import shutil
 
     from accel_nb.checkpoint import _digest
 
     ckpt = str(tmp_path / "ckpt")
-    run_ranks(_train, 2, args=(ckpt, 0, 2, True))
+    shutil.copytree(half_run[0], ckpt)
     # rank 1's own file now holds an object the safe loader refuses (the manifest is updated to match)
     rank_file = os.path.join(ckpt, "rank_1.pt")
     torch.save({"rng": Counter(), "dataloaders": []}, rank_file)
