@@ -94,7 +94,13 @@ class ConfigWizard:
     """The widget and its API: ``controls`` (by config key), ``config``, ``error``, ``status``, ``save()``."""
 
     def __init__(self, path: str | None = None, hw: HardwareInfo | None = None) -> None:
-        import ipywidgets as w
+        try:
+            import ipywidgets as w
+        except ImportError:
+            raise ImportError(
+                "config_wizard() needs ipywidgets: pip install 'accel_nb[notebook]'. "
+                "In a terminal, `accel-nb config` asks the same questions."
+            ) from None
 
         self.path = path or default_config_path()
         self.hw = hw or detect()
