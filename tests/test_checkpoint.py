@@ -416,3 +416,15 @@ def test_round_trip_on_cuda(tmp_path):
     fresh = TiedLM()
     load_safetensors_into(fresh, tmp_path / "out")
     assert len(files) > 2 and torch.equal(fresh.blocks[0].weight, expected["blocks.0.weight"].cpu())
+
+
+def test_pickle_weights_when_not_safe(tmp_path):
+    accelerator, model, optimizer, scheduler = _setup()
+    _train_step(accelerator, model, optimizer, scheduler)
+    path = accelerator.save_state(tmp_path / "c", safe_serialization=False)
+    assert "pytorch_model.bin" in os.listdir(path) and "model.safetensors" not in os.listdir(path)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    _train_step(accelerator, model, optimizer, scheduler)
+    accelerator.load_state(path)  # a plain state dict of tensors passes the safe loader
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, expected[k]), k
