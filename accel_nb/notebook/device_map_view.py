@@ -380,7 +380,7 @@ def show_device_map(
 
         display(view)
         view._shown_in = _execution_count()
-    elif interactive is None:
+    else:  # a terminal: the text summary
         print(view.text_summary())
         view._shown_in = _execution_count()
     return view
