@@ -313,3 +313,22 @@ def test_resumed_pass_leaves_the_global_rng_alone():
     torch.manual_seed(99)
     _ids(fresh)  # a normal (not resumed) pass draws the iterator seed as torch does
     assert not torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("n_items", [0, 1, 5, 8, 11, 16])
+@pytest.mark.parametrize("batch_size,world", [(2, 2), (4, 2), (6, 3), (3, 3)])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("even", [False, True])
+def test_split_batches_covers_dataset_and_len_matches(n_items, batch_size, world, drop_last, even):
+    shards = _shards(n_items, batch_size, world, drop_last=drop_last, split=True, even=even)
+    per_rank = [list(s) for s in shards]
+    for s, batches in zip(shards, per_rank):
+        assert len(s) == len(batches)
+    full = list(BatchSampler(SequentialSampler(range(n_items)), batch_size, drop_last))
+    seen = [i for batches in per_rank for b in batches for i in b]
+    assert set(seen) == {i for b in full for i in b}
+    if even:
+        assert all(len(b) == batch_size // world for batches in per_rank for b in batches)
+        assert len({len(b) for b in per_rank}) <= 1
+    else:
+        assert sorted(seen) == sorted(i for b in full for i in b)  # no copies without even_batches
