@@ -1,0 +1,141 @@
+"""The widgets in a real browser: JupyterLab on 127.0.0.1, Debian's Chromium driven by Playwright.
+
+One JupyterLab server and one browser for the whole module (TESTING.md section 3). The notebooks
+are copied to a temporary folder so running them never writes outputs into notebooks/.
+Screenshots land in artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from tests.browser_helpers import (
+    LabServer,
+    cell_errors,
+    chromium,
+    open_notebook,
+    run_all_cells,
+    screenshot,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(400)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHOTS = os.path.join(ROOT, "artifacts", "screenshots")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    for name in os.listdir(os.path.join(ROOT, "notebooks")):
+        if name.endswith(".ipynb"):
+            shutil.copy(os.path.join(ROOT, "notebooks", name), root / name)
+    os.makedirs(SHOTS, exist_ok=True)
+    server = LabServer(str(root), log_path=os.path.join(SHOTS, "..", "jupyterlab.log"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture()
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    yield pg
+    context.close()
+
+
+def cell_index(page, needle: str) -> int:
+    """Index of the first cell whose source contains ``needle``."""
+    index = page.evaluate(
+        """needle => window.jupyterapp.shell.currentWidget.content.widgets
+            .findIndex(c => c.model.sharedModel.getSource().includes(needle))""",
+        needle,
+    )
+    assert index >= 0, f"no cell contains {needle!r}"
+    return index
+
+
+def cell(page, needle: str):
+    node = page.locator(".jp-Notebook .jp-Cell").nth(cell_index(page, needle))
+    node.scroll_into_view_if_needed()
+    return node
+
+
+def progress_widths(node) -> list[str]:
+    return node.evaluate(
+        "n => [...n.querySelectorAll('.widget-hprogress .progress-bar')].map(b => b.style.width)"
+    )
+
+
+def test_quickstart_progress_bars_reach_100_percent(lab, page):
+    open_notebook(page, lab, "quickstart.ipynb")
+    run_all_cells(page, lab, "quickstart.ipynb")
+    assert cell_errors(page) == []
+    for needle, name in (("notebook_launcher(train", "launcher"), ("%%accelerate --num_processes", "magic")):
+        node = cell(page, needle)
+        # one bar per rank, both full once the launch is over
+        widths = wait_until(lambda node=node: (w := progress_widths(node)) and all(x == "100%" for x in w) and w,
+                            30, f"the {name} cell's bars to reach 100%")  # fmt: skip
+        assert widths == ["100%", "100%"], widths
+        text = node.inner_text()
+        assert "rank 0" in text and "rank 1" in text and "done" in text
+        node.screenshot(path=os.path.join(SHOTS, f"quickstart_progress_{name}.png"))
+    # the failing launch: rank 1 is shown failed with its exception, rank 0 is not
+    failing = cell(page, "notebook_launcher(fails_on_rank_1")
+    text = failing.inner_text()
+    assert "failed" in text and "ValueError" in text and "boom on rank 1" in text
+    assert "caught: rank 1 failed with ValueError: boom on rank 1" in text
+    failing.screenshot(path=os.path.join(SHOTS, "quickstart_failure.png"))
+    # the results came back and were plotted
+    plot = cell(page, "plot_lines({")
+    assert plot.locator(".jp-RenderedSVG").count() == 1  # drawn from the values --return brought back
+    assert "trained model (back in this notebook): Sequential" in cell(page, "final_mse").inner_text()
+    screenshot(page, "quickstart_end", SHOTS)
+
+
+def test_device_map_view_has_a_bar_per_device_and_follows_the_budget_slider(lab, page):
+    open_notebook(page, lab, "big_model_inference.ipynb")
+    run_all_cells(page, lab, "big_model_inference.ipynb")
+    assert cell_errors(page) == []
+    node = cell(page, "view = show_device_map(")
+
+    def modules_per_device():
+        return dict(node.evaluate(
+            """n => [...n.querySelectorAll('.accel-nb-device-bar')]
+                .map(b => [b.dataset.device, b.querySelectorAll('.accel-nb-module').length])"""
+        ))  # fmt: skip
+
+    before = modules_per_device()
+    assert set(before) == {"cpu", "disk"}  # one bar per device, named separately
+    assert before["cpu"] > 0 and before["disk"] > 0  # the 1.2 MB CPU budget sent blocks to disk
+    node.screenshot(path=os.path.join(SHOTS, "device_map_before.png"))
+    # raise the CPU budget to the slider's maximum: everything fits on the CPU, the disk empties
+    handle = node.locator(".accel-nb-budget-slider-cpu .noUi-handle")
+    assert handle.count() == 1
+    handle.focus()
+    page.keyboard.press("End")
+    after = wait_until(
+        lambda: (m := modules_per_device()) and m.get("disk") == 0 and m, 30, "the map to be recomputed"
+    )
+    assert after["cpu"] > 0 and set(after) == {"cpu", "disk"}
+    node.screenshot(path=os.path.join(SHOTS, "device_map_after.png"))
+    # and back down to the minimum budget: nothing on the CPU, all on disk
+    handle.focus()
+    page.keyboard.press("Home")
+    low = wait_until(
+        lambda: (m := modules_per_device()) and m.get("cpu") == 0 and m, 30, "the map to move to disk"
+    )
+    assert low["disk"] > 0
+    time.sleep(0.2)
