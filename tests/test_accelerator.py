@@ -465,3 +465,26 @@ def test_reference_kwargs_handlers_are_understood():
     _reset_all_states()
     with pytest.raises(ValueError, match="kwargs handler object is not supported"):
         Accelerator(kwargs_handlers=[object()])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mp", ["fp16", "bf16"])
+def test_cuda_placement_pinned_batches_and_mixed_precision(mp):
+    if mp == "bf16" and not torch.cuda.is_bf16_supported():
+        with pytest.raises(ValueError, match="not supported by GPU 0"):
+            Accelerator(mixed_precision="bf16")
+        return
+    acc, model, opt, _ = _setup(n=32, mixed_precision=mp)
+    x = torch.randn(32, 4)
+    dl = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, pin_memory=True)
+    model, opt, dl = acc.prepare(model, opt, dl)
+    assert acc.device.type == "cuda" and next(model.parameters()).device.type == "cuda"
+    assert (acc.scaler is not None) == (mp == "fp16")
+    for xb, yb in dl:
+        assert xb.device == acc.device and yb.device == acc.device
+        out = model(xb)
+        assert out.dtype == torch.float32
+        acc.backward(torch.nn.functional.mse_loss(out, yb))
+        opt.step()
+        opt.zero_grad()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
