@@ -31,9 +31,13 @@ def trivial():
     dist.barrier()
     return state.process_index
 
-def time_ours(method, repeat):
+def time_ours(method, repeat, cold=False, server=True):
+    from accel_nb.launch import zygote
+    os.environ["ACCEL_NB_SPAWN_SERVER"] = "1" if server else "0"
     times = []
     for _ in range(repeat):
+        if cold:
+            zygote.shutdown()
         t = time.perf_counter()
         res = notebook_launcher(trivial, num_processes=2, start_method=method, reporter=ListReporter(), cpu=True)
         times.append(time.perf_counter() - t)
@@ -85,7 +89,11 @@ def run(quick: bool = False) -> list[dict]:
         _cell(k, SETUP)
         _cell(k, "time_ours('fork', 1)")  # warm-up: imports, first fork
         fork = json.loads(_cell(k, f"print(json.dumps(time_ours('fork', {fork_n})))").strip().splitlines()[-1])
-        spawn = json.loads(_cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n})))").strip().splitlines()[-1])
+        spawn_cold = json.loads(_cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n}, cold=True)))").strip().splitlines()[-1])
+        spawn = json.loads(_cell(k, f"print(json.dumps(time_ours('spawn', {fork_n})))").strip().splitlines()[-1])
+        spawn_fresh = json.loads(
+            _cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n}, server=False)))").strip().splitlines()[-1]
+        )
         ref: list[float] | None = None
         ref_note = ""
         try:
@@ -114,7 +122,12 @@ def run(quick: bool = False) -> list[dict]:
             )
     for label, pick in (("median", statistics.median), ("min", min)):
         ref_s = pick(ref) if ref else None
-        for method, times, goal in (("fork", fork, 0.5), ("spawn", spawn, 4.0)):
+        for method, times, goal in (
+            ("fork", fork, 0.5),
+            ("spawn, warm spawn server", spawn, 4.0),
+            ("spawn, cold (first spawn launch starts the server)", spawn_cold, 4.0),
+            ("spawn, fresh interpreter per rank (ACCEL_NB_SPAWN_SERVER=0)", spawn_fresh, 4.0),
+        ):
             ours_s = pick(times)
             rows.append(
                 {

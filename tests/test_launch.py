@@ -20,8 +20,19 @@ from accel_nb.launch.reporting import ListReporter, TextReporter
 pytestmark = pytest.mark.multiproc
 
 
+def _is_spawn_server(p) -> bool:
+    try:
+        return "accel_nb.launch.zygote" in " ".join(p.cmdline())
+    except psutil.Error:
+        return False
+
+
 def _no_children() -> list:
-    return [c for c in psutil.Process().children(recursive=True) if c.status() != psutil.STATUS_ZOMBIE]
+    """Live descendants, except the warm spawn server (it stays between launches, with no rank)."""
+    return [
+        c for c in psutil.Process().children(recursive=True)
+        if c.status() != psutil.STATUS_ZOMBIE and not _is_spawn_server(c)
+    ]
 
 
 def _allreduce_rank() -> list[int]:
@@ -275,6 +286,28 @@ def test_spawn_returns_tensors_and_modules_and_reports_output():
     assert any(isinstance(e, Phase) and e.phase == "running" for e in rep.events)
 
 
+def test_spawned_ranks_exit_codes_come_back_and_the_server_can_be_stopped():
+    from accel_nb.launch import zygote
+
+    with pytest.raises(LaunchError) as info:
+        debug_launcher(_exits_hard, start_method="spawn")
+    f = info.value.failures[0]
+    assert f.rank == 1 and f.exit_code == 3
+    assert not _no_children()
+    zygote.shutdown()
+    assert psutil.Process().children(recursive=True) == []
+
+
+def test_spawn_without_the_server_starts_fresh_interpreters(monkeypatch):
+    from accel_nb.launch import zygote
+
+    zygote.shutdown()
+    monkeypatch.setenv(zygote.ENV_SWITCH, "0")
+    assert debug_launcher(_trivial, start_method="spawn", reporter=ListReporter()) == [0, 1]
+    assert zygote._server is None
+    assert psutil.Process().children(recursive=True) == []
+
+
 def _emits_progress():
     for i in range(3):
         emit(Progress(rank=PartialState().process_index, name="train", n=i + 1, total=3))
@@ -298,7 +331,7 @@ def test_fifty_launches_leak_no_processes_no_fds_and_no_ports():
     debug_launcher(_trivial, reporter=ListReporter())  # warm up lazily opened files
     fds = proc.num_fds()
     threads = proc.num_threads()
-    for _ in range(50):
+    for _ in range(50):  # fork launches
         assert debug_launcher(_trivial, reporter=ListReporter()) == [0, 1]
     assert proc.num_fds() <= fds
     assert proc.num_threads() <= threads

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Event, Failure, Heartbeat, Result, Stacks
+from . import zygote
 from .channel import EventReader
 from .errors import RankFailure, signal_name
 from .plan import LaunchPlan
@@ -39,18 +40,23 @@ _live_lock = threading.Lock()
 class RankProcess:
     """One started rank: its pid (also its process group), its event reader, its exit status."""
 
-    def __init__(self, rank: int, pid: int, reader: EventReader, popen: subprocess.Popen | None = None) -> None:
+    def __init__(
+        self, rank: int, pid: int, reader: EventReader, popen: subprocess.Popen | None = None, server: Any = None
+    ) -> None:
         self.rank = rank
         self.pid = pid
         self.reader = reader
         self.popen = popen
+        self.server = server  # the spawn server that forked this rank (it reaps it and reports the exit)
         self.returncode: int | None = None
         with _live_lock:
             _live.add(self)
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            if self.popen is not None:
+            if self.server is not None:
+                self.returncode = self.server.returncode(self.pid)
+            elif self.popen is not None:
                 self.returncode = self.popen.poll()
             else:
                 try:
@@ -129,6 +135,28 @@ def start_spawn(plan: LaunchPlan, log_dir: str, payload_path: str, procs: list[R
     with open(spec_file, "w") as f:
         f.write(base.to_json())
     code = "from accel_nb.launch.worker import spawn_main; spawn_main()"
+    server = None
+    if zygote.enabled():
+        try:
+            server = zygote.get_server()
+        except zygote.SpawnServerError as exc:
+            print(f"[accel_nb] the spawn server is unavailable ({exc}); starting fresh interpreters", file=sys.stderr)
+    if server is not None:
+        for rank in range(plan.num_processes):
+            r, w = os.pipe()
+            env = dict(os.environ)
+            env.update(plan.rank_env(rank))
+            log_fd = os.open(log_path(log_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                pid = server.start_rank(spec_file, rank, env, w, log_fd)
+            except BaseException:
+                os.close(r)
+                raise
+            finally:
+                os.close(w)
+                os.close(log_fd)
+            procs.append(RankProcess(rank, pid, EventReader(r, rank), server=server))
+        return procs
     for rank in range(plan.num_processes):
         r, w = os.pipe()
         env = dict(os.environ)

@@ -247,7 +247,10 @@ def fork_main(spec: RankSpec, payload: Any) -> NoReturn:
 
 
 def spawn_main(argv: list[str] | None = None) -> NoReturn:
-    """Entry of a spawned rank: ``<spec.json> <rank> <event fd>``; loads the cloudpickled payload."""
+    """Entry of a spawned rank: ``<spec.json> <rank> <event fd> [parent pid]``; loads the cloudpickled payload.
+
+    The optional parent pid is the spawn server's when the rank was forked by it (see ``zygote``).
+    """
     argv = sys.argv[1:] if argv is None else argv
     code = 70
     try:
@@ -255,6 +258,8 @@ def spawn_main(argv: list[str] | None = None) -> NoReturn:
         with open(spec_file) as f:
             data = json.load(f)
         data.update(rank=rank, event_fd=fd)
+        if len(argv) > 3:
+            data["parent_pid"] = int(argv[3])
         spec = RankSpec(**data)
         runtime = WorkerRuntime(spec)
         runtime.setup()
