@@ -185,7 +185,7 @@ class ProgressBar:
             for item in self.iterable:
                 yield item
                 n += 1
-                self.n = n
+                self.n = n  # always current (a few ns); the clock is read only at checks
                 if n >= next_check:
                     self._checkpoint()
                     next_check = self._next_check

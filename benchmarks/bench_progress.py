@@ -4,8 +4,13 @@ Inside a launch every ``Progress`` event is pickled and written to a pipe (the l
 ``EventWriter``), drained by a reader thread standing in for the parent. Measured:
 - a loop of 100k tiny steps: time with progress / time without (and the same for tqdm writing to
   /dev/null, what users of the reference library use for progress);
-- a small CPU training loop (MLP + SGD): steps/s with progress on / off (goal >= 0.98);
+- a small CPU training loop (MLP + SGD): throughput with progress on / off (goal >= 0.98);
+- the same two inside a real 2-rank ``notebook_launcher`` launch (DDP over gloo for training);
 - the parent side: ``WidgetReporter.handle`` cost per event and widget syncs per 100k events.
+
+Every timing is taken on two clocks: wall time, and the CPU time of the measuring thread
+(``time.thread_time``), which other processes on a busy shared machine barely disturb. Ratios
+are per interleaved pair (the order alternates so drift cancels), then the median.
 
     python -m benchmarks.bench_progress [--quick]
 """
@@ -21,6 +26,17 @@ from typing import Any
 
 from accel_nb import events
 
+Timing = tuple[float, float]  # (wall seconds, CPU seconds of this thread)
+
+
+def _now() -> Timing:
+    return time.perf_counter(), time.thread_time()
+
+
+def _since(start: Timing) -> Timing:
+    wall, cpu = _now()
+    return wall - start[0], cpu - start[1]
+
 
 class PipeSink:
     """The rank side of the real event channel: pickled frames into a pipe a thread drains."""
@@ -31,16 +47,12 @@ class PipeSink:
         self.read_fd, write_fd = os.pipe()
         self.writer = EventWriter(write_fd)
         self.count = 0
-        self.bytes = 0
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
 
     def _drain(self) -> None:
-        while True:
-            chunk = os.read(self.read_fd, 1 << 16)
-            if not chunk:
-                break
-            self.bytes += len(chunk)
+        while os.read(self.read_fd, 1 << 16):
+            pass
 
     def __call__(self, event: Any) -> None:
         self.count += 1
@@ -64,35 +76,62 @@ def _in_launch(fn, *args):
 
 
 # ----------------------------------------------------------------------------- tiny steps
-def loop_bare(n: int) -> float:
-    t = time.perf_counter()
+def loop_bare(n: int) -> Timing:
+    t = _now()
     x = 0.0
     for i in range(n):
         x += i * 0.5
-    return time.perf_counter() - t
+    return _since(t)
 
 
-def loop_progress(n: int) -> float:
+def loop_progress(n: int) -> Timing:
     from accel_nb.progress import progress
 
-    t = time.perf_counter()
+    t = _now()
     x = 0.0
     for i in progress(range(n), desc="tiny"):
         x += i * 0.5
-    return time.perf_counter() - t
+    return _since(t)
 
 
-def loop_tqdm(n: int) -> float | None:
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
+def loop_tqdm(n: int) -> Timing:
+    from tqdm import tqdm
+
     with open(os.devnull, "w") as devnull:
-        t = time.perf_counter()
+        t = _now()
         x = 0.0
         for i in tqdm(range(n), desc="tiny", file=devnull):
             x += i * 0.5
-        return time.perf_counter() - t
+        return _since(t)
+
+
+def _has_tqdm() -> bool:
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def tiny_ratios(n: int, reps: int) -> dict[str, list]:
+    """Per-rep ratios (with / without) on both clocks, for accel_nb in a launch and for tqdm."""
+    out: dict[str, list] = {"ours_wall": [], "ours_cpu": [], "tqdm_wall": [], "tqdm_cpu": [], "sent": []}
+    out["bare_cpu"] = []
+    tq = _has_tqdm()
+    for i in range(reps):
+        if i % 2:
+            (ours, sent), bare = _in_launch(loop_progress, n), loop_bare(n)
+        else:
+            bare, (ours, sent) = loop_bare(n), _in_launch(loop_progress, n)
+        out["ours_wall"].append(ours[0] / bare[0])
+        out["ours_cpu"].append(ours[1] / bare[1])
+        out["bare_cpu"].append(bare[1])
+        out["sent"].append(sent)
+        if tq:
+            bare2, ref = loop_bare(n), loop_tqdm(n)
+            out["tqdm_wall"].append(ref[0] / bare2[0])
+            out["tqdm_cpu"].append(ref[1] / bare2[1])
+    return out
 
 
 # ----------------------------------------------------------------------------- training
@@ -116,9 +155,9 @@ def _make_training():
     return step, data
 
 
-def train_chunk(step, batches, mode: str) -> float:
-    """Seconds for one pass over ``batches``; mode: off / accel_nb / tqdm."""
-    t = time.perf_counter()
+def train_chunk(step, batches, mode: str) -> Timing:
+    """One pass over ``batches``; mode: off / accel_nb / tqdm (postfix with the loss every step)."""
+    t = _now()
     if mode == "off":
         for x, y in batches:
             step(x, y)
@@ -127,40 +166,118 @@ def train_chunk(step, batches, mode: str) -> float:
 
         bar = progress(batches, desc="train")
         for x, y in bar:
-            loss = step(x, y)
-            bar.set_postfix(loss=loss)
+            bar.set_postfix(loss=step(x, y))
     else:
         from tqdm import tqdm
 
         with open(os.devnull, "w") as devnull:
             bar = tqdm(batches, desc="train", file=devnull)
             for x, y in bar:
-                loss = step(x, y)
-                bar.set_postfix(loss=loss.item(), refresh=False)
-    return time.perf_counter() - t
+                bar.set_postfix(loss=step(x, y).item(), refresh=False)
+    return _since(t)
 
 
-def train_ratios(chunk_steps: int, pairs: int) -> tuple[list[float], list[float], float]:
-    """Per-pair time ratios (off / on) for accel_nb and tqdm, interleaved on the same model; steps/s off."""
+def train_ratios(chunk_steps: int, pairs: int) -> dict[str, Any]:
+    """Per-pair throughput ratios (on / off) on both clocks, interleaved on the same model."""
     step, data = _make_training()
     batches = [data[i % len(data)] for i in range(chunk_steps)]
     train_chunk(step, batches, "off")  # warm-up
-    try:
-        import tqdm  # noqa: F401
+    tq = _has_tqdm()
+    out: dict[str, Any] = {"ours_wall": [], "ours_cpu": [], "tqdm_wall": [], "tqdm_cpu": [], "off_wall": []}
+    for i in range(pairs):
+        if i % 2:  # alternate the order so drift cancels
+            (on, _sent), off = (
+                _in_launch(train_chunk, step, batches, "accel_nb"),
+                train_chunk(step, batches, "off"),
+            )
+        else:
+            off, (on, _sent) = (
+                train_chunk(step, batches, "off"),
+                _in_launch(train_chunk, step, batches, "accel_nb"),
+            )
+        out["off_wall"].append(off[0])
+        out["ours_wall"].append(off[0] / on[0])
+        out["ours_cpu"].append(off[1] / on[1])
+        control = train_chunk(step, batches, "off")  # off / off: the noise floor of this machine now
+        out.setdefault("control_cpu", []).append(off[1] / control[1])
+        if tq:
+            off2, ref = train_chunk(step, batches, "off"), train_chunk(step, batches, "tqdm")
+            out["tqdm_wall"].append(off2[0] / ref[0])
+            out["tqdm_cpu"].append(off2[1] / ref[1])
+    out["steps_per_s"] = chunk_steps / statistics.median(out["off_wall"])
+    return out
 
-        has_tqdm = True
-    except ImportError:
-        has_tqdm = False
-    ours, ref, off_times = [], [], []
-    for _ in range(pairs):
-        off = train_chunk(step, batches, "off")
-        on, _sent = _in_launch(train_chunk, step, batches, "accel_nb")
-        off_times.append(off)
-        ours.append(off / on)  # throughput on / off
-        if has_tqdm:
-            off2 = train_chunk(step, batches, "off")
-            ref.append(off2 / train_chunk(step, batches, "tqdm"))
-    return ours, ref, chunk_steps / statistics.median(off_times)
+
+# ----------------------------------------------------------------------------- a real launch
+def rank_tiny_loops(n: int, reps: int) -> dict[str, list]:
+    """On every rank of a real launch: bare vs progress loops (events really go to the parent)."""
+    wall, cpu = [], []
+    for i in range(reps):
+        if i % 2:
+            ours, bare = loop_progress(n), loop_bare(n)
+        else:
+            bare, ours = loop_bare(n), loop_progress(n)
+        wall.append(ours[0] / bare[0])
+        cpu.append(ours[1] / bare[1])
+    return {"wall": wall, "cpu": cpu}
+
+
+def rank_ddp_training(chunk: int, pairs: int) -> dict[str, list]:
+    """On every rank: DDP training chunks without / with progress, interleaved; throughput ratios."""
+    import torch
+
+    from accel_nb import Accelerator
+    from accel_nb.progress import progress
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, opt = acc.prepare(model, opt)
+    batches = [(torch.randn(32, 64), torch.randint(0, 10, (32,))) for _ in range(chunk)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def one(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        return loss
+
+    def run_off() -> Timing:
+        acc.wait_for_everyone()
+        t = _now()
+        for x, y in batches:
+            one(x, y)
+        return _since(t)
+
+    def run_on() -> Timing:
+        acc.wait_for_everyone()
+        t = _now()
+        bar = progress(batches, desc="train")
+        for x, y in bar:
+            bar.set_postfix(loss=one(x, y))
+        return _since(t)
+
+    run_off()  # warm-up
+    wall, cpu = [], []
+    for i in range(pairs):
+        if i % 2:
+            on, off = run_on(), run_off()
+        else:
+            off, on = run_off(), run_on()
+        wall.append(off[0] / on[0])
+        cpu.append(off[1] / on[1])
+    return {"wall": wall, "cpu": cpu}
+
+
+def in_real_launch(fn, *args) -> list:
+    """``fn(*args)`` on 2 CPU ranks through notebook_launcher (events go through the real channel)."""
+    from accel_nb import notebook_launcher
+    from accel_nb.launch.reporting import ListReporter
+
+    return notebook_launcher(fn, args=args, num_processes=2, cpu=True, reporter=ListReporter())
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -181,6 +298,7 @@ def parent_handle_cost(n_events: int) -> tuple[float, int]:
     return dt / n_events, syncs
 
 
+# ----------------------------------------------------------------------------- rows
 def _row(metric: str, ours: float, ref: float | None, unit: str, note: str) -> dict:
     return {
         "benchmark": "progress",
@@ -193,39 +311,37 @@ def _row(metric: str, ours: float, ref: float | None, unit: str, note: str) -> d
     }
 
 
+def _med(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def run(quick: bool = False) -> list[dict]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     n = 100_000
-    reps = 3 if quick else 7
-    bare, ours, tq, sent = [], [], [], []
-    for _ in range(reps):  # interleaved so drift hits all three alike
-        bare.append(loop_bare(n))
-        t, count = _in_launch(loop_progress, n)
-        ours.append(t)
-        sent.append(count)
-        t_tqdm = loop_tqdm(n)
-        if t_tqdm is not None:
-            tq.append(t_tqdm)
-    b_min, b_med = min(bare), statistics.median(bare)
+    reps = 5 if quick else 15
     rows = []
-    for label, pick, base in (("median", statistics.median, b_med), ("min", min, b_min)):
-        ours_ratio = pick(ours) / base
-        tq_ratio = pick(tq) / base if tq else None
+
+    tiny = tiny_ratios(n, reps)
+    base = (
+        f"bare loop {statistics.median(tiny['bare_cpu']) * 1e3:.1f} ms CPU; {reps} interleaved reps, median"
+    )
+    for clock in ("cpu", "wall"):
         rows.append(
             _row(
-                f"100k tiny steps: time with progress / without ({label})",
-                ours_ratio,
-                tq_ratio,
+                f"100k tiny steps: time with progress / without ({clock})",
+                _med(tiny[f"ours_{clock}"]),
+                _med(tiny[f"tqdm_{clock}"]),
                 "x",
-                f"in a launch (events pickled into a pipe); reference = tqdm to /dev/null; {reps} reps; "
-                f"bare loop {b_med * 1e3:.1f} ms",
+                f"in a launch (events pickled into a pipe); reference = tqdm to /dev/null; {base}",
             )
         )
     rows.append(
         _row(
-            "100k tiny steps: added cost per step (median)",
-            (statistics.median(ours) - b_med) / n * 1e9,
-            (statistics.median(tq) - b_med) / n * 1e9 if tq else None,
+            "100k tiny steps: added cost per step (cpu)",
+            (_med(tiny["ours_cpu"]) - 1) * statistics.median(tiny["bare_cpu"]) / n * 1e9,
+            ((_med(tiny["tqdm_cpu"]) - 1) * statistics.median(tiny["bare_cpu"]) / n * 1e9)
+            if tiny["tqdm_cpu"]
+            else None,
             "ns",
             "reference = tqdm",
         )
@@ -233,38 +349,71 @@ def run(quick: bool = False) -> list[dict]:
     rows.append(
         _row(
             "100k tiny steps: events sent (max over reps)",
-            float(max(sent)),
+            float(max(tiny["sent"])),
             None,
             "events",
-            "throttle: <= ~10/s per loop plus first and last",
+            "rank-side throttle: <= ~10/s per loop, always the first and the last",
         )
     )
 
-    chunk, pairs = (200, 8) if quick else (300, 25)
-    ours_t, ref_t, off_rate = train_ratios(chunk, pairs)
-    rows.append(
-        _row(
-            "training throughput, progress on / off (median of pairs)",
-            statistics.median(ours_t),
-            statistics.median(ref_t) if ref_t else None,
-            "x",
-            f"MLP 64-256-10, batch 32, SGD, 1 thread; {pairs} interleaved off/on pairs of {chunk} steps; "
-            f"set_postfix(loss) every step; off = {off_rate:.0f} steps/s; goal >= 0.98; reference = tqdm",
+    chunk, pairs = (200, 8) if quick else (300, 24)
+    train = train_ratios(chunk, pairs)
+    for clock in ("cpu", "wall"):
+        rows.append(
+            _row(
+                f"training throughput, progress on / off ({clock})",
+                _med(train[f"ours_{clock}"]),
+                _med(train[f"tqdm_{clock}"]),
+                "x",
+                f"MLP 64-256-10, batch 32, SGD, 1 thread; {pairs} interleaved pairs of {chunk} steps, median; "
+                f"set_postfix(loss) every step; off = {train['steps_per_s']:.0f} steps/s; goal >= 0.98; "
+                f"reference = tqdm; control off/off (cpu): median {_med(train['control_cpu']):.3f}, "
+                f"range {min(train['control_cpu']):.2f}-{max(train['control_cpu']):.2f}",
+            )
         )
-    )
 
     try:
-        per_event, syncs = parent_handle_cost(20_000 if quick else 100_000)
+        per_rank = in_real_launch(rank_tiny_loops, n, reps)
+        for clock in ("cpu", "wall"):
+            ratios = [statistics.median(r[clock]) for r in per_rank]
+            rows.append(
+                _row(
+                    f"100k tiny steps in a real 2-rank launch: with progress / without ({clock}, worst rank)",
+                    max(ratios),
+                    None,
+                    "x",
+                    f"notebook_launcher(num_processes=2, cpu=True); per rank: {', '.join(f'{x:.2f}' for x in ratios)}",
+                )
+            )
+        ddp = in_real_launch(rank_ddp_training, chunk, pairs)
+        for clock in ("cpu", "wall"):
+            ratios = [statistics.median(r[clock]) for r in ddp]
+            rows.append(
+                _row(
+                    f"DDP training in a real 2-rank launch: throughput progress on / off ({clock}, worst rank)",
+                    min(ratios),
+                    None,
+                    "x",
+                    f"gloo, MLP 64-256-10, batch 32; {pairs} interleaved pairs of {chunk} steps; goal >= 0.98; "
+                    f"per rank: {', '.join(f'{x:.3f}' for x in ratios)}",
+                )
+            )
+    except ImportError as exc:  # the launcher is not available
+        rows.append(_row("real launch", float("nan"), None, "", f"skipped: {exc}"))
+
+    n_events = 20_000 if quick else 100_000
+    try:
+        per_event, syncs = parent_handle_cost(n_events)
         rows.append(
             _row(
                 "parent: WidgetReporter.handle per event",
                 per_event * 1e6,
                 None,
                 "us",
-                f"no display; {syncs} widget syncs for {20_000 if quick else 100_000} events fed at full speed",
+                f"no display; {syncs} widget syncs for {n_events} events fed at full speed (<= 10/s by design)",
             )
         )
-    except ImportError:
+    except ImportError:  # ipywidgets not installed
         pass
     return rows
 
