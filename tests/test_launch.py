@@ -340,3 +340,29 @@ def test_fifty_launches_leak_no_processes_no_fds_and_no_ports():
     port = make_plan(num_processes=2, cpu=True).master_port
     for _ in range(3):
         assert debug_launcher(_trivial, reporter=ListReporter(), use_port=port) == [0, 1]
+
+
+def _first_of(batch):
+    return int(batch[0].item())
+
+
+def test_large_tensor_arguments_are_warned_about_with_their_size(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setenv("ACCEL_NB_LARGE_ARGS_WARN_MB", "1")
+    big = torch.zeros(1024 * 1024)  # 4 MB
+    assert debug_launcher(_first_of, args=(big,), reporter=ListReporter()) == [0, 0]
+    out = capsys.readouterr().out
+    assert "the arguments carry 4.0 MB of tensors; each of the 2 ranks gets its own copy (8.0 MB in all)" in out
+
+
+def test_bf16_on_a_gpu_without_bf16_is_one_clear_error(monkeypatch):
+    from accel_nb.launch import cuda_guard
+
+    monkeypatch.setattr(cuda_guard, "gpu_count", lambda: 2)
+    monkeypatch.setattr(cuda_guard, "gpu_info", lambda i: ("Tesla T4", (7, 5)))
+    with pytest.raises(LaunchSetupError, match=r"mixed_precision='bf16' is not supported by GPU 0 \(Tesla T4, compute capability 7.5"):
+        make_plan(mixed_precision="bf16")
+    plan = make_plan(mixed_precision="fp16")
+    assert plan.num_processes == 2 and plan.use_gpu and plan.backend == "nccl"
+    assert plan.headline().startswith("Launching 2 GPU processes (nccl)")

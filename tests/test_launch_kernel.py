@@ -63,6 +63,7 @@ def test_rank_output_appears_in_the_launching_cell_labelled_by_rank(kernel):
         "    s = PartialState()\n"
         "    print('hello from', s.process_index)\n"
         "    nb_log.info('logged from %d', s.process_index)\n"
+        "    display({'shown': s.process_index})\n"
         "    os.write(2, b'C-level stderr\\n')\n"
         "    return s.num_processes\n"
         "print(notebook_launcher(hello, num_processes=2))"
@@ -71,6 +72,7 @@ def test_rank_output_appears_in_the_launching_cell_labelled_by_rank(kernel):
     assert "[rank 0] hello from 0" in out.stdout and "[rank 1] hello from 1" in out.stdout
     assert "[rank 1] C-level stderr" in out.stderr
     assert "[rank 1] logged from 1" in out.stderr  # a handler made in the notebook writes into the capture
+    assert "[rank 1] {'shown': 1}" in out.stdout  # display() inside a rank prints its text form
     assert "[2, 2]" in out.stdout
 
 

@@ -18,7 +18,15 @@ from .payload import PayloadCheck, check_picklable, dumps_payload
 from .plan import LaunchPlan
 from .supervisor import Supervisor, start_fork, start_spawn
 
-LARGE_ARGS_BYTES = int(float(os.environ.get("ACCEL_NB_LARGE_ARGS_WARN_MB", "100")) * 1024 * 1024)
+LARGE_ARGS_ENV = "ACCEL_NB_LARGE_ARGS_WARN_MB"
+
+
+def large_args_bytes() -> int:
+    """Arguments carrying more tensor bytes than this get a warning (``ACCEL_NB_LARGE_ARGS_WARN_MB``, 100)."""
+    try:
+        return int(float(os.environ.get(LARGE_ARGS_ENV, "100")) * 1024 * 1024)
+    except ValueError:
+        return 100 * 1024 * 1024
 
 
 def _human_bytes(n: float) -> str:
@@ -41,7 +49,7 @@ def prepare_payload(payload: Any, plan: LaunchPlan, say: Callable[[str], None] =
         if payload.skipped:
             names = ", ".join(f"{n} ({why.split(':')[0]})" for n, why in sorted(payload.skipped.items()))
             say(f"[accel_nb] not sent to the workers because they cannot be pickled: {names}")
-    if check.tensor_bytes > LARGE_ARGS_BYTES:
+    if check.tensor_bytes > large_args_bytes():
         n = plan.num_processes
         say(
             f"[accel_nb] warning: the arguments carry {_human_bytes(check.tensor_bytes)} of tensors; each of the {n} "

@@ -119,6 +119,39 @@ def _portable_exception(exc: BaseException) -> BaseException | None:
         return None
 
 
+def _detach_from_kernel() -> None:
+    """In a rank forked from a Jupyter kernel: display() and input() must not use the kernel's sockets."""
+    ipython = sys.modules.get("IPython")
+    shell = None
+    if ipython is not None:
+        with contextlib.suppress(Exception):
+            shell = ipython.get_ipython()
+    if shell is None:
+        return
+    with contextlib.suppress(Exception):
+        from IPython.core.displaypub import DisplayPublisher
+
+        class TextDisplayPublisher(DisplayPublisher):
+            """display(x) in a rank prints x's plain-text form into the rank's captured output."""
+
+            def publish(self, data: dict, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
+                text = data.get("text/plain")
+                if text is not None:
+                    print(text, flush=True)
+
+            def clear_output(self, wait: bool = False) -> None:
+                return None
+
+        shell.display_pub = TextDisplayPublisher(shell=shell)
+    with contextlib.suppress(Exception):
+        import builtins
+
+        def _no_input(prompt: str = "") -> str:
+            raise RuntimeError("input() is not available inside a launched rank: it has no keyboard; pass values as arguments")
+
+        builtins.input = _no_input
+
+
 class WorkerRuntime:
     """One rank's process-wide setup; ``execute`` runs payloads and reports how they ended."""
 
@@ -150,6 +183,8 @@ class WorkerRuntime:
                 os.chdir(spec.cwd)
         self.capture = OutputCapture(self.rank, self._send, log_path(spec.log_dir, self.rank))
         self.capture.start()
+        if spec.forked:
+            _detach_from_kernel()
         events.set_event_sink(self._send)
         threading.Thread(target=self._heartbeat, name="accel_nb-heartbeat", daemon=True).start()
         self._send(events.Phase(rank=self.rank, phase="started"))
