@@ -182,7 +182,7 @@ class ConfigWizard:
         }
         for control in c.values():
             control.style = style
-            control.layout = wide
+            control.layout = w.Layout(width=wide.width)  # one each: hiding gpu_ids must not hide the rest
         self.controls = c
         self.hardware_box = w.HTML(f"<pre style='margin:0'>{html.escape(hardware_summary(self.hw))}</pre>")
         self.error_label = w.HTML("")
