@@ -88,11 +88,19 @@ def run(quick: bool = False) -> list[dict]:
     with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
         _cell(k, SETUP)
         _cell(k, "time_ours('fork', 1)")  # warm-up: imports, first fork
-        fork = json.loads(_cell(k, f"print(json.dumps(time_ours('fork', {fork_n})))").strip().splitlines()[-1])
-        spawn_cold = json.loads(_cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n}, cold=True)))").strip().splitlines()[-1])
-        spawn = json.loads(_cell(k, f"print(json.dumps(time_ours('spawn', {fork_n})))").strip().splitlines()[-1])
+        fork = json.loads(
+            _cell(k, f"print(json.dumps(time_ours('fork', {fork_n})))").strip().splitlines()[-1]
+        )
+        spawn_cold = json.loads(
+            _cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n}, cold=True)))").strip().splitlines()[-1]
+        )
+        spawn = json.loads(
+            _cell(k, f"print(json.dumps(time_ours('spawn', {fork_n})))").strip().splitlines()[-1]
+        )
         spawn_fresh = json.loads(
-            _cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n}, server=False)))").strip().splitlines()[-1]
+            _cell(k, f"print(json.dumps(time_ours('spawn', {spawn_n}, server=False)))")
+            .strip()
+            .splitlines()[-1]
         )
         ref: list[float] | None = None
         ref_note = ""
@@ -105,20 +113,19 @@ def run(quick: bool = False) -> list[dict]:
         if have_ref:
             out_dir = tempfile.mkdtemp(prefix="bench_launch_ref-")
             _cell(k, REFERENCE)
-            res = _cell(k, f"t, p = time_reference({ref_n}, {out_dir!r}); print(json.dumps([t, p]))", timeout=900)
+            res = _cell(
+                k, f"t, p = time_reference({ref_n}, {out_dir!r}); print(json.dumps([t, p]))", timeout=900
+            )
             ref, printed = json.loads(res.strip().splitlines()[-1])
             seen = []
             for name in sorted(os.listdir(out_dir)):
                 with open(os.path.join(out_dir, name)) as f:
                     seen.append(json.load(f))
             per_launch = seen[-2:] if len(seen) >= 2 else seen
-            ref_note = (
-                f"reference printed {printed.strip()!r}; its processes saw "
-                + "; ".join(
-                    f"process_index={s['process_index']} num_processes={s['num_processes']} "
-                    f"{s['distributed_type']} RANK={s['RANK']} process_group={s['dist_initialized']}"
-                    for s in per_launch
-                )
+            ref_note = f"reference printed {printed.strip()!r}; its processes saw " + "; ".join(
+                f"process_index={s['process_index']} num_processes={s['num_processes']} "
+                f"{s['distributed_type']} RANK={s['RANK']} process_group={s['dist_initialized']}"
+                for s in per_launch
             )
     for label, pick in (("median", statistics.median), ("min", min)):
         ref_s = pick(ref) if ref else None

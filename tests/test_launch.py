@@ -30,7 +30,8 @@ def _is_spawn_server(p) -> bool:
 def _no_children() -> list:
     """Live descendants, except the warm spawn server (it stays between launches, with no rank)."""
     return [
-        c for c in psutil.Process().children(recursive=True)
+        c
+        for c in psutil.Process().children(recursive=True)
         if c.status() != psutil.STATUS_ZOMBIE and not _is_spawn_server(c)
     ]
 
@@ -54,15 +55,32 @@ def test_results_come_back_in_rank_order_from_a_real_gloo_group():
 
 
 def _env_of_rank(extra):
-    keys = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "ACCEL_NB_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", "ACCEL_NB_FORKED", "GROUP_RANK"]
+    keys = [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "ACCEL_NB_MIXED_PRECISION",
+        "ACCELERATE_MIXED_PRECISION",
+        "ACCEL_NB_FORKED",
+        "GROUP_RANK",
+    ]
     return {k: os.environ.get(k) for k in keys} | {"extra": extra}
 
 
 def test_every_rank_gets_the_torchrun_environment_and_the_parent_env_is_untouched():
     before = dict(os.environ)
-    out = notebook_launcher(_env_of_rank, args=("x",), num_processes=2, mixed_precision="fp16", cpu=True,
-                            reporter=ListReporter(), use_port=None)
+    out = notebook_launcher(
+        _env_of_rank,
+        args=("x",),
+        num_processes=2,
+        mixed_precision="fp16",
+        cpu=True,
+        reporter=ListReporter(),
+        use_port=None,
+    )
     assert [e["RANK"] for e in out] == ["0", "1"]
     assert {e["WORLD_SIZE"] for e in out} == {"2"} and {e["LOCAL_WORLD_SIZE"] for e in out} == {"2"}
     assert [e["LOCAL_RANK"] for e in out] == ["0", "1"]
@@ -90,7 +108,13 @@ def test_output_is_captured_at_fd_level_labelled_by_rank_and_logged_to_files():
     debug_launcher(_prints_at_fd_level, reporter=rep, keep_logs=True)
     for rank in (0, 1):
         out = rep.output(rank=rank)
-        for text in (f"python print {rank}\n", f"raw fd write {rank}\n", f"raw stderr {rank}\n", f"child process {rank}\n", "no newline at the end\n"):
+        for text in (
+            f"python print {rank}\n",
+            f"raw fd write {rank}\n",
+            f"raw stderr {rank}\n",
+            f"child process {rank}\n",
+            "no newline at the end\n",
+        ):
             assert text in out, (text, out)
         assert f"raw stderr {rank}" in rep.output(rank=rank, stream="stderr")
     for e in rep.of_type(Log):  # whole lines only
@@ -116,7 +140,10 @@ def test_text_reporter_throttles_progress_and_formats_it():
     for n in range(1, 101):
         rep.handle(Progress(rank=0, name="train", n=n, total=100, metrics={"loss": 0.31}, rate=2.1))
     lines = buf.getvalue().splitlines()
-    assert lines == ["[rank 0] train 1/100 (2.1 it/s) loss=0.31", "[rank 0] train 100/100 (2.1 it/s) loss=0.31"]
+    assert lines == [
+        "[rank 0] train 1/100 (2.1 it/s) loss=0.31",
+        "[rank 0] train 100/100 (2.1 it/s) loss=0.31",
+    ]
 
 
 def _floods():
@@ -150,11 +177,18 @@ def test_a_raising_rank_stops_the_others_and_raises_launch_error_with_its_traceb
     err = info.value
     assert [f.rank for f in err.failures] == [1]
     f = err.failures[0]
-    assert isinstance(f, RankFailure) and f.first and f.exc_type == "ValueError" and f.message == "boom on purpose"
+    assert (
+        isinstance(f, RankFailure)
+        and f.first
+        and f.exc_type == "ValueError"
+        and f.message == "boom on purpose"
+    )
     assert "_fails_on_rank_1" in f.traceback and "raise ValueError" in f.traceback
     assert isinstance(f.exception, ValueError)
     text = str(err)
-    assert "rank 1 (first to fail) failed: ValueError: boom on purpose" in text and "rank 0 was stopped" in text
+    assert (
+        "rank 1 (first to fail) failed: ValueError: boom on purpose" in text and "rank 0 was stopped" in text
+    )
     assert "accel_nb/launch" not in f.traceback  # only the user's frames
     assert rep.finished[0] is False and rep.of_type(Failure)
     assert not _no_children()
@@ -353,7 +387,9 @@ def test_large_tensor_arguments_are_warned_about_with_their_size(monkeypatch, ca
     big = torch.zeros(1024 * 1024)  # 4 MB
     assert debug_launcher(_first_of, args=(big,), reporter=ListReporter()) == [0, 0]
     out = capsys.readouterr().out
-    assert "the arguments carry 4.0 MB of tensors; each of the 2 ranks gets its own copy (8.0 MB in all)" in out
+    assert (
+        "the arguments carry 4.0 MB of tensors; each of the 2 ranks gets its own copy (8.0 MB in all)" in out
+    )
 
 
 def test_bf16_on_a_gpu_without_bf16_is_one_clear_error(monkeypatch):
@@ -361,7 +397,10 @@ def test_bf16_on_a_gpu_without_bf16_is_one_clear_error(monkeypatch):
 
     monkeypatch.setattr(cuda_guard, "gpu_count", lambda: 2)
     monkeypatch.setattr(cuda_guard, "gpu_info", lambda i: ("Tesla T4", (7, 5)))
-    with pytest.raises(LaunchSetupError, match=r"mixed_precision='bf16' is not supported by GPU 0 \(Tesla T4, compute capability 7.5"):
+    with pytest.raises(
+        LaunchSetupError,
+        match=r"mixed_precision='bf16' is not supported by GPU 0 \(Tesla T4, compute capability 7.5",
+    ):
         make_plan(mixed_precision="bf16")
     plan = make_plan(mixed_precision="fp16")
     assert plan.num_processes == 2 and plan.use_gpu and plan.backend == "nccl"

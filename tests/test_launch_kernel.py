@@ -46,7 +46,9 @@ def _assert_no_children(k: KernelSession, within: float = 5.0) -> None:
 
 
 def test_two_processes_return_their_rank_from_a_notebook_lambda(kernel):
-    out = kernel.run("r = notebook_launcher(lambda: PartialState().process_index, num_processes=2)\nprint('RESULT', r)")
+    out = kernel.run(
+        "r = notebook_launcher(lambda: PartialState().process_index, num_processes=2)\nprint('RESULT', r)"
+    )
     assert out.error is None, out.traceback
     assert "RESULT [0, 1]" in out.stdout
     assert out.stdout.startswith("Launching 2 CPU processes (gloo) with fork")
@@ -124,7 +126,9 @@ def test_unpicklable_objects_defined_in_the_notebook_are_named_before_start(kern
     assert out.error is not None and out.error["ename"] == "PayloadError"
     assert "the global 'lock' used by the function 'uses_lock'" in out.error["evalue"]
     assert "Launching" not in out.stdout  # nothing started
-    out = kernel.run("batches = (i for i in range(3))\nnotebook_launcher(lambda b: 1, args=(batches,), num_processes=2)")
+    out = kernel.run(
+        "batches = (i for i in range(3))\nnotebook_launcher(lambda b: 1, args=(batches,), num_processes=2)"
+    )
     assert out.error is not None and "args[0]" in out.error["evalue"] and "generator" in out.error["evalue"]
     assert "Launching" not in out.stdout
     _assert_no_children(kernel)
@@ -176,7 +180,9 @@ def test_interrupting_the_kernel_stops_every_rank_and_raises_keyboard_interrupt(
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - t0 < 10
     _assert_no_children(kernel, within=1.0)
-    again = kernel.run("print(notebook_launcher(lambda: 7, num_processes=2))")  # the next launch works at once
+    again = kernel.run(
+        "print(notebook_launcher(lambda: 7, num_processes=2))"
+    )  # the next launch works at once
     assert "[7, 7]" in again.stdout, again.text
 
 
@@ -202,7 +208,7 @@ def test_after_cuda_was_touched_the_launch_uses_spawn_and_names_the_line(kernel)
     )
     assert out.error is None, out.traceback
     assert "RESULT [(0, None), (1, None)]" in out.stdout  # spawned, not forked
-    lines = [l for l in out.stdout.splitlines() if "using spawn instead of fork" in l]
+    lines = [line for line in out.stdout.splitlines() if "using spawn instead of fork" in line]
     assert len(lines) == 1
     assert "CUDA was initialised in this kernel before the launch by line 4 of a notebook cell" in lines[0]
     assert "torch.cuda.current_device()" in lines[0]

@@ -33,7 +33,9 @@ def _assert_no_children(k: KernelSession, within: float = 5.0) -> None:
         out = []
         for c in k.children():
             try:
-                if c.status() != psutil.STATUS_ZOMBIE and "accel_nb.launch.zygote" not in " ".join(c.cmdline()):
+                if c.status() != psutil.STATUS_ZOMBIE and "accel_nb.launch.zygote" not in " ".join(
+                    c.cmdline()
+                ):
                     out.append(c)
             except psutil.Error:
                 pass
@@ -86,7 +88,9 @@ def test_train_a_notebook_model_on_two_processes_and_use_it_in_the_next_cell(ker
 
 
 def test_rank_choice_for_return_values(kernel):
-    out = kernel.run("%%accelerate -n 2 --rank 1 --return who\nfrom accel_nb import PartialState\nwho = PartialState().process_index\nprint('me', who)")
+    out = kernel.run(
+        "%%accelerate -n 2 --rank 1 --return who\nfrom accel_nb import PartialState\nwho = PartialState().process_index\nprint('me', who)"
+    )
     assert out.error is None, out.traceback
     assert "[rank 1] me 1" in out.stdout and "[rank 0]" not in out.stdout  # --rank 1: rank 1's view
     assert "who copied from rank 1" in out.stdout
@@ -175,7 +179,12 @@ def test_defaults_come_from_the_saved_config_and_accelerate_config_prints_it(ker
     assert "No saved launch config" in out.stdout
     from accel_nb.config import LaunchConfig, save_config
 
-    save_config(LaunchConfig(distributed_type="MULTI_CPU", num_processes=2, use_cpu=True, gradient_accumulation_steps=4), config_file)
+    save_config(
+        LaunchConfig(
+            distributed_type="MULTI_CPU", num_processes=2, use_cpu=True, gradient_accumulation_steps=4
+        ),
+        config_file,
+    )
     try:
         out = kernel.run("%accelerate_config")
         assert f"Launch config from {config_file}" in out.stdout and "num_processes: 2" in out.stdout

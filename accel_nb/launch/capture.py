@@ -85,8 +85,12 @@ class OutputCapture:
             self._threads.append(t)
         # Python-level streams onto the captured fds (under fork they were the kernel's ZMQ streams)
         old = (sys.stdout, sys.stderr)
-        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
-        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
+        sys.stdout = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+        )
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+        )
         sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
         _redirect_logging(old, (sys.stdout, sys.stderr))
 
@@ -166,7 +170,9 @@ class OutputCapture:
                     chunk = os.read(fd, 1 << 16)
                     if not chunk:
                         break
-                    pending, pending_since = self._handle_chunk(stream, chunk, decoder, pending, pending_since)
+                    pending, pending_since = self._handle_chunk(
+                        stream, chunk, decoder, pending, pending_since
+                    )
                 finally:
                     self._busy -= 1
             tail = pending + decoder.decode(b"", final=True)
@@ -175,7 +181,9 @@ class OutputCapture:
         finally:
             os.close(fd)
 
-    def _handle_chunk(self, stream: str, chunk: bytes, decoder: Any, pending: str, pending_since: float) -> tuple[str, float]:
+    def _handle_chunk(
+        self, stream: str, chunk: bytes, decoder: Any, pending: str, pending_since: float
+    ) -> tuple[str, float]:
         with self._log_lock:
             try:
                 self._log.write(chunk)
@@ -201,7 +209,9 @@ def _redirect_logging(old: tuple, new: tuple) -> None:
     logging = sys.modules.get("logging")
     if logging is None:
         return
-    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
     for logger in loggers:
         for handler in list(getattr(logger, "handlers", [])):
             stream = getattr(handler, "stream", None)

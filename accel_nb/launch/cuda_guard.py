@@ -162,7 +162,11 @@ def fork_unsafe_reason() -> str | None:
         origin = cuda_init_origin()
         if os.environ.get(SIMULATE_ENV) and origin is None:
             return f"CUDA was initialised in this kernel before the launch (simulated by {SIMULATE_ENV})"
-        where = f" by {origin}" if origin else " (load the extension first with %load_ext accel_nb to see which line did it)"
+        where = (
+            f" by {origin}"
+            if origin
+            else " (load the extension first with %load_ext accel_nb to see which line did it)"
+        )
         return f"CUDA was initialised in this kernel before the launch{where}"
     return None
 

@@ -1,9 +1,9 @@
 """What went wrong in a launch: one ``RankFailure`` per failing rank, gathered in a ``LaunchError``.
 
-    try:
-        notebook_launcher(train, num_processes=2)
-    except LaunchError as err:
-        print(err.failures[0].rank, err.failures[0].exc_type)
+try:
+    notebook_launcher(train, num_processes=2)
+except LaunchError as err:
+    print(err.failures[0].rank, err.failures[0].exc_type)
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ def _indent(text: str, prefix: str = "    ") -> str:
 class LaunchError(RuntimeError):
     """A launch failed; ``.failures`` holds one ``RankFailure`` per failing rank (first failure first).
 
-        except LaunchError as err:
-            for f in err.failures:
-                print(f.rank, f.exc_type, f.message)
+    except LaunchError as err:
+        for f in err.failures:
+            print(f.rank, f.exc_type, f.message)
     """
 
     def __init__(
@@ -98,7 +98,9 @@ class LaunchError(RuntimeError):
         if self.headline:
             lines.append(self.headline)
         elif first is not None:
-            lines.append(first.summary().replace(f"rank {first.rank} ", f"rank {first.rank} (first to fail) ", 1))
+            lines.append(
+                first.summary().replace(f"rank {first.rank} ", f"rank {first.rank} (first to fail) ", 1)
+            )
         else:
             lines.append("the launch failed")
         if first is not None and first.traceback:
@@ -110,7 +112,9 @@ class LaunchError(RuntimeError):
                 lines.append(_indent(other.traceback))
         if self.stopped:
             who = ", ".join(str(r) for r in self.stopped)
-            lines.append(f"rank{'s' if len(self.stopped) > 1 else ''} {who} {'were' if len(self.stopped) > 1 else 'was'} stopped.")
+            lines.append(
+                f"rank{'s' if len(self.stopped) > 1 else ''} {who} {'were' if len(self.stopped) > 1 else 'was'} stopped."
+            )
         if self.log_dir:
             lines.append(f"full per-rank logs: {self.log_dir}")
         return "\n".join(lines)

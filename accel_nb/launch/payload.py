@@ -127,8 +127,14 @@ class CellPayload:
                     del ns[name]
         # functions defined in the notebook read their globals from the cell's namespace
         for name, value in list(ns.items()):
-            if isinstance(value, types.FunctionType) and value.__module__ == "__main__" and value.__globals__ is not ns:
-                fn = types.FunctionType(value.__code__, ns, value.__name__, value.__defaults__, value.__closure__)
+            if (
+                isinstance(value, types.FunctionType)
+                and value.__module__ == "__main__"
+                and value.__globals__ is not ns
+            ):
+                fn = types.FunctionType(
+                    value.__code__, ns, value.__name__, value.__defaults__, value.__closure__
+                )
                 fn.__kwdefaults__ = value.__kwdefaults__
                 fn.__qualname__ = value.__qualname__
                 fn.__dict__.update(value.__dict__)
@@ -157,7 +163,9 @@ class CellPayload:
             return None
         missing = [n for n in self.return_names if n not in ns]
         if missing:
-            raise NameError(f"--return asked for {', '.join(missing)} but the cell did not define {'it' if len(missing) == 1 else 'them'} on rank {rank}")
+            raise NameError(
+                f"--return asked for {', '.join(missing)} but the cell did not define {'it' if len(missing) == 1 else 'them'} on rank {rank}"
+            )
         return {n: ns[n] for n in self.return_names}
 
 
@@ -240,7 +248,11 @@ def _children(label: str, obj: Any) -> list[tuple[str, Any]]:
         return [(f"{label}[{i}]", v) for i, v in enumerate(obj)]
     if isinstance(obj, (set, frozenset)):
         return [(f"an element of {label}", v) for v in obj]
-    if hasattr(obj, "__dict__") and isinstance(getattr(obj, "__dict__", None), dict) and not isinstance(obj, type):
+    if (
+        hasattr(obj, "__dict__")
+        and isinstance(getattr(obj, "__dict__", None), dict)
+        and not isinstance(obj, type)
+    ):
         return [(f"{label}.{k}", v) for k, v in vars(obj).items()]
     return []
 
@@ -287,7 +299,9 @@ def check_picklable(payload: Any) -> PayloadCheck:
                 f"that cannot be pickled ({_first_line(error)}). Create it inside the function instead, or pass "
                 "something picklable (data, paths, configs)."
             ) from None
-    raise PayloadError("the launch payload cannot be pickled")  # pragma: no cover - parts pickle alone but not together
+    raise PayloadError(
+        "the launch payload cannot be pickled"
+    )  # pragma: no cover - parts pickle alone but not together
 
 
 def dumps_payload(payload: Any) -> bytes:

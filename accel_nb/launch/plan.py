@@ -1,8 +1,8 @@
 """Plan a launch before anything starts: how many processes, on what, how started, which port.
 
-    plan = make_plan(num_processes=2, cpu=True)
-    plan.headline()            # "Launching 2 CPU processes (gloo), fork start..."
-    plan.rank_env(1)           # RANK=1, WORLD_SIZE=2, LOCAL_RANK=1, MASTER_PORT=..., ...
+plan = make_plan(num_processes=2, cpu=True)
+plan.headline()            # "Launching 2 CPU processes (gloo), fork start..."
+plan.rank_env(1)           # RANK=1, WORLD_SIZE=2, LOCAL_RANK=1, MASTER_PORT=..., ...
 """
 
 from __future__ import annotations
@@ -35,10 +35,14 @@ class LaunchPlan:
         return "nccl" if self.use_gpu else "gloo"
 
     def headline(self) -> str:
-        what = f"{self.num_processes} GPU process{'es' if self.num_processes != 1 else ''} (nccl)" if self.use_gpu else (
-            f"{self.num_processes} CPU process{'es' if self.num_processes != 1 else ''} (gloo)"
+        what = (
+            f"{self.num_processes} GPU process{'es' if self.num_processes != 1 else ''} (nccl)"
+            if self.use_gpu
+            else (f"{self.num_processes} CPU process{'es' if self.num_processes != 1 else ''} (gloo)")
         )
-        extra = f", mixed_precision={self.mixed_precision}" if self.mixed_precision not in (None, "no") else ""
+        extra = (
+            f", mixed_precision={self.mixed_precision}" if self.mixed_precision not in (None, "no") else ""
+        )
         return f"Launching {what} with {self.start_method}{extra}..."
 
     def rank_env(self, rank: int) -> dict[str, str]:
@@ -108,20 +112,26 @@ def make_plan(
 ) -> LaunchPlan:
     """Decide the launch. Raises ``LaunchSetupError`` for anything that would fail on every rank."""
     if start_method not in START_METHODS:
-        raise LaunchSetupError(f"start_method={start_method!r} is not one of {', '.join(map(repr, START_METHODS))}")
+        raise LaunchSetupError(
+            f"start_method={start_method!r} is not one of {', '.join(map(repr, START_METHODS))}"
+        )
     gpus = 0 if cpu else cuda_guard.gpu_count()
     if num_processes is None:
         num_processes = gpus if gpus > 0 else 1
     try:
         num_processes = int(num_processes)
     except (TypeError, ValueError):
-        raise LaunchSetupError(f"num_processes={num_processes!r} must be a whole number of processes") from None
+        raise LaunchSetupError(
+            f"num_processes={num_processes!r} must be a whole number of processes"
+        ) from None
     if num_processes < 1:
         raise LaunchSetupError(f"num_processes={num_processes} must be at least 1")
     use_gpu = gpus > 0
     precision = _validate_precision(mixed_precision, use_gpu, min(num_processes, max(gpus, 1)))
     if gradient_accumulation_steps is not None and int(gradient_accumulation_steps) < 1:
-        raise LaunchSetupError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be at least 1")
+        raise LaunchSetupError(
+            f"gradient_accumulation_steps={gradient_accumulation_steps} must be at least 1"
+        )
 
     unsafe = cuda_guard.fork_unsafe_reason()
     spawn_reason = None
@@ -152,6 +162,8 @@ def make_plan(
         master_addr=master_addr,
         master_port=port,
         mixed_precision=precision,
-        gradient_accumulation_steps=None if gradient_accumulation_steps is None else int(gradient_accumulation_steps),
+        gradient_accumulation_steps=None
+        if gradient_accumulation_steps is None
+        else int(gradient_accumulation_steps),
         extra_env=dict(extra_env or {}),
     )

@@ -1,7 +1,7 @@
 """Pick a free TCP port for the rendezvous, or check that the one the user gave is free.
 
-    port = pick_free_port("127.0.0.1")
-    ensure_port_free("127.0.0.1", 29500)   # LaunchSetupError when something listens there
+port = pick_free_port("127.0.0.1")
+ensure_port_free("127.0.0.1", 29500)   # LaunchSetupError when something listens there
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ def port_is_free(addr: str, port: int) -> bool:
 def ensure_port_free(addr: str, port: int) -> None:
     """Raise a clear ``LaunchSetupError`` when ``port`` is already in use on this machine."""
     if not 0 < port < 65536:
-        raise LaunchSetupError(f"use_port={port} is not a TCP port; give a number between 1024 and 65535 or None to pick a free one")
+        raise LaunchSetupError(
+            f"use_port={port} is not a TCP port; give a number between 1024 and 65535 or None to pick a free one"
+        )
     if not port_is_free(addr, port):
         raise LaunchSetupError(
             f"port {port} on {addr} is already in use (another launch or server listens there); "

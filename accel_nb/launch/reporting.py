@@ -1,7 +1,7 @@
 """Reporters turn a launch's events into something to look at: text lines, or a list (tests).
 
-    rep = TextReporter(show_ranks=0)        # only rank 0's output; failures of any rank always shown
-    notebook_launcher(fn, num_processes=2, reporter=rep)
+rep = TextReporter(show_ranks=0)        # only rank 0's output; failures of any rank always shown
+notebook_launcher(fn, num_processes=2, reporter=rep)
 """
 
 from __future__ import annotations
@@ -48,7 +48,13 @@ def parse_show_ranks(show_ranks: Any) -> set[int] | None:
 class TextReporter:
     """Rank-prefixed whole lines; progress at most once per ``progress_interval`` s per rank (plus the last)."""
 
-    def __init__(self, stream: TextIO | None = None, err_stream: TextIO | None = None, show_ranks: Any = "all", progress_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        err_stream: TextIO | None = None,
+        show_ranks: Any = "all",
+        progress_interval: float = 1.0,
+    ) -> None:
         self._stream = stream
         self._err_stream = err_stream
         self.show = parse_show_ranks(show_ranks)
@@ -113,7 +119,9 @@ class TextReporter:
             text += "".join(f"[rank {rank}] {line}\n" for line in body.splitlines())
             self._write(self.err, text)
         elif isinstance(event, Stacks):
-            text = f"[rank {rank}] Python stacks (hang watchdog):\n" + "".join(f"[rank {rank}]   {line}\n" for line in event.text.splitlines())
+            text = f"[rank {rank}] Python stacks (hang watchdog):\n" + "".join(
+                f"[rank {rank}]   {line}\n" for line in event.text.splitlines()
+            )
             self._write(self.err, text)
         elif isinstance(event, (Heartbeat, Phase, Result)):
             return
@@ -148,7 +156,11 @@ class ListReporter:
     def output(self, rank: int | None = None, stream: str | None = None) -> str:
         """All ``Log`` text (of one rank / stream if given), in arrival order."""
         return "".join(
-            e.text for e in self.events if isinstance(e, Log) and (rank is None or e.rank == rank) and (stream is None or e.stream == stream)
+            e.text
+            for e in self.events
+            if isinstance(e, Log)
+            and (rank is None or e.rank == rank)
+            and (stream is None or e.stream == stream)
         )
 
 

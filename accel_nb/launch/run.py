@@ -1,7 +1,7 @@
 """One launch from start to end: plan -> start -> supervise -> collect -> clean up.
 
-    plan = make_plan(num_processes=2, cpu=True)
-    results = run_launch(FunctionPayload(fn), plan, TextReporter())
+plan = make_plan(num_processes=2, cpu=True)
+results = run_launch(FunctionPayload(fn), plan, TextReporter())
 """
 
 from __future__ import annotations
@@ -82,7 +82,12 @@ def run_launch(
     say(plan.headline())
     if plan.spawn_reason:
         say(f"[accel_nb] using spawn instead of fork: {plan.spawn_reason}.")
-    details = {"log_dir": log_dir, "start_method": plan.start_method, "backend": plan.backend, "master_port": plan.master_port}
+    details = {
+        "log_dir": log_dir,
+        "start_method": plan.start_method,
+        "backend": plan.backend,
+        "master_port": plan.master_port,
+    }
     details.update(info or {})
     reporter.start(plan.num_processes, details)
     ok = False

@@ -41,7 +41,12 @@ class RankProcess:
     """One started rank: its pid (also its process group), its event reader, its exit status."""
 
     def __init__(
-        self, rank: int, pid: int, reader: EventReader, popen: subprocess.Popen | None = None, server: Any = None
+        self,
+        rank: int,
+        pid: int,
+        reader: EventReader,
+        popen: subprocess.Popen | None = None,
+        server: Any = None,
     ) -> None:
         self.rank = rank
         self.pid = pid
@@ -125,13 +130,17 @@ def start_fork(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankPro
     return procs
 
 
-def start_spawn(plan: LaunchPlan, log_dir: str, payload_path: str, procs: list[RankProcess]) -> list[RankProcess]:
+def start_spawn(
+    plan: LaunchPlan, log_dir: str, payload_path: str, procs: list[RankProcess]
+) -> list[RankProcess]:
     """Start one fresh interpreter per rank into ``procs``; each loads the cloudpickled payload from ``payload_path``."""
     import accel_nb
 
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(accel_nb.__file__)))
     spec_file = os.path.join(log_dir, "spec.json")
-    base = RankSpec(0, plan.num_processes, log_dir, -1, os.getpid(), False, {}, list(sys.path), os.getcwd(), payload_path)
+    base = RankSpec(
+        0, plan.num_processes, log_dir, -1, os.getpid(), False, {}, list(sys.path), os.getcwd(), payload_path
+    )
     with open(spec_file, "w") as f:
         f.write(base.to_json())
     code = "from accel_nb.launch.worker import spawn_main; spawn_main()"
@@ -140,7 +149,10 @@ def start_spawn(plan: LaunchPlan, log_dir: str, payload_path: str, procs: list[R
         try:
             server = zygote.get_server()
         except zygote.SpawnServerError as exc:
-            print(f"[accel_nb] the spawn server is unavailable ({exc}); starting fresh interpreters", file=sys.stderr)
+            print(
+                f"[accel_nb] the spawn server is unavailable ({exc}); starting fresh interpreters",
+                file=sys.stderr,
+            )
     if server is not None:
         for rank in range(plan.num_processes):
             r, w = os.pipe()
@@ -229,7 +241,9 @@ def clean_stacks(text: str) -> str:
 class Supervisor:
     """Feed events to the reporter, decide when ranks failed, stop the rest, watch for hangs."""
 
-    def __init__(self, procs: list[RankProcess], reporter: Any, log_dir: str, timeout: float | None = None) -> None:
+    def __init__(
+        self, procs: list[RankProcess], reporter: Any, log_dir: str, timeout: float | None = None
+    ) -> None:
         self.procs = procs
         self.reporter = reporter
         self.log_dir = log_dir
@@ -249,7 +263,9 @@ class Supervisor:
         elif isinstance(event, Failure):
             if event.rank not in self.outcome.failures:
                 self._add_failure(
-                    RankFailure(event.rank, event.exc_type, event.message, event.traceback, exception=event.exception)
+                    RankFailure(
+                        event.rank, event.exc_type, event.message, event.traceback, exception=event.exception
+                    )
                 )
         self._report(event)
 
@@ -290,18 +306,29 @@ class Supervisor:
             details += f"last output of rank {rank}:\n{log_tail}\n"
         if code is not None and code < 0:
             sig = -code
-            failure = RankFailure(rank, signal_name(sig), f"killed by {signal_name(sig)}", details, exit_code=code, signal=sig)
+            failure = RankFailure(
+                rank, signal_name(sig), f"killed by {signal_name(sig)}", details, exit_code=code, signal=sig
+            )
         elif code == 0:
             failure = RankFailure(
-                rank, "ExitCode", "it ended without returning a result (os._exit(0) or sys.exit inside the function?)",
-                details, exit_code=0,
+                rank,
+                "ExitCode",
+                "it ended without returning a result (os._exit(0) or sys.exit inside the function?)",
+                details,
+                exit_code=0,
             )
         else:
             failure = RankFailure(
-                rank, "ExitCode", "the process ended abruptly (os._exit, or a fatal error in native code)", details, exit_code=code
+                rank,
+                "ExitCode",
+                "the process ended abruptly (os._exit, or a fatal error in native code)",
+                details,
+                exit_code=code,
             )
         self._add_failure(failure)
-        self._report(Failure(rank=rank, exc_type=failure.exc_type, message=failure.summary(), traceback=details))
+        self._report(
+            Failure(rank=rank, exc_type=failure.exc_type, message=failure.summary(), traceback=details)
+        )
 
     # -- stopping -----------------------------------------------------------------------------
     def _signal_live(self, sig: int) -> None:
@@ -310,7 +337,11 @@ class Supervisor:
                 p.signal_group(sig)
 
     def _escalate(self, now: float) -> None:
-        if self._first_failure_at is not None and self._term_sent_at is None and now - self._first_failure_at >= FAILURE_GRACE_S:
+        if (
+            self._first_failure_at is not None
+            and self._term_sent_at is None
+            and now - self._first_failure_at >= FAILURE_GRACE_S
+        ):
             self._term_sent_at = now
             self._signal_live(signal.SIGTERM)
         if self._term_sent_at is not None and not self._killed and now - self._term_sent_at >= TERM_GRACE_S:
@@ -360,7 +391,10 @@ class Supervisor:
         for rank in stopped:
             text = stacks.get(rank, "(no stack: the rank did not answer)")
             self.outcome.failures[rank] = RankFailure(
-                rank, "Hang", f"no progress for {idle:.0f} s; it was stopped", f"Python stacks of rank {rank}:\n{text}",
+                rank,
+                "Hang",
+                f"no progress for {idle:.0f} s; it was stopped",
+                f"Python stacks of rank {rank}:\n{text}",
                 first=not self.outcome.failures,
             )
 

@@ -84,7 +84,10 @@ def to_cpu(value: Any, _depth: int = 0) -> Any:
         return value.cpu() if value.device.type != "cpu" else value
     if isinstance(value, torch.nn.Module):
         inner = getattr(value, "module", None)
-        if isinstance(inner, torch.nn.Module) and type(value).__name__ in ("DistributedDataParallel", "DataParallel"):
+        if isinstance(inner, torch.nn.Module) and type(value).__name__ in (
+            "DistributedDataParallel",
+            "DataParallel",
+        ):
             value = inner
         return value.cpu()
     if isinstance(value, dict):
@@ -147,7 +150,9 @@ def _detach_from_kernel() -> None:
         import builtins
 
         def _no_input(prompt: str = "") -> str:
-            raise RuntimeError("input() is not available inside a launched rank: it has no keyboard; pass values as arguments")
+            raise RuntimeError(
+                "input() is not available inside a launched rank: it has no keyboard; pass values as arguments"
+            )
 
         builtins.input = _no_input
 

@@ -190,6 +190,7 @@ def serve(argv: list[str] | None = None) -> None:
     import torch.distributed  # noqa: F401
 
     import accel_nb.state  # noqa: F401
+
     from . import worker  # noqa: F401
 
     sock.send(pickle.dumps(("ready", os.getpid())))

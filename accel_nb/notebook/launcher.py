@@ -1,11 +1,11 @@
 """``notebook_launcher``: run a training function on every GPU (or N CPU processes) from a cell.
 
-    from accel_nb import notebook_launcher, PartialState
+from accel_nb import notebook_launcher, PartialState
 
-    def where_am_i():
-        return PartialState().process_index
+def where_am_i():
+    return PartialState().process_index
 
-    notebook_launcher(where_am_i, num_processes=2)      # -> [0, 1]
+notebook_launcher(where_am_i, num_processes=2)      # -> [0, 1]
 """
 
 from __future__ import annotations
@@ -75,9 +75,13 @@ def launch_payload(
     except LaunchSetupError as exc:
         raise exc.with_traceback(None) from None
     if reporter is None:
-        reporter = choose_reporter(plan.num_processes, show_ranks=show_ranks, progress=progress, title=payload.describe())
+        reporter = choose_reporter(
+            plan.num_processes, show_ranks=show_ranks, progress=progress, title=payload.describe()
+        )
     try:
-        return run_launch(payload, plan, reporter, timeout=timeout, info={"title": payload.describe()}, keep_logs=keep_logs)
+        return run_launch(
+            payload, plan, reporter, timeout=timeout, info={"title": payload.describe()}, keep_logs=keep_logs
+        )
     except (LaunchError, PayloadError, LaunchSetupError) as exc:
         # the launcher's frames say nothing useful: the report (the ranks' tracebacks) is in the message
         raise exc.with_traceback(None) from None
@@ -111,7 +115,9 @@ def notebook_launcher(
     __tracebackhide__ = True
     unknown = set(options) - {"cpu", "gradient_accumulation_steps", "env", "keep_logs", "progress"}
     if unknown:
-        raise TypeError(f"notebook_launcher() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        raise TypeError(
+            f"notebook_launcher() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
+        )
     return launch_payload(
         FunctionPayload(function, args, kwargs),
         num_processes=num_processes,
@@ -126,10 +132,12 @@ def notebook_launcher(
     )
 
 
-def debug_launcher(function: Callable[..., Any], args: tuple = (), num_processes: int = 2, **options: Any) -> list[Any]:
+def debug_launcher(
+    function: Callable[..., Any], args: tuple = (), num_processes: int = 2, **options: Any
+) -> list[Any]:
     """Run ``function(*args)`` on ``num_processes`` CPU processes (a real gloo group); for tests and debugging.
 
-        assert debug_launcher(lambda: PartialState().num_processes) == [2, 2]
+    assert debug_launcher(lambda: PartialState().num_processes) == [2, 2]
     """
     __tracebackhide__ = True
     options.setdefault("cpu", True)

@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="%%accelerate", add_help=False, allow_abbrev=False)
     p.add_argument("-n", "--num_processes", "--num-processes", type=_positive_int, default=None)
     p.add_argument("--mixed_precision", "--mixed-precision", choices=("no", "fp16", "bf16"), default=None)
-    p.add_argument("--gradient_accumulation_steps", "--gradient-accumulation-steps", type=_positive_int, default=None)
+    p.add_argument(
+        "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=_positive_int, default=None
+    )
     p.add_argument("--start_method", "--start-method", choices=("auto", "fork", "spawn"), default=None)
     p.add_argument("--timeout", type=_seconds, default=None)
     p.add_argument("--rank", type=_rank, default=None)
@@ -138,7 +140,9 @@ class AccelerateMagics(Magics):
         start_method = args.start_method
         cpu = args.cpu
         if cfg is not None:
-            num_processes = num_processes if num_processes is not None else getattr(cfg, "num_processes", None)
+            num_processes = (
+                num_processes if num_processes is not None else getattr(cfg, "num_processes", None)
+            )
             mixed_precision = mixed_precision or getattr(cfg, "mixed_precision", None)
             if grad_steps is None and getattr(cfg, "gradient_accumulation_steps", 1) not in (None, 1):
                 grad_steps = cfg.gradient_accumulation_steps
@@ -148,7 +152,13 @@ class AccelerateMagics(Magics):
         count = self.shell.execution_count if self.shell is not None else None
         AccelerateMagics._cell_counter += 1
         filename = f"<accelerate-cell-{count if count is not None else AccelerateMagics._cell_counter}>"
-        payload = CellPayload(cell, self.shell.user_ns, filename=filename, return_names=args.return_names, return_rank=return_rank)
+        payload = CellPayload(
+            cell,
+            self.shell.user_ns,
+            filename=filename,
+            return_names=args.return_names,
+            return_rank=return_rank,
+        )
         results = launch_payload(
             payload,
             num_processes=num_processes,
@@ -165,7 +175,9 @@ class AccelerateMagics(Magics):
                 raise UsageError(f"%%accelerate: --rank {return_rank} but only {len(results)} processes ran")
             values = results[return_rank] or {}
             self.shell.user_ns.update(values)
-            print(f"[accel_nb] {', '.join(args.return_names)} copied from rank {return_rank} into the notebook")
+            print(
+                f"[accel_nb] {', '.join(args.return_names)} copied from rank {return_rank} into the notebook"
+            )
 
     @line_magic("accelerate_config")
     def accelerate_config(self, line: str = "") -> None:
@@ -180,7 +192,9 @@ class AccelerateMagics(Magics):
         if cfg is None:
             where = getattr(config_module, "default_config_path", lambda: "the per-user config dir")()
             print(f"No saved launch config (looked for {where}).")
-            print("%%accelerate defaults: every GPU, else 1 CPU process; mixed_precision=no; start_method=auto.")
+            print(
+                "%%accelerate defaults: every GPU, else 1 CPU process; mixed_precision=no; start_method=auto."
+            )
             print("Write one with `accel-nb config default` or accel_nb.config_wizard().")
             return
         print(f"Launch config from {path}:")
@@ -194,7 +208,9 @@ class AccelerateMagics(Magics):
         try:
             from ..hardware import environment_report
         except ImportError:
-            print("accel_nb.hardware is not available in this installation, so there is no environment report")
+            print(
+                "accel_nb.hardware is not available in this installation, so there is no environment report"
+            )
             return
         print(environment_report())
 
