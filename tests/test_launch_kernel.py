@@ -284,3 +284,37 @@ def test_the_default_display_in_a_kernel_is_the_live_widget(kernel):
     assert "RESULT [10, 10]" in out.stdout
     assert any(c["msg_type"] == "comm_open" for c in out.comms)  # a widget was created for the launch
     _assert_no_children(kernel)
+
+
+def test_ranks_and_the_spawn_server_die_with_a_crashed_kernel():
+    import os
+    import signal
+
+    import psutil
+
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+        out = k.run(
+            SETUP + "print(notebook_launcher(lambda: os.getpid(), num_processes=2, start_method='spawn'))",
+            timeout=180,
+        )
+        assert out.error is None, out.traceback
+        msg_id = k.kc.execute(
+            "def forever():\n"
+            "    print('pid', os.getpid(), flush=True)\n"
+            "    time.sleep(300)\n"
+            "notebook_launcher(forever, num_processes=2)"
+        )
+        deadline = time.monotonic() + 60
+        text = ""
+        while time.monotonic() < deadline and text.count("pid ") < 2:
+            try:
+                msg = k.kc.get_iopub_msg(timeout=0.5)
+            except Exception:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+        descendants = k.children()
+        assert len(descendants) >= 3  # two ranks and the spawn server
+        os.kill(k.pid, signal.SIGKILL)  # the kernel crashes
+        gone, alive = psutil.wait_procs(descendants, timeout=10)
+        assert alive == []

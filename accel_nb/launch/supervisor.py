@@ -22,13 +22,14 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Event, Failure, Heartbeat, Result, Stacks
+from ..events import Event, Failure, Heartbeat, Phase, Result, Stacks
 from . import zygote
 from .channel import EventReader
 from .errors import RankFailure, signal_name
 from .plan import LaunchPlan
 from .worker import STACKS_SIGNAL, RankSpec, crash_path, fork_main, log_path, stacks_path
 
+STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every rank runs the payload
 FAILURE_GRACE_S = 0.5  # after a first failure, let the others report their own errors this long
 TERM_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 STACKS_WAIT_S = 1.0  # how long the watchdog waits for faulthandler to write the stacks
@@ -253,11 +254,14 @@ class Supervisor:
         self._term_sent_at: float | None = None
         self._killed = False
         self._last_progress = time.monotonic()
+        self._running: set[int] = set()  # ranks that reached the payload (startup is over for them)
 
     # -- events -------------------------------------------------------------------------------
     def _handle(self, event: Event) -> None:
         if not isinstance(event, Heartbeat):
             self._last_progress = time.monotonic()
+        if isinstance(event, Phase) and event.phase == "running":
+            self._running.add(event.rank)
         if isinstance(event, Result):
             self.outcome.results[event.rank] = event.value
         elif isinstance(event, Failure):
@@ -424,7 +428,10 @@ class Supervisor:
                 self._escalate(now)
                 if self.timeout is not None and waiting and not self.outcome.failures:
                     idle = now - self._last_progress
-                    if idle >= self.timeout:
+                    # a cold start (fresh interpreters importing torch) is not a hang
+                    starting = any(r not in self._running for r in waiting)
+                    limit = max(self.timeout, STARTUP_GRACE_S) if starting else self.timeout
+                    if idle >= limit:
                         self._on_hang(idle)
             return self.outcome
         except KeyboardInterrupt:
