@@ -180,7 +180,6 @@ class ProgressBar:
             return
         n = self.n
         next_check = self._next_check
-        finished = False
         try:
             for item in self.iterable:
                 yield item
@@ -189,14 +188,9 @@ class ProgressBar:
                 if n >= next_check:
                     self._checkpoint()
                     next_check = self._next_check
-            finished = True
-        finally:
+        finally:  # exhausted, ``break`` or an exception in the body: the loop is over either way
             self.n = n
-            if finished:
-                self.close()
-            else:  # ``break`` or an exception in the loop body: send where we stopped
-                self._send(done=False)
-                self.closed = True
+            self.close()
 
     def __len__(self) -> int:
         if self.total is not None:
@@ -206,12 +200,8 @@ class ProgressBar:
     def __enter__(self) -> ProgressBar:
         return self
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is None:
-            self.close()
-        elif not self.closed:
-            self._send(done=False)
-            self.closed = True
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"<ProgressBar {self.name!r} {format_progress_line(self.n, self.total, self._rate, self.metrics)}>"
@@ -248,7 +238,8 @@ class ProgressBar:
             self._send(done=False)
 
     def close(self) -> None:
-        """Finish the loop: sends the final state (``done=True``); idempotent."""
+        """End the loop: sends the final state with ``done=True`` (the loop is over, whatever the
+        reason: exhausted, ``break``, an exception; a failure arrives separately); idempotent."""
         if self.closed:
             return
         self.closed = True

@@ -124,21 +124,28 @@ def test_manual_update_context_manager_and_set_metrics(sink):
     assert (last.name, last.n, last.done, last.metrics) == ("eval-loop", 10, True, {"acc": 0.5, "f1": 0.25})
 
 
-def test_break_reports_where_the_loop_stopped_without_done(sink):
+def test_break_ends_the_loop_where_it_stopped(sink):
     for i in accel_nb.progress(range(100), desc="b", every=1000):
         if i == 41:
             break
-    last = _progress(sink)[-1]
-    assert last.n == 41 and last.done is False  # 41 steps completed (0..40)
+    got = _progress(sink)
+    assert got[-1].n == 41 and got[-1].done is True  # 41 steps completed (0..40)
+    assert sum(e.done for e in got) == 1
 
 
-def test_exception_in_body_is_not_reported_as_done(sink):
+def test_exception_in_body_ends_the_loop_where_it_stopped(sink):
     with pytest.raises(ValueError):
         with accel_nb.progress(total=10, desc="x") as bar:
             bar.update(3)
             raise ValueError("boom")
-    last = _progress(sink)[-1]
-    assert last.n == 3 and last.done is False
+    with pytest.raises(KeyError):
+        for i in accel_nb.progress(range(10), desc="y"):
+            if i == 5:
+                raise KeyError("k")
+    x_events = [e for e in _progress(sink) if e.name == "x"]
+    y_events = [e for e in _progress(sink) if e.name == "y"]
+    assert (x_events[-1].n, x_events[-1].done) == (3, True)
+    assert (y_events[-1].n, y_events[-1].done) == (5, True)
 
 
 def test_tensor_metrics_become_numbers(sink):

@@ -124,7 +124,10 @@ def test_stalled_rank_turns_amber():
         time.sleep(0.05)
     assert r.bars[0].bar_style == "warning" and "stalled" in r.statuses[0].value
     r.handle(Progress(0, "train", 2, 10))
-    assert r.bars[0].bar_style == "info"
+    deadline = time.monotonic() + 10
+    while r.bars[0].bar_style != "info" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r.bars[0].bar_style == "info"  # moving again: blue within min_interval
     r.finish(True)
 
 
@@ -142,6 +145,20 @@ def test_ticker_thread_stops_when_quiet_and_restarts_with_events():
     r.finish(True)
     second.join(10)
     assert not second.is_alive()
+
+
+def test_nested_loops_show_the_outer_one_next_to_the_bar():
+    r = _reporter()
+    for epoch in range(2):
+        for i in range(1, 11):
+            r.handle(Progress(0, f"step{epoch}", i, 10, desc="steps", done=i == 10))
+        r.handle(Progress(0, "epochs", epoch + 1, 3, desc="epoch"))
+    r.handle(Progress(0, "step2", 4, 10, desc="steps"))
+    r.finish(True)
+    assert (r.bars[0].value, r.bars[0].max) == (4, 10)
+    info = r.infos[0].value
+    assert "epoch 2/3" in info and "steps <b>4/10</b>" in info
+    assert "step0" not in info and "step1" not in info  # finished inner loops are not listed
 
 
 def test_unexpected_rank_gets_a_row():

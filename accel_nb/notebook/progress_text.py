@@ -51,6 +51,9 @@ class RankView:
     traceback: str | None = None
     last_event: float = field(default_factory=time.monotonic)
     seen_progress: bool = False
+    loops: dict[str, tuple[int, int | None, str, bool]] = field(
+        default_factory=dict
+    )  # name -> n, total, label, done
     logs: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES_KEPT))
     log_count: int = 0
 
@@ -58,6 +61,14 @@ class RankView:
         if self.finished or self.loop_done:
             return 0.0 if self.total else None
         return eta_seconds(self.n, self.total, self.rate)
+
+    def open_loops(self) -> list[str]:
+        """The other loops of this rank still running (an outer epoch loop...), as ``"epoch 2/3"``."""
+        out = []
+        for name, (n, total, label, done) in self.loops.items():
+            if name != self.name and not done:
+                out.append(f"{label} {n}/{total}" if total else f"{label} {n}")
+        return out
 
     def logged_text(self) -> str:
         """``"step 3: loss=0.25 lr=0.001"`` for the latest ``log_metrics`` values."""
@@ -98,6 +109,9 @@ class LaunchProgress:
         before = self.status(v.rank, now)
         if isinstance(event, ev.Progress):
             v.name, v.desc, v.n, v.total = event.name, event.desc, event.n, event.total
+            v.loops[event.name] = (event.n, event.total, event.desc or event.name, event.done)
+            if len(v.loops) > 16:  # loops made in a loop (a fresh name each time): keep the recent ones
+                v.loops.pop(next(iter(v.loops)))
             v.rate, v.loop_done = event.rate, event.done
             if event.metrics:
                 v.metrics.update(event.metrics)

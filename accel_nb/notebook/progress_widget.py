@@ -35,7 +35,7 @@ STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "stopped": ("warning", "#6d4c41"),
 }
 PANE_LINES = 200  # lines of each rank's log shown in its pane
-PANE_INTERVAL = 0.5  # seconds between two refreshes of a log pane
+PANE_INTERVAL = 1.0  # seconds between two refreshes of a log pane (the cell gets the lines at once)
 
 
 def _esc(text: Any) -> str:
@@ -116,7 +116,7 @@ class WidgetReporter:
             self._ticker.start()
 
     def handle(self, event: Any) -> None:
-        """Fold one event in; sync the widgets if ``min_interval`` passed or a status changed."""
+        """Fold one event in; sync the widgets if ``min_interval`` passed (a failure: at once)."""
         if not self._started:
             self.start(self.num_processes, None)
         if self.echo_logs and isinstance(event, ev.Log):
@@ -124,11 +124,12 @@ class WidgetReporter:
         with self._lock:
             self._last_event = time.monotonic()
             self._ensure_ticker()
-            changed = self.state.apply(event)
-            if isinstance(event, ev.Failure):
+            self.state.apply(event)
+            failure = isinstance(event, ev.Failure)
+            if failure:
                 self._show_failures()
             now = time.monotonic()
-            if changed or now - self._last_flush >= self.min_interval:
+            if failure or now - self._last_flush >= self.min_interval:
                 self._flush_locked(now=now)
             else:
                 self._dirty = True  # the ticker thread flushes it within min_interval
@@ -251,6 +252,8 @@ class WidgetReporter:
         v = self.state.ranks[rank]
         bits = []
         if v.seen_progress:
+            for other in v.open_loops():  # e.g. the epoch loop around the step loop drawn in the bar
+                bits.append(_esc(other))
             name = v.desc or v.name
             count = f"{v.n}/{v.total}" if v.total else f"{v.n} it"
             bits.append(f"{_esc(name)} <b>{count}</b>" if name else f"<b>{count}</b>")
