@@ -423,6 +423,14 @@ print(f"num_processes={config.num_processes}, mixed_precision={config.mixed_prec
 """,
         "key-result",
     ),
+    md("""
+`%accelerate_config` (after `%load_ext accel_nb`) prints the launch config that `%%accelerate` and
+`notebook_launcher` will use: the file just saved.
+"""),
+    code("""
+%load_ext accel_nb
+%accelerate_config
+"""),
 ]
 
 

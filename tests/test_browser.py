@@ -139,3 +139,33 @@ def test_device_map_view_has_a_bar_per_device_and_follows_the_budget_slider(lab,
     )
     assert low["disk"] > 0
     time.sleep(0.2)
+
+
+def test_config_wizard_controls_validate_and_save_writes_the_file(lab, page):
+    open_notebook(page, lab, "config_wizard.ipynb")
+    run_all_cells(page, lab, "config_wizard.ipynb")
+    assert cell_errors(page) == []
+    printed = cell(page, 'os.environ["ACCEL_NB_CONFIG_FILE"]').inner_text()
+    path = printed.split("config file for this notebook: ", 1)[1].split()[0]
+    assert "num_processes: 2" in open(path).read()  # the notebook's own set_values + save
+    node = cell(page, "wizard = config_wizard()")
+    save = node.locator("button:has-text('Save')")
+    processes = node.locator(".widget-text:has(label:text-is('Processes (all machines)')) input")
+    # an impossible value: the error names the key and Save is disabled
+    processes.fill("0")
+    processes.press("Tab")
+    wait_until(save.is_disabled, 30, "Save to be disabled for num_processes=0")
+    assert "num_processes" in node.inner_text()
+    node.screenshot(path=os.path.join(SHOTS, "wizard_invalid.png"))
+    # valid values: the equivalent commands follow, Save writes them
+    processes.fill("3")
+    processes.press("Tab")
+    node.locator(".widget-dropdown:has(label:text-is('Notebook start method')) select").select_option("spawn")
+    wait_until(lambda: "--num_processes 3" in node.inner_text() and "--start_method spawn" in node.inner_text(),
+               30, "the %%accelerate line to follow the controls")  # fmt: skip
+    assert not save.is_disabled()
+    save.click()
+    wait_until(lambda: f"Saved to {path}" in node.inner_text(), 30, "the Saved status")
+    text = open(path).read()
+    assert "num_processes: 3" in text and "start_method: spawn" in text
+    node.screenshot(path=os.path.join(SHOTS, "wizard_saved.png"))
