@@ -180,12 +180,13 @@ class ProgressBar:
             return
         n = self.n
         next_check = self._next_check
+        last = self.total  # the final step is sent once, by close(), with done=True
         try:
             for item in self.iterable:
                 yield item
                 n += 1
                 self.n = n  # always current (a few ns); the clock is read only at checks
-                if n >= next_check:
+                if n >= next_check and n != last:
                     self._checkpoint()
                     next_check = self._next_check
         finally:  # exhausted, ``break`` or an exception in the body: the loop is over either way

@@ -100,7 +100,9 @@ def test_100k_steps_send_a_bounded_number_of_events(sink, clock):
 def test_slow_loop_sends_every_step_once_interval_passed(sink, clock):
     for _ in accel_nb.progress(range(5), every=0.5):
         clock.now += 1.0  # each step takes longer than `every`
-    assert [e.n for e in _progress(sink)] == [1, 2, 3, 4, 5, 5]
+    got = _progress(sink)
+    assert [e.n for e in got] == [1, 2, 3, 4, 5]  # the final step once, as the done event
+    assert [e.done for e in got] == [False, False, False, False, True]
 
 
 def test_every_throttles_to_the_given_interval(sink, clock):
