@@ -94,9 +94,8 @@ def format_progress_line(
     stats = [format_rate(rate)]
     if elapsed is not None:
         stats.insert(0, format_duration(elapsed))
-    if total:
-        eta = 0.0 if n >= total else eta_seconds(n, total, rate)
-        stats.append(f"ETA {format_duration(eta)}")
+    if total and n < total:
+        stats.append(f"ETA {format_duration(eta_seconds(n, total, rate))}")
     parts.append(f"[{', '.join(stats)}]")
     text = format_metrics(metrics)
     if text:
