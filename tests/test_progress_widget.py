@@ -92,6 +92,18 @@ def test_failure_turns_the_rank_red_and_shows_its_traceback_first():
     assert "failed" in r.summary_text(False)
 
 
+def test_interrupted_or_hung_launch_says_why_without_a_failing_rank():
+    r = _reporter()
+    r.handle(Progress(0, "train", 3, 10))
+    r.handle(Stacks(1, 'Thread 0x1 (most recent call first):\n  File "cell", line 4 in train'))
+    r.finish(False, "rank 1 failed: Hang: no progress for 5 s; it was stopped")
+    assert r.failure_box.layout.display is None
+    assert "Hang: no progress for 5 s" in r.failure_box.value and "output pane" in r.failure_box.value
+    assert "stopped" in r.statuses[0].value and "stopped" in r.statuses[1].value
+    assert "line 4 in train" in r.panes[1].value
+    assert "rank 1 failed: Hang" in r.summary_text(False, "rank 1 failed: Hang")
+
+
 def test_log_panes_hold_each_ranks_output_with_stderr_marked():
     r = _reporter()
     r.handle(Log(0, "stdout", "hello <b>0</b>\n"))
@@ -100,7 +112,7 @@ def test_log_panes_hold_each_ranks_output_with_stderr_marked():
     r.finish(True)
     assert "hello &lt;b&gt;0&lt;/b&gt;" in r.panes[0].value and "warning" not in r.panes[0].value
     assert "warning from 1" in r.panes[1].value and "color:#b71c1c" in r.panes[1].value
-    assert "stack dump" in r.panes[1].value
+    assert "Python stacks (hang watchdog)" in r.panes[1].value
     assert r.logs.titles[0] == "rank 0 output (1 line)"
 
 

@@ -145,9 +145,10 @@ class LaunchProgress:
                 self.first_failure = v.rank
             v.last_event = now
         elif isinstance(event, ev.Stacks):
-            v.logs.append(("stacks", "--- stack dump ---"))
-            for line in event.text.splitlines():
+            lines = ["--- Python stacks (hang watchdog) ---", *event.text.splitlines()]
+            for line in lines:
                 v.logs.append(("stacks", line))
+            v.log_count += len(lines)
         return self.status(v.rank, now) != before
 
     def finish(self, ok: bool) -> None:

@@ -147,6 +147,8 @@ class WidgetReporter:
             if summary:
                 self.info["summary"] = summary
             self._show_failures()
+            if not ok and summary and not any(v.failed for v in self.state.ranks.values()):
+                self._show_launch_problem(summary)  # interrupted, hung: no rank raised
             self._flush_locked(force=True)
         self._leave_text_summary(ok, summary)
 
@@ -306,6 +308,18 @@ class WidgetReporter:
             order = sorted(self.panes)
             if first in order:
                 self.logs.selected_index = order.index(first)
+
+    def _show_launch_problem(self, summary: str) -> None:
+        """Why a launch without any failing rank ended badly (interrupt, hang), in the failure box."""
+        if self.failure_box is None:
+            return
+        stacks = any(stream == "stacks" for v in self.state.ranks.values() for stream, _ in v.logs)
+        hint = " Each rank's Python stack is in its output pane." if stacks else ""
+        self.failure_box.value = (
+            "<div style='border-left:4px solid #6d4c41;padding-left:8px;color:#6d4c41;font-weight:600'>"
+            f"{_esc(summary)}{_esc(hint)}</div>"
+        )
+        self.failure_box.layout.display = None
 
     def _flush_locked(self, force: bool = False, now: float | None = None) -> None:
         """Push the state into the widgets (caller holds the lock)."""
