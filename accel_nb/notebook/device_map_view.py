@@ -42,6 +42,14 @@ def _dev_name(device: Any) -> str:
     return f"GPU {device}" if isinstance(device, int) else str(device)
 
 
+def _scale(d: dict[str, Any]) -> int:
+    """Bytes a full bar stands for: the budget, except for a disk far larger than what it holds."""
+    filled = d["used"] + d["headroom"]
+    if d["device"] == "disk" and (d["budget"] is None or d["budget"] > 4 * filled):
+        return max(filled, 1)
+    return max(d["budget"] or 0, filled, 1)
+
+
 def _colour(name: str) -> str:
     hue = int(hashlib.md5(name.encode()).hexdigest()[:4], 16) % 360
     return f"hsl({hue},55%,62%)"
@@ -180,7 +188,7 @@ class DeviceMapView:
         if self.error:
             lines.append(f"ERROR: {self.error}")
         for d in self.devices():
-            scale = max(d["budget"] or 0, d["used"] + d["headroom"], 1)
+            scale = _scale(d)
             filled = round(width * d["used"] / scale)
             reserved = round(width * d["headroom"] / scale)
             bar = "#" * filled + "." * max(width - filled - reserved, 0) + "/" * reserved
@@ -216,7 +224,7 @@ class DeviceMapView:
         if self.error:
             parts.append(f'<div class="accel-nb-error">{esc(self.error)}</div>')
         for d in self.devices():
-            scale = max(d["budget"] or 0, d["used"] + d["headroom"], 1)
+            scale = _scale(d)
             title = f"{d['name']}: {human_bytes(d['used'])} used"
             if d["budget"] is not None:
                 title += f" of {human_bytes(d['budget'])}"
@@ -240,7 +248,7 @@ class DeviceMapView:
                     f'<div class="accel-nb-headroom" style="width:{100.0 * d["headroom"] / scale:.3f}%" '
                     f'title="{esc("headroom reserved for the largest layer: " + human_bytes(d["headroom"]))}"></div>'
                 )
-            if d["budget"] is not None:
+            if d["budget"] is not None and d["budget"] <= scale:
                 parts.append(
                     f'<div class="accel-nb-budget-line" style="left:calc({100.0 * d["budget"] / scale:.3f}% - 2px)" '
                     f'title="{esc("budget " + human_bytes(d["budget"]))}"></div>'
