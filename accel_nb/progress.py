@@ -329,7 +329,8 @@ def _in_ipython_kernel() -> bool:
         shell = ipython_mod.get_ipython()
     except Exception:  # noqa: BLE001
         return False
-    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+    # a subclass counts too (Google Colab's shell derives from ZMQInteractiveShell)
+    return shell is not None and any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__)
 
 
 def progress(

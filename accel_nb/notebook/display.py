@@ -29,7 +29,10 @@ def widget_frontend_available() -> bool:
         shell = ipython_mod.get_ipython()
     except Exception:  # noqa: BLE001
         return False
-    if shell is None or type(shell).__name__ != "ZMQInteractiveShell":
+    if shell is None:
+        return False
+    # a Jupyter kernel, or a subclass of its shell (Google Colab's derives from it)
+    if not any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__):
         return False
     try:
         import ipywidgets  # noqa: F401

@@ -2,7 +2,7 @@
 
 Fed by the launcher's supervisor like any Reporter (``start`` / ``handle`` / ``finish``). Widget
 updates are coalesced: at most ``1 / min_interval`` syncs per second per launch (10 by default),
-whatever the number of events; a rank's status change (done, failed) shows at once, and
+whatever the number of events; a failure shows at once, and
 ``finish`` always flushes the final state. When the launch ends, the output's ``text/plain``
 becomes a per-rank summary, so executed and saved notebooks show the final state as text too.
 
