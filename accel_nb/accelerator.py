@@ -405,6 +405,9 @@ class Accelerator:
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
+        if not isinstance(model, DistributedDataParallel):
+            # the user may hold the inner module: find the DDP wrapper prepare() made for it
+            model = next((m for m in self._models if isinstance(m, DistributedDataParallel) and m.module is model), model)
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
