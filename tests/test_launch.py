@@ -405,3 +405,27 @@ def test_bf16_on_a_gpu_without_bf16_is_one_clear_error(monkeypatch):
     plan = make_plan(mixed_precision="fp16")
     assert plan.num_processes == 2 and plan.use_gpu and plan.backend == "nccl"
     assert plan.headline().startswith("Launching 2 GPU processes (nccl)")
+
+
+def _matmul_threads():
+    import torch
+
+    a = torch.randn(300, 300)
+    for _ in range(3):
+        a @ a
+    return torch.get_num_threads()
+
+
+def test_fork_after_the_notebook_used_an_openmp_pool_does_not_hang(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a = torch.randn(300, 300)
+        a @ a  # the parent's OpenMP pool now exists; it does not survive a fork
+        assert debug_launcher(_matmul_threads, timeout=60, reporter=ListReporter()) == [1, 1]
+        assert debug_launcher(_matmul_threads, num_processes=1, timeout=60, reporter=ListReporter()) == [1]
+        assert "uses 1 torch thread" in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(before)

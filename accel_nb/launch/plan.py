@@ -7,6 +7,8 @@ plan.rank_env(1)           # RANK=1, WORLD_SIZE=2, LOCAL_RANK=1, MASTER_PORT=...
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 
 from . import cuda_guard
@@ -29,6 +31,7 @@ class LaunchPlan:
     mixed_precision: str | None = None
     gradient_accumulation_steps: int | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
 
     @property
     def backend(self) -> str:
@@ -74,6 +77,8 @@ class LaunchPlan:
             env["ACCELERATE_USE_CPU"] = "true"
         if self.start_method == "fork":
             env["ACCEL_NB_FORKED"] = "1"
+        if self.num_processes > 1 and not self.use_gpu and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks must not each use every core
         env.update(self.extra_env)
         return env
 
@@ -154,7 +159,14 @@ def make_plan(
         except (TypeError, ValueError):
             raise LaunchSetupError(f"use_port={use_port!r} is not a port number") from None
         ensure_port_free(master_addr, port)
+    fork_threads = None
+    if method == "fork" and "torch" in sys.modules:
+        from .worker import native_threads_running
+
+        if native_threads_running():
+            fork_threads = 1
     return LaunchPlan(
+        fork_threads=fork_threads,
         num_processes=num_processes,
         use_gpu=use_gpu,
         start_method=method,

@@ -82,6 +82,17 @@ def run_launch(
     say(plan.headline())
     if plan.spawn_reason:
         say(f"[accel_nb] using spawn instead of fork: {plan.spawn_reason}.")
+    torch = sys.modules.get("torch")
+    if (
+        plan.fork_threads == 1
+        and plan.num_processes == 1
+        and torch is not None
+        and torch.get_num_threads() > 1
+    ):
+        say(
+            "[accel_nb] the forked process uses 1 torch thread (the notebook's OpenMP thread pool does not "
+            "survive a fork); start_method='spawn' gives it all cores"
+        )
     details = {
         "log_dir": log_dir,
         "start_method": plan.start_method,

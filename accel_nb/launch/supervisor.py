@@ -112,7 +112,16 @@ def start_fork(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankPro
             stream.flush()
     for rank in range(plan.num_processes):
         r, w = os.pipe()
-        spec = RankSpec(rank, plan.num_processes, log_dir, w, parent_pid, True, plan.rank_env(rank))
+        spec = RankSpec(
+            rank,
+            plan.num_processes,
+            log_dir,
+            w,
+            parent_pid,
+            True,
+            plan.rank_env(rank),
+            threads=plan.fork_threads,
+        )
         pid = os.fork()
         if pid == 0:  # child
             try:

@@ -46,6 +46,7 @@ class RankSpec:
     sys_path: list[str] | None = None
     cwd: str | None = None
     payload_path: str | None = None
+    threads: int | None = None  # torch threads to use (forced to 1 when the parent's OpenMP pool ran)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -122,6 +123,38 @@ def _portable_exception(exc: BaseException) -> BaseException | None:
         return None
 
 
+def native_threads_running() -> bool:
+    """True when this process runs threads Python did not start (e.g. an OpenMP pool after a matmul).
+
+    An OpenMP pool does not survive a fork: a forked rank that uses more than one torch thread
+    then hangs in its first parallel operation, so forked ranks use one thread in that case.
+    """
+    try:
+        with open("/proc/self/comm") as f:
+            name = f.read().strip()
+        same = 0
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    same += 1
+    except OSError:
+        return True  # cannot tell: be safe
+    return same > threading.active_count()
+
+
+def _set_torch_threads(forced: int | None) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    wanted = forced
+    if wanted is None:
+        with contextlib.suppress(ValueError):
+            wanted = int(os.environ.get("OMP_NUM_THREADS", "") or 0) or None
+    if wanted:
+        with contextlib.suppress(Exception):
+            torch.set_num_threads(wanted)
+
+
 def _detach_from_kernel() -> None:
     """In a rank forked from a Jupyter kernel: display() and input() must not use the kernel's sockets."""
     ipython = sys.modules.get("IPython")
@@ -181,6 +214,7 @@ class WorkerRuntime:
             os.environ["ACCEL_NB_FORKED"] = "1"
             if "accel_nb.state" in sys.modules:  # the notebook may hold a PartialState of its own
                 sys.modules["accel_nb.state"]._reset_all_states()
+        _set_torch_threads(spec.threads)
         if spec.sys_path is not None:
             sys.path[:] = spec.sys_path
         if spec.cwd:
