@@ -213,6 +213,18 @@ def test_echo_logs_writes_whole_prefixed_lines(capsys):
     assert out.out == "[rank 1] a\n[rank 1] b\n" and out.err == "[rank 0] oops\n"
 
 
+def test_show_ranks_limits_the_echo_but_every_rank_keeps_its_pane(capsys):
+    from accel_nb.notebook.progress_widget import WidgetReporter
+
+    r = WidgetReporter(2, display=False, show_ranks=0)
+    r.start(2, {})
+    r.handle(Log(0, "stdout", "from zero\n"))
+    r.handle(Log(1, "stdout", "from one\n"))
+    r.finish(True)
+    assert capsys.readouterr().out == "[rank 0] from zero\n"
+    assert "from one" in r.panes[1].value
+
+
 # ------------------------------------------------------------------------------- text
 def test_text_formatter_throttles_progress_and_prefixes_every_line():
     fmt = ProgressTextFormatter(interval=3600)
