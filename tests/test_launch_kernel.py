@@ -66,6 +66,8 @@ def test_rank_output_appears_in_the_launching_cell_labelled_by_rank(kernel):
         "    print('hello from', s.process_index)\n"
         "    nb_log.info('logged from %d', s.process_index)\n"
         "    display({'shown': s.process_index})\n"
+        "    import asyncio\n"
+        "    asyncio.run(asyncio.sleep(0))  # the kernel's running event loop is not the rank's\n"
         "    os.write(2, b'C-level stderr\\n')\n"
         "    return s.num_processes\n"
         "print(notebook_launcher(hello, num_processes=2))"

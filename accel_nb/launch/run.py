@@ -100,7 +100,17 @@ def run_launch(
         "master_port": plan.master_port,
     }
     details.update(info or {})
-    reporter.start(plan.num_processes, details)
+    try:
+        reporter.start(plan.num_processes, details)
+    except Exception as exc:  # noqa: BLE001 - a broken display must not stop the launch
+        print(
+            f"[accel_nb] the display failed to start ({type(exc).__name__}: {exc}); showing text instead",
+            file=sys.stderr,
+        )
+        from .reporting import TextReporter
+
+        reporter = TextReporter()
+        reporter.start(plan.num_processes, details)
     ok = False
     procs: list = []
     try:

@@ -157,6 +157,10 @@ def _set_torch_threads(forced: int | None) -> None:
 
 def _detach_from_kernel() -> None:
     """In a rank forked from a Jupyter kernel: display() and input() must not use the kernel's sockets."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None:  # the kernel's loop object was copied with dead sockets: not the rank's loop
+        with contextlib.suppress(Exception):
+            asyncio.set_event_loop(None)
     ipython = sys.modules.get("IPython")
     shell = None
     if ipython is not None:
