@@ -472,3 +472,64 @@ def test_real_architectures_cpu_and_disk(arch, tmp_path):
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
     if arch == "gpt2":
         assert m.hf_device_map["lm_head"] == m.hf_device_map["transformer.wte"]
+
+
+# -- the streaming engine's bookkeeping, run on the CPU (the GPU path with synchronous copies) --------
+@pytest.mark.parametrize("source", ["cpu", "disk", "mixed"])
+def test_buffered_streaming_path_bounded_buffers_and_learnt_prefetch(source, tmp_path):
+    ref = _reference(seed=8)
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        want = ref(ids)
+    m = _reference(seed=8)
+    if source == "cpu":
+        cpu_offload(m, "cpu", buffered=True)
+    elif source == "disk":
+        disk_offload(m, str(tmp_path / "off"), "cpu", buffered=True)
+    else:
+        dm = {"embed": "cpu", "scale": "cpu", "head": "cpu", "blocks.0": "disk", "blocks.1": "cpu"}
+        dm.update({f"blocks.{i}": ("disk" if i % 2 else "cpu") for i in range(2, 6)})
+        dispatch_model(m, dm, main_device="cpu", offload_dir=str(tmp_path / "off"), buffered=True)
+        # on the CPU, 'cpu' entries run in place: only disk blocks are streamed
+    engine = m._accel_nb_engine
+    assert engine.buffered and len(engine._buffers) == min(2, len(engine.units))
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(m(ids), want)
+    n = len(engine.units)
+    assert engine.bytes_streamed > 0
+    # the first pass may miss; afterwards every unit's weights were prefetched while the previous ran
+    assert engine.prefetch_hits >= 2 * n - 1, (engine.prefetch_hits, engine.prefetch_misses, n)
+    assert all(not b.in_use for b in engine._buffers)
+
+
+class ReversedStack(Stack):
+    """Runs its blocks in the opposite order to their definition: the prefetcher must learn that."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids) * self.scale
+        for b in reversed(self.blocks):
+            h = b(h)
+        return self.head(h)
+
+
+def test_prefetch_order_is_learnt_from_execution(tmp_path):
+    torch.manual_seed(9)
+    ref = ReversedStack().eval()
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        want = ref(ids)
+    torch.manual_seed(9)
+    m = ReversedStack().eval()
+    dispatch_model(
+        m, {"": "cpu", "blocks": "disk"}, main_device="cpu", offload_dir=str(tmp_path), buffered=True
+    )
+    engine = m._accel_nb_engine
+    with torch.no_grad():
+        assert torch.equal(m(ids), want)
+        assert engine.prefetch_misses > 1  # map order (blocks.0 first) was the wrong guess
+        assert torch.equal(m(ids), want)  # learns the wrap-around (last block -> first of the next pass)
+        learnt = engine.prefetch_misses
+        for _ in range(2):
+            assert torch.equal(m(ids), want)
+    assert engine.prefetch_misses == learnt  # from then on every block is already on its way

@@ -195,6 +195,7 @@ def dispatch_model(
     offload_buffers: bool = False,
     num_buffers: int = 2,
     prefetch: bool = True,
+    buffered: bool | None = None,
 ) -> nn.Module:
     """Put each mapped module on its device and hook the model so it runs across them.
 
@@ -204,6 +205,8 @@ def dispatch_model(
     disk entries are offloaded: their weights come to ``main_device`` (the first GPU of the map, or
     the CPU when there is none) only for their forward. With no GPU, 'cpu' entries run in place.
     The model's outputs come back to the device of its inputs. Sets ``model.hf_device_map``.
+    ``num_buffers`` bounds the execution-device buffers for offloaded weights; ``buffered=True``
+    runs that streaming path even on a CPU execution device (used by the tests).
     """
     if isinstance(device_map, str):
         device_map = resolve_device_map(model, device_map)
@@ -218,7 +221,7 @@ def dispatch_model(
     exec_device = torch_device(normalize_device(main_device))
     if exec_device.type == "cuda" and exec_device.index is None:
         exec_device = torch.device("cuda", 0)
-    engine = OffloadEngine(exec_device, num_buffers=num_buffers, prefetch=prefetch)
+    engine = OffloadEngine(exec_device, num_buffers=num_buffers, prefetch=prefetch, buffered=buffered)
     placeholders: dict[int, torch.Tensor] = {}
     modules = dict(model.named_modules(remove_duplicate=False))
     # the map order is the execution order the prefetcher starts from
@@ -272,7 +275,11 @@ def _per_module_map(model: nn.Module, device: Device) -> dict[str, Device]:
 
 
 def cpu_offload(
-    model: nn.Module, execution_device: Any = None, offload_buffers: bool = False, num_buffers: int = 2
+    model: nn.Module,
+    execution_device: Any = None,
+    offload_buffers: bool = False,
+    num_buffers: int = 2,
+    buffered: bool | None = None,
 ) -> nn.Module:
     """Keep all weights in (pinned) CPU memory; stream each layer to ``execution_device`` for its forward.
 
@@ -280,7 +287,7 @@ def cpu_offload(
     """
     if execution_device is None:
         execution_device = 0 if torch.cuda.is_available() else "cpu"
-    return _offload_all(model, "cpu", execution_device, None, offload_buffers, num_buffers)
+    return _offload_all(model, "cpu", execution_device, None, offload_buffers, num_buffers, buffered)
 
 
 def disk_offload(
@@ -289,6 +296,7 @@ def disk_offload(
     execution_device: Any = None,
     offload_buffers: bool = False,
     num_buffers: int = 2,
+    buffered: bool | None = None,
 ) -> nn.Module:
     """Keep all weights in memory-mapped safetensors under ``offload_dir``; load each layer for its forward.
 
@@ -296,7 +304,9 @@ def disk_offload(
     """
     if execution_device is None:
         execution_device = 0 if torch.cuda.is_available() else "cpu"
-    return _offload_all(model, "disk", execution_device, os.fspath(offload_dir), offload_buffers, num_buffers)
+    return _offload_all(
+        model, "disk", execution_device, os.fspath(offload_dir), offload_buffers, num_buffers, buffered
+    )
 
 
 def _offload_all(
@@ -306,10 +316,11 @@ def _offload_all(
     offload_dir: str | None,
     offload_buffers: bool,
     num_buffers: int,
+    buffered: bool | None = None,
 ) -> nn.Module:
     remove_dispatch(model)
     exec_device = torch_device(normalize_device(execution_device))
-    engine = OffloadEngine(exec_device, num_buffers=num_buffers)
+    engine = OffloadEngine(exec_device, num_buffers=num_buffers, buffered=buffered)
     placeholders: dict[int, torch.Tensor] = {}
     modules = dict(model.named_modules(remove_duplicate=False))
     disk_index: dict[str, tuple[str, str]] = dict(getattr(model, _DISK_INDEX, {}))

@@ -81,20 +81,41 @@ class _DeviceBuffer:
         self.staging: torch.Tensor | None = None
         self.unit: OffloadUnit | None = None
         self.in_use = 0
-        self.copy_done: torch.cuda.Event | None = None
-        self.released: torch.cuda.Event | None = None
+        self.copy_done: Any = None  # torch.cuda.Event (or _NoEvent when streaming on the CPU)
+        self.released: Any = None
         self.pending: concurrent.futures.Future | None = None
         self.last_used = 0
 
 
-class OffloadEngine:
-    """Materialise offloaded units on ``device`` for their forward; prefetch the next one."""
+class _NoEvent:
+    """Stands in for a CUDA event where copies are synchronous (buffered streaming on the CPU)."""
 
-    def __init__(self, device: torch.device | str, num_buffers: int = 2, prefetch: bool = True) -> None:
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
+class OffloadEngine:
+    """Materialise offloaded units on ``device`` for their forward; prefetch the next one.
+
+    ``buffered=True`` on a CPU device runs the GPU code path (packed units, bounded buffer pool,
+    learnt prefetch order) with synchronous copies, so that path is exercised without a GPU.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        num_buffers: int = 2,
+        prefetch: bool = True,
+        buffered: bool | None = None,
+    ) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.cuda = self.device.type == "cuda"
+        self.buffered = self.cuda if buffered is None else (buffered or self.cuda)
         self.units: list[OffloadUnit] = []
         self.successor: dict[int, int] = {}
         self.prefetch = prefetch
@@ -108,6 +129,8 @@ class OffloadEngine:
         self._worker: concurrent.futures.ThreadPoolExecutor | None = None
         self._side_stream: torch.cuda.Stream | None = None
         self.bytes_streamed = 0
+        self.prefetch_hits = 0  # forwards whose weights were already on their way
+        self.prefetch_misses = 0
 
     # -- setup --------------------------------------------------------------------------------------
     def add_unit(self, unit: OffloadUnit) -> None:
@@ -123,25 +146,26 @@ class OffloadEngine:
             return
         if self.units:
             self.successor.setdefault(len(self.units) - 1, 0)
-        if not self.cuda:
+        if not self.buffered:
             return
         for unit in self.units:
             if unit.source == "cpu":
-                packed = torch.empty(unit.nbytes, dtype=torch.uint8, pin_memory=True)
+                packed = torch.empty(unit.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
                 for s in unit.slots:
                     view = packed[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
                     view.copy_(unit.host[s.key])
                 unit.packed = packed
                 unit.host.clear()  # the pinned copy is now the only one
         biggest = max(u.nbytes for u in self.units)
-        self._side_stream = torch.cuda.Stream(device=self.device)
+        if self.cuda:
+            self._side_stream = torch.cuda.Stream(device=self.device)
         for _ in range(min(self.num_buffers, len(self.units))):
             buf = _DeviceBuffer()
             buf.data = torch.empty(biggest, dtype=torch.uint8, device=self.device)
-            buf.copy_done = torch.cuda.Event()
-            buf.released = torch.cuda.Event()
+            buf.copy_done = torch.cuda.Event() if self.cuda else _NoEvent()
+            buf.released = torch.cuda.Event() if self.cuda else _NoEvent()
             if any(u.source == "disk" for u in self.units):
-                buf.staging = torch.empty(biggest, dtype=torch.uint8, pin_memory=True)
+                buf.staging = torch.empty(biggest, dtype=torch.uint8, pin_memory=self.cuda)
             self._buffers.append(buf)
         if any(u.source == "disk" for u in self.units):
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="accel_nb-offload")
@@ -175,10 +199,10 @@ class OffloadEngine:
         if self._last is not None and self._last != unit.index:
             self.successor[self._last] = unit.index
         self._last = unit.index
-        if not self.cuda:
+        if not self.buffered:
             tensors = self._host_tensors(unit)
         else:
-            tensors = self._cuda_tensors(unit)
+            tensors = self._buffered_tensors(unit)
             nxt = self.successor.get(unit.index)
             if self.prefetch and nxt is not None and nxt != unit.index and nxt not in self._resident:
                 self._issue(self.units[nxt])
@@ -196,11 +220,11 @@ class OffloadEngine:
                 s.owner._parameters[s.attr] = s.placeholder  # type: ignore[assignment]
             else:
                 s.owner._buffers[s.attr] = s.placeholder
-        if self.cuda:
+        if self.buffered:
             buf = self._resident.get(unit.index)
             if buf is not None and buf.unit is unit and buf.in_use:
                 buf.in_use -= 1
-                if not buf.in_use:
+                if not buf.in_use and self.cuda:
                     buf.released.record(torch.cuda.current_stream(self.device))
 
     # -- CPU execution ------------------------------------------------------------------------------
@@ -233,6 +257,10 @@ class OffloadEngine:
         self._start_copy(buf, buf.staging[: unit.nbytes])
 
     def _start_copy(self, buf: _DeviceBuffer, host: torch.Tensor) -> None:
+        if not self.cuda:
+            buf.data[: host.numel()].copy_(host)
+            self.bytes_streamed += host.numel()
+            return
         stream = self._side_stream
         with torch.cuda.stream(stream):
             stream.wait_event(buf.released)  # whoever read this buffer last is done with it
@@ -259,10 +287,13 @@ class OffloadEngine:
             buf.pending = self._worker.submit(self._fill_staging, unit, buf)
         return buf
 
-    def _cuda_tensors(self, unit: OffloadUnit) -> dict[str, torch.Tensor]:
+    def _buffered_tensors(self, unit: OffloadUnit) -> dict[str, torch.Tensor]:
         buf = self._resident.get(unit.index)
         if buf is None or buf.unit is not unit:
+            self.prefetch_misses += 1
             buf = self._issue(unit)
+        else:
+            self.prefetch_hits += 1
         if buf is None:  # every buffer busy (nested offloaded units): plain synchronous copies
             return {
                 s.key: (
@@ -275,7 +306,8 @@ class OffloadEngine:
         if buf.pending is not None:
             buf.pending.result()  # re-raises a read error here, in the forward that needs it
             buf.pending = None
-        torch.cuda.current_stream(self.device).wait_event(buf.copy_done)
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(buf.copy_done)
         buf.in_use += 1
         self._clock += 1
         buf.last_used = self._clock
