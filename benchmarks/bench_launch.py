@@ -53,7 +53,9 @@ def ref_trivial(out_dir):
     state = RefState()
     info = {"pid": os.getpid(), "process_index": state.process_index, "num_processes": state.num_processes,
             "distributed_type": str(state.distributed_type), "RANK": os.environ.get("RANK"),
-            "WORLD_SIZE": os.environ.get("WORLD_SIZE"), "dist_initialized": dist.is_initialized()}
+            "WORLD_SIZE": os.environ.get("WORLD_SIZE"), "dist_initialized": dist.is_initialized(),
+            "group_size": dist.get_world_size() if dist.is_initialized() else None,
+            "group_rank": dist.get_rank() if dist.is_initialized() else None}
     state.wait_for_everyone()
     with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as f:
         json.dump(info, f)
@@ -124,7 +126,8 @@ def run(quick: bool = False) -> list[dict]:
             per_launch = seen[-2:] if len(seen) >= 2 else seen
             ref_note = f"reference printed {printed.strip()!r}; its processes saw " + "; ".join(
                 f"process_index={s['process_index']} num_processes={s['num_processes']} "
-                f"{s['distributed_type']} RANK={s['RANK']} process_group={s['dist_initialized']}"
+                f"{s['distributed_type']} RANK={s['RANK']} torch.distributed group: "
+                f"rank {s['group_rank']} of {s['group_size']}"
                 for s in per_launch
             )
     for label, pick in (("median", statistics.median), ("min", min)):
