@@ -87,6 +87,32 @@ class _DeviceBuffer:
         self.last_used = 0
 
 
+class _SlabAllocator:
+    """Hands out pinned regions from a few large slabs.
+
+    PyTorch's pinned allocator rounds every request up to a power of two; one allocation per
+    block could waste almost half the host memory. Slabs are powers of two (>= 1 GiB, or the
+    largest block) filled back to back, so the waste is a slab's unusable tail.
+    """
+
+    def __init__(self, pin: bool, needed: int) -> None:
+        self.pin = pin
+        self.needed = needed
+        self.slab: torch.Tensor | None = None
+        self.used = 0
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self.slab is None or self.used + nbytes > self.slab.numel():
+            size = max(1 << max(self.needed - 1, 1).bit_length(), 1) if self.needed < (1 << 30) else 1 << 30
+            size = max(size, 1 << max(nbytes - 1, 1).bit_length())
+            self.slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+            self.used = 0
+        region = self.slab[self.used : self.used + nbytes]
+        self.used += _aligned(nbytes)
+        self.needed -= nbytes
+        return region
+
+
 class _NoEvent:
     """Stands in for a CUDA event where copies are synchronous (buffered streaming on the CPU)."""
 
@@ -148,9 +174,10 @@ class OffloadEngine:
             self.successor.setdefault(len(self.units) - 1, 0)
         if not self.buffered:
             return
+        slabs = _SlabAllocator(pin=self.cuda, needed=sum(u.nbytes for u in self.units if u.source == "cpu"))
         for unit in self.units:
             if unit.source == "cpu":
-                packed = torch.empty(unit.nbytes, dtype=torch.uint8, pin_memory=self.cuda)
+                packed = slabs.take(unit.nbytes)
                 for s in unit.slots:
                     view = packed[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
                     view.copy_(unit.host[s.key])
