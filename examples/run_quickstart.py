@@ -24,7 +24,15 @@ def kernel_manager():
 
     km = KernelManager()
     km._kernel_spec = KernelSpec(  # noqa: SLF001 - the documented way to pin an interpreter
-        argv=[sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # the kernel listens on 127.0.0.1 only; its "TCP without encryption" warning is noise here
+        argv=[
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
+            "--IPKernelApp.log_level=ERROR",
+        ],
         display_name="accel_nb",
         language="python",
     )
