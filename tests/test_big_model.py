@@ -533,3 +533,14 @@ def test_prefetch_order_is_learnt_from_execution(tmp_path):
         for _ in range(2):
             assert torch.equal(m(ids), want)
     assert engine.prefetch_misses == learnt  # from then on every block is already on its way
+
+
+def test_special_dtypes_override_sizes_per_tensor():
+    m = _empty()
+    half = compute_module_sizes(m, dtype=torch.float16)
+    mixed = compute_module_sizes(m, dtype=torch.float16, special_dtypes={"blocks.0.fc1.weight": torch.float32})
+    extra = 32 * 64 * 2  # fc1.weight: 2 more bytes per element
+    assert mixed["blocks.0.fc1.weight"] == 32 * 64 * 4
+    assert mixed["blocks.0"] == half["blocks.0"] + extra and mixed[""] == half[""] + extra
+    dm = infer_auto_device_map(m, {"cpu": "1GB"}, ["Block"], torch.float16, {"blocks.0.fc1.weight": "float32"})
+    assert dm.plan.sizes["blocks.0"] == mixed["blocks.0"]

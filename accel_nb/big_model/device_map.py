@@ -105,6 +105,7 @@ def plan_device_map(
     max_memory: Mapping[Any, int | str] | None = None,
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
 ) -> DevicePlan:
     """Compute a device map and the trace of how it was found (see the module docstring)."""
     dtype = as_dtype(dtype)
@@ -113,9 +114,9 @@ def plan_device_map(
     devices = sorted(budgets, key=device_order)
     if not devices:
         raise DeviceMapError("max_memory is empty; give at least one device, e.g. {'cpu': '8GiB'}")
-    sizes = compute_module_sizes(model, dtype)
+    sizes = compute_module_sizes(model, dtype, special_dtypes)
     # tensor sizes too, so that direct parameters can be planned like modules
-    layers = layer_sizes(model, no_split, dtype)
+    layers = layer_sizes(model, no_split, dtype, special_dtypes)
     largest_name, largest = max(layers.items(), key=lambda kv: kv[1], default=("", 0))
     gpus = [d for d in devices if isinstance(d, int)]
     total = sizes[""]
@@ -137,14 +138,7 @@ def plan_device_map(
             tied_partner[n] = [o for o in group if o != n]
 
     def unit_size(name: str, obj: Any) -> int:
-        if isinstance(obj, torch.Tensor):
-            el = (
-                obj.element_size()
-                if not (dtype is not None and obj.is_floating_point())
-                else torch.empty((), dtype=dtype, device="meta").element_size()
-            )
-            return int(obj.numel() * el)
-        return sizes.get(name, 0)
+        return sizes.get(name, 0)  # module and tensor paths alike (a tied tensor's second name: 0)
 
     def owning_unit(param_name: str) -> str:
         """The module that must move with a tied parameter: its owner, or the outermost no-split ancestor."""
@@ -291,6 +285,7 @@ def infer_auto_device_map(
     max_memory: Mapping[Any, int | str] | None = None,
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     verbose: bool = False,
 ) -> DeviceMap:
     """Place modules on GPUs in order, then on the CPU, then (if budgeted) on disk.
@@ -303,7 +298,7 @@ def infer_auto_device_map(
     headroom and the trace of decisions; ``.plan.explain()``). Raises DeviceMapError, with the
     sizes, when even the last device cannot take the next block.
     """
-    plan = plan_device_map(model, max_memory, no_split_module_classes, dtype)
+    plan = plan_device_map(model, max_memory, no_split_module_classes, dtype, special_dtypes)
     if verbose:
         print(plan.explain())
     out = DeviceMap(plan.device_map)

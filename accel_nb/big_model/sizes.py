@@ -98,16 +98,22 @@ def named_tensors(module: nn.Module, recurse: bool = True) -> Iterable[tuple[str
             yield name, t
 
 
-def compute_module_sizes(model: nn.Module, dtype: torch.dtype | str | None = None) -> dict[str, int]:
-    """Bytes held by every module path ('' is the whole model); tied tensors count once.
+def compute_module_sizes(
+    model: nn.Module,
+    dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+) -> dict[str, int]:
+    """Bytes held by every module and tensor path ('' is the whole model); tied tensors count once.
 
-        compute_module_sizes(model)["transformer.h.0"]   # bytes of block 0
-    ``dtype`` counts floating tensors as if they were converted to it (e.g. torch.float16).
+    compute_module_sizes(model)["transformer.h.0"]   # bytes of block 0
+    ``dtype`` counts floating tensors as if they were converted to it (e.g. torch.float16);
+    ``special_dtypes`` overrides that per tensor name ({"lm_head.weight": torch.float32}).
     """
     dtype = as_dtype(dtype)
+    special = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
     sizes: dict[str, int] = defaultdict(int)
     for name, t in named_tensors(model):
-        n = _tensor_bytes(t, dtype)
+        n = int(t.numel() * dtype_size(special[name])) if name in special else _tensor_bytes(t, dtype)
         parts = name.split(".")
         for i in range(len(parts) + 1):
             sizes[".".join(parts[:i])] += n
@@ -156,9 +162,10 @@ def layer_sizes(
     model: nn.Module,
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
 ) -> dict[str, int]:
     """The units that always move whole: no-split blocks and leaf modules with weights."""
-    sizes = compute_module_sizes(model, dtype)
+    sizes = compute_module_sizes(model, dtype, special_dtypes)
     out: dict[str, int] = {}
     stack = [("", model)]
     while stack:
@@ -168,7 +175,8 @@ def layer_sizes(
             if sizes.get(name, 0):
                 out[name] = sizes[name]
             continue
-        direct = sum(_tensor_bytes(t, dtype) for _, t in named_tensors(module, recurse=False))
+        prefix = f"{name}." if name else ""
+        direct = sum(sizes.get(prefix + n, 0) for n, _ in named_tensors(module, recurse=False))
         if direct:
             out[name] = direct
         stack.extend((f"{name}.{c}" if name else c, m) for c, m in children)
@@ -213,6 +221,7 @@ def get_balanced_memory(
     max_memory: Mapping[Any, int | str] | None = None,
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | str | None = None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     low_zero: bool = False,
 ) -> dict[Device, int]:
     """GPU budgets that spread the model evenly over all GPUs instead of filling GPU 0 first.
@@ -226,8 +235,8 @@ def get_balanced_memory(
     if len(gpus) <= 1:
         return budgets
     dtype = as_dtype(dtype)
-    total = compute_module_sizes(model, dtype)[""]
-    layers = layer_sizes(model, no_split_module_classes, dtype)
+    total = compute_module_sizes(model, dtype, special_dtypes)[""]
+    layers = layer_sizes(model, no_split_module_classes, dtype, special_dtypes)
     largest = max(layers.values(), default=0)
     share_over = gpus[1:] if low_zero else gpus
     share = total // len(share_over) + largest
