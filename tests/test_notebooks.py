@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -95,7 +97,12 @@ def test_quickstart_runs_and_exports(tmp_path):
         for m in state.values()
     ), "no progress widget state saved"
     html = open(summary["html"], encoding="utf-8").read()
-    assert "accel_nb quickstart" in html and "<svg" in html
+    assert "accel_nb quickstart" in html and "48 steps on 2 processes" in html
+    images = [
+        base64.b64decode(m).decode("utf-8", "replace")
+        for m in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", html)
+    ]
+    assert any("<polyline" in svg for svg in images) or "<polyline" in html  # the plot is in the export
 
 
 @pytest.mark.notebooks
