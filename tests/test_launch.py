@@ -429,3 +429,14 @@ def test_fork_after_the_notebook_used_an_openmp_pool_does_not_hang(capsys):
         assert "uses 1 torch thread" in capsys.readouterr().out
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_references_single_machine_arguments_are_accepted():
+    rep = ListReporter()
+    out = notebook_launcher(
+        _trivial, num_processes=2, cpu=True, reporter=rep, use_port=None, num_nodes=1, node_rank=0,
+        rdzv_backend="static", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
+    )  # fmt: skip
+    assert out == [0, 1]
+    with pytest.raises(LaunchSetupError, match="num_nodes=2.*accel-nb launch"):
+        notebook_launcher(_trivial, num_processes=2, num_nodes=2)

@@ -193,7 +193,7 @@ def start_spawn(
                     stdin=subprocess.DEVNULL,
                     stdout=early_log,
                     stderr=early_log,
-                    process_group=0,
+                    start_new_session=True,  # its own process group (killpg), Python 3.10 too
                 )
         finally:
             os.close(w)

@@ -33,6 +33,9 @@ _server_lock = threading.Lock()
 
 
 def enabled() -> bool:
+    """On unless ``ACCEL_NB_SPAWN_SERVER=0``; Linux only (fork + fd passing; macOS forks are not safe)."""
+    if not sys.platform.startswith("linux") or not hasattr(socket, "send_fds"):
+        return False
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
@@ -59,7 +62,7 @@ class SpawnServer:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                process_group=0,
+                start_new_session=True,
             )
         finally:
             child.close()

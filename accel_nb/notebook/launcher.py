@@ -87,6 +87,39 @@ def launch_payload(
         raise exc.with_traceback(None) from None
 
 
+# the reference's multi-node / elastic arguments: accepted at their single-machine values
+_REFERENCE_DEFAULTS: dict[str, Any] = {
+    "num_nodes": 1,
+    "node_rank": 0,
+    "rdzv_backend": "static",
+    "rdzv_endpoint": "",
+    "rdzv_conf": None,
+    "rdzv_id": "none",
+    "max_restarts": 0,
+    "monitor_interval": None,
+    "log_line_prefix_template": None,
+}
+
+
+def _accept_reference_options(options: dict[str, Any]) -> None:
+    """Drop the reference's arguments when they ask for nothing more than one machine; else say why not."""
+    for key in list(options):
+        if key not in _REFERENCE_DEFAULTS:
+            continue
+        value = options.pop(key)
+        if key in ("monitor_interval", "log_line_prefix_template") or value in (
+            _REFERENCE_DEFAULTS[key],
+            None,
+            "",
+            1 if key == "num_nodes" else 0,
+        ):
+            continue
+        raise LaunchSetupError(
+            f"notebook_launcher({key}={value!r}): launches across machines or with elastic restarts are not "
+            "supported from a notebook; run a script with `accel-nb launch --num_machines ...` instead"
+        ).with_traceback(None)
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: tuple = (),
@@ -113,6 +146,7 @@ def notebook_launcher(
         results = notebook_launcher(train, args=(config,), num_processes=2)
     """
     __tracebackhide__ = True
+    _accept_reference_options(options)
     unknown = set(options) - {"cpu", "gradient_accumulation_steps", "env", "keep_logs", "progress"}
     if unknown:
         raise TypeError(
