@@ -538,9 +538,28 @@ def test_prefetch_order_is_learnt_from_execution(tmp_path):
 def test_special_dtypes_override_sizes_per_tensor():
     m = _empty()
     half = compute_module_sizes(m, dtype=torch.float16)
-    mixed = compute_module_sizes(m, dtype=torch.float16, special_dtypes={"blocks.0.fc1.weight": torch.float32})
+    mixed = compute_module_sizes(
+        m, dtype=torch.float16, special_dtypes={"blocks.0.fc1.weight": torch.float32}
+    )
     extra = 32 * 64 * 2  # fc1.weight: 2 more bytes per element
     assert mixed["blocks.0.fc1.weight"] == 32 * 64 * 4
     assert mixed["blocks.0"] == half["blocks.0"] + extra and mixed[""] == half[""] + extra
-    dm = infer_auto_device_map(m, {"cpu": "1GB"}, ["Block"], torch.float16, {"blocks.0.fc1.weight": "float32"})
+    dm = infer_auto_device_map(
+        m, {"cpu": "1GB"}, ["Block"], torch.float16, {"blocks.0.fc1.weight": "float32"}
+    )
     assert dm.plan.sizes["blocks.0"] == mixed["blocks.0"]
+
+
+def test_sharded_pickle_checkpoint_with_index(tmp_path):
+    from accel_nb.serialization import save_sharded_safetensors as save
+
+    ref = _reference(seed=10)
+    save(ref.state_dict(), str(tmp_path), max_shard_size="20KB", safe_serialization=False)
+    index = [f for f in os.listdir(tmp_path) if f.endswith(".bin.index.json")]
+    assert len(index) == 1 and len(os.listdir(tmp_path)) > 3
+    for target in (str(tmp_path), str(tmp_path / index[0])):
+        with pytest.raises(CheckpointLoadError, match="allow_pickle=True"):
+            load_checkpoint_in_model(_empty(), target)
+        m = _empty()
+        load_checkpoint_in_model(m, target, allow_pickle=True)
+        assert torch.equal(m.blocks[5].fc2.bias, ref.blocks[5].fc2.bias) and m.head.weight is m.embed.weight

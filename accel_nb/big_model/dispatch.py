@@ -191,8 +191,12 @@ def dispatch_model(
     model: nn.Module,
     device_map: Mapping[str, Any],
     main_device: Any = None,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
     offload_dir: str | os.PathLike | None = None,
+    offload_index: Mapping[str, Any] | None = None,
     offload_buffers: bool = False,
+    skip_keys: str | list[str] | None = None,
+    *,
     num_buffers: int = 2,
     prefetch: bool = True,
     buffered: bool | None = None,
@@ -206,8 +210,15 @@ def dispatch_model(
     the CPU when there is none) only for their forward. With no GPU, 'cpu' entries run in place.
     The model's outputs come back to the device of its inputs. Sets ``model.hf_device_map``.
     ``num_buffers`` bounds the execution-device buffers for offloaded weights; ``buffered=True``
-    runs that streaming path even on a CPU execution device (used by the tests).
+    runs that streaming path even on a CPU execution device (used by the tests). ``skip_keys``:
+    input keys never moved between devices (e.g. "past_key_values").
     """
+    if state_dict is not None or offload_index is not None:
+        raise ValueError(
+            "dispatch_model(state_dict=..., offload_index=...) is not supported: load weights with "
+            "load_checkpoint_in_model(model, checkpoint, device_map=...) first (disk entries are then read "
+            "straight from the checkpoint's safetensors files)"
+        )
     if isinstance(device_map, str):
         device_map = resolve_device_map(model, device_map)
     device_map = {name: normalize_device(dev) for name, dev in device_map.items()}
@@ -236,7 +247,7 @@ def dispatch_model(
             for full, o, a, is_param, _ in _tensor_slots(module, name):
                 _move(o, a, is_param, full, device)
             for _, target in _hook_targets(name, module):
-                attach_device_hook(target, device)
+                attach_device_hook(target, device, skip_keys=skip_keys)
             continue
         if attr is not None:
             unit = _build_unit(
@@ -244,17 +255,17 @@ def dispatch_model(
             )
             if unit is not None:
                 engine.add_unit(unit)
-                attach_device_hook(owner, exec_device, unit, engine)
+                attach_device_hook(owner, exec_device, unit, engine, skip_keys=skip_keys)
             continue
         for target_name, target in _hook_targets(name, module):
             unit = _build_unit(
                 model, target_name, target, None, dev, exec_device, offload_buffers, offload_dir, placeholders
             )
-            attach_device_hook(target, exec_device, unit, engine)
+            attach_device_hook(target, exec_device, unit, engine, skip_keys=skip_keys)
             if unit is not None:
                 engine.add_unit(unit)
     engine.finalize()
-    attach_device_hook(model, io_same_device=True)
+    attach_device_hook(model, io_same_device=True, skip_keys=skip_keys)
     model.hf_device_map = dict(device_map)
     model._accel_nb_engine = engine
     return model
@@ -381,7 +392,10 @@ def load_checkpoint_and_dispatch(
     offload_folder: str | os.PathLike | None = None,
     offload_buffers: bool = False,
     dtype: torch.dtype | str | None = None,
+    offload_state_dict: bool | None = None,
+    skip_keys: str | list[str] | None = None,
     strict: bool = False,
+    *,
     allow_pickle: bool = False,
 ) -> nn.Module:
     """Plan a device map, load the checkpoint straight onto it, and dispatch the model.
@@ -412,4 +426,6 @@ def load_checkpoint_and_dispatch(
     )
     if device_map is None:
         return model
-    return dispatch_model(model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers)
+    return dispatch_model(
+        model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys
+    )

@@ -28,8 +28,10 @@ class DeviceHook:
         units: list[OffloadUnit] | None = None,
         engine: OffloadEngine | None = None,
         io_same_device: bool = False,
+        skip_keys: Any = None,
     ) -> None:
         self.device = device
+        self.skip_keys = skip_keys
         self.units = list(units or [])
         self.engine = engine
         self.io_same_device = io_same_device
@@ -38,7 +40,7 @@ class DeviceHook:
         input_device = _first_device((args, kwargs)) if self.io_same_device else None
         if self.device is not None:
             args = send_to_device(args, self.device, non_blocking=True)
-            kwargs = send_to_device(kwargs, self.device, non_blocking=True)
+            kwargs = send_to_device(kwargs, self.device, non_blocking=True, skip_keys=self.skip_keys)
         entered: list[OffloadUnit] = []
         try:
             for unit in self.units:
@@ -49,7 +51,7 @@ class DeviceHook:
             for unit in reversed(entered):
                 self.engine.after_forward(unit)
         if input_device is not None:
-            output = send_to_device(output, input_device)
+            output = send_to_device(output, input_device, skip_keys=self.skip_keys)
         return output
 
 
@@ -72,11 +74,12 @@ def attach_device_hook(
     unit: OffloadUnit | None = None,
     engine: OffloadEngine | None = None,
     io_same_device: bool = False,
+    skip_keys: Any = None,
 ) -> DeviceHook:
     """Wrap ``module.forward``; a second call on the same module merges into the existing hook."""
     hook: DeviceHook | None = getattr(module, _ATTR, None)
     if hook is None:
-        hook = DeviceHook(device, [], engine, io_same_device)
+        hook = DeviceHook(device, [], engine, io_same_device, skip_keys)
         original = module.forward
 
         @functools.wraps(original)
@@ -89,6 +92,7 @@ def attach_device_hook(
         hook.device = device if device is not None else hook.device
         hook.io_same_device = hook.io_same_device or io_same_device
         hook.engine = engine if engine is not None else hook.engine
+        hook.skip_keys = skip_keys if skip_keys is not None else hook.skip_keys
     if unit is not None:
         hook.units.append(unit)
     return hook

@@ -99,20 +99,30 @@ class _Source:
     safetensors: bool
 
 
+def _pickle_index(index_file: str) -> list[str]:
+    folder = os.path.dirname(index_file)
+    try:
+        with open(index_file, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointLoadError(
+            f"{index_file} is not a valid checkpoint index ({exc}); re-save the checkpoint"
+        ) from None
+    return [os.path.join(folder, x) for x in dict.fromkeys(weight_map.values())]
+
+
 def _pickle_files(checkpoint: str) -> list[str] | None:
+    if os.path.isfile(checkpoint) and checkpoint.endswith(".index.json"):
+        return None if checkpoint.endswith(".safetensors.index.json") else _pickle_index(checkpoint)
     if os.path.isfile(checkpoint):
         return [checkpoint] if checkpoint.endswith(_PICKLE_SUFFIXES) else None
-    if checkpoint.endswith(".json") and os.path.isfile(checkpoint):
-        return None
     if os.path.isdir(checkpoint):
         entries = sorted(os.listdir(checkpoint))
         if any(e.endswith(".safetensors") or e.endswith(".safetensors.index.json") for e in entries):
             return None
         idx = [e for e in entries if e.endswith(".bin.index.json")]
         if idx:
-            with open(os.path.join(checkpoint, idx[0]), encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-            return [os.path.join(checkpoint, x) for x in dict.fromkeys(weight_map.values())]
+            return _pickle_index(os.path.join(checkpoint, idx[0]))
         pickles = [e for e in entries if e.endswith(_PICKLE_SUFFIXES)]
         if len(pickles) == 1:
             return [os.path.join(checkpoint, pickles[0])]
@@ -203,11 +213,13 @@ def load_checkpoint_in_model(
     device_map: Mapping[str, Any] | None = None,
     offload_folder: str | os.PathLike | None = None,
     dtype: torch.dtype | str | None = None,
-    strict: bool = False,
-    allow_pickle: bool = False,
-    weights_only: bool = True,
+    offload_state_dict: bool = False,
     offload_buffers: bool = False,
     keep_in_fp32_modules: Iterable[str] | None = None,
+    strict: bool = False,
+    *,
+    allow_pickle: bool = False,
+    weights_only: bool = True,
 ) -> LoadReport:
     """Load a checkpoint (file, shard folder with index, or index file) into ``model``.
 
@@ -217,7 +229,9 @@ def load_checkpoint_in_model(
     Everything is checked before any tensor is read: shape mismatches and (with ``strict=True``)
     missing or unexpected keys raise CheckpointLoadError naming the tensors and files. Missing keys
     for weights that are still empty (meta) always raise; otherwise they are reported and warned.
+    ``offload_state_dict`` is accepted for compatibility: shards are read one at a time anyway.
     """
+    del offload_state_dict
     checkpoint = os.path.abspath(os.fspath(checkpoint))
     dtype = as_dtype(dtype)
     keep_fp32 = list(keep_in_fp32_modules or [])
