@@ -87,6 +87,14 @@ def test_train_a_notebook_model_on_two_processes_and_use_it_in_the_next_cell(ker
     _assert_no_children(kernel)
 
 
+def test_a_final_expression_is_shown_per_rank_like_a_cell_value(kernel):
+    out = kernel.run(
+        "%%accelerate -n 2\nfrom accel_nb import PartialState\n{'rank': PartialState().process_index}"
+    )
+    assert out.error is None, out.traceback
+    assert "[rank 0] {'rank': 0}" in out.stdout and "[rank 1] {'rank': 1}" in out.stdout
+
+
 def test_rank_choice_for_return_values(kernel):
     out = kernel.run(
         "%%accelerate -n 2 --rank 1 --return who\nfrom accel_nb import PartialState\nwho = PartialState().process_index\nprint('me', who)"

@@ -148,9 +148,13 @@ class CellPayload:
         lines = self.source.splitlines(keepends=True)
         linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
         ns = self._materialise_namespace()
-        code = compile(self.source, self.filename, "exec")
+        body, last = _split_last_expression(self.source, self.filename)
         try:
-            exec(code, ns)
+            exec(body, ns)
+            if last is not None:  # like a notebook cell: show the value of a final expression
+                value = eval(last, ns)
+                if value is not None:
+                    print(repr(value), flush=True)
         except NameError as exc:
             missing = getattr(exc, "name", None)
             if missing in self.skipped:
@@ -167,6 +171,17 @@ class CellPayload:
                 f"--return asked for {', '.join(missing)} but the cell did not define {'it' if len(missing) == 1 else 'them'} on rank {rank}"
             )
         return {n: ns[n] for n in self.return_names}
+
+
+def _split_last_expression(source: str, filename: str) -> tuple[Any, Any]:
+    """(code of every statement, code of the final expression or None), line numbers kept."""
+    import ast
+
+    tree = ast.parse(source, filename, "exec")
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+        return compile(tree, filename, "exec"), compile(last, filename, "eval")
+    return compile(tree, filename, "exec"), None
 
 
 # ---------------------------------------------------------------------------- pickling checks
