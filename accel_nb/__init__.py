@@ -32,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "Accelerator": ".accelerator",
     "skip_first_batches": ".data",
     "ProjectConfiguration": ".checkpoint",
+    "CheckpointError": ".serialization",
+    "DataLoaderConfiguration": ".data",
     "set_seed": ".utils",
     # progress inside a launch
     "progress": ".progress",
@@ -103,6 +105,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_checkpoint_in_model,
     )
     from .checkpoint import ProjectConfiguration
+    from .data import DataLoaderConfiguration
+    from .serialization import CheckpointError
     from .config import LaunchConfig
     from .data import skip_first_batches
     from .launch.errors import LaunchError, RankFailure

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import socket
 import traceback
 from collections.abc import Callable
@@ -43,7 +44,9 @@ def _child(fn, rank, world_size, port, env, args, queue):  # pragma: no cover - 
 
         _reset_all_states()
         value = fn(*args)
-        queue.put((rank, True, value))
+        # plain pickle: tensors travel by value, not as shared-memory handles that vanish when
+        # this rank exits
+        queue.put((rank, True, pickle.dumps(value)))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
         queue.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
@@ -84,7 +87,10 @@ def run_ranks(
                 rank, ok, value = queue.get(timeout=timeout)
             except _q.Empty:
                 raise RanksFailed(f"ranks did not finish within {timeout} s; got {sorted(results)}") from None
-            (results if ok else errors)[rank] = value
+            if ok:
+                results[rank] = pickle.loads(value)
+            else:
+                errors[rank] = value
     finally:
         for p in procs:
             p.join(timeout=10)
