@@ -678,7 +678,6 @@ def load_accelerator_state(
     for loader, state in plan["loaders"]:
         if state is not None and hasattr(loader, "load_state_dict"):
             loader.load_state_dict(state)
-            _resume_without_rng_draw(loader)
     if hasattr(accelerator, "step"):
         accelerator.step = int(manifest.get("step", 0))
     config = _config(accelerator)
@@ -691,29 +690,6 @@ def load_accelerator_state(
         config.iteration = max(config.iteration, int(m.group(1)) + 1)
     set_rng_state(plan["rng"])  # last: nothing above may consume randomness afterwards
     return path
-
-
-def _resume_without_rng_draw(loader: Any) -> None:
-    """Make the next pass of a loader resumed mid-epoch leave the global RNG alone.
-
-    Creating a DataLoader iterator draws one number from torch's global RNG. The saving run made
-    that draw when the interrupted epoch began, before the RNG state was saved; the resumed pass
-    must not draw again, or dropout & co. would diverge from an uninterrupted run.
-    """
-    resumed_mid_pass = getattr(loader, "batches_yielded", 0) > getattr(loader, "skip_batches", 0)
-    make_iterator = getattr(type(loader), "_get_iterator", None)
-    if not resumed_mid_pass or make_iterator is None:
-        return
-
-    def once(*args: Any, **kwargs: Any) -> Any:
-        loader.__dict__.pop("_get_iterator", None)
-        state = torch.get_rng_state()
-        try:
-            return make_iterator(loader, *args, **kwargs)
-        finally:
-            torch.set_rng_state(state)
-
-    loader._get_iterator = once
 
 
 def _apply(load: Any, state: Any, file: str, what: str) -> None:
