@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -120,8 +121,12 @@ class Accelerator:
             import types
 
             return types.SimpleNamespace(
-                project_dir=project_dir, logging_dir=project_dir, automatic_checkpoint_naming=False,
-                total_limit=None, iteration=0, save_on_each_node=False,
+                project_dir=project_dir,
+                logging_dir=project_dir,
+                automatic_checkpoint_naming=False,
+                total_limit=None,
+                iteration=0,
+                save_on_each_node=False,
             )
         return ProjectConfiguration(project_dir=project_dir)
 
@@ -209,7 +214,9 @@ class Accelerator:
     def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
         return self.state.local_main_process_first()
 
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager[Any]:
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     def on_main_process(self, function: Any) -> Any:
@@ -268,14 +275,18 @@ class Accelerator:
             return "scheduler"
         return None
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Move ``model`` to the device, run its forward under autocast, wrap it in DDP when distributed.
 
         Preparing a model twice is an error (it would be wrapped twice): keep the object
         ``prepare`` returned.
         """
         inner = model.module if isinstance(model, DistributedDataParallel) else model
-        if any(inner is self.unwrap_model(m) for m in self._models) or isinstance(model, DistributedDataParallel):
+        if any(inner is self.unwrap_model(m) for m in self._models) or isinstance(
+            model, DistributedDataParallel
+        ):
             raise ValueError(
                 f"this {type(inner).__name__} was already prepared; prepare each model once and keep the "
                 "object that prepare() returned"
@@ -304,10 +315,14 @@ class Accelerator:
         self._models.append(model)
         return model
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it steps on sync steps only, through the grad scaler in fp16."""
         if isinstance(optimizer, AcceleratedOptimizer):
-            raise ValueError("this optimizer was already prepared; prepare it once and keep the returned object")
+            raise ValueError(
+                "this optimizer was already prepared; prepare it once and keep the returned object"
+            )
         if device_placement is None:
             device_placement = self.device_placement
         if device_placement and optimizer.state:
@@ -320,9 +335,13 @@ class Accelerator:
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap an LR scheduler so it follows the real optimizer steps."""
         if isinstance(scheduler, AcceleratedScheduler):
-            raise ValueError("this scheduler was already prepared; prepare it once and keep the returned object")
+            raise ValueError(
+                "this scheduler was already prepared; prepare it once and keep the returned object"
+            )
         target = getattr(scheduler, "optimizer", None)
-        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target] or list(self._optimizers)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target] or list(
+            self._optimizers
+        )
         accelerated = AcceleratedScheduler(
             scheduler,
             optimizers,
@@ -333,7 +352,9 @@ class Accelerator:
         self._schedulers.append(accelerated)
         return accelerated
 
-    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> DataLoader:
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: bool | None = None
+    ) -> DataLoader:
         """Shard ``data_loader`` over the processes and place its batches on the device."""
         if device_placement is None:
             device_placement = self.device_placement
@@ -407,7 +428,10 @@ class Accelerator:
         """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
         if not isinstance(model, DistributedDataParallel):
             # the user may hold the inner module: find the DDP wrapper prepare() made for it
-            model = next((m for m in self._models if isinstance(m, DistributedDataParallel) and m.module is model), model)
+            model = next(
+                (m for m in self._models if isinstance(m, DistributedDataParallel) and m.module is model),
+                model,
+            )
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
@@ -416,7 +440,11 @@ class Accelerator:
         """Divide fp16 gradients by the loss scale (before clipping or inspecting them)."""
         if self.scaler is None:
             return
-        optimizers = self._optimizers if optimizer is None else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        optimizers = (
+            self._optimizers
+            if optimizer is None
+            else (optimizer if isinstance(optimizer, (list, tuple)) else [optimizer])
+        )
         for opt in optimizers:
             self.scaler.unscale_(opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt)
 
@@ -445,7 +473,9 @@ class Accelerator:
         while True:
             if isinstance(model, DistributedDataParallel):
                 model = model.module
-            elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, torch.nn.Module):  # torch.compile
+            elif hasattr(model, "_orig_mod") and isinstance(
+                model._orig_mod, torch.nn.Module
+            ):  # torch.compile
                 model = model._orig_mod
             else:
                 break
@@ -465,7 +495,7 @@ class Accelerator:
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather predictions/labels for a metric, without the samples repeated to even out the last batch.
 
-            preds, labels = accelerator.gather_for_metrics((logits.argmax(-1), labels))
+        preds, labels = accelerator.gather_for_metrics((logits.argmax(-1), labels))
         """
         flat = _flatten(input_data)
         all_tensors = bool(flat) and all(isinstance(x, torch.Tensor) for x in flat)
@@ -487,7 +517,9 @@ class Accelerator:
         """Sum (or average) ``tensor`` over the processes."""
         return ops.reduce(tensor, reduction=reduction, scale=scale)
 
-    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
         """Pad ``tensor`` along ``dim`` to the largest size on any process (so it can be gathered)."""
         return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
@@ -495,18 +527,25 @@ class Accelerator:
     def log_metrics(self, values: dict[str, Any], step: int | None = None) -> bool:
         """Send scalar metrics to the launching notebook/terminal (a no-op outside a launch).
 
-            accelerator.log_metrics({"loss": loss.item()}, step=step)
+        accelerator.log_metrics({"loss": loss.item()}, step=step)
         """
         from .events import Metrics, emit
 
         clean = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
         return emit(Metrics(rank=self.process_index, values=clean, step=step))
 
-    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> bool:
+    def log(
+        self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None
+    ) -> bool:
         """The reference library's spelling of :meth:`log_metrics`."""
         return self.log_metrics(values, step=step)
 
-    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         """Accepted for compatibility: metrics go through :meth:`log_metrics` to the launcher."""
         self.project_name = project_name
         self.tracker_config = config
@@ -518,8 +557,13 @@ class Accelerator:
     # -- checkpointing (implemented in accel_nb.checkpoint) -------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save/restore ``objects`` (anything with state_dict/load_state_dict) with save_state/load_state."""
-        bad = [f"#{i} ({type(o).__name__})" for i, o in enumerate(objects)
-               if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))]
+        bad = [
+            f"#{i} ({type(o).__name__})"
+            for i, o in enumerate(objects)
+            if not (
+                callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None))
+            )
+        ]
         if bad:
             raise ValueError(
                 f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
@@ -539,28 +583,36 @@ class Accelerator:
 
         return load_accelerator_state(self, input_dir, **kwargs)
 
-    def save_model(self, model: torch.nn.Module, save_directory: str, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> Any:
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> Any:
         """Save the unwrapped model's weights (sharded safetensors + index) on the main process."""
         from . import checkpoint
 
         return checkpoint.save_model(self, model, save_directory, max_shard_size, safe_serialization)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        """``torch.save`` (or safetensors for a dict of tensors) on the main process only."""
-        if not self.is_main_process:
-            return
-        if safe_serialization:
-            from safetensors.torch import save_file
+        """``torch.save`` (or safetensors for a dict of tensors) on the main process only, atomically.
 
-            save_file({k: v.contiguous() for k, v in obj.items()}, f)
-        else:
-            torch.save(obj, f)
+            accelerator.save(unwrapped.state_dict(), "weights.pt")
+        """
+        if not isinstance(f, (str, os.PathLike)):  # a buffer: nothing to make atomic
+            if self.is_main_process:
+                torch.save(obj, f)
+            return
+        from .checkpoint import save_object
+
+        save_object(self, obj, f, safe_serialization)
 
     # -- memory --------------------------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[None]:
         """Drop every prepared object's reference here, collect garbage and empty the CUDA cache.
 
-            model, optimizer = accelerator.free_memory(model, optimizer)
+        model, optimizer = accelerator.free_memory(model, optimizer)
         """
         self._models.clear()
         self._optimizers.clear()
@@ -605,4 +657,3 @@ def _flatten(data: Any) -> list[Any]:
     if isinstance(data, dict):
         return [x for item in data.values() for x in _flatten(item)]
     return [data]
-
