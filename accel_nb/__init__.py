@@ -105,10 +105,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_checkpoint_in_model,
     )
     from .checkpoint import ProjectConfiguration
-    from .data import DataLoaderConfiguration
-    from .serialization import CheckpointError
     from .config import LaunchConfig
-    from .data import skip_first_batches
+    from .data import DataLoaderConfiguration, skip_first_batches
     from .launch.errors import LaunchError, RankFailure
     from .notebook.device_map_view import show_device_map
     from .notebook.launcher import debug_launcher, notebook_launcher
@@ -123,5 +121,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         send_to_device,
     )
     from .progress import progress
+    from .serialization import CheckpointError
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .utils import set_seed

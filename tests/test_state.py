@@ -15,7 +15,6 @@ from accel_nb.state import (
     DistributedType,
     GradientState,
     PartialState,
-    RendezvousError,
     TopologyError,
     _reset_all_states,
     split_for_process,
