@@ -563,3 +563,19 @@ def test_sharded_pickle_checkpoint_with_index(tmp_path):
         m = _empty()
         load_checkpoint_in_model(m, target, allow_pickle=True)
         assert torch.equal(m.blocks[5].fc2.bias, ref.blocks[5].fc2.bias) and m.head.weight is m.embed.weight
+
+
+def test_transformers_no_split_modules_used_by_default(tmp_path):
+    cls, cfg = _gpt2()
+    torch.manual_seed(0)
+    ref = cls(cfg).eval()
+    save_sharded_safetensors(ref.state_dict(), str(tmp_path / "ckpt"))
+    with init_empty_weights():
+        m = cls(cfg).eval()
+    assert "GPT2Block" in m._no_split_modules
+    sizes = compute_module_sizes(m)
+    budget = {"cpu": sizes["transformer.wte"] + sizes["transformer.wpe"] + 1.5 * sizes["transformer.h.0"]}
+    m = load_checkpoint_and_dispatch(
+        m, str(tmp_path / "ckpt"), max_memory=budget, offload_folder=str(tmp_path / "o")
+    )
+    assert not any(k.count(".") > 2 for k in m.hf_device_map), m.hf_device_map  # no block was split

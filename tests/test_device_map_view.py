@@ -165,3 +165,10 @@ view
             "view.set_budget('cpu', '10MiB'); print(sorted(set(view.device_map.values())))", timeout=60
         )
         assert moved.stdout.strip() == "['cpu']", moved.text + moved.traceback
+
+
+def test_planning_a_view_never_initialises_cuda():
+    import torch
+
+    view = show_device_map(_meta_net(), interactive=False)  # default budgets: NVML / RAM only
+    assert view.device_map and not torch.cuda.is_initialized()

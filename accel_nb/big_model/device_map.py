@@ -313,7 +313,12 @@ def resolve_device_map(
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | str | None = None,
 ) -> dict[str, Device]:
-    """'auto' | 'balanced' | 'balanced_low_0' | 'sequential' | dict -> a checked device map."""
+    """'auto' | 'balanced' | 'balanced_low_0' | 'sequential' | dict -> a checked device map.
+
+    Without ``no_split_module_classes``, a transformers model's own ``_no_split_modules`` is used.
+    """
+    if no_split_module_classes is None:
+        no_split_module_classes = getattr(model, "_no_split_modules", None)
     if isinstance(device_map, str):
         if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
             raise DeviceMapError(

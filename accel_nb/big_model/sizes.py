@@ -184,16 +184,27 @@ def layer_sizes(
 
 
 # -- device budgets ---------------------------------------------------------------------------------
-def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[Device, int]:
+def get_max_memory(
+    max_memory: Mapping[Any, int | str] | None = None, init_cuda: bool = True
+) -> dict[Device, int]:
     """What each device may hold, in bytes: GPUs (free memory) and the CPU (available RAM).
 
         get_max_memory()                                 # {0: free bytes on GPU 0, ..., "cpu": ...}
         get_max_memory({0: "10GiB", "cpu": "30GB"})      # user budgets, parsed
-    GPU memory is read with torch.cuda.mem_get_info only when CUDA is available.
+    GPU memory is read with torch.cuda.mem_get_info only when CUDA is available;
+    ``init_cuda=False`` (used by the device-map view) reads NVML totals instead unless CUDA is
+    already initialised, so merely planning never creates a CUDA context (which would force the
+    next notebook launch to spawn instead of fork).
     """
     if max_memory is None:
         budgets: dict[Device, int] = {}
-        if torch.cuda.is_available():
+        if not init_cuda and not torch.cuda.is_initialized():
+            # planning only (the device-map view): NVML totals, no CUDA context in this process
+            from ..hardware import gpu_info
+
+            for gpu in gpu_info():
+                budgets[gpu.index] = int(gpu.total_memory)
+        elif torch.cuda.is_available():
             for i in range(torch.cuda.device_count()):
                 budgets[i] = int(torch.cuda.mem_get_info(i)[0])
         import psutil

@@ -73,6 +73,8 @@ class DeviceMapView:
         dtype: Any = None,
     ) -> None:
         self.model = model
+        if no_split_module_classes is None:  # a transformers model knows its blocks
+            no_split_module_classes = getattr(model, "_no_split_modules", None)
         self.no_split_module_classes = list(no_split_module_classes or [])
         self.dtype = dtype
         self.error: str | None = None
@@ -85,7 +87,7 @@ class DeviceMapView:
         from ..big_model.sizes import get_max_memory
 
         if max_memory is not None or (model is not None and self._fixed_map is None):
-            self._budgets = dict(get_max_memory(max_memory))
+            self._budgets = dict(get_max_memory(max_memory, init_cuda=False))
         self._recompute()
 
     # -- the model of the view -------------------------------------------------------------------
