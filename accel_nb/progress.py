@@ -177,6 +177,8 @@ class ProgressBar:
         if self.disable:
             yield from self.iterable
             return
+        if not self._sent_any:  # announce the loop at 0/total (an outer loop shows while its first pass runs)
+            self._send(done=False)
         n = self.n
         next_check = self._next_check
         last = self.total  # the final step is sent once, by close(), with done=True

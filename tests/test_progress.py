@@ -68,7 +68,7 @@ def test_events_in_a_launch_first_and_last_and_values(sink, monkeypatch):
         bar.set_postfix(loss=1.0 / (i + 1))
     got = _progress(sink)
     assert seen == list(range(50))
-    assert got[0].n == 1 and got[0].done is False
+    assert got[0].n == 0 and got[0].total == 50 and got[0].done is False  # announced before the first step
     last = got[-1]
     assert (last.rank, last.name, last.desc, last.n, last.total, last.done) == (
         3,
@@ -101,8 +101,8 @@ def test_slow_loop_sends_every_step_once_interval_passed(sink, clock):
     for _ in accel_nb.progress(range(5), every=0.5):
         clock.now += 1.0  # each step takes longer than `every`
     got = _progress(sink)
-    assert [e.n for e in got] == [1, 2, 3, 4, 5]  # the final step once, as the done event
-    assert [e.done for e in got] == [False, False, False, False, True]
+    assert [e.n for e in got] == [0, 1, 2, 3, 4, 5]  # the final step once, as the done event
+    assert [e.done for e in got] == [False, False, False, False, False, True]
 
 
 def test_every_throttles_to_the_given_interval(sink, clock):

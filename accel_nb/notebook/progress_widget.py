@@ -219,7 +219,7 @@ class WidgetReporter:
                 bits.append(_esc(self.info[key]))
         n = self.num_processes
         bits.append(f"{n} process{'es' if n != 1 else ''}")
-        for key in ("launch_id", "start_method", "log_dir"):
+        for key in ("launch_id", "start_method"):  # log_dir: shown with a failure (kept only then)
             if self.info.get(key):
                 bits.append(f"{key.replace('_', ' ')}: <code>{_esc(self.info[key])}</code>")
         return " &middot; ".join(bits)
@@ -300,6 +300,10 @@ class WidgetReporter:
                 parts.append(
                     f"<details><summary style='color:#c62828;cursor:pointer'>{head}</summary>{pre}{body}</pre></details>"
                 )
+        if self.info.get("log_dir"):
+            parts.append(
+                f"<div style='color:#616161'>full per-rank logs: <code>{_esc(self.info['log_dir'])}</code></div>"
+            )
         self.failure_box.value = (
             "<div style='border-left:4px solid #c62828;padding-left:8px'>" + "".join(parts) + "</div>"
         )
