@@ -120,6 +120,9 @@ def literalize_examples(lines: list[str]) -> list[str]:
         if literal_from is not None and indent > literal_from:
             out.append(line)
             continue
+        if literal_from is not None and out and out[-1].strip():
+            out.append("")  # the example ended without a blank line: reST needs one
+            prev_index = None
         literal_from = None
         if prev_index is not None and out[-1].strip() == "":
             prev = out[prev_index]
@@ -139,8 +142,71 @@ def literalize_examples(lines: list[str]) -> list[str]:
     return out
 
 
+def restore_example_indent(raw: str | None, lines: list[str]) -> list[str]:
+    """Give back the indentation that ``inspect.cleandoc`` removed from an all-example docstring body.
+
+    When everything after the summary line is an indented example, cleandoc strips that indentation
+    (it is common to every line), so the example would read as prose. The closing quotes' line tells
+    the docstring's own indentation; whatever the body has beyond it is the example's.
+    """
+    if not isinstance(raw, str) or not lines:
+        return lines
+    raw_lines = raw.expandtabs().split("\n")
+    if len(raw_lines) < 3 or raw_lines[-1].strip() or raw_lines[0].strip() != lines[0].strip():
+        return lines
+    body = [ln for ln in raw_lines[1:] if ln.strip()]
+    if not body:
+        return lines
+    extra = min(_indent(ln) for ln in body) - len(raw_lines[-1])
+    if extra <= 0:
+        return lines
+    return [lines[0]] + [" " * extra + ln if ln.strip() else ln for ln in lines[1:]]
+
+
+def _looks_like_code(paragraph: list[str]) -> bool:
+    """A paragraph that is Python, not prose (``x = f()``, ``except E as err:`` + body, ``assert ...``)."""
+    import ast
+    import textwrap
+
+    text = textwrap.dedent("\n".join(paragraph))
+    first = paragraph[0].strip()
+    if (
+        not any(c in text for c in "(=:[")
+        or first[:1].isupper()
+        or first.startswith(("-", "*", ":", "..", ">>>"))
+    ):
+        return False
+    for candidate in (text, "try:\n    pass\n" + text, "if x:\n    pass\n" + text):
+        try:
+            ast.parse(candidate)
+            return True
+        except SyntaxError:
+            continue
+    return False
+
+
+def indent_code_paragraphs(lines: list[str]) -> list[str]:
+    """Indent paragraphs after the summary that are Python at the prose level, so they become examples."""
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if i > 0 and lines[i].strip() and _indent(lines[i]) == 0 and not lines[i - 1].strip():
+            j = i
+            while j < len(lines) and lines[j].strip():
+                j += 1
+            paragraph = lines[i:j]
+            if _looks_like_code(paragraph):
+                out += ["    " + ln for ln in paragraph]
+                i = j
+                continue
+        out.append(lines[i])
+        i += 1
+    return out
+
+
 def _process_docstring(app, what, name, obj, options, lines):  # noqa: ARG001 - Sphinx's signature
-    lines[:] = literalize_examples(lines)
+    lines[:] = restore_example_indent(getattr(obj, "__doc__", None), lines)
+    lines[:] = literalize_examples(indent_code_paragraphs(lines))
 
 
 def setup(app):

@@ -74,6 +74,7 @@ def test_every_page_is_in_the_toctree():
 def test_docstring_examples_become_literal_blocks():
     sys.path.insert(0, DOCS)
     try:
+        import conf
         from conf import literalize_examples
     finally:
         sys.path.remove(DOCS)
@@ -82,5 +83,22 @@ def test_docstring_examples_become_literal_blocks():
     assert out[:4] == ["What it is.", "", "::", ""]
     assert out.count("::") == 1 and out[-1] == "After."
     assert literalize_examples(["Example:", "", "    f()"])[0] == "Example::"
+    ended = literalize_examples(["What.", "", "    f()", "Then text."])
+    assert ended == ["What.", "", "::", "", "    f()", "", "Then text."]
+    raw = "Run it.\n\n        assert run() == 1\n    "
+    restored = literalize_examples(conf.restore_example_indent(raw, ["Run it.", "", "assert run() == 1"]))
+    assert restored == ["Run it.", "", "::", "", "    assert run() == 1"]
+    flat = [
+        "Handle it.",
+        "",
+        "except LaunchError as err:",
+        "    print(err)",
+        "",
+        "Prose after: it stays prose.",
+    ]
+    assert literalize_examples(conf.indent_code_paragraphs(flat)) == [
+        "Handle it.", "", "::", "", "    except LaunchError as err:", "        print(err)", "",
+        "Prose after: it stays prose.",
+    ]  # fmt: skip
     napoleon = ["Do it.", "", "Args:", "    x: the thing", "", "    y: other"]
     assert literalize_examples(napoleon) == napoleon
