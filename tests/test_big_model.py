@@ -579,3 +579,25 @@ def test_transformers_no_split_modules_used_by_default(tmp_path):
         m, str(tmp_path / "ckpt"), max_memory=budget, offload_folder=str(tmp_path / "o")
     )
     assert not any(k.count(".") > 2 for k in m.hf_device_map), m.hf_device_map  # no block was split
+
+
+@pytest.mark.parametrize("no_split", [["Block"], None])
+def test_offloaded_entry_is_streamed_in_block_sized_units(no_split, tmp_path):
+    ref = _reference(seed=11)
+    ids = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        want = ref(ids)
+    m = _reference(seed=11)
+    block = compute_module_sizes(m)["blocks.0"]
+    dispatch_model(m, {"": "disk"}, main_device="cpu", offload_dir=str(tmp_path), buffered=True,
+                   no_split_module_classes=no_split)  # fmt: skip
+    engine = m._accel_nb_engine
+    names = [u.name for u in engine.units]
+    if no_split:
+        assert "blocks.3" in names and "blocks.3.fc1" not in names
+    else:
+        assert "blocks.3.fc1" in names and "blocks.3" not in names
+    assert max(u.nbytes for u in engine.units) <= block + 1024  # never the whole model at once
+    with torch.no_grad():
+        assert torch.equal(m(ids), want)
+        assert torch.equal(m(ids), want)

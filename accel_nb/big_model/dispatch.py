@@ -18,7 +18,7 @@ from torch import nn
 from .device_map import DeviceMapError, check_device_map, resolve_device_map
 from .hooks import attach_device_hook, remove_device_hooks
 from .offload import OffloadEngine, OffloadUnit, TensorSlot
-from .sizes import Device, get_max_memory, normalize_device, torch_device
+from .sizes import Device, get_max_memory, is_no_split, normalize_device, torch_device
 
 _DISK_INDEX = "_accel_nb_disk_index"  # set by load_checkpoint_in_model: {tensor name: (file, key)}
 _ENGINE = "_accel_nb_engine"
@@ -51,6 +51,28 @@ def _hook_targets(name: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
     out: list[tuple[str, nn.Module]] = []
     for child_name, child in module.named_children():
         out += _hook_targets(f"{name}.{child_name}" if name else child_name, child)
+    return out
+
+
+def _offload_targets(
+    name: str, module: nn.Module, no_split: list[str | type]
+) -> list[tuple[str, nn.Module, bool]]:
+    """Streaming units of an offloaded entry: (path, module, own tensors only?).
+
+    A unit is a no-split block or a module without tensor-holding children; bigger entries are
+    split, so the execution device never needs room for more than two such units.
+    """
+    if _is_container(module):
+        out: list[tuple[str, nn.Module, bool]] = []
+        for child_name, child in _hook_targets(name, module):
+            out += _offload_targets(child_name, child, no_split)
+        return out
+    children = [(f"{name}.{c}" if name else c, m) for c, m in module.named_children()]
+    if is_no_split(module, no_split) or not any(next(_tensor_slots(m, n), None) for n, m in children):
+        return [(name, module, False)]
+    out = [(name, module, True)]
+    for child_name, child in children:
+        out += _offload_targets(child_name, child, no_split)
     return out
 
 
@@ -118,11 +140,16 @@ def _build_unit(
     offload_buffers: bool,
     offload_dir: str | None,
     placeholders: dict[int, torch.Tensor],
+    direct_only: bool = False,
 ) -> OffloadUnit | None:
     """Take a module's (or one tensor's) weights off the module into an OffloadUnit."""
     disk_index: dict[str, tuple[str, str]] = getattr(model, _DISK_INDEX, {})
     unit = OffloadUnit(name, module, source)
-    if owner_attr is None:
+    if owner_attr is None and direct_only:
+        prefix = f"{name}." if name else ""
+        entries = [(prefix + a, module, a, True, p) for a, p in module._parameters.items() if p is not None]
+        entries += [(prefix + a, module, a, False, b) for a, b in module._buffers.items() if b is not None]
+    elif owner_attr is None:
         entries = list(_tensor_slots(module, name))
     else:
         is_param = owner_attr in module._parameters
@@ -197,6 +224,7 @@ def dispatch_model(
     offload_buffers: bool = False,
     skip_keys: str | list[str] | None = None,
     *,
+    no_split_module_classes: Iterable[str | type] | None = None,
     num_buffers: int = 2,
     prefetch: bool = True,
     buffered: bool | None = None,
@@ -224,6 +252,9 @@ def dispatch_model(
     device_map = {name: normalize_device(dev) for name, dev in device_map.items()}
     check_device_map(model, device_map)
     remove_dispatch(model)
+    if no_split_module_classes is None:
+        no_split_module_classes = getattr(model, "_no_split_modules", None)
+    no_split = list(no_split_module_classes or [])
     offload_dir = os.fspath(offload_dir) if offload_dir is not None else None
     in_place_devices = [d for d in device_map.values() if d not in ("cpu", "disk")]
     if main_device is None:
@@ -257,9 +288,18 @@ def dispatch_model(
                 engine.add_unit(unit)
                 attach_device_hook(owner, exec_device, unit, engine, skip_keys=skip_keys)
             continue
-        for target_name, target in _hook_targets(name, module):
+        for target_name, target, direct_only in _offload_targets(name, module, no_split):
             unit = _build_unit(
-                model, target_name, target, None, dev, exec_device, offload_buffers, offload_dir, placeholders
+                model,
+                target_name,
+                target,
+                None,
+                dev,
+                exec_device,
+                offload_buffers,
+                offload_dir,
+                placeholders,
+                direct_only,
             )
             attach_device_hook(target, exec_device, unit, engine, skip_keys=skip_keys)
             if unit is not None:
@@ -427,5 +467,10 @@ def load_checkpoint_and_dispatch(
     if device_map is None:
         return model
     return dispatch_model(
-        model, device_map, offload_dir=offload_folder, offload_buffers=offload_buffers, skip_keys=skip_keys
+        model,
+        device_map,
+        offload_dir=offload_folder,
+        offload_buffers=offload_buffers,
+        skip_keys=skip_keys,
+        no_split_module_classes=no_split_module_classes,
     )
