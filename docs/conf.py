@@ -59,7 +59,7 @@ napoleon_numpy_docstring = False
 
 html_theme = "alabaster"
 html_title = f"accel_nb {release}"
-html_static_path: list[str] = []
+html_static_path: list[str] = []  # docs/_static holds screenshots, copied where pages use them
 html_theme_options = {"description": "Device-agnostic PyTorch, launched from a notebook"}
 
 # -- docstrings -----------------------------------------------------------------------------------
