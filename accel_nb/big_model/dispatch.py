@@ -18,7 +18,7 @@ from torch import nn
 from .device_map import DeviceMapError, check_device_map, resolve_device_map
 from .hooks import attach_device_hook, remove_device_hooks
 from .offload import OffloadEngine, OffloadUnit, TensorSlot
-from .sizes import Device, get_max_memory, is_no_split, normalize_device, torch_device
+from .sizes import get_max_memory, is_no_split, normalize_device, torch_device
 
 _DISK_INDEX = "_accel_nb_disk_index"  # set by load_checkpoint_in_model: {tensor name: (file, key)}
 _ENGINE = "_accel_nb_engine"
@@ -139,7 +139,7 @@ def _build_unit(
     exec_device: torch.device,
     offload_buffers: bool,
     offload_dir: str | None,
-    placeholders: dict[int, torch.Tensor],
+    placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]],
     direct_only: bool = False,
 ) -> OffloadUnit | None:
     """Take a module's (or one tensor's) weights off the module into an OffloadUnit."""
@@ -184,12 +184,12 @@ def _build_unit(
                 unit.host[key] = f.get_tensor(k).to(t.dtype)
         else:
             raise _not_loaded(full)
-        holder = placeholders.get(id(t))
+        # keyed by id: the original tensor is kept in the value so no id is reused during a dispatch
+        holder = placeholders[id(t)][1] if id(t) in placeholders else None
         if holder is None:
             meta = t.detach().to("meta")
             holder = nn.Parameter(meta, requires_grad=t.requires_grad) if is_param else meta
-            placeholders[id(t)] = holder
-            placeholders[id(holder)] = holder
+            placeholders[id(t)] = (t, holder)
         unit.slots.append(TensorSlot(owner, attr, is_param, key, t.dtype, t.shape, holder))
     if to_write:
         path = _save_for_disk(to_write, offload_dir, name)
@@ -264,7 +264,7 @@ def dispatch_model(
     if exec_device.type == "cuda" and exec_device.index is None:
         exec_device = torch.device("cuda", 0)
     engine = OffloadEngine(exec_device, num_buffers=num_buffers, prefetch=prefetch, buffered=buffered)
-    placeholders: dict[int, torch.Tensor] = {}
+    placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     modules = dict(model.named_modules(remove_duplicate=False))
     # the map order is the execution order the prefetcher starts from
     for name, dev in device_map.items():
@@ -309,20 +309,6 @@ def dispatch_model(
     model.hf_device_map = dict(device_map)
     model._accel_nb_engine = engine
     return model
-
-
-def _per_module_map(model: nn.Module, device: Device) -> dict[str, Device]:
-    """Every module that holds tensors directly, as its own entry (fine-grained offload units)."""
-    out: dict[str, Device] = {}
-    for name, module in model.named_modules():
-        for attr, t in list(module._parameters.items()) + list(module._buffers.items()):
-            if t is None:
-                continue
-            if _is_container(module) or (module._modules and name == ""):
-                out[f"{name}.{attr}" if name else attr] = device
-            else:
-                out[name] = device
-    return out
 
 
 def cpu_offload(
@@ -372,7 +358,7 @@ def _offload_all(
     remove_dispatch(model)
     exec_device = torch_device(normalize_device(execution_device))
     engine = OffloadEngine(exec_device, num_buffers=num_buffers, buffered=buffered)
-    placeholders: dict[int, torch.Tensor] = {}
+    placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     modules = dict(model.named_modules(remove_duplicate=False))
     disk_index: dict[str, tuple[str, str]] = dict(getattr(model, _DISK_INDEX, {}))
     if source == "disk":  # one file for everything not already in a safetensors file
