@@ -58,10 +58,31 @@ def execute_notebook(path: str, timeout: int = 600, cwd: str | None = None):
     return nb
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def static_copy(nb):
+    """A copy of ``nb`` whose widget outputs show their static form (text/HTML) instead of the widget.
+
+    A widget view in an HTML export needs a widget manager fetched from a CDN at view time; the
+    static form (the final progress summary, the device-map HTML) reads anywhere, offline too.
+    """
+    import copy
+
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if WIDGET_VIEW in data and len(data) > 1:
+                del data[WIDGET_VIEW]
+    nb.metadata.pop("widgets", None)
+    return nb
+
+
 def export_html(nb, path: str) -> str:
     from nbconvert import HTMLExporter
 
-    body, _ = HTMLExporter().from_notebook_node(nb)
+    body, _ = HTMLExporter().from_notebook_node(static_copy(nb))
     with open(path, "w", encoding="utf-8") as f:
         f.write(body)
     return path

@@ -98,6 +98,8 @@ def test_quickstart_runs_and_exports(tmp_path):
     ), "no progress widget state saved"
     html = open(summary["html"], encoding="utf-8").read()
     assert "accel_nb quickstart" in html and "48 steps on 2 processes" in html
+    # widgets appear in their static form: each launch's final per-rank summary
+    assert "48/48" in html and "rank 1 failed" in html
     images = [
         base64.b64decode(m).decode("utf-8", "replace")
         for m in re.findall(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)", html)
