@@ -238,8 +238,12 @@ def table(rows: Sequence[dict], markdown: bool = False) -> str:
         lines = ["| " + " | ".join(header) + " |", "|" + "|".join([" --- "] * len(header)) + "|"]
         lines += ["| " + " | ".join(esc(c) for c in line) + " |" for line in body]
         return "\n".join(lines)
+    note_width = 100  # the terminal table shortens long notes; the Markdown page keeps them whole
+    body = [
+        line[:-1] + [line[-1] if len(line[-1]) <= note_width else line[-1][: note_width - 1] + "…"]
+        for line in body
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
-    widths[-1] = min(widths[-1], 80)
     sep = "  "
     lines = [sep.join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     lines.append(sep.join("-" * w for w in widths))
