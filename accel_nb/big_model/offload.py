@@ -170,8 +170,7 @@ class OffloadEngine:
         """Pack CPU-held weights into pinned memory and size the device buffers."""
         if not self.units:
             return
-        if self.units:
-            self.successor.setdefault(len(self.units) - 1, 0)
+        self.successor.setdefault(len(self.units) - 1, 0)
         if not self.buffered:
             return
         slabs = _SlabAllocator(pin=self.cuda, needed=sum(u.nbytes for u in self.units if u.source == "cpu"))
@@ -202,6 +201,8 @@ class OffloadEngine:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
             self._worker = None
+        if self.cuda and self._buffers:
+            torch.cuda.synchronize(self.device)  # no copy may still be writing into a buffer we free
         self._buffers.clear()
         self._resident.clear()
         self._files.clear()
