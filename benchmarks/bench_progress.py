@@ -9,8 +9,9 @@ Inside a launch every ``Progress`` event is pickled and written to a pipe (the l
 - the parent side: ``WidgetReporter.handle`` cost per event and widget syncs per 100k events.
 
 Every timing is taken on two clocks: wall time, and the CPU time of the measuring thread
-(``time.thread_time``), which other processes on a busy shared machine barely disturb. Ratios
-are per interleaved pair (the order alternates so drift cancels), then the median.
+(``time.thread_time``), which other processes on a busy shared machine barely disturb. Training
+runs are off-on-off triples ("on" against the mean of its neighbours, so drift cancels), then
+the median; an off/off control shows the noise floor of the machine at that moment.
 
     python -m benchmarks.bench_progress [--quick]
 """
@@ -178,32 +179,31 @@ def train_chunk(step, batches, mode: str) -> Timing:
 
 
 def train_ratios(chunk_steps: int, pairs: int) -> dict[str, Any]:
-    """Per-pair throughput ratios (on / off) on both clocks, interleaved on the same model."""
+    """Throughput ratios (on / off) on both clocks from off-on-off triples on the same model."""
     step, data = _make_training()
     batches = [data[i % len(data)] for i in range(chunk_steps)]
     train_chunk(step, batches, "off")  # warm-up
     tq = _has_tqdm()
     out: dict[str, Any] = {"ours_wall": [], "ours_cpu": [], "tqdm_wall": [], "tqdm_cpu": [], "off_wall": []}
-    for i in range(pairs):
-        if i % 2:  # alternate the order so drift cancels
-            (on, _sent), off = (
-                _in_launch(train_chunk, step, batches, "accel_nb"),
-                train_chunk(step, batches, "off"),
-            )
-        else:
-            off, (on, _sent) = (
-                train_chunk(step, batches, "off"),
-                _in_launch(train_chunk, step, batches, "accel_nb"),
-            )
-        out["off_wall"].append(off[0])
-        out["ours_wall"].append(off[0] / on[0])
-        out["ours_cpu"].append(off[1] / on[1])
-        control = train_chunk(step, batches, "off")  # off / off: the noise floor of this machine now
-        out.setdefault("control_cpu", []).append(off[1] / control[1])
+    for _ in range(pairs):
+        # off, on, off: "on" is compared with the mean of its two neighbours, so drift cancels
+        a, (on, _sent), c = (
+            train_chunk(step, batches, "off"),
+            _in_launch(train_chunk, step, batches, "accel_nb"),
+            train_chunk(step, batches, "off"),
+        )
+        out["off_wall"].append((a[0] + c[0]) / 2)
+        out["ours_wall"].append((a[0] + c[0]) / 2 / on[0])
+        out["ours_cpu"].append((a[1] + c[1]) / 2 / on[1])
+        out.setdefault("control_cpu", []).append(a[1] / c[1])  # off / off: this machine's noise floor now
         if tq:
-            off2, ref = train_chunk(step, batches, "off"), train_chunk(step, batches, "tqdm")
-            out["tqdm_wall"].append(off2[0] / ref[0])
-            out["tqdm_cpu"].append(off2[1] / ref[1])
+            a, ref, c = (
+                train_chunk(step, batches, "off"),
+                train_chunk(step, batches, "tqdm"),
+                train_chunk(step, batches, "off"),
+            )
+            out["tqdm_wall"].append((a[0] + c[0]) / 2 / ref[0])
+            out["tqdm_cpu"].append((a[1] + c[1]) / 2 / ref[1])
     out["steps_per_s"] = chunk_steps / statistics.median(out["off_wall"])
     return out
 
@@ -292,13 +292,10 @@ def rank_ddp_training(chunk: int, pairs: int) -> dict[str, list]:
 
     run_off()  # warm-up
     wall, cpu = [], []
-    for i in range(pairs):
-        if i % 2:
-            on, off = run_on(), run_off()
-        else:
-            off, on = run_off(), run_on()
-        wall.append(off[0] / on[0])
-        cpu.append(off[1] / on[1])
+    for _ in range(pairs):  # off, on, off: "on" against the mean of its neighbours
+        a, on, c = run_off(), run_on(), run_off()
+        wall.append((a[0] + c[0]) / 2 / on[0])
+        cpu.append((a[1] + c[1]) / 2 / on[1])
     return {"wall": wall, "cpu": cpu}
 
 
@@ -386,7 +383,7 @@ def run(quick: bool = False) -> list[dict]:
         )
     )
 
-    chunk, pairs = (200, 8) if quick else (300, 24)
+    chunk, pairs = (100, 10) if quick else (150, 40)
     train = train_ratios(chunk, pairs)
     for clock in ("cpu", "wall"):
         rows.append(
@@ -395,7 +392,7 @@ def run(quick: bool = False) -> list[dict]:
                 _med(train[f"ours_{clock}"]),
                 _med(train[f"tqdm_{clock}"]),
                 "x",
-                f"MLP 64-256-10, batch 32, SGD, 1 thread; {pairs} interleaved pairs of {chunk} steps, median; "
+                f"MLP 64-256-10, batch 32, SGD, 1 thread; {pairs} off-on-off triples of {chunk} steps, median; "
                 f"set_postfix(loss) every step; off = {train['steps_per_s']:.0f} steps/s; goal >= 0.98; "
                 f"reference = tqdm; control off/off (cpu): median {_med(train['control_cpu']):.3f}, "
                 f"range {min(train['control_cpu']):.2f}-{max(train['control_cpu']):.2f}",
@@ -437,7 +434,7 @@ def run(quick: bool = False) -> list[dict]:
                     min(ratios),
                     None,
                     "x",
-                    f"gloo, MLP 64-256-10, batch 32; {pairs} interleaved pairs of {chunk} steps; goal >= 0.98; "
+                    f"gloo, MLP 64-256-10, batch 32; {pairs} off-on-off triples of {chunk} steps; goal >= 0.98; "
                     f"per rank: {', '.join(f'{x:.3f}' for x in ratios)}",
                 )
             )
