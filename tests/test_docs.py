@@ -9,6 +9,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = os.path.join(ROOT, "docs")
 
@@ -102,3 +104,25 @@ def test_docstring_examples_become_literal_blocks():
     ]  # fmt: skip
     napoleon = ["Do it.", "", "Args:", "    x: the thing", "", "    y: other"]
     assert literalize_examples(napoleon) == napoleon
+
+
+def python_blocks(page: str) -> list[str]:
+    """The ```python blocks of a docs page, in order."""
+    text = open(os.path.join(DOCS, page), encoding="utf-8").read()
+    return re.findall(r"^```python\n(.*?)^```", text, re.M | re.S)
+
+
+@pytest.mark.kernel
+def test_getting_started_code_runs_in_a_kernel():
+    """The page's code, block by block, in a real kernel: the plain loop, the change, both launches."""
+    from tests.kernel_helpers import KernelSession
+
+    blocks = [b for b in python_blocks("getting_started.md") if not re.search(r"^\s*\.\.\.\s*$", b, re.M)]
+    assert len(blocks) >= 5 and any(b.startswith("%%accelerate") for b in blocks)
+    with KernelSession(cwd=ROOT) as kernel:
+        for block in blocks:
+            out = kernel.run(block, timeout=180)
+            assert out.error is None, f"{block}\n---\n{out.traceback}"
+        # %%accelerate --return brought rank 0's per-step losses and the trained model back
+        out = kernel.run("print(len(losses), type(trained).__name__, losses[-1] < losses[0])")
+        assert out.error is None and out.stdout.split() == ["8", "Linear", "True"], out.text
