@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime
 import faulthandler
 import json
 import os
@@ -28,6 +29,7 @@ from .capture import OutputCapture
 from .channel import ChannelClosed, EventWriter, encode_event
 
 HEARTBEAT_S = 2.0
+EXIT_BARRIER_S = 60.0  # after success, ranks wait this long for each other before leaving the group
 STACKS_SIGNAL = signal.SIGUSR1
 _LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -292,7 +294,7 @@ class WorkerRuntime:
         if self.capture is not None:
             self.capture.sync()
 
-    def shutdown(self) -> None:
+    def shutdown(self, succeeded: bool = True) -> None:
         """Leave the process group, send the last output, close the channel."""
         self._stop.set()
         torch = sys.modules.get("torch")
@@ -301,6 +303,11 @@ class WorkerRuntime:
                 import torch.distributed as dist
 
                 if dist.is_available() and dist.is_initialized():
+                    if succeeded and dist.get_backend() == "gloo":
+                        # a rank that returns right after joining must not tear its connections down
+                        # while a peer is still finishing gloo's connection handshake
+                        with contextlib.suppress(Exception):
+                            dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
                     dist.destroy_process_group()
         if self.capture is not None:
             self.capture.stop()
@@ -315,7 +322,7 @@ def fork_main(spec: RankSpec, payload: Any) -> NoReturn:
         runtime = WorkerRuntime(spec)
         runtime.setup()
         code = 0 if runtime.execute(payload) else 1
-        runtime.shutdown()
+        runtime.shutdown(succeeded=code == 0)
     except BaseException:  # noqa: BLE001 - the last resort: say something on the log, then exit
         with contextlib.suppress(Exception):
             traceback.print_exc()
@@ -351,7 +358,7 @@ def spawn_main(argv: list[str] | None = None) -> NoReturn:
             code = 1
         else:
             code = 0 if runtime.execute(payload) else 1
-        runtime.shutdown()
+        runtime.shutdown(succeeded=code == 0)
     except BaseException:  # noqa: BLE001
         with contextlib.suppress(Exception):
             traceback.print_exc()
