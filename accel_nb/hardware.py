@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from .utils import human_bytes
+
 _NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
 _NVML_SUCCESS = 0
 
@@ -307,15 +309,6 @@ def _torch_versions() -> tuple[str | None, str | None]:
     except OSError:
         pass
     return version, cuda
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB' (a copy of accel_nb.utils.human_bytes that does not import torch)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def detect() -> HardwareInfo:

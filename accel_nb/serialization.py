@@ -28,23 +28,14 @@ from typing import Any
 
 import torch
 
+from .utils import parse_size as _parse_size
+
 ALIASES_KEY = "accel_nb.aliases"
 SAVE_ID_KEY = "accel_nb.save_id"  # in every shard and the index: shards of one save belong together
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_INDEX_SUFFIX = ".index.json"
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
-_SIZE_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
 
 # safetensors dtype tag -> (torch dtype name, bytes per element)
 _DTYPES: dict[str, tuple[str, float]] = {
@@ -74,24 +65,11 @@ class CheckpointError(ValueError):
 
 # -- sizes ------------------------------------------------------------------------------------------
 def parse_size(size: int | str) -> int:
-    """Bytes in a size: ``parse_size("10GB") == 10**9 * 10``, ``parse_size("2GiB") == 2 * 2**30``.
+    """Bytes in a shard size: ``parse_size("10GB") == 10 * 10**9``, ``parse_size("2GiB") == 2 * 2**30``.
 
     parse_size("500MB")  # 500_000_000
     """
-    if isinstance(size, bool):
-        raise ValueError(f"size {size!r} is not a size; use bytes (int) or a string like '10GB'")
-    if isinstance(size, int):
-        if size <= 0:
-            raise ValueError(f"size must be positive, got {size}")
-        return size
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(size))
-    unit = match.group(2).lower() if match else ""
-    if not match or (unit and unit not in _SIZE_UNITS):
-        raise ValueError(f"cannot read size {size!r}; use bytes (int) or e.g. '10GB', '500MB', '2GiB'")
-    value = int(float(match.group(1)) * _SIZE_UNITS[unit or "b"])
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return value
+    return _parse_size(size, what="size", positive=True)
 
 
 # -- low-level file helpers -------------------------------------------------------------------------

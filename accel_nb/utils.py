@@ -1,18 +1,31 @@
-"""Small helpers shared by the core: seeding, sizes."""
+"""Small helpers shared by the whole package: seeding, sizes. Imports nothing heavy at module level."""
 
 from __future__ import annotations
 
 import random
+import re
 
-import numpy as np
-import torch
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def set_seed(seed: int, device_specific: bool = False) -> None:
     """Seed python, numpy and torch (all devices). ``device_specific`` adds the process index.
 
-        set_seed(42)
+    set_seed(42)
     """
+    import numpy as np
+    import torch
+
     if device_specific:
         from .state import PartialState
 
@@ -31,3 +44,23 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def parse_size(value: int | float | str, *, what: str = "size", positive: bool = False) -> int:
+    """Bytes in a size: 1024, '500MB' (10**6 based), '2GiB' (2**30 based).
+
+    parse_size("10GB")   # 10_000_000_000
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{what} {value!r} is not a size; use bytes (int) or a string like '10GiB'")
+    if isinstance(value, (int, float)):
+        result = int(value)
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = match.group(2).lower() if match else ""
+        if not match or (unit and unit not in _SIZE_UNITS):
+            raise ValueError(f"cannot read {what} {value!r}; use bytes (int) or a size like '10GB', '500MB', '2GiB'")
+        result = int(float(match.group(1)) * _SIZE_UNITS[unit or "b"])
+    if result < 0 or (positive and result == 0):
+        raise ValueError(f"{what} must be {'positive' if positive else 'zero or more'}, got {value!r}")
+    return result

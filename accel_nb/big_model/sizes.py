@@ -6,7 +6,6 @@ budget = get_max_memory({0: "20GiB", "cpu": "64GiB"})      # {0: 21474836480, "c
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -14,31 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..utils import parse_size
+
 Device = int | str
 
-_UNITS = {
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
 
 
 def parse_memory(value: int | float | str) -> int:
     """'10GiB' -> 10737418240, '500MB' -> 500000000, 1024 -> 1024."""
-    if isinstance(value, bool):
-        raise ValueError(f"memory budget {value!r} is not a size; use bytes or a string like '10GiB'")
-    if isinstance(value, (int, float)):
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if m is None or m.group(2).lower() not in _UNITS | {"": 1}:
-        raise ValueError(f"cannot read memory budget {value!r}; write bytes or a size like '10GiB', '500MB'")
-    return int(float(m.group(1)) * _UNITS.get(m.group(2).lower(), 1))
+    return parse_size(value, what="memory budget")
 
 
 def normalize_device(device: Any) -> Device:
