@@ -81,6 +81,7 @@ class CellPayload:
         self.return_names = tuple(return_names)
         self.return_rank = return_rank
         self.skipped: dict[str, str] = {}  # name -> why it could not be sent (spawn only)
+        self.tensor_bytes = 0  # bytes of tensors in the namespace sent to spawned ranks
 
     def describe(self) -> str:
         return self.filename
@@ -99,7 +100,7 @@ class CellPayload:
             else:
                 ns[name] = value
         try:
-            _probe(ns)
+            self.tensor_bytes = _probe(ns)
         except Exception:
             for name in list(ns):
                 if name == "__name__":
@@ -109,6 +110,7 @@ class CellPayload:
                 except Exception as exc:  # noqa: BLE001 - any pickling failure means "skip it"
                     self.skipped[name] = f"{type(ns[name]).__name__}: {_first_line(exc)}"
                     del ns[name]
+            self.tensor_bytes = _probe(ns)
         self.namespace = ns
 
     def __getstate__(self) -> dict[str, Any]:

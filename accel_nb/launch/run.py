@@ -49,10 +49,12 @@ def prepare_payload(payload: Any, plan: LaunchPlan, say: Callable[[str], None] =
         if payload.skipped:
             names = ", ".join(f"{n} ({why.split(':')[0]})" for n, why in sorted(payload.skipped.items()))
             say(f"[accel_nb] not sent to the workers because they cannot be pickled: {names}")
+        check.tensor_bytes = payload.tensor_bytes
     if check.tensor_bytes > large_args_bytes():
         n = plan.num_processes
         say(
-            f"[accel_nb] warning: the arguments carry {_human_bytes(check.tensor_bytes)} of tensors; each of the {n} "
+            f"[accel_nb] warning: {'the notebook namespace carries' if payload.kind == 'cell' else 'the arguments carry'} "
+            f"{_human_bytes(check.tensor_bytes)} of tensors; each of the {n} "
             f"ranks gets its own copy ({_human_bytes(check.tensor_bytes * n)} in all). Load big data inside the function instead."
         )
     return check
