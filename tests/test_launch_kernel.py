@@ -90,7 +90,9 @@ def test_a_failing_rank_shows_its_traceback_and_raises_launch_error(kernel):
     )
     assert out.error is not None and out.error["ename"] == "LaunchError"
     assert "[rank 1] failed: ValueError: loss is nan" in out.stderr
-    assert "raise ValueError('loss is nan')" in out.stderr  # the user's frame, with its source line
+    # the user's frame, with its source line, shown once: in the error, not again in the live output
+    assert "raise ValueError('loss is nan')" in out.traceback
+    assert "raise ValueError" not in out.stderr + out.stdout
     assert "rank 1 (first to fail) failed: ValueError: loss is nan" in out.traceback
     assert "rank 0 was stopped" in out.traceback
     check = kernel.run(

@@ -63,6 +63,7 @@ class TextReporter:
         self.info: dict[str, Any] = {}
         self._last_progress: dict[tuple[int, str], float] = {}
         self._lock = threading.Lock()
+        self._failure_shown = False
 
     # streams are looked up at write time: in Jupyter they belong to the cell running now
     @property
@@ -77,6 +78,7 @@ class TextReporter:
         return self.show is None or rank in self.show
 
     def start(self, num_processes: int, info: dict[str, Any]) -> None:
+        self._failure_shown = False
         self.num_processes = num_processes
         self.info = dict(info)
 
@@ -114,10 +116,11 @@ class TextReporter:
             step = f"step {event.step}: " if event.step is not None else ""
             self._write(self.out, f"[rank {rank}] {step}{format_metrics(event.values)}\n")
         elif isinstance(event, Failure):
-            body = event.traceback.rstrip() or f"{event.exc_type}: {event.message}"
-            text = f"[rank {rank}] failed: {event.exc_type}: {event.message}\n" if event.traceback else ""
-            text += "".join(f"[rank {rank}] {line}\n" for line in body.splitlines())
-            self._write(self.err, text)
+            # one line as it happens; the traceback is shown once, in the LaunchError the cell raises
+            first = not self._failure_shown
+            self._failure_shown = True
+            then = ", stopping the other ranks" if first else ""
+            self._write(self.err, f"[rank {rank}] failed: {event.exc_type}: {event.message}{then}\n")
         elif isinstance(event, Stacks):
             text = f"[rank {rank}] Python stacks (hang watchdog):\n" + "".join(
                 f"[rank {rank}]   {line}\n" for line in event.text.splitlines()
@@ -127,7 +130,7 @@ class TextReporter:
             return
 
     def finish(self, ok: bool, summary: str | None = None) -> None:
-        if not ok and summary:
+        if not ok and summary and not self._failure_shown:
             log_dir = self.info.get("log_dir")
             where = f" (full logs: {log_dir})" if log_dir else ""
             self._write(self.err, f"[accel_nb] {summary}{where}\n")
