@@ -45,7 +45,7 @@ def discover(directory: str = HERE) -> list[str]:
 
 
 def module_summary(name: str) -> str:
-    """First line of a benchmark module's docstring, read without importing it."""
+    """First paragraph of a benchmark module's docstring, on one line, read without importing it."""
     import ast
 
     path = os.path.join(HERE, f"bench_{name}.py")
@@ -53,7 +53,8 @@ def module_summary(name: str) -> str:
         doc = ast.get_docstring(ast.parse(open(path, encoding="utf-8").read())) or ""
     except (OSError, SyntaxError):
         return ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    first_paragraph = doc.strip().split("\n\n", 1)[0]
+    return " ".join(line.strip() for line in first_paragraph.splitlines())
 
 
 # ----------------------------------------------------------------------------- rows
