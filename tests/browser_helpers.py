@@ -201,9 +201,12 @@ def run_all_cells(page: Any, lab: LabServer, notebook: str, timeout: float = 180
     except Exception:  # noqa: BLE001 - playwright's TimeoutError: the command was lost, send it again
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     wait_until(
-        lambda: page.evaluate(
-            "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
-            ".every(p => /\\[\\d+\\]/.test(p.textContent))"
+        lambda: (
+            cell_errors(page)  # run-all stops at an error: no need to wait for the rest
+            or page.evaluate(
+                "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]"
+                ".every(p => /\\[\\d+\\]/.test(p.textContent))"
+            )
         ),
         timeout,
         f"every cell of {notebook} to finish",
