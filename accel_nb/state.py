@@ -174,6 +174,10 @@ def _join_process_group(topo: dict[str, Any], backend: str) -> None:
             world_size=world,
             timeout=datetime.timedelta(seconds=rdzv_timeout),
         )
+        if backend == "gloo":
+            # finish every pair's handshake now: a rank that leaves right after joining could
+            # otherwise break a peer's half-open connection
+            dist.barrier()
         # the rendezvous is over: collectives get the long timeout from here on
         _set_group_timeout(coll_timeout)
     except Exception as exc:
