@@ -88,14 +88,17 @@ def test_quickstart_runs_and_exports(tmp_path):
         out for cell in nb.cells for out in cell.get("outputs", []) if "image/svg+xml" in out.get("data", {})
     ]
     assert svg and "<polyline" in svg[0]["data"]["image/svg+xml"]
-    # the live progress view left its final state in the saved notebook
+    # the live progress view left its final state in the saved notebook: the two training launches
+    # end with every rank's bar full (48/48, green); the failing launch has one red bar
     state = (
         nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
     )
-    assert any(
-        m.get("model_name") == "FloatProgressModel" or m.get("model_name") == "IntProgressModel"
-        for m in state.values()
-    ), "no progress widget state saved"
+    bars = [m["state"] for m in state.values() if m.get("model_name") == "IntProgressModel"]
+    full = [
+        b for b in bars if b.get("max") == 48 and b.get("value") == 48 and b.get("bar_style") == "success"
+    ]
+    assert len(full) == 4, bars
+    assert sum(b.get("bar_style") == "danger" for b in bars) == 1, bars
     html = open(summary["html"], encoding="utf-8").read()
     assert "accel_nb quickstart" in html and "48 steps on 2 processes" in html
     # widgets appear in their static form: each launch's final per-rank summary
