@@ -371,6 +371,32 @@ print("same tokens as the in-memory model:", torch.equal(tokens, expected_tokens
 """,
         "key-result",
     ),
+    md("""
+## 6. Offloading a whole model
+
+`cpu_offload` keeps every weight in (pinned) CPU memory and `disk_offload` in memory-mapped
+files; each layer's weights travel to the execution device only for its own forward. On a GPU
+machine `execution_device` is the GPU, and a model of any size runs in about two layers of GPU
+memory; on this CPU-only machine the execution device is the CPU.
+"""),
+    code(
+        """
+from accel_nb import cpu_offload, disk_offload
+
+execution_device = 0 if torch.cuda.is_available() else "cpu"
+for name, offload in (("cpu_offload", cpu_offload), ("disk_offload", disk_offload)):
+    copy = GPT2LMHeadModel(config).eval()
+    copy.load_state_dict(reference_model.state_dict())
+    if offload is disk_offload:
+        copy = disk_offload(copy, os.path.join(workdir, "whole_model"), execution_device=execution_device)
+    else:
+        copy = cpu_offload(copy, execution_device=execution_device)
+    with torch.no_grad():
+        logits = copy(prompt).logits.cpu()
+    print(f"{name}: forward matches the in-memory model:", torch.allclose(logits, expected_logits, atol=1e-5))
+""",
+        "key-result",
+    ),
 ]
 
 

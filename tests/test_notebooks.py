@@ -119,6 +119,8 @@ def test_big_model_inference_runs():
     assert "'cpu'" in results and "'disk'" in results  # the budgets sent blocks to the CPU and the disk
     assert "offloaded forward matches the in-memory model: True" in results
     assert "same tokens as the in-memory model: True" in results
+    assert "cpu_offload: forward matches the in-memory model: True" in results
+    assert "disk_offload: forward matches the in-memory model: True" in results
 
 
 @pytest.mark.notebooks
