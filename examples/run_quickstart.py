@@ -39,10 +39,19 @@ def kernel_manager():
     return km
 
 
+class NotebookFailed(RuntimeError):
+    """A cell raised; ``notebook`` holds the notebook executed up to and including that cell."""
+
+    def __init__(self, message: str, notebook) -> None:
+        super().__init__(message)
+        self.notebook = notebook
+
+
 def execute_notebook(path: str, timeout: int = 600, cwd: str | None = None):
-    """Execute ``path`` top to bottom; return the executed notebook (raises on the first error)."""
+    """Execute ``path`` top to bottom; return the executed notebook (``NotebookFailed`` on the first error)."""
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
     env_cwd = cwd or os.path.dirname(os.path.abspath(path))
@@ -54,7 +63,10 @@ def execute_notebook(path: str, timeout: int = 600, cwd: str | None = None):
         resources={"metadata": {"path": env_cwd}},
         store_widget_state=True,
     )
-    client.execute()
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        raise NotebookFailed(str(exc), nb) from exc
     return nb
 
 
@@ -105,13 +117,19 @@ def run(notebook: str = DEFAULT_NOTEBOOK, out_dir: str = os.path.join(ROOT, "out
     import nbformat
 
     os.makedirs(out_dir, exist_ok=True)
-    start = time.perf_counter()
-    nb = execute_notebook(notebook)
-    seconds = time.perf_counter() - start
     stem = os.path.splitext(os.path.basename(notebook))[0]
     ipynb_path = os.path.join(out_dir, f"{stem}.ipynb")
+    html_path = os.path.join(out_dir, f"{stem}.html")
+    start = time.perf_counter()
+    try:
+        nb = execute_notebook(notebook)
+    except NotebookFailed as exc:  # keep what ran: the failing cell shows its traceback there
+        nbformat.write(exc.notebook, ipynb_path)
+        export_html(exc.notebook, html_path)
+        raise
+    seconds = time.perf_counter() - start
     nbformat.write(nb, ipynb_path)
-    html_path = export_html(nb, os.path.join(out_dir, f"{stem}.html"))
+    export_html(nb, html_path)
     return {"notebook": ipynb_path, "html": html_path, "seconds": seconds, "results": key_results(nb)}
 
 
@@ -123,8 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"executing {os.path.relpath(args.notebook, ROOT)} in a real Jupyter kernel ...", flush=True)
     try:
         summary = run(args.notebook, args.out)
-    except Exception as exc:  # nbclient's CellExecutionError carries the cell and the traceback
+    except NotebookFailed as exc:  # the message holds the failing cell and its traceback
+        stem = os.path.splitext(os.path.basename(args.notebook))[0]
         print(f"the notebook failed: {exc}", file=sys.stderr)
+        print(f"executed up to the failing cell: {os.path.join(args.out, stem + '.ipynb')}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the kernel did not start, the notebook is unreadable, ...
+        print(f"could not run the notebook: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"done in {summary['seconds']:.1f} s\n\nkey results:")
     for line in summary["results"]:

@@ -130,3 +130,25 @@ def test_config_wizard_notebook_saves_a_config():
     results = "\n".join(runner.key_results(nb))
     assert "num_processes=2, mixed_precision=no" in results
     assert "num_processes: 2" in results  # the YAML file the Save wrote
+
+
+@pytest.mark.notebooks
+def test_run_quickstart_reports_a_failing_notebook(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    bad = tmp_path / "bad.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell("print('before')"), new_code_cell("1 / 0")]), str(bad))
+    res = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "run_quickstart.py"), "--notebook", str(bad), "--out",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert "the notebook failed" in res.stderr and "ZeroDivisionError" in res.stderr
+    # what ran is kept, the failing cell with its traceback, so the user can look at it
+    assert "executed up to the failing cell" in res.stderr
+    kept = nbformat.read(str(tmp_path / "out" / "bad.ipynb"), as_version=4)
+    assert kept.cells[0].outputs[0]["text"] == "before\n"
+    assert kept.cells[1].outputs[0]["ename"] == "ZeroDivisionError"
+    assert (tmp_path / "out" / "bad.html").exists()
