@@ -303,7 +303,11 @@ class WorkerRuntime:
                 import torch.distributed as dist
 
                 if dist.is_available() and dist.is_initialized():
-                    if succeeded and dist.get_backend() == "gloo":
+                    from ..state import PartialState
+
+                    # a group formed by PartialState finished its handshakes when it formed
+                    formed_by_state = bool(PartialState._shared_state.get("_owns_group"))
+                    if succeeded and dist.get_backend() == "gloo" and not formed_by_state:
                         # a rank that returns right after joining must not tear its connections down
                         # while a peer is still finishing gloo's connection handshake
                         with contextlib.suppress(Exception):
