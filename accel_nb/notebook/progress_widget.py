@@ -76,7 +76,7 @@ class WidgetReporter:
         self._lock = threading.RLock()
         self._dirty = False
         self._last_flush = 0.0
-        self._pane_seen: dict[int, int] = {}
+        self._pane_seen: dict[int, tuple[int, bool]] = {}
         self._last_pane_flush = 0.0
         self._started = False
         self._finished = False
@@ -227,7 +227,7 @@ class WidgetReporter:
     def _pane_html(self, rank: int) -> str:
         v = self.state.ranks.get(rank)
         if v is None or not v.logs:
-            return "<i style='color:#757575'>no output yet</i>"
+            return f"<i style='color:#757575'>{'no output' if self._finished else 'no output yet'}</i>"
         lines = list(v.logs)[-PANE_LINES:]
         out = []
         for stream, line in lines:
@@ -352,8 +352,9 @@ class WidgetReporter:
             for r, pane in self.panes.items():
                 v = self.state.ranks.get(r)
                 count = v.log_count if v else 0
-                if self._pane_seen.get(r, -1) != count:
-                    self._pane_seen[r] = count
+                seen = (count, self._finished)  # an empty pane reads differently once the launch is over
+                if self._pane_seen.get(r) != seen:
+                    self._pane_seen[r] = seen
                     pane.value = self._pane_html(r)
                     if v is not None and count:
                         titles = list(self.logs.titles)
@@ -363,7 +364,7 @@ class WidgetReporter:
                             self.logs.titles = tuple(titles)
         # still dirty only if a log pane waits for its own (slower) refresh
         self._dirty = any(
-            r in self.state.ranks and self._pane_seen.get(r, -1) != self.state.ranks[r].log_count
+            r in self.state.ranks and self._pane_seen.get(r) != (self.state.ranks[r].log_count, self._finished)
             for r in self.panes
         )
         self._last_flush = now
