@@ -361,8 +361,9 @@ class ConfigWizard:
             self.commands.value = (
                 "<pre style='margin:0;color:#777'>(fix the value above to see the commands)</pre>"
             )
-        if self._status.startswith("Saved to") and self._config is not None:
-            self._set_status("Changed since the last save.")
+        if self._status.startswith(("Saved to", "Changed since")):
+            fix = "" if self._config is not None else "; fix the value above to save again"
+            self._set_status(f"Changed since the last save{fix}.")
 
     def _set_status(self, text: str) -> None:
         self._status = text
