@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import pickle
-import random
 import re
 import shutil
 import time
@@ -29,9 +28,18 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
+from .checkpoint_folders import (
+    CHECKPOINT_DIR,
+    MANIFEST_NAME,
+    commit_dir,
+    is_complete_checkpoint,
+    list_checkpoints,
+    next_iteration,
+    remove_stale_temps,
+)
+from .rng import rng_state, set_rng_state
 from .serialization import (
     CheckpointError,
     check_against,
@@ -53,10 +61,8 @@ __all__ = [
     "is_complete_checkpoint",
 ]
 
-MANIFEST_NAME = "checkpoint.json"
 FORMAT = "accel_nb.checkpoint"
 FORMAT_VERSION = 1
-_CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")
 _DIGEST_SPAN = 64 * 1024
 
 
@@ -158,116 +164,6 @@ def _torch_load(path: str, weights_only: bool) -> Any:
         ) from exc
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# -- RNG states -------------------------------------------------------------------------------------
-def rng_state() -> dict[str, Any]:
-    """This process's python, numpy, torch (and CUDA) RNG states, in a weights_only-loadable form."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(gauss),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state()`` returned."""
-    random.setstate(_as_tuple(state["python"]))
-    n = state["numpy"]
-    np.random.set_state(
-        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _as_tuple(value: Any) -> Any:
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-# -- folders: naming, completeness, atomic commit, rotation --------------------------------------------
-def is_complete_checkpoint(path: str) -> bool:
-    """A folder is a checkpoint only once its manifest was written (the last step of a save)."""
-    return os.path.isfile(os.path.join(path, MANIFEST_NAME))
-
-
-def list_checkpoints(project_dir_or_checkpoints: str) -> list[str]:
-    """Complete ``checkpoint_<i>`` folders, oldest first (temp and half-written folders skipped)."""
-    root = project_dir_or_checkpoints
-    if os.path.isdir(os.path.join(root, "checkpoints")):
-        root = os.path.join(root, "checkpoints")
-    if not os.path.isdir(root):
-        return []
-    found = []
-    for entry in os.listdir(root):
-        m = _CHECKPOINT_DIR.match(entry)
-        if m and is_complete_checkpoint(os.path.join(root, entry)):
-            found.append((int(m.group(1)), os.path.join(root, entry)))
-    return [p for _, p in sorted(found)]
-
-
-def _next_iteration(root: str, iteration: int) -> int:
-    taken = [
-        int(m.group(1))
-        for e in (os.listdir(root) if os.path.isdir(root) else [])
-        if (m := _CHECKPOINT_DIR.match(e))
-    ]
-    return max([iteration] + [t + 1 for t in taken])
-
-
-def _remove_stale_temps(parent: str, name: str) -> None:
-    """Remove temp folders of saves that died (their process is gone), for ``name`` or any
-    ``checkpoint_<i>`` when ``name`` is one."""
-    names = r"checkpoint_\d+" if _CHECKPOINT_DIR.match(name) else re.escape(name)
-    pattern = re.compile(r"^\.(tmp|old)-(" + names + r")-(\d+)$")
-    for entry in os.listdir(parent):
-        m = pattern.match(entry)
-        if not m or (int(m.group(3)) != os.getpid() and _pid_alive(int(m.group(3)))):
-            continue
-        stale, target = os.path.join(parent, entry), os.path.join(parent, m.group(2))
-        if m.group(1) == "old" and is_complete_checkpoint(stale) and not is_complete_checkpoint(target):
-            # the save died between moving the old checkpoint away and moving the new one in
-            if os.path.isdir(target):
-                shutil.rmtree(target, ignore_errors=True)
-            os.rename(stale, target)
-        else:
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _commit_dir(tmp: str, final: str) -> None:
-    """Move the finished temp folder into place; an older checkpoint there is replaced."""
-    parent, name = os.path.split(final)
-    fsync_path(tmp)
-    if os.path.exists(final):
-        old = os.path.join(parent, f".old-{name}-{os.getpid()}")
-        os.rename(final, old)
-        os.rename(tmp, final)
-        fsync_path(parent)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    fsync_path(parent)
-
-
 def _rotate(config: ProjectConfiguration) -> None:
     if not config.total_limit or config.checkpoints_dir is None:
         return
@@ -284,7 +180,7 @@ def _resolve_output_dir(accelerator: Any, output_dir: str | None) -> tuple[str, 
         root = config.checkpoints_dir
         os.makedirs(root, exist_ok=True)
         return os.path.abspath(
-            os.path.join(root, f"checkpoint_{_next_iteration(root, config.iteration)}")
+            os.path.join(root, f"checkpoint_{next_iteration(root, config.iteration)}")
         ), True
     raise CheckpointError(
         "save_state() needs a folder: pass output_dir, or create the Accelerator with "
@@ -346,7 +242,7 @@ def save_accelerator_state(
     if writer:
         try:
             os.makedirs(parent, exist_ok=True)
-            _remove_stale_temps(parent, name)
+            remove_stale_temps(parent, name)
             os.makedirs(tmp)
         except Exception as exc:  # noqa: BLE001
             error = f"{type(exc).__name__}: {exc}"
@@ -393,7 +289,7 @@ def save_accelerator_state(
                 json.dump(manifest, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-            _commit_dir(tmp, final)
+            commit_dir(tmp, final)
             if automatic:
                 _rotate(config)
         except Exception as exc:  # noqa: BLE001
@@ -401,7 +297,7 @@ def save_accelerator_state(
             shutil.rmtree(tmp, ignore_errors=True)
     _all_ok(error, f"save_state({final})")
     if automatic:
-        config.iteration = int(_CHECKPOINT_DIR.match(name).group(1)) + 1
+        config.iteration = int(CHECKPOINT_DIR.match(name).group(1)) + 1
     return final
 
 
@@ -681,7 +577,7 @@ def load_accelerator_state(
     if hasattr(accelerator, "step"):
         accelerator.step = int(manifest.get("step", 0))
     config = _config(accelerator)
-    m = _CHECKPOINT_DIR.match(os.path.basename(path))
+    m = CHECKPOINT_DIR.match(os.path.basename(path))
     if (
         config.automatic_checkpoint_naming
         and m
