@@ -631,9 +631,9 @@ def save_object(accelerator: Any, obj: Any, f: str, safe_serialization: bool = F
     """
     if not getattr(accelerator, "is_main_process", True):
         return
-    from .serialization import _atomic_save_file, _atomic_torch_save
+    from .serialization.files import atomic_save_file, atomic_torch_save
 
     if safe_serialization:
-        _atomic_save_file(dict(obj), os.fspath(f), {"format": "pt"})
+        atomic_save_file(dict(obj), os.fspath(f), {"format": "pt"})
     else:
-        _atomic_torch_save(obj, os.fspath(f))
+        atomic_torch_save(obj, os.fspath(f))
