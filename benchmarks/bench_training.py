@@ -97,55 +97,41 @@ def _run_handwritten_ddp(dataset: Any, warmup: int) -> float:
     return wall * dist.get_world_size(), cpu * dist.get_world_size()
 
 
-def _run_accel_nb(dataset: Any, warmup: int) -> float:
+def _run_prepared(accelerator: Any, dataset: Any, warmup: int) -> tuple[float, float]:
+    """One timed epoch of the same loop through an Accelerator-style ``prepare``/``backward``."""
     import torch.distributed as dist
     from torch.utils.data import DataLoader
 
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(dataset, batch_size=CPU_BATCH, shuffle=True)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    _check_ddp(model)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        loss = loss_fn(model(x), y)
+        opt.zero_grad()
+        accelerator.backward(loss)
+        opt.step()
+
+    _warm(loader, step, warmup)
+    wall, cpu = _timed_epoch(loader, step)
+    accelerator.free_memory()
+    return wall * dist.get_world_size(), cpu * dist.get_world_size()
+
+
+def _run_accel_nb(dataset: Any, warmup: int) -> tuple[float, float]:
     from accel_nb import Accelerator
 
-    accelerator = Accelerator()
-    model = _mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = DataLoader(dataset, batch_size=CPU_BATCH, shuffle=True)
-    model, opt, loader = accelerator.prepare(model, opt, loader)
-    _check_ddp(model)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        accelerator.backward(loss)
-        opt.step()
-
-    _warm(loader, step, warmup)
-    wall, cpu = _timed_epoch(loader, step)
-    accelerator.free_memory()
-    return wall * dist.get_world_size(), cpu * dist.get_world_size()
+    return _run_prepared(Accelerator(), dataset, warmup)
 
 
-def _run_reference(dataset: Any, warmup: int) -> float:
-    import torch.distributed as dist
+def _run_reference(dataset: Any, warmup: int) -> tuple[float, float]:
     from accelerate import Accelerator as ReferenceAccelerator
-    from torch.utils.data import DataLoader
 
-    accelerator = ReferenceAccelerator(cpu=True)  # without cpu=True it would not form a group on CPUs
-    model = _mlp()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = DataLoader(dataset, batch_size=CPU_BATCH, shuffle=True)
-    model, opt, loader = accelerator.prepare(model, opt, loader)
-    _check_ddp(model)
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(x: torch.Tensor, y: torch.Tensor) -> None:
-        loss = loss_fn(model(x), y)
-        opt.zero_grad()
-        accelerator.backward(loss)
-        opt.step()
-
-    _warm(loader, step, warmup)
-    wall, cpu = _timed_epoch(loader, step)
-    accelerator.free_memory()
-    return wall * dist.get_world_size(), cpu * dist.get_world_size()
+    # without cpu=True the reference would not form a group on CPUs
+    return _run_prepared(ReferenceAccelerator(cpu=True), dataset, warmup)
 
 
 def _check_ddp(model: Any) -> None:
