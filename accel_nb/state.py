@@ -57,12 +57,26 @@ def env_flag(name: str) -> bool:
 
 
 class DistributedType(str, enum.Enum):
-    """How the processes of this run talk to each other."""
+    """How the processes of this run talk to each other.
+
+    accel_nb sets NO, MULTI_CPU, MULTI_GPU or XLA; the other members exist with the reference
+    library's names and values so scripts that compare against them run unchanged.
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
     XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 class TopologyError(ValueError):
