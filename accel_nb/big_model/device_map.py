@@ -7,10 +7,17 @@
 Rules (in this order): modules are taken in definition order; a module that does not fit the
 current device is split into its children, unless its class is in ``no_split_module_classes``
 or it has no children, in which case the device is closed and the next one is tried. Tied
-parameters are placed together with the module that first holds them. When anything has to go
-to the CPU or disk, every GPU keeps **headroom** free for its largest layer (activations and
-workspace), and the first GPU (the execution device for offloaded layers) keeps a second
-layer's worth for the offload engine's prefetch buffer.
+parameters are planned as one unit with every module that holds them, wherever those sit
+(GPT-2's ``lm_head`` with ``wte``; BERT's ``cls.predictions.decoder`` with the word embeddings
+and ``cls.predictions.bias``). The map lists its entries in module order.
+
+**Headroom.** Nothing is reserved when the whole model fits on the GPUs. Otherwise the GPU that
+runs the offloaded blocks (the first GPU of the map) keeps exactly what the offload engine
+allocates there: ``num_buffers`` device buffers, each the size of the largest block it streams,
+plus the buffers of offloaded modules (they stay on that GPU unless ``offload_buffers=True``).
+Those sizes depend on what is offloaded, so the plan is made again with the reservation until
+the reservation covers what the map streams (two or three passes; planning is cheap). Budgets
+for GPUs need no GPU: plan on a laptop, load on the GPU machine.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch
 from torch import nn
 
 from ..utils import human_bytes
+from .offload import DEFAULT_NUM_BUFFERS, aligned_bytes
 from .sizes import (
     Device,
     as_dtype,
@@ -35,8 +43,10 @@ from .sizes import (
     layer_sizes,
     named_tensors,
     normalize_device,
+    tensor_bytes,
     tied_parameter_groups,
 )
+from .units import offload_targets, tensor_slots
 
 
 class DeviceMapError(ValueError):
@@ -66,10 +76,11 @@ class DevicePlan:
     used: dict[Device, int]
     steps: list[PlanStep] = field(default_factory=list)
     classes: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # the headroom, explained
 
     def explain(self) -> str:
-        """Plain-text trace: one line per decision."""
-        lines = []
+        """Plain-text trace: the headroom, then one line per decision."""
+        lines = [f"headroom: {note}" for note in self.notes]
         for s in self.steps:
             lines.append(
                 f"{s.action:9s} {s.module or '(model)':40s} -> {_dev_name(s.device):6s} "
@@ -92,6 +103,10 @@ def _dev_name(device: Device) -> str:
     return f"GPU {device}" if isinstance(device, int) else str(device)
 
 
+def _covers(prefix: str, name: str) -> bool:
+    return prefix == "" or name == prefix or name.startswith(prefix + ".")
+
+
 def _children_units(name: str, module: nn.Module) -> list[tuple[str, Any]]:
     """What a module splits into: its direct tensors (as named entries), then its children."""
     prefix = f"{name}." if name else ""
@@ -100,184 +115,289 @@ def _children_units(name: str, module: nn.Module) -> list[tuple[str, Any]]:
     return units
 
 
+def definition_order(model: nn.Module) -> dict[str, int]:
+    """Position of every module and tensor path: a module, then its own tensors, then its children."""
+    order: dict[str, int] = {}
+    for mname, module in model.named_modules(remove_duplicate=False):
+        order.setdefault(mname, len(order))
+        prefix = f"{mname}." if mname else ""
+        for attr, t in list(module._parameters.items()) + list(module._buffers.items()):
+            if t is not None:
+                order.setdefault(prefix + attr, len(order))
+    return order
+
+
+@dataclass
+class _Pass:
+    """The result of one greedy pass: the map, bytes used per device, the trace."""
+
+    device_map: dict[str, Device]
+    used: dict[Device, int]
+    steps: list[PlanStep]
+
+
+class _Planner:
+    """Greedy placement in module order for fixed budgets and headroom (see the module docstring)."""
+
+    def __init__(
+        self, model: nn.Module, budgets: dict[Device, int], no_split: list[str | type], sizes: dict[str, int]
+    ) -> None:
+        self.model = model
+        self.budgets = budgets
+        self.devices = sorted(budgets, key=device_order)
+        self.no_split = no_split
+        self.sizes = sizes
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.tied: dict[str, list[str]] = {}
+        for group in tied_parameter_groups(model):
+            for n in group:
+                self.tied[n] = [o for o in group if o != n]
+
+    def run(self, headroom: dict[Device, int]) -> _Pass:
+        """Place every unit; raise DeviceMapError when even the last device cannot take one."""
+        self.headroom = headroom
+        self.result = _Pass({}, {d: 0 for d in self.devices}, [])
+        self.di = 0
+        root_units = _children_units("", self.model) if self.model._modules else []
+        pending = deque(root_units or [("", self.model)])
+        while pending:
+            name, obj = pending.popleft()
+            if self._placed(name):
+                continue  # placed earlier with the tensors it shares
+            inside = [p for p in self.result.device_map if _covers(name, p) and p != name]
+            if inside and isinstance(obj, nn.Module):
+                dev = self.devices[self.di]
+                free = self.budgets[dev] - self.headroom.get(dev, 0) - self.result.used[dev]
+                why = f"holds {inside[0]!r}, placed with its tied weights"
+                self._step(name, "split", self.sizes.get(name, 0), free, why)
+                pending.extendleft(reversed(_children_units(name, obj)))
+                continue
+            self._place(name, obj, pending)
+        return self.result
+
+    # -- one unit ------------------------------------------------------------------------------------
+    def _place(self, name: str, obj: Any, pending: deque) -> None:
+        partners = self._tie_partners(name)
+        size = self.sizes.get(name, 0)
+        need = size + sum(self.sizes.get(p, 0) for p in partners)
+        while True:
+            dev = self.devices[self.di]
+            free = self.budgets[dev] - self.headroom.get(dev, 0) - self.result.used[dev]
+            if dev == "disk" or need <= free:
+                self._commit(name, partners, dev, size, need, free)
+                return
+            if isinstance(obj, nn.Module) and obj._modules and not is_no_split(obj, self.no_split):
+                why = f"{human_bytes(need)} does not fit in {human_bytes(max(free, 0))}; placing its children"
+                self._step(name, "split", size, free, why)
+                pending.extendleft(reversed(_children_units(name, obj)))
+                return
+            self._move_on(name, obj, partners, need, free)
+
+    def _commit(self, name: str, partners: list[str], dev: Device, size: int, need: int, free: int) -> None:
+        self.result.device_map[name] = dev
+        self.result.used[dev] += need
+        self._step(name, "placed", size, free - need, dev=dev)
+        for p in partners:
+            self.result.device_map[p] = dev
+            self._step(p, "tied", self.sizes.get(p, 0), free - need, f"shares weights with {name!r}", dev)
+
+    def _move_on(self, name: str, obj: Any, partners: list[str], need: int, free: int) -> None:
+        dev = self.devices[self.di]
+        room = self.headroom.get(dev, 0)
+        kind = type(obj).__name__ if isinstance(obj, nn.Module) else "tensor"
+        why = (
+            f"{kind} {name!r} needs {human_bytes(need)}"
+            + (f" (with tied {', '.join(partners)})" if partners else "")
+            + f", {_dev_name(dev)} has {human_bytes(max(free, 0))} left"
+            + (f" (after {human_bytes(room)} headroom for the offload engine)" if room else "")
+        )
+        self._step(name, "moved_on", need, free, why)
+        self.di += 1
+        if self.di == len(self.devices):
+            raise DeviceMapError(self._too_small(why))
+
+    def _too_small(self, why: str) -> str:
+        budget_text = ", ".join(
+            f"{_dev_name(d)}: {human_bytes(self.budgets[d])}"
+            + (f" (headroom {human_bytes(self.headroom[d])})" if self.headroom.get(d) else "")
+            for d in self.devices
+        )
+        layers = layer_sizes(self.model, self.no_split, sizes=self.sizes)
+        largest_name, largest = max(layers.items(), key=lambda kv: kv[1], default=("", 0))
+        return (
+            f"the memory budget is too small: {why}. Budgets: {budget_text}; the model needs "
+            f"{human_bytes(self.sizes.get('', 0))} in all and its largest layer {largest_name!r} "
+            f"{human_bytes(largest)}. Raise max_memory, or allow disk offload with max_memory['disk'] "
+            "(load_checkpoint_and_dispatch does this when you pass offload_folder=...)."
+        )
+
+    def _step(self, name: str, action: str, size: int, free: int, reason: str = "", dev: Device = None) -> None:
+        device = self.devices[self.di] if dev is None else dev
+        self.result.steps.append(PlanStep(name, device, action, size, free, reason))
+
+    # -- ties ----------------------------------------------------------------------------------------
+    def _placed(self, name: str) -> bool:
+        return any(_covers(p, name) for p in self.result.device_map)
+
+    def _param_names(self, unit: str) -> list[str]:
+        module = self.modules.get(unit)
+        if module is None:
+            return [unit]  # a tensor entry
+        prefix = f"{unit}." if unit else ""
+        return [prefix + n for n, _ in module.named_parameters(remove_duplicate=False)]
+
+    def _partner_unit(self, tensor_name: str) -> str:
+        """What must move with a tied tensor: its outermost no-split ancestor, its leaf owner, or itself."""
+        parts = tensor_name.split(".")[:-1]
+        for i in range(1, len(parts) + 1):
+            ancestor = ".".join(parts[:i])
+            if is_no_split(self.modules[ancestor], self.no_split):
+                return ancestor
+        owner = ".".join(parts)
+        return owner if not self.modules[owner]._modules else tensor_name
+
+    def _tie_partners(self, name: str) -> list[str]:
+        """Units outside ``name`` that share a tensor with it, directly or through each other."""
+        units = [name]
+        queue = [name]
+        while queue:
+            for tensor_name in self._param_names(queue.pop()):
+                for other in self.tied.get(tensor_name, ()):
+                    if any(_covers(u, other) for u in units) or self._placed(other):
+                        continue
+                    partner = self._partner_unit(other)
+                    if _covers(partner, name):
+                        continue  # cannot happen for a unit the planner reached; be safe
+                    units = [u for u in units if u == name or not _covers(partner, u)] + [partner]
+                    queue.append(partner)
+        return units[1:]
+
+
+class _EngineNeeds:
+    """What the offload engine will allocate on the execution GPU for a given map."""
+
+    def __init__(self, model, no_split, dtype, special_dtypes, offload_buffers: bool, num_buffers: int) -> None:
+        self.model = model
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.no_split = no_split
+        self.dtype = dtype
+        self.special = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
+        self.offload_buffers = offload_buffers
+        self.num_buffers = num_buffers
+
+    def _bytes(self, name: str, t: torch.Tensor) -> int:
+        return tensor_bytes(t, self.dtype, self.special.get(name))
+
+    def measure(self, device_map: Mapping[str, Device]) -> tuple[Device | None, int, str]:
+        """(execution GPU or None, bytes it needs kept free, the explanation)."""
+        gpus = sorted(d for d in device_map.values() if isinstance(d, int))
+        offloaded = [n for n, d in device_map.items() if d in ("cpu", "disk")]
+        if not gpus:
+            return None, 0, "no GPU in the map: nothing is streamed to a GPU, nothing is reserved"
+        if not offloaded:
+            return None, 0, "everything fits on the GPU(s): nothing is streamed, nothing is reserved"
+        units: list[tuple[str, int]] = []
+        resident: dict[int, int] = {}
+        for name in offloaded:
+            if name in self.modules:
+                targets = offload_targets(name, self.modules[name], self.no_split)
+            else:  # a tensor entry streams alone
+                targets = [(name, None, False)]
+            for path, module, direct_only in targets:
+                nbytes = self._unit_bytes(path, module, direct_only, resident)
+                if nbytes:
+                    units.append((path, nbytes))
+        exec_gpu = gpus[0]
+        count = min(self.num_buffers, len(units))
+        big_name, big = max(units, key=lambda u: u[1], default=("", 0))
+        kept = sum(resident.values())
+        need = count * big + kept
+        note = (
+            f"{_dev_name(exec_gpu)} runs the offloaded blocks and keeps {human_bytes(need)} free for the "
+            f"offload engine: {count} device buffer(s) (num_buffers={self.num_buffers}) of "
+            f"{human_bytes(big)}, the largest streamed block {big_name!r}"
+            + (f", plus {human_bytes(kept)} of buffers of offloaded modules kept there" if kept else "")
+        )
+        return exec_gpu, need, note
+
+    def _unit_bytes(self, path: str, module: nn.Module | None, direct_only: bool, resident: dict[int, int]) -> int:
+        if module is None:
+            owner_name, _, attr = path.rpartition(".")
+            owner = self.modules[owner_name]
+            is_param = attr in owner._parameters
+            t = owner._parameters[attr] if is_param else owner._buffers[attr]
+            slots = [(path, is_param, t)]
+        elif direct_only:
+            prefix = f"{path}." if path else ""
+            slots = [(prefix + a, True, p) for a, p in module._parameters.items() if p is not None]
+            slots += [(prefix + a, False, b) for a, b in module._buffers.items() if b is not None]
+        else:
+            slots = [(full, is_param, t) for full, _, _, is_param, t in tensor_slots(module, path)]
+        seen: set[int] = set()
+        total = 0
+        for full, is_param, t in slots:
+            if not is_param and not self.offload_buffers:
+                resident[id(t)] = self._bytes(full, t)
+            elif id(t) not in seen:
+                seen.add(id(t))
+                total += aligned_bytes(self._bytes(full, t))
+        return total
+
+
+def _settle_headroom(planner: _Planner, engine: _EngineNeeds) -> tuple[_Pass, dict[Device, int], str]:
+    """Plan, then plan again with the engine's reservation until it covers what the map streams."""
+    headroom: dict[Device, int] = {d: 0 for d in planner.devices}
+    result = planner.run(headroom)
+    for _ in range(8):  # the reservation only grows, so this settles in a few passes
+        gpu, need, note = engine.measure(result.device_map)
+        if gpu is None or need <= headroom[gpu]:
+            break
+        headroom[gpu] = need
+        result = planner.run(headroom)
+    reserved = sum(headroom.values())
+    if reserved and gpu is None:
+        where = ", ".join(f"{_dev_name(d)} {human_bytes(r)}" for d, r in headroom.items() if r)
+        note = (
+            f"reserving the offload engine's device buffers ({where}) leaves no room for the first block "
+            "on a GPU, so nothing runs there; raise the GPU budget or plan without the GPU"
+        )
+    elif reserved > need:
+        note += f" (reserved {human_bytes(reserved)}: an earlier pass streamed larger blocks)"
+    return result, headroom, note
+
+
 def plan_device_map(
     model: nn.Module,
     max_memory: Mapping[Any, int | str] | None = None,
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | str | None = None,
     special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    *,
+    offload_buffers: bool = False,
+    num_buffers: int = DEFAULT_NUM_BUFFERS,
 ) -> DevicePlan:
-    """Compute a device map and the trace of how it was found (see the module docstring)."""
+    """Compute a device map and the trace of how it was found (see the module docstring).
+
+        plan = plan_device_map(model, {0: "6GiB", "cpu": "30GiB"}, ["LlamaDecoderLayer"])
+        print(plan.explain())
+    ``offload_buffers`` and ``num_buffers`` are the settings ``dispatch_model`` will use; they
+    size the GPU headroom for the offload engine.
+    """
     dtype = as_dtype(dtype)
-    no_split = list(no_split_module_classes or [])
+    if isinstance(num_buffers, bool) or not isinstance(num_buffers, int) or num_buffers < 1:
+        raise ValueError(f"num_buffers must be a positive int (the offload engine's device buffers), got {num_buffers!r}")
     budgets = get_max_memory(max_memory)
-    devices = sorted(budgets, key=device_order)
-    if not devices:
+    if not budgets:
         raise DeviceMapError("max_memory is empty; give at least one device, e.g. {'cpu': '8GiB'}")
+    no_split = list(no_split_module_classes or [])
     sizes = compute_module_sizes(model, dtype, special_dtypes)
-    # tensor sizes too, so that direct parameters can be planned like modules
-    layers = layer_sizes(model, no_split, dtype, special_dtypes)
-    largest_name, largest = max(layers.items(), key=lambda kv: kv[1], default=("", 0))
-    gpus = [d for d in devices if isinstance(d, int)]
-    total = sizes[""]
-    gpu_room = sum(budgets[g] for g in gpus)
-    headroom: dict[Device, int] = {d: 0 for d in devices}
-    if gpus and total > gpu_room - largest * len(gpus):
-        for g in gpus:
-            headroom[g] = largest
-        headroom[gpus[0]] += largest  # prefetch buffer of the offload engine on the execution GPU
-
-    modules = dict(model.named_modules(remove_duplicate=False))
-    tensor_owner: dict[int, str] = {}
-    for pname, p in model.named_parameters(remove_duplicate=False):
-        tensor_owner.setdefault(id(p), pname)
-    tied_groups = tied_parameter_groups(model)
-    tied_partner: dict[str, list[str]] = {}
-    for group in tied_groups:
-        for n in group:
-            tied_partner[n] = [o for o in group if o != n]
-
-    def unit_size(name: str, obj: Any) -> int:
-        return sizes.get(name, 0)  # module and tensor paths alike (a tied tensor's second name: 0)
-
-    def owning_unit(param_name: str) -> str:
-        """The module that must move with a tied parameter: its owner, or the outermost no-split ancestor."""
-        parts = param_name.split(".")[:-1]
-        owner = ".".join(parts)
-        for i in range(1, len(parts) + 1):
-            anc = ".".join(parts[:i])
-            if is_no_split(modules[anc], no_split):
-                return anc
-        return owner
-
-    device_map: dict[str, Device] = {}
-    steps: list[PlanStep] = []
-    used: dict[Device, int] = {d: 0 for d in devices}
-    preplaced: dict[str, Device] = {}
-    pending = (
-        deque(_children_units("", model)) if model._modules or not sizes.get("") else deque([("", model)])
-    )
-    if not pending:
-        pending = deque([("", model)])
-    di = 0
-
-    def covers(prefix: str, name: str) -> bool:
-        return prefix == "" or name == prefix or name.startswith(prefix + ".")
-
-    while pending:
-        name, obj = pending.popleft()
-        if name in preplaced:
-            continue
-        inside = [p for p in preplaced if covers(name, p) and p != name]
-        if inside and isinstance(obj, nn.Module):
-            steps.append(
-                PlanStep(
-                    name,
-                    devices[di],
-                    "split",
-                    sizes.get(name, 0),
-                    0,
-                    f"holds {inside[0]!r}, already placed with its tied weights",
-                )
-            )
-            pending.extendleft(reversed(_children_units(name, obj)))
-            continue
-        size = unit_size(name, obj)
-        # sizes of preplaced submodules are not part of this unit's cost
-        # tied partners that have not been placed yet move with this unit
-        partners: list[str] = []
-        if isinstance(obj, nn.Module):
-            for pname, _ in obj.named_parameters(prefix=name, remove_duplicate=False):
-                for other in tied_partner.get(pname, []):
-                    if (
-                        covers(name, other)
-                        or any(covers(p, other) for p in device_map)
-                        or any(covers(p, other) for p in preplaced)
-                    ):
-                        continue
-                    unit = owning_unit(other)
-                    if unit not in partners and not covers(name, unit):
-                        partners.append(unit)
-        elif isinstance(obj, torch.Tensor):
-            for other in tied_partner.get(name, []):
-                if not any(covers(p, other) for p in list(device_map) + list(preplaced)):
-                    unit = owning_unit(other)
-                    if unit not in partners:
-                        partners.append(unit)
-        extra = sum(sizes.get(p, 0) for p in partners)
-        while True:
-            dev = devices[di]
-            free = budgets[dev] - headroom[dev] - used[dev]
-            if dev == "disk" or size + extra <= free:
-                device_map[name] = dev
-                used[dev] += size + extra
-                steps.append(PlanStep(name, dev, "placed", size, free - size - extra))
-                for p in partners:
-                    preplaced[p] = dev
-                    device_map[p] = dev
-                    steps.append(
-                        PlanStep(
-                            p,
-                            dev,
-                            "tied",
-                            sizes.get(p, 0),
-                            free - size - extra,
-                            f"shares weights with {name!r}",
-                        )
-                    )
-                break
-            splittable = isinstance(obj, nn.Module) and bool(obj._modules) and not is_no_split(obj, no_split)
-            if splittable:
-                steps.append(
-                    PlanStep(
-                        name,
-                        dev,
-                        "split",
-                        size,
-                        free,
-                        f"{human_bytes(size)} does not fit in {human_bytes(max(free, 0))}; placing its children",
-                    )
-                )
-                pending.extendleft(reversed(_children_units(name, obj)))
-                break
-            why = (
-                f"{type(obj).__name__ if isinstance(obj, nn.Module) else 'tensor'} {name!r} needs "
-                f"{human_bytes(size + extra)}{' (with tied ' + ', '.join(partners) + ')' if partners else ''}"
-                f", {_dev_name(dev)} has {human_bytes(max(free, 0))} left"
-                + (f" (after {human_bytes(headroom[dev])} headroom)" if headroom[dev] else "")
-            )
-            steps.append(PlanStep(name, dev, "moved_on", size + extra, free, why))
-            di += 1
-            if di == len(devices):
-                budget_text = ", ".join(
-                    f"{_dev_name(d)}: {human_bytes(budgets[d])}"
-                    + (f" (headroom {human_bytes(headroom[d])})" if headroom[d] else "")
-                    for d in devices
-                )
-                raise DeviceMapError(
-                    f"the memory budget is too small: {why}. Budgets: {budget_text}; the model needs "
-                    f"{human_bytes(total)} in all and its largest layer {largest_name!r} {human_bytes(largest)}. "
-                    "Raise max_memory, or allow disk offload with max_memory['disk'] (load_checkpoint_and_dispatch "
-                    "does this when you pass offload_folder=...)."
-                )
-    order = {n: i for i, n in enumerate(dict(model.named_modules(remove_duplicate=False)))}
-    order.update(
-        {
-            n: i
-            for i, (n, _) in enumerate(
-                list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers())
-            )
-        }
-    )
-
-    def position(name: str) -> float:
-        if name in order:
-            return order[name]
-        return min((i for n, i in order.items() if covers(name, n)), default=len(order))
-
-    ordered = dict(sorted(device_map.items(), key=lambda kv: position(kv[0])))
-    classes = {n: type(modules[n]).__name__ if n in modules else "tensor" for n in ordered}
-    return DevicePlan(ordered, sizes, budgets, headroom, used, steps, classes)
+    planner = _Planner(model, budgets, no_split, sizes)
+    engine = _EngineNeeds(model, no_split, dtype, special_dtypes, offload_buffers, num_buffers)
+    result, headroom, note = _settle_headroom(planner, engine)
+    order = definition_order(model)
+    ordered = dict(sorted(result.device_map.items(), key=lambda kv: order.get(kv[0], len(order))))
+    classes = {n: type(planner.modules[n]).__name__ if n in planner.modules else "tensor" for n in ordered}
+    return DevicePlan(ordered, sizes, budgets, headroom, result.used, result.steps, classes, [note])
 
 
 def infer_auto_device_map(
@@ -287,6 +407,9 @@ def infer_auto_device_map(
     dtype: torch.dtype | str | None = None,
     special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     verbose: bool = False,
+    offload_buffers: bool = False,
+    *,
+    num_buffers: int = DEFAULT_NUM_BUFFERS,
 ) -> DeviceMap:
     """Place modules on GPUs in order, then on the CPU, then (if budgeted) on disk.
 
@@ -296,9 +419,18 @@ def infer_auto_device_map(
                                            no_split_module_classes=["GPT2Block"])
     Returns a dict {module path: 0 | 1 | ... | "cpu" | "disk"} with ``.plan`` (sizes, budgets,
     headroom and the trace of decisions; ``.plan.explain()``). Raises DeviceMapError, with the
-    sizes, when even the last device cannot take the next block.
+    sizes, when even the last device cannot take the next block. ``offload_buffers`` and
+    ``num_buffers`` must match what ``dispatch_model`` will get: they size the GPU headroom.
     """
-    plan = plan_device_map(model, max_memory, no_split_module_classes, dtype, special_dtypes)
+    plan = plan_device_map(
+        model,
+        max_memory,
+        no_split_module_classes,
+        dtype,
+        special_dtypes,
+        offload_buffers=offload_buffers,
+        num_buffers=num_buffers,
+    )
     if verbose:
         print(plan.explain())
     out = DeviceMap(plan.device_map)
@@ -312,6 +444,7 @@ def resolve_device_map(
     max_memory: Mapping[Any, int | str] | None = None,
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | str | None = None,
+    offload_buffers: bool = False,
 ) -> dict[str, Device]:
     """'auto' | 'balanced' | 'balanced_low_0' | 'sequential' | dict -> a checked device map.
 
@@ -330,7 +463,9 @@ def resolve_device_map(
             budgets = get_balanced_memory(
                 model, max_memory, no_split_module_classes, dtype, low_zero=device_map == "balanced_low_0"
             )
-        return infer_auto_device_map(model, budgets, no_split_module_classes, dtype)
+        return infer_auto_device_map(
+            model, budgets, no_split_module_classes, dtype, offload_buffers=offload_buffers
+        )
     normalized = {name: normalize_device(dev) for name, dev in device_map.items()}
     check_device_map(model, normalized)
     return normalized

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -17,63 +17,15 @@ from torch import nn
 
 from .device_map import DeviceMapError, check_device_map, resolve_device_map
 from .hooks import attach_device_hook, remove_device_hooks
-from .offload import OffloadEngine, OffloadUnit, TensorSlot
-from .sizes import get_max_memory, is_no_split, normalize_device, torch_device
+from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit, TensorSlot
+from .sizes import get_max_memory, normalize_device, torch_device
+from .units import hook_targets as _hook_targets
+from .units import is_container as _is_container
+from .units import offload_targets as _offload_targets
+from .units import tensor_slots as _tensor_slots
 
 _DISK_INDEX = "_accel_nb_disk_index"  # set by load_checkpoint_in_model: {tensor name: (file, key)}
 _ENGINE = "_accel_nb_engine"
-
-
-def _tensor_slots(module: nn.Module, prefix: str) -> Iterator[tuple[str, nn.Module, str, bool, torch.Tensor]]:
-    """(full name, owner module, attribute, is_param, tensor) for every tensor, ties included."""
-    for mname, owner in module.named_modules(prefix=prefix, remove_duplicate=False):
-        for attr, p in owner._parameters.items():
-            if p is not None:
-                yield (f"{mname}.{attr}" if mname else attr), owner, attr, True, p
-        for attr, b in owner._buffers.items():
-            if b is not None:
-                yield (f"{mname}.{attr}" if mname else attr), owner, attr, False, b
-
-
-def _is_container(module: nn.Module) -> bool:
-    """Modules whose forward is never called (ModuleList, ModuleDict): hook their children."""
-    return type(module).forward is nn.Module.forward
-
-
-def _hook_targets(name: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
-    if not _is_container(module):
-        return [(name, module)]
-    if module._parameters or module._buffers:
-        raise DeviceMapError(
-            f"{name!r} ({type(module).__name__}) holds tensors but has no forward; "
-            "assign its parent module to one device instead"
-        )
-    out: list[tuple[str, nn.Module]] = []
-    for child_name, child in module.named_children():
-        out += _hook_targets(f"{name}.{child_name}" if name else child_name, child)
-    return out
-
-
-def _offload_targets(
-    name: str, module: nn.Module, no_split: list[str | type]
-) -> list[tuple[str, nn.Module, bool]]:
-    """Streaming units of an offloaded entry: (path, module, own tensors only?).
-
-    A unit is a no-split block or a module without tensor-holding children; bigger entries are
-    split, so the execution device never needs room for more than two such units.
-    """
-    if _is_container(module):
-        out: list[tuple[str, nn.Module, bool]] = []
-        for child_name, child in _hook_targets(name, module):
-            out += _offload_targets(child_name, child, no_split)
-        return out
-    children = [(f"{name}.{c}" if name else c, m) for c, m in module.named_children()]
-    if is_no_split(module, no_split) or not any(next(_tensor_slots(m, n), None) for n, m in children):
-        return [(name, module, False)]
-    out = [(name, module, True)]
-    for child_name, child in children:
-        out += _offload_targets(child_name, child, no_split)
-    return out
 
 
 def _resolve(
@@ -225,7 +177,7 @@ def dispatch_model(
     skip_keys: str | list[str] | None = None,
     *,
     no_split_module_classes: Iterable[str | type] | None = None,
-    num_buffers: int = 2,
+    num_buffers: int = DEFAULT_NUM_BUFFERS,
     prefetch: bool = True,
     buffered: bool | None = None,
 ) -> nn.Module:
@@ -315,7 +267,7 @@ def cpu_offload(
     model: nn.Module,
     execution_device: Any = None,
     offload_buffers: bool = False,
-    num_buffers: int = 2,
+    num_buffers: int = DEFAULT_NUM_BUFFERS,
     buffered: bool | None = None,
 ) -> nn.Module:
     """Keep all weights in (pinned) CPU memory; stream each layer to ``execution_device`` for its forward.
@@ -332,7 +284,7 @@ def disk_offload(
     offload_dir: str | os.PathLike,
     execution_device: Any = None,
     offload_buffers: bool = False,
-    num_buffers: int = 2,
+    num_buffers: int = DEFAULT_NUM_BUFFERS,
     buffered: bool | None = None,
 ) -> nn.Module:
     """Keep all weights in memory-mapped safetensors under ``offload_dir``; load each layer for its forward.

@@ -24,9 +24,11 @@ import torch
 from torch import nn
 
 _ALIGN = 256  # bytes; keeps every tensor view in a flat buffer aligned for any dtype
+DEFAULT_NUM_BUFFERS = 2  # device buffers for offloaded weights; the planner reserves room for them
 
 
-def _aligned(n: int) -> int:
+def aligned_bytes(n: int) -> int:
+    """Bytes a tensor of ``n`` bytes takes in a packed unit (rounded up to the alignment)."""
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
@@ -69,7 +71,7 @@ class OffloadUnit:
                 continue
             s.offset = offset
             seen[s.key] = offset
-            offset += _aligned(s.nbytes)
+            offset += aligned_bytes(s.nbytes)
         self.nbytes = offset
 
 
@@ -108,7 +110,7 @@ class _SlabAllocator:
             self.slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
             self.used = 0
         region = self.slab[self.used : self.used + nbytes]
-        self.used += _aligned(nbytes)
+        self.used += aligned_bytes(nbytes)
         self.needed -= nbytes
         return region
 
@@ -133,7 +135,7 @@ class OffloadEngine:
     def __init__(
         self,
         device: torch.device | str,
-        num_buffers: int = 2,
+        num_buffers: int = DEFAULT_NUM_BUFFERS,
         prefetch: bool = True,
         buffered: bool | None = None,
     ) -> None:

@@ -18,7 +18,6 @@ from ..utils import parse_size
 Device = int | str
 
 
-
 def parse_memory(value: int | float | str) -> int:
     """'10GiB' -> 10737418240, '500MB' -> 500000000, 1024 -> 1024."""
     return parse_size(value, what="memory budget")
@@ -65,8 +64,9 @@ def dtype_size(dtype: torch.dtype) -> float:
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
-def _tensor_bytes(t: torch.Tensor, dtype: torch.dtype | None) -> int:
-    use = dtype if dtype is not None and t.is_floating_point() else t.dtype
+def tensor_bytes(t: torch.Tensor, dtype: torch.dtype | None = None, special: torch.dtype | None = None) -> int:
+    """Bytes of ``t`` once loaded: floating tensors in ``dtype`` (if given), ``special`` overrides all."""
+    use = special if special is not None else dtype if dtype is not None and t.is_floating_point() else t.dtype
     return int(t.numel() * dtype_size(use))
 
 
@@ -96,7 +96,7 @@ def compute_module_sizes(
     special = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
     sizes: dict[str, int] = defaultdict(int)
     for name, t in named_tensors(model):
-        n = int(t.numel() * dtype_size(special[name])) if name in special else _tensor_bytes(t, dtype)
+        n = tensor_bytes(t, dtype, special.get(name))
         parts = name.split(".")
         for i in range(len(parts) + 1):
             sizes[".".join(parts[:i])] += n
@@ -146,9 +146,11 @@ def layer_sizes(
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: torch.dtype | None = None,
     special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    sizes: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """The units that always move whole: no-split blocks and leaf modules with weights."""
-    sizes = compute_module_sizes(model, dtype, special_dtypes)
+    if sizes is None:
+        sizes = compute_module_sizes(model, dtype, special_dtypes)
     out: dict[str, int] = {}
     stack = [("", model)]
     while stack:
