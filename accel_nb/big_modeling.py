@@ -1,0 +1,37 @@
+"""The reference library's ``big_modeling`` module path: build empty, dispatch, offload.
+
+    from accel_nb.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
+
+Nothing is defined here; each name is the one implementation in ``accel_nb.big_model`` (or
+``accel_nb.hooks`` for ``cpu_offload_with_hook``), imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "init_empty_weights": "accel_nb.big_model",
+    "init_on_device": "accel_nb.big_model",
+    "cpu_offload": "accel_nb.big_model",
+    "disk_offload": "accel_nb.big_model",
+    "dispatch_model": "accel_nb.big_model",
+    "load_checkpoint_and_dispatch": "accel_nb.big_model",
+    "cpu_offload_with_hook": "accel_nb.hooks",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel_nb.big_modeling' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

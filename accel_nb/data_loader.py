@@ -1,0 +1,37 @@
+"""The reference library's ``data_loader`` module path: accel_nb's sharded loaders and samplers.
+
+    from accel_nb.data_loader import BatchSamplerShard, prepare_data_loader, skip_first_batches
+
+Nothing is defined here; each name is the one implementation in ``accel_nb.data`` or
+``accel_nb.samplers``, imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "DataLoaderShard": "accel_nb.data",
+    "prepare_data_loader": "accel_nb.data",
+    "skip_first_batches": "accel_nb.data",
+    "BatchSamplerShard": "accel_nb.samplers",
+    "IterableDatasetShard": "accel_nb.samplers",
+    "SeedableRandomSampler": "accel_nb.samplers",
+    "SkipBatchSampler": "accel_nb.samplers",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel_nb.data_loader' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,86 @@
+"""A logger that logs once (on the main process) unless asked otherwise.
+
+    logger = get_logger(__name__)
+    logger.info("starting")                                   # main process only
+    logger.info(f"rank {rank} ready", main_process_only=False) # every process
+    logger.info(f"rank {rank} ready", in_order=True)           # every process, rank 0 first
+
+Every logging call takes two extra keywords: ``main_process_only`` (default True) and
+``in_order`` (every process logs, one after the other in rank order, with a barrier between;
+it takes precedence over ``main_process_only``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+__all__ = ["MultiProcessAdapter", "get_logger"]
+
+ENV_LOG_LEVEL = "ACCEL_NB_LOG_LEVEL"
+_REFERENCE_ENV_LOG_LEVEL = "ACCELERATE_LOG_LEVEL"
+
+
+def _state() -> Any:
+    from .state import PartialState
+
+    return PartialState()
+
+
+class MultiProcessAdapter(logging.LoggerAdapter):
+    """Wraps a ``logging.Logger``; ``log`` and its shortcuts take ``main_process_only`` and ``in_order``."""
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """Log ``msg`` on the main process, on every process, or on every process in rank order.
+
+        logger.log(logging.INFO, "hello", main_process_only=False)
+        """
+        main_process_only = kwargs.pop("main_process_only", True)
+        in_order = kwargs.pop("in_order", False)
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2  # name the caller, not this module
+        if not self.isEnabledFor(level):
+            return
+        state = _state()
+        if in_order:
+            for index in range(state.num_processes):
+                if index == state.process_index:
+                    self._emit(level, msg, args, kwargs)
+                state.wait_for_everyone()
+        elif not main_process_only or state.is_main_process:
+            self._emit(level, msg, args, kwargs)
+
+    def _emit(self, level: int, msg: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        msg, kwargs = self.process(msg, kwargs)
+        self.logger.log(level, msg, *args, **kwargs)
+
+    @functools.lru_cache(None)  # noqa: B019 - one entry per distinct message, like warnings' "once"
+    def warning_once(self, *args: Any, **kwargs: Any) -> None:
+        """``warning`` the first time it is called with these arguments; nothing afterwards.
+
+        logger.warning_once("the option x is deprecated")
+        """
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+        self.warning(*args, **kwargs)
+
+
+def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
+    """A :class:`MultiProcessAdapter` over ``logging.getLogger(name)``.
+
+    ``log_level`` (or the ``ACCEL_NB_LOG_LEVEL`` / ``ACCELERATE_LOG_LEVEL`` environment variable)
+    sets the level of this logger and of the root logger.
+
+        logger = get_logger(__name__, log_level="INFO")
+        logger.info("loss %.3f", loss, main_process_only=True)
+    """
+    if log_level is None:
+        log_level = os.environ.get(ENV_LOG_LEVEL) or os.environ.get(_REFERENCE_ENV_LOG_LEVEL) or None
+    logger = logging.getLogger(name)
+    if log_level is not None:
+        level = str(log_level).upper()
+        if not isinstance(logging.getLevelName(level), int):
+            raise ValueError(f"log_level={log_level!r} is not a logging level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        logger.setLevel(level)
+        logger.root.setLevel(level)
+    return MultiProcessAdapter(logger, {})

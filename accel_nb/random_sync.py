@@ -1,0 +1,103 @@
+"""Make every process's random number generators equal to the main process's.
+
+    synchronize_rng_states(["torch", "generator"], generator=loader_generator)
+
+Each process then draws the same random numbers (the same shuffle, the same dropout mask) from
+that point on. Outside a process group it does nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["RNGType", "synchronize_rng_state", "synchronize_rng_states"]
+
+
+class RNGType(str, enum.Enum):
+    """Which generator to synchronise (the reference library's names and values)."""
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
+    GENERATOR = "generator"
+
+
+_SUPPORTED = (RNGType.TORCH, RNGType.CUDA, RNGType.GENERATOR)
+
+
+def _rng_type(value: Any) -> RNGType:
+    try:
+        kind = RNGType(value.value if isinstance(value, enum.Enum) else value)
+    except ValueError:
+        raise ValueError(f"unknown rng type {value!r}; use one of {', '.join(repr(t.value) for t in RNGType)}") from None
+    if kind not in _SUPPORTED:
+        raise NotImplementedError(
+            f"synchronizing the {kind.value!r} generator is not supported by accel_nb; it synchronizes "
+            f"{', '.join(repr(t.value) for t in _SUPPORTED)}"
+        )
+    return kind
+
+
+def _read(kind: RNGType, generator: torch.Generator | None) -> torch.Tensor | None:
+    if kind is RNGType.TORCH:
+        return torch.get_rng_state()
+    if kind is RNGType.CUDA:
+        return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    return generator.get_state()
+
+
+def _write(kind: RNGType, state: torch.Tensor, generator: torch.Generator | None) -> None:
+    if kind is RNGType.TORCH:
+        torch.set_rng_state(state)
+    elif kind is RNGType.CUDA:
+        torch.cuda.set_rng_state_all([state] * torch.cuda.device_count())
+    else:
+        generator.set_state(state)
+
+
+def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
+    """Copy the main process's state of one generator to every process.
+
+    ``"torch"`` is the global CPU generator, ``"cuda"`` the CUDA generators of this process (nothing
+    to do without CUDA), ``"generator"`` the ``generator`` passed (nothing to do when it is None).
+
+        synchronize_rng_state("torch")
+    """
+    import torch.distributed as dist
+
+    kind = _rng_type(rng_type if rng_type is not None else RNGType.TORCH)
+    if kind is RNGType.GENERATOR and generator is None:
+        return
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    if kind is RNGType.CUDA and not torch.cuda.is_available():
+        return
+    from .ops import broadcast_object_list
+
+    state = _read(kind, generator)
+    payload = [state.cpu() if dist.get_rank() == 0 else None]
+    broadcast_object_list(payload, from_process=0)
+    _write(kind, payload[0], generator)
+
+
+def synchronize_rng_states(
+    rng_types: Iterable[RNGType | str], generator: torch.Generator | None = None
+) -> None:
+    """:func:`synchronize_rng_state` for each type in ``rng_types``.
+
+    synchronize_rng_states(["torch", "generator"], generator=g)
+    """
+    kinds = [_rng_type(t) for t in rng_types]  # check them all before the first collective
+    for kind in kinds:
+        synchronize_rng_state(kind, generator)

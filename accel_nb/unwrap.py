@@ -1,0 +1,80 @@
+"""Get the user's model back out of DDP, DataParallel, torch.compile and the autocast forward.
+
+    model = extract_model_from_parallel(prepared_model)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["extract_model_from_parallel", "is_compiled_module"]
+
+# the attribute accel_nb's precision policy keeps the user's forward under while autocast wraps it
+_ORIGINAL_FORWARD = "_accel_nb_original_forward"
+
+
+def is_compiled_module(module: object) -> bool:
+    """True for what ``torch.compile(module)`` returns."""
+    compiled = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    compiled_type = getattr(compiled, "OptimizedModule", None)
+    return compiled_type is not None and isinstance(module, compiled_type)
+
+
+def _is_parallel(module: object) -> bool:
+    return isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel))
+
+
+def _strip_parallel(model: nn.Module) -> nn.Module:
+    while _is_parallel(model):
+        model = model.module
+    return model
+
+
+def _remove_autocast_forward(model: nn.Module) -> None:
+    original = model.__dict__.pop(_ORIGINAL_FORWARD, None)
+    if original is None:
+        return
+    if getattr(original, "__func__", None) is getattr(type(model), "forward", None):
+        model.__dict__.pop("forward", None)  # back to the class's own forward
+    else:
+        model.forward = original
+
+
+def _strip_children(model: nn.Module) -> None:
+    for name, child in list(model.named_children()):
+        inner = _strip_parallel(child)
+        if inner is not child:
+            setattr(model, name, inner)
+        _strip_children(inner)
+
+
+def extract_model_from_parallel(
+    model: nn.Module,
+    keep_fp32_wrapper: bool = True,
+    keep_torch_compile: bool = True,
+    recursive: bool = False,
+) -> nn.Module:
+    """The model inside its distributed wrappers.
+
+    ``keep_fp32_wrapper=False`` also removes the mixed-precision forward ``prepare`` installed;
+    ``keep_torch_compile=True`` returns the compiled module (now around the unwrapped model) when
+    the model was compiled, ``False`` the plain module; ``recursive=True`` also unwraps wrapped
+    submodules.
+
+        plain = extract_model_from_parallel(ddp_model)
+    """
+    compiled = None
+    if is_compiled_module(model):
+        compiled, model = model, model._orig_mod
+    model = _strip_parallel(model)
+    if is_compiled_module(model):  # DDP around a compiled module
+        compiled, model = model, _strip_parallel(model._orig_mod)
+    if not keep_fp32_wrapper:
+        _remove_autocast_forward(model)
+    if recursive:
+        _strip_children(model)
+    if compiled is not None and keep_torch_compile:
+        compiled._orig_mod = model
+        return compiled
+    return model
