@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "DataLoaderConfiguration": ".data",
     "set_seed": ".utils",
     # progress inside a launch
-    "progress": ".progress",
+    "progress": ".progress_bar",
     # launching (notebook face)
     "notebook_launcher": ".notebook.launcher",
     "debug_launcher": ".notebook.launcher",
@@ -58,6 +58,16 @@ _EXPORTS: dict[str, str] = {
     "cpu_offload": ".big_model",
     "disk_offload": ".big_model",
     "show_device_map": ".notebook.device_map_view",
+    # the reference library's other top-level names (also under accel_nb.utils / accel_nb.hooks)
+    "AutocastKwargs": ".kwargs_handlers",
+    "DDPCommunicationHookType": ".kwargs_handlers",
+    "DistributedDataParallelKwargs": ".kwargs_handlers",
+    "GradScalerKwargs": ".kwargs_handlers",
+    "InitProcessGroupKwargs": ".kwargs_handlers",
+    "ProfileKwargs": ".kwargs_handlers",
+    "find_executable_batch_size": ".memory",
+    "synchronize_rng_states": ".random_sync",
+    "cpu_offload_with_hook": ".hooks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__", "load_ipython_extension"]
@@ -120,7 +130,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         reduce,
         send_to_device,
     )
-    from .progress import progress
+    from .progress_bar import progress
     from .serialization import CheckpointError
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
     from .utils import set_seed

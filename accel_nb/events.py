@@ -34,6 +34,14 @@ class Log(Event):
 
 
 @dataclass
+class Dropped(Event):
+    """``count`` lines of the rank's output were not sent so far (too fast to show); all are in ``log_path``."""
+
+    count: int
+    log_path: str = ""
+
+
+@dataclass
 class Progress(Event):
     """Where a rank's loop named ``name`` is: ``n`` of ``total`` steps (``total`` may be None)."""
 
@@ -87,9 +95,10 @@ class Failure(Event):
 
 @dataclass
 class Stacks(Event):
-    """Every thread's Python stack on this rank (sent when the hang watchdog asks)."""
+    """Every thread's Python stack on this rank; ``reason``: ``"hang"`` (the watchdog) or ``"interrupt"`` (stop)."""
 
     text: str
+    reason: str = "hang"
 
 
 class Reporter(Protocol):

@@ -86,7 +86,7 @@ def loop_bare(n: int) -> Timing:
 
 
 def loop_progress(n: int) -> Timing:
-    from accel_nb.progress import progress
+    from accel_nb import progress
 
     t = _now()
     x = 0.0
@@ -163,7 +163,7 @@ def train_chunk(step, batches, mode: str) -> Timing:
         for x, y in batches:
             step(x, y)
     elif mode == "accel_nb":
-        from accel_nb.progress import progress
+        from accel_nb import progress
 
         bar = progress(batches, desc="train")
         for x, y in bar:
@@ -212,7 +212,7 @@ def progress_cost_per_step(steps: int = 200_000) -> float:
     """CPU seconds the progress API itself adds per training-loop step (iteration + set_postfix(tensor))."""
     import torch
 
-    from accel_nb.progress import progress
+    from accel_nb import progress
 
     loss = torch.tensor(0.5)
     items = list(range(steps))
@@ -256,8 +256,7 @@ def rank_ddp_training(chunk: int, pairs: int) -> dict[str, list]:
     """On every rank: DDP training chunks without / with progress, interleaved; throughput ratios."""
     import torch
 
-    from accel_nb import Accelerator
-    from accel_nb.progress import progress
+    from accel_nb import Accelerator, progress
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

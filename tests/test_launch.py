@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from accel_nb import LaunchError, PartialState, debug_launcher, notebook_launcher
-from accel_nb.events import Failure, Log, Phase, Progress, Result, emit
+from accel_nb.events import Dropped, Failure, Log, Phase, Progress, Result, emit
 from accel_nb.launch.errors import LaunchSetupError, PayloadError, RankFailure
 from accel_nb.launch.plan import make_plan
 from accel_nb.launch.reporting import ListReporter, TextReporter
@@ -140,10 +140,8 @@ def test_text_reporter_throttles_progress_and_formats_it():
     for n in range(1, 101):
         rep.handle(Progress(rank=0, name="train", n=n, total=100, metrics={"loss": 0.31}, rate=2.1))
     lines = buf.getvalue().splitlines()
-    assert lines == [
-        "[rank 0] train 1/100 (2.1 it/s) loss=0.31",
-        "[rank 0] train 100/100 (2.1 it/s) loss=0.31",
-    ]
+    assert len(lines) == 2 and all(line.startswith("[rank 0] train: ") for line in lines)
+    assert "1/100 [2.1 it/s, ETA 0:47] loss=0.31" in lines[0] and "100/100 [2.1 it/s] loss=0.31" in lines[1]
 
 
 def _floods():
@@ -156,7 +154,8 @@ def test_an_output_flood_is_rate_limited_with_a_note_and_kept_whole_in_the_log()
     rep = ListReporter()
     assert debug_launcher(_floods, num_processes=1, reporter=rep, keep_logs=True) == [0]
     out = rep.output(rank=0)
-    assert "lines dropped from rank 0" in out
+    dropped = rep.of_type(Dropped)  # a running count, at most about once a second: not a note per burst
+    assert 1 <= len(dropped) <= 10 and dropped[-1].count == 20000 - out.count("line ")
     assert out.count("\nline ") < 20000
     with open(os.path.join(rep.started[1]["log_dir"], "rank0.log")) as f:
         assert f.read().count("line ") == 20000

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 
 import accel_nb
 from accel_nb import events
+from accel_nb import progress_bar as progress_module
 from accel_nb.events import Progress
-
-progress_module = sys.modules.get("accel_nb.progress") or __import__("importlib").import_module(
-    "accel_nb.progress"
-)
 
 
 class FakeClock:
-    """Stands in for the ``time`` module inside accel_nb.progress: the test sets ``now``."""
+    """Stands in for the ``time`` module inside accel_nb.progress_bar: the test sets ``now``."""
 
     def __init__(self) -> None:
         self.now = 1000.0
@@ -49,14 +45,19 @@ def _progress(got):
     return [e for e in got if isinstance(e, Progress)]
 
 
-def test_public_name_is_the_function_even_after_importing_the_module():
+def test_public_function_and_its_module_have_different_names():
+    """``from accel_nb import progress`` is the function; its module stays a plain module (issue 16)."""
     import importlib
+    import types
 
-    mod = importlib.import_module("accel_nb.progress")
-    bar = accel_nb.progress([1, 2, 3], disable=True)
-    assert list(bar) == [1, 2, 3]
-    assert callable(mod)  # `accel_nb.progress(...)` works whichever object the package attribute is
-    assert list(mod([4, 5], disable=True)) == [4, 5]
+    from accel_nb import progress
+
+    mod = importlib.import_module("accel_nb.progress_bar")
+    assert isinstance(progress, types.FunctionType) and progress is accel_nb.progress
+    assert type(mod) is types.ModuleType and mod.ProgressBar is type(progress([1], disable=True))
+    assert list(progress([1, 2, 3], disable=True)) == [1, 2, 3]
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("accel_nb.progress")
 
 
 def test_events_in_a_launch_first_and_last_and_values(sink, monkeypatch):
@@ -199,7 +200,7 @@ def test_disable_emits_nothing(sink):
 
 
 def test_format_helpers():
-    from accel_nb.progress import format_duration, format_progress_line, format_rate
+    from accel_nb.progress_format import format_duration, format_progress_line, format_rate
 
     assert (
         format_duration(75.2) == "1:15"

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from accel_nb.events import Failure, Log, Metrics, Phase, Progress, Result, Stacks
+from accel_nb.events import Dropped, Failure, Heartbeat, Log, Metrics, Phase, Progress, Result, Stacks
+from accel_nb.launch.launch_progress import LaunchProgress
+from accel_nb.launch.reporting import TextReporter
 from accel_nb.notebook import display
-from accel_nb.notebook.progress_text import LaunchProgress, ProgressTextFormatter
 
 pytest.importorskip("ipywidgets")
 
@@ -61,13 +62,13 @@ def test_updates_are_coalesced_but_final_state_flushed():
     assert r.bars[0].value == 10_000 and r.bars[0].bar_style == "success"
 
 
-def test_pending_update_is_flushed_by_the_ticker_without_new_events():
+def test_pending_update_is_flushed_by_tick_without_new_events():
     r = _reporter(min_interval=0.05)
     r.handle(Progress(0, "train", 1, 10))
     r.handle(Progress(0, "train", 7, 10))  # within min_interval: deferred
-    deadline = time.monotonic() + 10
-    while r.bars[0].value != 7 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    assert r.bars[0].value != 7
+    time.sleep(0.06)
+    r.tick()  # the supervisor calls this a few times a second
     assert r.bars[0].value == 7
     r.finish(True)
 
@@ -112,7 +113,7 @@ def test_log_panes_hold_each_ranks_output_with_stderr_marked():
     r.finish(True)
     assert "hello &lt;b&gt;0&lt;/b&gt;" in r.panes[0].value and "warning" not in r.panes[0].value
     assert "warning from 1" in r.panes[1].value and "color:#b71c1c" in r.panes[1].value
-    assert "Python stacks (hang watchdog)" in r.panes[1].value
+    assert "Python stacks" in r.panes[1].value
     assert r.logs.titles[0] == "rank 0 output (1 line)"
 
 
@@ -127,36 +128,44 @@ def test_metrics_events_show_latest_values_per_rank():
     assert "batch_loss=0.5 step 20: loss=0.25 lr=0.001" in r.summary_text()
 
 
-def test_stalled_rank_turns_amber():
-    r = _reporter(stall_after=0.2)
+def test_stalled_rank_turns_amber_from_tick_alone_and_blue_again_when_it_moves():
+    r = _reporter(stall_after=0.2, min_interval=0.0)
     r.handle(Progress(0, "train", 1, 10))
     r.handle(Progress(1, "train", 1, 10))
-    deadline = time.monotonic() + 10
-    while r.bars[0].bar_style != "warning" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    time.sleep(0.3)
+    r.tick()  # no event arrived: the timer alone redraws the rows
     assert r.bars[0].bar_style == "warning" and "stalled" in r.statuses[0].value
+    assert "no progress for" in r.infos[0].value
     r.handle(Progress(0, "train", 2, 10))
-    deadline = time.monotonic() + 10
-    while r.bars[0].bar_style != "info" and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert r.bars[0].bar_style == "info"  # moving again: blue within min_interval
+    assert r.bars[0].bar_style == "info" and "no progress" not in r.infos[0].value
     r.finish(True)
 
 
-def test_ticker_thread_stops_when_quiet_and_restarts_with_events():
-    r = _reporter(stall_after=0.1)
+def test_quiet_rank_says_so_and_its_rate_decays_instead_of_freezing():
+    """Issue 15.3: a full bar stuck after its loop no longer reads 'running 39.8 it/s ETA 0:00' forever."""
+    r = _reporter()
+    r.handle(Progress(0, "train", 50, 50, rate=39.8))  # rank 0: loop finished, now stuck in a collective
+    r.handle(Progress(1, "train", 20, 50, rate=39.8))  # rank 1: asleep mid-loop
+    t = time.monotonic()
+    assert "39.8 it/s" in r._info_html(1, t) and "no progress" not in r._info_html(1, t)
+    later = r._info_html(1, t + 42)
+    assert "no progress for 42 s" in later and "39.8 it/s" not in later and "ETA 0:00" not in later
+    assert "no progress for 42 s" in r._info_html(0, t + 42)
+    assert r.state.status(1, t + 42) == "stalled" and r.state.status(1, t + 1) == "running"
+    rates = [r.state.ranks[1].rate_now(t + q) for q in (0.5, 5, 20, 60)]
+    assert rates[0] == 39.8 and rates[1] > rates[2] > rates[3] and rates[3] < 39.8 / 50
+    assert "79.6 it/s total" in r.state.aggregate_line(t) and "79.6" not in r.state.aggregate_line(t + 60)
+    assert "(no progress for 42 s)" in r.state.rank_line(1, t + 42)
+    r.finish(True)
+
+
+def test_no_thread_of_its_own():
+    before = {t.ident for t in threading.enumerate()}
+    r = _reporter()
     r.handle(Progress(0, "train", 1, 10))
-    first = r._ticker
-    assert first is not None and first.is_alive()
-    first.join(10)
-    assert not first.is_alive() and r._ticker is None, "no thread left behind by a quiet launch"
-    assert "stalled" in r.statuses[0].value  # it showed the stall before stopping
-    r.handle(Progress(0, "train", 2, 10))
-    second = r._ticker
-    assert second is not None and second is not first and second.is_alive()
+    r.handle(Heartbeat(1, time.time()))
     r.finish(True)
-    second.join(10)
-    assert not second.is_alive()
+    assert {t.ident for t in threading.enumerate()} <= before
 
 
 def test_nested_loops_show_the_outer_one_next_to_the_bar():
@@ -226,38 +235,73 @@ def test_show_ranks_limits_the_echo_but_every_rank_keeps_its_pane(capsys):
 
 
 # ------------------------------------------------------------------------------- text
-def test_text_formatter_throttles_progress_and_prefixes_every_line():
-    fmt = ProgressTextFormatter(interval=3600)
-    fmt.start(2, {})
-    lines = []
-    for i in range(1, 1001):
-        for rank in (0, 1):
-            lines += fmt.lines_for(Progress(rank, "train", i, 1000, {"loss": 0.1}, "train", 50.0, i == 1000))
-    lines += fmt.lines_for(Log(1, "stdout", "x\ny\n"))
-    lines += fmt.lines_for(Failure(0, "ValueError", "boom", "Traceback\nValueError: boom\n"))
-    lines += fmt.finish_lines(False)
-    progress_lines = [line for line in lines if "train:" in line and line.startswith("[rank")]
-    assert len(progress_lines) == 4  # first + done, per rank
-    assert all("\n" not in line and "\r" not in line for line in lines)
-    assert any(line.startswith("[rank 0] train: 100%|") and "1000/1000" in line for line in lines)
-    assert "[rank 1] x" in lines and "[rank 1] y" in lines
-    assert "[rank 0] FAILED: ValueError: boom" in lines
-    assert lines[-3].startswith("accel_nb launch failed: 2 processes")
-
-
-def test_fallback_text_reporter_writes_whole_lines():
+def _text(n=2, **kw):
     buf = io.StringIO()
-    r = display.FallbackTextReporter(2, stream=buf)
-    r.start(2, {})
-    r.handle(Progress(0, "t", 1, 2))
-    r.handle(Log(1, "stdout", "hi"))
-    r.handle(Progress(0, "t", 2, 2, done=True))
-    r.handle(Result(0, 0))
-    r.handle(Result(1, 1))
-    r.finish(True)
-    text = buf.getvalue()
-    assert text.endswith("\n") and "[rank 1] hi\n" in text and "[rank 0] t: 100%|" in text
-    assert "accel_nb launch finished: 2 processes" in text
+    rep = TextReporter(stream=buf, **kw)
+    rep.start(n, {})
+    return rep, buf
+
+
+def test_text_reporter_prints_identical_lines_once_with_their_ranks():
+    rep, buf = _text(2, merge_window=3600)
+    rep.handle(Log(0, "stdout", "loading weights\nonly zero\n"))
+    rep.handle(Log(1, "stdout", "loading weights\n"))
+    assert buf.getvalue() == "[ranks 0,1] loading weights\n"  # "only zero" waits for rank 1
+    rep.handle(Log(1, "stdout", "only one\n"))
+    rep.finish(True)
+    assert buf.getvalue().splitlines() == ["[ranks 0,1] loading weights", "[rank 0] only zero", "[rank 1] only one"]
+
+
+def test_text_reporter_lone_line_waits_at_most_the_merge_window():
+    rep, buf = _text(2, merge_window=0.05)
+    rep.handle(Log(0, "stdout", "hello\n"))
+    time.sleep(0.06)
+    rep.tick()
+    assert buf.getvalue() == "[rank 0] hello\n"
+
+
+def test_a_flood_gives_one_note_per_rank_not_one_per_burst():
+    rep, buf = _text(2)
+    for count in range(100, 5000, 100):  # the rank sends its running count about once a second
+        rep.handle(Dropped(0, count, "/tmp/logs/rank0.log"))
+    rep.finish(True)
+    notes = [line for line in buf.getvalue().splitlines() if "dropp" in line]
+    assert len(notes) == 2, notes  # "dropping lines" when it starts, the total at the end
+    assert "4,900" in notes[1] or "4900 lines of output dropped in all" in notes[1]
+    assert "/tmp/logs/rank0.log" in notes[1]
+
+
+def test_text_reporter_says_which_rank_is_quiet_and_again_as_the_silence_doubles():
+    rep, buf = _text(2, stall_after=0.1)
+    rep.handle(Progress(0, "train", 50, 50, rate=39.8))
+    rep.handle(Progress(1, "train", 20, 50, rate=39.8))
+    rep.handle(Result(0, 0))
+    buf.truncate(0), buf.seek(0)
+    time.sleep(0.15)
+    rep.tick()
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[rank 1] stalled") and "no progress for" in lines[0]
+    rep._last_stall_check = 0.0
+    rep.tick()
+    assert len(buf.getvalue().splitlines()) == 1  # not again until the silence has doubled
+    rep.finish(True)
+
+
+def test_text_failure_is_one_line_and_the_summary_is_not_repeated():
+    rep, buf = _text(2)
+    rep.handle(Failure(1, "ValueError", "bad value\nwith a second line", "Traceback...\n"))
+    rep.finish(False, "rank 1 failed: ValueError: bad value\nwith a second line")
+    lines = buf.getvalue().splitlines()
+    assert lines == ["[rank 1] failed: ValueError: bad value ..., stopping the other ranks"]
+
+
+def test_summary_lines_cut_messages_and_say_process_in_the_singular():
+    s = LaunchProgress(1)
+    s.apply(Failure(0, "RuntimeError", "first line\nsecond line", "tb"))
+    s.finish(False)
+    lines = s.summary_lines(False, "rank 0 failed: RuntimeError: first line\nsecond line")
+    assert lines[0].startswith("accel_nb launch failed: 1 process in")
+    assert len(lines) == 2 and "first line ..." in lines[1] and "second line" not in "\n".join(lines)
 
 
 def test_launch_progress_status_and_aggregate():
@@ -291,5 +335,6 @@ def test_make_reporter_returns_text_here_and_passes_reporters_through(monkeypatc
     rep = display.make_reporter(2, desc="x")
     assert hasattr(rep, "start") and hasattr(rep, "handle") and hasattr(rep, "finish")
     assert type(rep).__name__ != "WidgetReporter"
-    mine = display.FallbackTextReporter(1)
+    assert isinstance(rep, TextReporter)
+    mine = TextReporter()
     assert display.make_reporter(1, progress=mine) is mine

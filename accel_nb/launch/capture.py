@@ -1,8 +1,10 @@
 """Capture a rank's output at the file-descriptor level and turn it into ``Log`` events.
 
 fds 1 and 2 are pointed at pipes, so output from Python, C libraries (gloo, NCCL) and child
-processes is caught alike. Reader threads send whole lines, keep every byte in the rank's log
-file, and drop lines past a rate limit with a "N lines dropped" note.
+processes is caught alike. Reader threads send whole lines and keep every byte in the rank's log
+file. Lines past a rate limit are not sent; a running count goes to the parent as a ``Dropped``
+event (at most once a second while a flood lasts, and a last time at the end), which the
+reporters show as one "N lines dropped" note per rank.
 
     capture = OutputCapture(rank=0, send=writer.send, log_path="/tmp/x/rank0.log")
     capture.start(); ...; capture.stop()
@@ -20,9 +22,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Event, Log
+from ..events import Dropped, Event, Log
 
 PARTIAL_FLUSH_S = 0.5  # a line without its newline is sent after this long
+DROPPED_NOTE_S = 1.0  # while lines are dropped, the running count is sent at most this often
 
 
 class _RateLimit:
@@ -33,7 +36,7 @@ class _RateLimit:
         self.burst = burst
         self.tokens = burst
         self.last = time.monotonic()
-        self.dropped = 0
+        self.dropped = 0  # lines dropped so far (never reset: the count shown is a running total)
         self.lock = threading.Lock()
 
     def allow(self, n: int) -> int:
@@ -46,11 +49,6 @@ class _RateLimit:
             self.tokens -= ok
             self.dropped += n - ok
             return ok
-
-    def take_dropped(self) -> int:
-        with self.lock:
-            n, self.dropped = self.dropped, 0
-            return n
 
 
 class OutputCapture:
@@ -73,6 +71,8 @@ class OutputCapture:
         self._busy = 0  # readers between a read and its events being sent
         self._log = open(log_path, "ab", buffering=0)
         self._log_lock = threading.Lock()
+        self._dropped_sent = 0  # the running count last sent in a ``Dropped`` event
+        self._dropped_sent_at = 0.0
 
     def start(self) -> None:
         for fd, name in ((1, "stdout"), (2, "stderr")):
@@ -121,20 +121,25 @@ class OutputCapture:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        self._note_dropped()
+        self._note_dropped(final=True)
         try:
             self._log.close()
         except Exception:
             pass
 
-    def _note_dropped(self) -> None:
-        n = self.limit.take_dropped()
-        if n:
-            self._send(
-                "stderr",
-                f"[accel_nb: {n} line{'s' if n != 1 else ''} dropped from rank {self.rank}'s output "
-                f"(too fast to show); the full log is {self.log_path}]\n",
-            )
+    def _note_dropped(self, final: bool = False) -> None:
+        """Send the running count of dropped lines: at most every ``DROPPED_NOTE_S``, and at the end."""
+        with self.limit.lock:
+            count = self.limit.dropped
+            now = time.monotonic()
+            due = count != self._dropped_sent and (final or now - self._dropped_sent_at >= DROPPED_NOTE_S)
+            if due:
+                self._dropped_sent, self._dropped_sent_at = count, now
+        if due:
+            try:
+                self.send(Dropped(rank=self.rank, count=count, log_path=self.log_path))
+            except Exception:  # noqa: BLE001 - the channel is gone: nothing left to tell
+                pass
 
     def _send(self, stream: str, text: str) -> None:
         try:
@@ -148,7 +153,7 @@ class OutputCapture:
         ok = self.limit.allow(len(lines))
         if ok < len(lines):
             lines = lines[:ok]
-        elif self.limit.dropped:
+        if self.limit.dropped != self._dropped_sent:  # a flood is on (or just ended): update its count
             self._note_dropped()
         if lines:
             self._send(stream, "".join(lines))
@@ -164,6 +169,8 @@ class OutputCapture:
                     if pending and time.monotonic() - pending_since >= PARTIAL_FLUSH_S:
                         self._emit_lines(stream, [pending.rsplit("\r", 1)[-1] + "\n"])
                         pending = ""
+                    elif self.limit.dropped != self._dropped_sent:  # the flood is over: its final count
+                        self._note_dropped()
                     continue
                 self._busy += 1
                 try:

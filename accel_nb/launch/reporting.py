@@ -1,7 +1,11 @@
 """Reporters turn a launch's events into something to look at: text lines, or a list (tests).
 
-rep = TextReporter(show_ranks=0)        # only rank 0's output; failures of any rank always shown
-notebook_launcher(fn, num_processes=2, reporter=rep)
+A reporter gets ``start``, ``handle(event)`` for every event, ``finish``, and — when it has a
+``tick()`` method — a call from the supervisor's loop a few times a second, so what it shows
+moves on even while no event arrives (a rank stuck in a collective sends only heartbeats).
+
+    rep = TextReporter(show_ranks=0)        # only rank 0's output; failures of any rank always shown
+    notebook_launcher(fn, num_processes=2, reporter=rep)
 """
 
 from __future__ import annotations
@@ -11,42 +15,41 @@ import threading
 import time
 from typing import Any, TextIO
 
-from ..events import Event, Failure, Heartbeat, Log, Metrics, Phase, Progress, Result, Stacks
+from ..events import Dropped, Event, Failure, Heartbeat, Log, Metrics, Phase, Progress, Result, Stacks
+from ..progress_format import format_metrics, format_progress_line, one_line
+from .launch_progress import STALL_AFTER, LaunchProgress
+from .output_lines import MERGE_WINDOW_S, OutputRelay
 
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def format_metrics(metrics: dict[str, Any]) -> str:
-    return " ".join(f"{k}={_fmt_value(v)}" for k, v in metrics.items())
-
-
-def format_progress(event: Progress) -> str:
-    """``train 50/100 (2.1 it/s) loss=0.31``."""
-    name = event.desc or event.name
-    count = f"{event.n}/{event.total}" if event.total is not None else f"{event.n}"
-    rate = f" ({event.rate:.3g} it/s)" if event.rate else ""
-    metrics = f" {format_metrics(event.metrics)}" if event.metrics else ""
-    done = " done" if event.done else ""
-    return f"{name} {count}{rate}{metrics}{done}"
+STALL_CHECK_S = 0.5  # how often ``tick`` looks for ranks that went quiet
 
 
 def parse_show_ranks(show_ranks: Any) -> set[int] | None:
-    """``"all"``/None -> None (every rank); ``0`` -> {0}; ``[0, 2]`` -> {0, 2}."""
+    """``"all"``/None -> None (every rank); ``0`` -> {0}; ``[0, 2]`` or ``"0,2"`` -> {0, 2}.
+
+    parse_show_ranks("0,2")   # {0, 2}
+    """
     if show_ranks is None or show_ranks == "all":
         return None
-    if isinstance(show_ranks, int):
-        return {show_ranks}
-    if isinstance(show_ranks, str):
-        return {int(x) for x in show_ranks.split(",") if x.strip()}
-    return {int(x) for x in show_ranks}
+    try:
+        if isinstance(show_ranks, bool):
+            raise TypeError
+        if isinstance(show_ranks, int):
+            return {show_ranks}
+        if isinstance(show_ranks, str):
+            return {int(x) for x in show_ranks.split(",") if x.strip()}
+        return {int(x) for x in show_ranks}
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"show_ranks={show_ranks!r} names no ranks; use 'all', a rank (0), a list ([0, 2]) or '0,2'"
+        ) from None
 
 
 class TextReporter:
-    """Rank-prefixed whole lines; progress at most once per ``progress_interval`` s per rank (plus the last)."""
+    """Rank-prefixed whole lines; progress at most once per ``progress_interval`` s per loop (plus the last).
+
+    Identical lines from several ranks are printed once (``[ranks 0,1] ...``); a rank silent for
+    ``stall_after`` seconds gets a "no progress for N s" line, repeated as the silence doubles.
+    """
 
     def __init__(
         self,
@@ -54,16 +57,21 @@ class TextReporter:
         err_stream: TextIO | None = None,
         show_ranks: Any = "all",
         progress_interval: float = 1.0,
+        stall_after: float = STALL_AFTER,
+        merge_window: float = MERGE_WINDOW_S,
     ) -> None:
         self._stream = stream
         self._err_stream = err_stream
         self.show = parse_show_ranks(show_ranks)
         self.progress_interval = progress_interval
+        self.stall_after = stall_after
+        self.merge_window = merge_window
         self.num_processes = 0
         self.info: dict[str, Any] = {}
         self._last_progress: dict[tuple[int, str], float] = {}
         self._lock = threading.Lock()
         self._failure_shown = False
+        self.start(1, {})
 
     # streams are looked up at write time: in Jupyter they belong to the cell running now
     @property
@@ -81,6 +89,11 @@ class TextReporter:
         self._failure_shown = False
         self.num_processes = num_processes
         self.info = dict(info)
+        self.state = LaunchProgress(num_processes, self.stall_after)
+        self.relay = OutputRelay(num_processes, self.show, self.merge_window, self._stream, self._err_stream)
+        self._last_progress.clear()
+        self._next_quiet_note: dict[int, float] = {}  # rank -> silence (s) at which to say so next
+        self._last_stall_check = 0.0
 
     def _write(self, stream: TextIO, text: str) -> None:
         with self._lock:
@@ -89,12 +102,9 @@ class TextReporter:
 
     def handle(self, event: Event) -> None:
         rank = event.rank
-        if isinstance(event, Log):
-            if not self.shown(rank):
-                return
-            prefix = f"[rank {rank}] "
-            text = "".join(prefix + line + "\n" for line in event.text.splitlines())
-            self._write(self.err if event.stream == "stderr" else self.out, text)
+        self.state.apply(event)
+        if isinstance(event, (Log, Dropped)):
+            self.relay.add(event)
         elif isinstance(event, Progress):
             if not self.shown(rank):
                 return
@@ -104,7 +114,8 @@ class TextReporter:
             if not final and now - self._last_progress.get(key, -1e9) < self.progress_interval:
                 return
             self._last_progress[key] = now
-            self._write(self.out, f"[rank {rank}] {format_progress(event)}\n")
+            line = format_progress_line(event.n, event.total, event.rate, event.metrics, event.desc or event.name)
+            self._write(self.out, f"[rank {rank}] {line}\n")
         elif isinstance(event, Metrics):
             if not self.shown(rank):
                 return
@@ -117,23 +128,45 @@ class TextReporter:
             self._write(self.out, f"[rank {rank}] {step}{format_metrics(event.values)}\n")
         elif isinstance(event, Failure):
             # one line as it happens; the traceback is shown once, in the LaunchError the cell raises
+            self.relay.flush()
             first = not self._failure_shown
             self._failure_shown = True
             then = ", stopping the other ranks" if first else ""
-            self._write(self.err, f"[rank {rank}] failed: {event.exc_type}: {event.message}{then}\n")
+            self._write(self.err, f"[rank {rank}] failed: {one_line(f'{event.exc_type}: {event.message}')}{then}\n")
         elif isinstance(event, Stacks):
-            text = f"[rank {rank}] Python stacks (hang watchdog):\n" + "".join(
+            why = "when stopped" if getattr(event, "reason", "hang") == "interrupt" else "hang watchdog"
+            text = f"[rank {rank}] Python stacks ({why}):\n" + "".join(
                 f"[rank {rank}]   {line}\n" for line in event.text.splitlines()
             )
             self._write(self.err, text)
-        elif isinstance(event, (Heartbeat, Phase, Result)):
+        elif isinstance(event, Heartbeat):
+            self.tick()
+        elif isinstance(event, (Phase, Result)):
             return
 
+    def tick(self) -> None:
+        """Write merged lines whose wait is over; say which ranks went quiet (called by the supervisor)."""
+        now = time.monotonic()
+        self.relay.tick(now)
+        if now - self._last_stall_check < STALL_CHECK_S:
+            return
+        self._last_stall_check = now
+        for rank, view in self.state.ranks.items():
+            quiet = view.quiet_for(now)
+            if view.finished or view.failed or not self.shown(rank) or quiet < self.stall_after:
+                self._next_quiet_note.pop(rank, None)
+                continue
+            if quiet >= self._next_quiet_note.get(rank, self.stall_after):
+                self._next_quiet_note[rank] = 2 * quiet  # again when the silence has doubled
+                self._write(self.err, f"[rank {rank}] {self.state.rank_line(rank, now, label=False)}\n")
+
     def finish(self, ok: bool, summary: str | None = None) -> None:
+        self.relay.finish()
+        self.state.finish(ok)
         if not ok and summary and not self._failure_shown:
             log_dir = self.info.get("log_dir")
             where = f" (full logs: {log_dir})" if log_dir else ""
-            self._write(self.err, f"[accel_nb] {summary}{where}\n")
+            self._write(self.err, f"[accel_nb] {one_line(summary)}{where}\n")
 
 
 class ListReporter:
@@ -165,22 +198,3 @@ class ListReporter:
             and (rank is None or e.rank == rank)
             and (stream is None or e.stream == stream)
         )
-
-
-class TeeReporter:
-    """Feeds several reporters (e.g. a widget plus a ListReporter)."""
-
-    def __init__(self, *reporters: Any) -> None:
-        self.reporters = reporters
-
-    def start(self, num_processes: int, info: dict[str, Any]) -> None:
-        for r in self.reporters:
-            r.start(num_processes, info)
-
-    def handle(self, event: Event) -> None:
-        for r in self.reporters:
-            r.handle(event)
-
-    def finish(self, ok: bool, summary: str | None = None) -> None:
-        for r in self.reporters:
-            r.finish(ok, summary)

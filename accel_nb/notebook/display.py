@@ -1,7 +1,7 @@
 """Pick how a launch shows itself: a live widget in a Jupyter kernel, plain text elsewhere.
 
     from accel_nb.notebook.display import make_reporter
-    reporter = make_reporter(2, desc="train")    # WidgetReporter in Jupyter, text otherwise
+    reporter = make_reporter(2, desc="train")    # WidgetReporter in Jupyter, TextReporter otherwise
     reporter.start(2, {"desc": "train"})
     reporter.handle(event); ...; reporter.finish(ok=True)
 
@@ -12,31 +12,22 @@ The choice can be forced with ``progress="widget" | "text"`` or the environment 
 from __future__ import annotations
 
 import os
-import sys
-import threading
 from typing import Any
+
+from ..launch.reporting import TextReporter
+from ..utils import in_ipython_kernel
 
 ENV_PROGRESS = "ACCEL_NB_PROGRESS"
 _MODES = ("auto", "widget", "text")
 
 
 def widget_frontend_available() -> bool:
-    """True inside a Jupyter kernel (ZMQInteractiveShell) where ipywidgets imports."""
-    ipython_mod = sys.modules.get("IPython")
-    if ipython_mod is None:  # IPython not even loaded: certainly no kernel
-        return False
-    try:
-        shell = ipython_mod.get_ipython()
-    except Exception:  # noqa: BLE001
-        return False
-    if shell is None:
-        return False
-    # a Jupyter kernel, or a subclass of its shell (Google Colab's derives from it)
-    if not any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__):
+    """True inside a Jupyter kernel (its shell or a subclass) where ipywidgets imports."""
+    if not in_ipython_kernel():
         return False
     try:
         import ipywidgets  # noqa: F401
-    except Exception:  # noqa: BLE001 - not installed / broken: fall back to text
+    except ImportError:  # not installed: text is what this kernel can show
         return False
     return True
 
@@ -76,60 +67,4 @@ def make_reporter(num_processes: int, progress: Any = None, **info: Any) -> Any:
         from .progress_widget import WidgetReporter
 
         return WidgetReporter(num_processes, **info)
-    return make_text_reporter(num_processes, **info)
-
-
-def make_text_reporter(num_processes: int, **info: Any) -> Any:
-    """The launcher's ``TextReporter`` when it exists, else a small built-in text reporter."""
-    try:
-        from accel_nb.launch.reporting import TextReporter  # the launcher's own
-    except ImportError:
-        return FallbackTextReporter(num_processes, **info)
-    try:
-        return TextReporter(**_accepted_kwargs(TextReporter, info))
-    except TypeError:
-        return TextReporter()
-
-
-def _accepted_kwargs(cls: Any, info: dict[str, Any]) -> dict[str, Any]:
-    import inspect
-
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return {}
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(info)
-    return {k: v for k, v in info.items() if k in params}
-
-
-class FallbackTextReporter:
-    """Events as whole, rank-prefixed text lines on stdout (used until/unless the launcher's exists)."""
-
-    def __init__(self, num_processes: int = 1, stream: Any = None, **info: Any) -> None:
-        from .progress_text import ProgressTextFormatter
-
-        self.num_processes = num_processes
-        self.info = dict(info)
-        self.stream = stream
-        self.formatter = ProgressTextFormatter()
-        self._lock = threading.Lock()
-
-    def _write(self, lines: list[str]) -> None:
-        if not lines:
-            return
-        stream = self.stream if self.stream is not None else sys.stdout
-        with self._lock:
-            stream.write("".join(line if line.endswith("\n") else line + "\n" for line in lines))
-            stream.flush()
-
-    def start(self, num_processes: int, info: dict[str, Any] | None = None) -> None:
-        self.num_processes = num_processes
-        self.info.update(info or {})
-        self.formatter.start(num_processes, self.info)
-
-    def handle(self, event: Any) -> None:
-        self._write(self.formatter.lines_for(event))
-
-    def finish(self, ok: bool, summary: str | None = None) -> None:
-        self._write(self.formatter.finish_lines(ok, summary))
+    return TextReporter(show_ranks=info.get("show_ranks", "all"))

@@ -1,9 +1,11 @@
 """One live ipywidgets view per launch: a bar per rank, an aggregate line, failures, log panes.
 
-Fed by the launcher's supervisor like any Reporter (``start`` / ``handle`` / ``finish``). Widget
-updates are coalesced: at most ``1 / min_interval`` syncs per second per launch (10 by default),
-whatever the number of events; a failure shows at once, and
-``finish`` always flushes the final state. When the launch ends, the output's ``text/plain``
+Fed by the launcher's supervisor like any Reporter (``start`` / ``handle`` / ``tick`` /
+``finish``), always from the thread that runs the launch: no thread of its own. Widget updates
+are coalesced: at most ``1 / min_interval`` syncs per second per launch (10 by default),
+whatever the number of events; a failure shows at once, and ``finish`` always flushes the final
+state. ``tick`` (a few times a second) keeps quiet ranks honest: "no progress for N s", a rate
+that decays, amber once ``stall_after`` passes. When the launch ends, the output's ``text/plain``
 becomes a per-rank summary, so executed and saved notebooks show the final state as text too.
 
     reporter = WidgetReporter(2, desc="train")
@@ -18,13 +20,13 @@ import html
 import sys
 import threading
 import time
-import weakref
 from typing import Any
 
-from accel_nb import events as ev
-from accel_nb.progress import format_duration, format_metrics, format_rate
-
-from .progress_text import LaunchProgress
+from .. import events as ev
+from ..launch.launch_progress import QUIET_AFTER, LaunchProgress
+from ..launch.output_lines import OutputRelay
+from ..launch.reporting import parse_show_ranks
+from ..progress_format import format_duration, format_metrics, format_rate, one_line, plural
 
 STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "starting": ("", "#757575"),
@@ -81,10 +83,8 @@ class WidgetReporter:
         self._started = False
         self._finished = False
         self._display_handle: Any = None
-        self._ticker: threading.Thread | None = None
-        self._last_event = time.monotonic()
-        self._shown_statuses: dict[int, str] = {}
-        self._stop = threading.Event()
+        self._shown_rows: dict[int, tuple[str, str]] = {}  # rank -> (status, info html) last synced
+        self.relay = OutputRelay(self.num_processes, parse_show_ranks(info.get("show_ranks", "all")))
 
     # -- Reporter protocol -------------------------------------------------------------------
     def start(self, num_processes: int | None = None, info: dict[str, Any] | None = None) -> None:
@@ -97,33 +97,24 @@ class WidgetReporter:
                 self.num_processes = max(int(num_processes), 1)
             self.info.update({k: v for k, v in (info or {}).items() if v is not None})
             self.state = LaunchProgress(self.num_processes, self.stall_after)
+            self.relay = OutputRelay(self.num_processes, parse_show_ranks(self.info.get("show_ranks", "all")))
             self._build()
             self._flush_locked(force=True)
         if self.display:
             self._show()
-        with self._lock:
-            self._ensure_ticker()
-
-    def _ensure_ticker(self) -> None:
-        """Run the background flusher while events flow (caller holds the lock)."""
-        if self._ticker is None and not self._finished:
-            self._ticker = threading.Thread(
-                target=_tick,
-                args=(weakref.ref(self), self._stop),
-                daemon=True,
-                name="accel_nb-progress-widget",
-            )
-            self._ticker.start()
 
     def handle(self, event: Any) -> None:
         """Fold one event in; sync the widgets if ``min_interval`` passed (a failure: at once)."""
         if not self._started:
             self.start(self.num_processes, None)
-        if self.echo_logs and isinstance(event, ev.Log):
-            self._echo(event)
+        if self.echo_logs and isinstance(event, (ev.Log, ev.Dropped)):
+            self.relay.add(event)
+        if isinstance(event, ev.Heartbeat):
+            self.tick()
+            return
+        if isinstance(event, ev.Failure) and self.echo_logs:
+            self.relay.flush()  # the failing rank's last lines before its failure
         with self._lock:
-            self._last_event = time.monotonic()
-            self._ensure_ticker()
             self.state.apply(event)
             failure = isinstance(event, ev.Failure)
             if failure:
@@ -138,7 +129,8 @@ class WidgetReporter:
         """Show the final state (always flushed) and leave a text summary in the output."""
         if not self._started:
             self.start(self.num_processes, None)
-        self._stop.set()
+        if self.echo_logs:
+            self.relay.finish()
         with self._lock:
             if self._finished:
                 return
@@ -217,8 +209,7 @@ class WidgetReporter:
         for key in ("title", "desc"):
             if self.info.get(key):
                 bits.append(_esc(self.info[key]))
-        n = self.num_processes
-        bits.append(f"{n} process{'es' if n != 1 else ''}")
+        bits.append(plural(self.num_processes, "process"))
         for key in ("launch_id", "start_method"):  # log_dir: shown with a failure (kept only then)
             if self.info.get(key):
                 bits.append(f"{key.replace('_', ' ')}: <code>{_esc(self.info[key])}</code>")
@@ -237,6 +228,11 @@ class WidgetReporter:
             elif stream == "stacks":
                 text = f"<span style='color:#6d4c41'>{text}</span>"
             out.append(text)
+        if v.dropped:  # one running note per rank, however long the flood
+            out.append(
+                f"<i style='color:#ef6c00'>[{plural(v.dropped, 'line')} dropped so far (too fast to show); "
+                "the launch's log files have them all]</i>"
+            )
         skipped = v.log_count - len(lines)
         head = (
             f"<i style='color:#757575'>... {skipped} earlier lines (full log in the launch's log files)</i>\n"
@@ -250,8 +246,9 @@ class WidgetReporter:
             + "</pre>"
         )
 
-    def _info_html(self, rank: int) -> str:
+    def _info_html(self, rank: int, now: float | None = None) -> str:
         v = self.state.ranks[rank]
+        now = self.state.clock(now)
         bits = []
         if v.seen_progress:
             for other in v.open_loops():  # e.g. the epoch loop around the step loop drawn in the bar
@@ -259,14 +256,19 @@ class WidgetReporter:
             name = v.desc or v.name
             count = f"{v.n}/{v.total}" if v.total else f"{v.n} it"
             bits.append(f"{_esc(name)} <b>{count}</b>" if name else f"<b>{count}</b>")
-            bits.append(format_rate(v.rate))
+            bits.append(format_rate(v.rate_now(now)))
             if v.total and not (v.failed or v.finished or v.loop_done or self.state.ended):
-                bits.append(f"ETA {format_duration(v.eta())}")
+                bits.append(f"ETA {format_duration(v.eta(now))}")
+        quiet = v.quiet_note(now, min(QUIET_AFTER, self.stall_after))
+        if quiet:
+            bits.append(f"<span style='color:#ef6c00;font-weight:600'>{_esc(quiet)}</span>")
         metrics = format_metrics(v.metrics)
         if metrics:
             bits.append(f"<code>{_esc(metrics)}</code>")
         if v.logged:
             bits.append(f"<code>{_esc(v.logged_text())}</code>")
+        if v.dropped:
+            bits.append(f"<i>{plural(v.dropped, 'output line')} dropped</i>")
         return " &middot; ".join(bits)
 
     def _status_html(self, rank: int, status: str) -> str:
@@ -292,7 +294,7 @@ class WidgetReporter:
             message = str(v.message or "")
             if len(message) > 300:
                 message = message[:300] + " ..."
-            head = f"rank {v.rank} failed: {_esc(v.exc_type)}: {_esc(message)}"
+            head = f"rank {v.rank} failed: {_esc(one_line(f'{v.exc_type}: {message}'))}"
             body = _esc((v.traceback or "").rstrip())
             if i == 0:  # the first failure, in full: usually the cause
                 parts.append(f"<div style='color:#c62828;font-weight:600'>{head}</div>{pre}{body}</pre>")
@@ -318,10 +320,12 @@ class WidgetReporter:
         if self.failure_box is None:
             return
         stacks = any(stream == "stacks" for v in self.state.ranks.values() for stream, _ in v.logs)
-        hint = " Each rank's Python stack is in its output pane." if stacks else ""
+        text = one_line(summary)
+        if stacks:
+            text = text.rstrip(".") + ". Each rank's Python stack is in its output pane."
         self.failure_box.value = (
             "<div style='border-left:4px solid #6d4c41;padding-left:8px;color:#6d4c41;font-weight:600'>"
-            f"{_esc(summary)}{_esc(hint)}</div>"
+            f"{_esc(text)}</div>"
         )
         self.failure_box.layout.display = None
 
@@ -331,10 +335,11 @@ class WidgetReporter:
             return
         now = time.monotonic() if now is None else now
         self._add_missing_rows()
-        self._shown_statuses = {}
         for r in sorted(self.state.ranks):
             v = self.state.ranks[r]
-            status = self._shown_statuses[r] = self.state.status(r, now)
+            status = self.state.status(r, now)
+            info = self._info_html(r, now)
+            self._shown_rows[r] = (status, info)
             bar = self.bars[r]
             with bar.hold_sync():
                 if v.total:
@@ -345,7 +350,7 @@ class WidgetReporter:
                     bar.max, bar.value = 1, 1
                 bar.bar_style = STATUS_STYLE.get(status, ("info", ""))[0]
             self.statuses[r].value = self._status_html(r, status)
-            self.infos[r].value = self._info_html(r)
+            self.infos[r].value = info
         self.aggregate.value = f"<span style='color:#424242'>{_esc(self.state.aggregate_line(now))}</span>"
         if force or now - self._last_pane_flush >= PANE_INTERVAL:
             self._last_pane_flush = now
@@ -370,54 +375,33 @@ class WidgetReporter:
         self._last_flush = now
         self.flushes += 1
 
-    def _tick_once(self) -> bool:
-        """Ticker body: flush pending updates, show ranks that went quiet (stalled).
+    def tick(self) -> None:
+        """Flush pending updates and redraw rows whose quiet time, rate or status moved on.
 
-        Returns False when the ticker may stop: the launch finished, or no event came for longer
-        than it takes a rank to look stalled (``handle`` starts a new ticker when events resume).
+        Called by the supervisor a few times a second (and on heartbeats), from the launch's thread.
         """
+        if self.echo_logs:
+            self.relay.tick()
         with self._lock:
             if self._finished or self.widget is None:
-                self._ticker = None
-                return False
+                return
             now = time.monotonic()
-            if now - self._last_flush >= self.min_interval:
-                statuses = {r: self.state.status(r, now) for r in self.state.ranks}
-                if self._dirty or statuses != self._shown_statuses:
+            if now - self._last_flush < self.min_interval:
+                return
+            try:
+                if self._dirty or any(
+                    self._shown_rows.get(r) != (self.state.status(r, now), self._info_html(r, now))
+                    for r in self.state.ranks
+                ):
                     self._flush_locked(now=now)
-            if self._dirty or now - self._last_event < self.stall_after + 1.0:
-                return True
-            self._ticker = None
-            return False
+            except Exception as exc:  # noqa: BLE001 - a display problem must never break the launch
+                self._dirty = False
+                print(f"[accel_nb] the progress widget could not update: {exc}", file=sys.stderr)
 
     # -- text ----------------------------------------------------------------------------------
-    def _shown(self, rank: int) -> bool:
-        """Whether ``show_ranks`` (from the launcher: "all", a rank, or a list) includes ``rank``."""
-        show = self.info.get("show_ranks", "all")
-        if show is None or show == "all":
-            return True
-        if isinstance(show, int):
-            return rank == show
-        if isinstance(show, str):
-            return str(rank) in {x.strip() for x in show.split(",")}
-        return rank in {int(x) for x in show}
-
-    def _echo(self, event: Any) -> None:
-        """Relay a rank's output into the cell as whole, rank-prefixed lines (ranks in ``show_ranks``)."""
-        if not self._shown(event.rank):
-            return
-        stream = sys.stderr if event.stream == "stderr" else sys.stdout
-        text = "".join(f"[rank {event.rank}] {line}\n" for line in event.text.splitlines())
-        if text:
-            try:
-                stream.write(text)
-                stream.flush()
-            except (ValueError, OSError):
-                pass
-
     def _plain_running(self) -> str:
         desc = self.info.get("desc") or self.info.get("title")
-        head = f"accel_nb launch{': ' + str(desc) if desc else ''} ({self.num_processes} processes)"
+        head = f"accel_nb launch{': ' + str(desc) if desc else ''} ({plural(self.num_processes, 'process')})"
         return head + " - live progress widget (run in Jupyter with ipywidgets to see it)"
 
     def summary_text(self, ok: bool | None = None, summary: str | None = None) -> str:
@@ -437,19 +421,3 @@ class WidgetReporter:
         if self.display:
             print(text)
 
-
-def _tick(ref: Any, stop: threading.Event) -> None:
-    """Background flusher: at most every ``min_interval``, while events flow and until the launch finishes."""
-    while not stop.wait(0.1):
-        reporter = ref()
-        if reporter is None:
-            return
-        try:
-            keep_going = reporter._tick_once()
-        except Exception:  # noqa: BLE001 - a display problem must never break the launch
-            with reporter._lock:
-                reporter._ticker = None  # the next event starts a fresh ticker
-            keep_going = False
-        del reporter
-        if not keep_going:
-            return

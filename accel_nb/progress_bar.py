@@ -1,4 +1,4 @@
-"""``progress(iterable)``: a tqdm-like loop wrapper that reports to the launching notebook.
+"""``accel_nb.progress(iterable)``: a tqdm-like loop wrapper that reports to the launching notebook.
 
 Inside a launch each rank sends throttled :class:`~accel_nb.events.Progress` events (at most
 about 10 a second per loop, always the first and the last one) that the parent draws as one
@@ -17,90 +17,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-import types
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
 from . import events as _events
+from .progress_format import format_progress_line, plain_value
+from .utils import in_ipython_kernel
 
 DEFAULT_INTERVAL = 0.1  # seconds between two updates sent from one rank (<= 10 per second)
 _TEXT_INTERVAL = 0.1  # seconds between two redraws of the terminal bar (a TTY)
 _LOG_INTERVAL = 10.0  # seconds between two whole-line updates when stderr is not a TTY
-
-
-# ----------------------------------------------------------------------------- formatting
-def format_duration(seconds: float | None) -> str:
-    """``75.2`` -> ``"1:15"``, ``3725`` -> ``"1:02:05"``; ``None`` or negative -> ``"?"``."""
-    if seconds is None or seconds != seconds or seconds < 0 or seconds == float("inf"):
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_rate(rate: float | None, unit: str = "it") -> str:
-    """Steps per second, readable: ``1234.5`` -> ``"1234 it/s"``, ``0.2`` -> ``"5.00 s/it"``."""
-    if not rate or rate <= 0:
-        return f"? {unit}/s"
-    if rate >= 100:
-        return f"{rate:.0f} {unit}/s"
-    if rate >= 1:
-        return f"{rate:.1f} {unit}/s"
-    return f"{1.0 / rate:.2f} s/{unit}"
-
-
-def format_value(value: Any) -> str:
-    """A metric value, short: floats with 4 significant digits, anything else with ``str``."""
-    value = _plain(value)
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
-def format_metrics(metrics: Mapping[str, Any] | None) -> str:
-    """``{"loss": 0.123456, "lr": 1e-3}`` -> ``"loss=0.1235 lr=0.001"``."""
-    if not metrics:
-        return ""
-    return " ".join(f"{k}={format_value(v)}" for k, v in metrics.items())
-
-
-def eta_seconds(n: int, total: int | None, rate: float | None) -> float | None:
-    """Seconds left at ``rate`` steps/s, or ``None`` when it cannot be known."""
-    if total is None or not rate or rate <= 0:
-        return None
-    return max(total - n, 0) / rate
-
-
-def format_progress_line(
-    n: int,
-    total: int | None,
-    rate: float | None = None,
-    metrics: Mapping[str, Any] | None = None,
-    desc: str | None = None,
-    width: int = 20,
-    elapsed: float | None = None,
-) -> str:
-    """One line of text for a loop: ``"train  45%|#########           | 45/100 [12.0 it/s, ETA 0:04] loss=0.3"``."""
-    parts = []
-    if desc:
-        parts.append(f"{desc}:")
-    if total:
-        frac = min(max(n / total, 0.0), 1.0)
-        filled = int(frac * width)
-        parts.append(f"{frac * 100:3.0f}%|{'#' * filled}{' ' * (width - filled)}| {n}/{total}")
-    else:
-        parts.append(f"{n} it")
-    stats = [format_rate(rate)]
-    if elapsed is not None:
-        stats.insert(0, format_duration(elapsed))
-    if total and n < total:
-        stats.append(f"ETA {format_duration(eta_seconds(n, total, rate))}")
-    parts.append(f"[{', '.join(stats)}]")
-    text = format_metrics(metrics)
-    if text:
-        parts.append(text)
-    return " ".join(parts)
 
 
 # ----------------------------------------------------------------------------- the bar
@@ -160,7 +86,7 @@ class ProgressBar:
         self._tty = False
         if not self._in_launch and not disable:
             stream = file if file is not None else sys.stderr
-            self._tty = bool(getattr(stream, "isatty", lambda: False)()) or _in_ipython_kernel()
+            self._tty = bool(getattr(stream, "isatty", lambda: False)()) or in_ipython_kernel()
         self._start = time.monotonic()
         self._last_time = self._start  # when the last update was sent / drawn
         self._last_n = 0
@@ -283,7 +209,7 @@ class ProgressBar:
                     name=self.name,
                     n=self.n,
                     total=self.total,
-                    metrics={k: _plain(v) for k, v in self.metrics.items()},
+                    metrics={k: plain_value(v) for k, v in self.metrics.items()},
                     desc=self.desc,
                     rate=self._rate,
                     done=done,
@@ -311,30 +237,6 @@ class ProgressBar:
             pass
 
 
-def _plain(value: Any) -> Any:
-    """Tensors / numpy scalars -> Python numbers, so events pickle small and print well."""
-    item = getattr(value, "item", None)
-    if item is not None and getattr(value, "ndim", 0) == 0:
-        try:
-            return item()
-        except Exception:  # noqa: BLE001 - keep the value as it is
-            return value
-    return value
-
-
-def _in_ipython_kernel() -> bool:
-    """True in a Jupyter kernel, where ``\\r`` redraws work on stderr (checked without importing IPython)."""
-    ipython_mod = sys.modules.get("IPython")
-    if ipython_mod is None:
-        return False
-    try:
-        shell = ipython_mod.get_ipython()
-    except Exception:  # noqa: BLE001
-        return False
-    # a subclass counts too (Google Colab's shell derives from ZMQInteractiveShell)
-    return shell is not None and any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__)
-
-
 def progress(
     iterable: Iterable[Any] | None = None,
     desc: str | None = None,
@@ -355,13 +257,3 @@ def progress(
             bar.update(10)
     """
     return ProgressBar(iterable, desc=desc, total=total, name=name, every=every, **kwargs)
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``accel_nb.progress(...)`` work even after ``import accel_nb.progress`` bound the module."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> ProgressBar:
-        return progress(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -1,8 +1,13 @@
-"""What the parent knows about each rank of a launch, and how to say it in whole text lines.
+"""What the parent knows about each rank of a launch: status, loop position, rate, quiet time.
 
 :class:`LaunchProgress` folds the events of one launch into a per-rank view (status, loop
-position, rate, ETA, latest metrics, failure, recent log lines); the widget draws it and
-:class:`ProgressTextFormatter` turns it into rank-prefixed lines for terminals, nbconvert and CI.
+position, rate, ETA, latest metrics, failure, recent log lines). The widget draws it, the text
+reporter reads its quiet times, and both leave its :meth:`~LaunchProgress.summary_lines`.
+
+A rank that stops sending events is not frozen at its last numbers: :meth:`RankView.quiet_for`
+counts the seconds since it last did anything, the shown rate decays once a step is overdue
+(a loop that made no step in ``q`` seconds runs at most at ``1/q`` steps a second), and after
+``stall_after`` seconds a rank that had shown progress reads ``stalled``.
 
     state = LaunchProgress(2)
     state.apply(Progress(rank=0, name="train", n=5, total=10))
@@ -16,16 +21,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from accel_nb import events as ev
-from accel_nb.progress import (
+from .. import events as ev
+from ..progress_format import (
     eta_seconds,
     format_duration,
     format_metrics,
     format_progress_line,
     format_rate,
+    one_line,
+    plural,
 )
 
 STALL_AFTER = 30.0  # seconds without any event from a running rank that showed progress
+QUIET_AFTER = 5.0  # seconds of silence after which a running rank's row says "no progress for N s"
 LOG_LINES_KEPT = 500  # per rank, for the log panes (full logs live in the launcher's files)
 
 
@@ -49,18 +57,48 @@ class RankView:
     exc_type: str | None = None
     message: str | None = None
     traceback: str | None = None
-    last_event: float = field(default_factory=time.monotonic)
+    last_event: float = field(default_factory=time.monotonic)  # any event but a heartbeat
     seen_progress: bool = False
+    dropped: int = 0  # output lines not shown (too fast); the rank's log file has them
     loops: dict[str, tuple[int, int | None, str, bool]] = field(
         default_factory=dict
     )  # name -> n, total, label, done
     logs: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES_KEPT))
     log_count: int = 0
 
-    def eta(self) -> float | None:
+    def quiet_for(self, now: float) -> float:
+        """Seconds since this rank last sent anything but a heartbeat."""
+        return max(now - self.last_event, 0.0)
+
+    def rate_now(self, now: float | None = None) -> float | None:
+        """The loop's rate, decayed once a step is overdue: no step in ``q`` s means at most ``1/q`` it/s.
+
+        Steps are reported at least every ~0.1 s while they happen, so silence past twice the
+        expected time between two reports (at least 1 s) is taken as "no step since".
+        """
+        rate = self.rate
+        if not rate or rate <= 0 or now is None or self.finished or self.failed:
+            return rate
+        grace = max(2.0 / rate, 1.0)
+        quiet = self.quiet_for(now)
+        return rate if quiet <= grace else rate * grace / quiet
+
+    def eta(self, now: float | None = None) -> float | None:
         if self.finished or self.loop_done:
             return 0.0 if self.total else None
-        return eta_seconds(self.n, self.total, self.rate)
+        return eta_seconds(self.n, self.total, self.rate_now(now))
+
+    def quiet_note(self, now: float, quiet_after: float = QUIET_AFTER) -> str | None:
+        """``"no progress for 42 s"`` when a running rank has been silent a while, else ``None``."""
+        if self.finished or self.failed:
+            return None
+        if self.rate and not self.loop_done:
+            quiet_after = max(quiet_after, 3.0 / self.rate)  # a slow step is not silence
+        quiet = self.quiet_for(now)
+        if quiet < quiet_after:
+            return None
+        what = "progress" if self.seen_progress else "output"
+        return f"no {what} for {format_duration(quiet) if quiet >= 60 else f'{quiet:.0f} s'}"
 
     def open_loops(self) -> list[str]:
         """The other loops of this rank still running (an outer epoch loop...), as ``"epoch 2/3"``."""
@@ -144,8 +182,12 @@ class LaunchProgress:
             if self.first_failure is None:
                 self.first_failure = v.rank
             v.last_event = now
+        elif isinstance(event, ev.Dropped):
+            v.dropped = max(v.dropped, event.count)
+            v.last_event = now
         elif isinstance(event, ev.Stacks):
-            lines = ["--- Python stacks (hang watchdog) ---", *event.text.splitlines()]
+            why = "when stopped" if getattr(event, "reason", "hang") == "interrupt" else "hang watchdog"
+            lines = [f"--- Python stacks ({why}) ---", *event.text.splitlines()]
             for line in lines:
                 v.logs.append(("stacks", line))
             v.log_count += len(lines)
@@ -174,118 +216,67 @@ class LaunchProgress:
             return "stalled"
         return v.phase
 
+    def clock(self, now: float | None = None) -> float:
+        """The time a view is drawn for: ``now``, or the end of the launch once it ended."""
+        if self.ended is not None:
+            return self.ended
+        return time.monotonic() if now is None else now
+
     def elapsed(self) -> float:
         return (self.ended or time.monotonic()) - self.started
 
     # -- text ------------------------------------------------------------------------------
-    def rank_line(self, rank: int, now: float | None = None) -> str:
-        """``"rank 0  done     train 100%|####| 100/100 [2300 it/s, ETA 0:00] loss=0.1"``."""
+    def rank_line(self, rank: int, now: float | None = None, label: bool = True) -> str:
+        """``"rank 0 done     train: 100%|####| 100/100 [2300 it/s] loss=0.1"``, always one line."""
         v = self.ranks[rank]
+        now = self.clock(now)
         status = self.status(rank, now)
-        parts = [f"rank {rank}", f"{status:<8}"]
+        parts = [f"rank {rank}", f"{status:<8}"] if label else [status]
         if v.seen_progress:
-            parts.append(format_progress_line(v.n, v.total, v.rate, None, v.desc or v.name))
+            parts.append(format_progress_line(v.n, v.total, v.rate_now(now), None, v.desc or v.name))
+        quiet = v.quiet_note(now, min(QUIET_AFTER, self.stall_after))
+        if quiet:
+            parts.append(f"({quiet})")
         metrics = format_metrics(v.metrics)
         if metrics:
             parts.append(metrics)
         if v.logged:
             parts.append(v.logged_text())
         if v.failed:
-            parts.append(f"{v.exc_type}: {v.message}")
+            parts.append(one_line(f"{v.exc_type}: {v.message}"))
+        if v.dropped:
+            parts.append(f"[{plural(v.dropped, 'output line')} dropped]")
         return " ".join(parts)
 
     def aggregate_line(self, now: float | None = None) -> str:
         """``"2 ranks: 1 running, 1 done | 4500 it/s total | slowest ETA 0:12 | elapsed 0:03"``."""
-        now = time.monotonic() if now is None else now
+        now = self.clock(now)
         counts: dict[str, int] = {}
         for r in self.ranks:
             s = self.status(r, now)
             counts[s] = counts.get(s, 0) + 1
         parts = [f"{len(self.ranks)} ranks: " + ", ".join(f"{c} {s}" for s, c in counts.items())]
         running = [v for v in self.ranks.values() if not v.finished and not v.failed and v.seen_progress]
-        rates = [v.rate for v in running if v.rate]
+        rates = [rate for rate in (v.rate_now(now) for v in running) if rate]
         if rates:
             parts.append(f"{format_rate(sum(rates))} total")
-        etas = [v.eta() for v in running]
+        etas = [v.eta(now) for v in running]
         if etas and all(e is not None for e in etas):
             parts.append(f"slowest ETA {format_duration(max(etas))}")  # type: ignore[type-var]
         parts.append(f"elapsed {format_duration(self.elapsed())}")
         return " | ".join(parts)
 
     def summary_lines(self, ok: bool | None = None, summary: str | None = None) -> list[str]:
-        """The final state in a few lines (kept in saved notebooks, printed in text mode)."""
+        """The final state in a few lines (kept in saved notebooks, printed in text mode).
+
+        ``summary`` (the launcher's one-line verdict) is added only when no rank row already
+        says it: a failing rank's row carries its error; an interrupt or a hang has no such row.
+        """
         ok = self.ok if ok is None else ok
         word = "finished" if ok else "failed"
-        head = f"accel_nb launch {word}: {self.num_processes} process{'es' if self.num_processes != 1 else ''} in {format_duration(self.elapsed())}"
+        head = f"accel_nb launch {word}: {plural(self.num_processes, 'process')} in {format_duration(self.elapsed())}"
         lines = [head]
         lines += ["  " + self.rank_line(r) for r in sorted(self.ranks)]
-        if summary:
-            lines.append("  " + summary.strip())
+        if summary and not any(v.failed for v in self.ranks.values()):
+            lines.append("  " + one_line(summary))
         return lines
-
-
-class ProgressTextFormatter:
-    """Turns events into whole, rank-prefixed text lines; progress lines are throttled.
-
-    A loop's line is printed when it starts, when it ends, and at most every ``interval`` seconds
-    in between, so a 100k-step loop writes a handful of lines, never partial ones.
-
-        fmt = ProgressTextFormatter(interval=5)
-        fmt.start(2, {})
-        for line in fmt.lines_for(event): print(line)
-    """
-
-    def __init__(self, interval: float = 5.0, show_logs: bool = True) -> None:
-        self.interval = interval
-        self.show_logs = show_logs
-        self.state = LaunchProgress(1)
-        self._last_line: dict[tuple[int, str], float] = {}
-        self._last_metrics: dict[int, float] = {}
-
-    def start(self, num_processes: int, info: dict[str, Any] | None = None) -> None:
-        self.state = LaunchProgress(num_processes)
-        self._last_line.clear()
-        self._last_metrics.clear()
-
-    @staticmethod
-    def prefix(rank: int) -> str:
-        return f"[rank {rank}] "
-
-    def lines_for(self, event: Any) -> list[str]:
-        """The lines to print for ``event`` now (often none: throttled)."""
-        self.state.apply(event)
-        rank = getattr(event, "rank", 0)
-        p = self.prefix(rank)
-        now = time.monotonic()
-        if isinstance(event, ev.Progress):
-            key = (rank, event.name)
-            last = self._last_line.get(key)
-            if event.done or last is None or now - last >= self.interval:
-                self._last_line[key] = now
-                line = format_progress_line(
-                    event.n, event.total, event.rate, event.metrics, event.desc or event.name
-                )
-                return [p + line]
-            return []
-        if isinstance(event, ev.Metrics):
-            last = self._last_metrics.get(rank)
-            if last is None or now - last >= self.interval:
-                self._last_metrics[rank] = now
-                step = f"step {event.step}: " if event.step is not None else ""
-                return [p + step + format_metrics(event.values)]
-            return []
-        if isinstance(event, ev.Log):
-            if not self.show_logs:
-                return []
-            return [p + line for line in event.text.splitlines()]
-        if isinstance(event, ev.Failure):
-            lines = [f"{p}FAILED: {event.exc_type}: {event.message}"]
-            lines += [p + line for line in (event.traceback or "").rstrip("\n").splitlines()]
-            return lines
-        if isinstance(event, ev.Stacks):
-            return [p + "stack:"] + [p + line for line in event.text.rstrip("\n").splitlines()]
-        return []
-
-    def finish_lines(self, ok: bool, summary: str | None = None) -> list[str]:
-        self.state.finish(ok)
-        return self.state.summary_lines(ok, summary)
