@@ -145,3 +145,67 @@ def __getattr__(name: str) -> object:
     value = getattr(importlib.import_module(module, __package__), name)
     globals()[name] = value
     return value
+
+
+def wait_for_everyone() -> None:
+    """Block until every process of the run reaches this line (nothing to wait for in one process).
+
+    wait_for_everyone()
+    """
+    from .state import PartialState
+
+    PartialState().wait_for_everyone()
+
+
+# The reference library's ``utils`` module path: each name is the one implementation elsewhere in
+# accel_nb, imported on first use (``import accel_nb.utils`` stays light).
+_REFERENCE_PATHS: dict[str, str] = {
+    **dict.fromkeys(["DistributedType", "PartialState", "AcceleratorState", "GradientState"], ".state"),
+    **dict.fromkeys(
+        [
+            "gather", "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes",
+            "send_to_device", "recursively_apply",
+        ],
+        ".ops",
+    ),
+    "ProjectConfiguration": ".checkpoint",
+    "DataLoaderConfiguration": ".data",
+    **dict.fromkeys(
+        [
+            "AutocastKwargs", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "GradScalerKwargs",
+            "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs",
+        ],
+        ".kwargs_handlers",
+    ),
+    **dict.fromkeys(
+        ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"], ".memory"
+    ),
+    **dict.fromkeys(["patch_environment", "clear_environment"], ".environment"),
+    **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], ".random_sync"),
+    **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], ".unwrap"),
+    **dict.fromkeys(
+        [
+            "find_tied_parameters", "get_state_dict_offloaded_model", "load_state_dict", "named_module_tensors",
+            "set_module_tensor_to_device",
+        ],
+        ".modeling",
+    ),
+    **dict.fromkeys(
+        [
+            "check_device_map", "compute_module_sizes", "get_balanced_memory", "get_max_memory",
+            "infer_auto_device_map", "load_checkpoint_in_model",
+        ],
+        ".big_model",
+    ),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    module = _REFERENCE_PATHS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'accel_nb.utils' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __package__), name)
+    globals()[name] = value
+    return value
