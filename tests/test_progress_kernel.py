@@ -204,3 +204,34 @@ def test_executed_notebook_keeps_the_final_state(tmp_path):
     )
     bars = [m["state"] for m in state.values() if m.get("model_name") == "IntProgressModel"]
     assert len(bars) == 2 and all(b["value"] == STEPS and b["bar_style"] == "success" for b in bars)
+
+
+TQDM_CELL = """
+import tqdm.auto  # in a kernel: the ipywidgets bar of tqdm.notebook
+from accel_nb import notebook_launcher
+
+def with_library_bars():
+    import time
+    for _ in tqdm.auto.tqdm(range(50), desc="tokenize"):
+        time.sleep(0.002)
+    return 0
+
+notebook_launcher(with_library_bars, num_processes=2, cpu=True)
+"""
+
+
+def test_library_tqdm_bars_become_each_ranks_row_and_never_touch_the_kernel(kernel):
+    """Issue 15.2: tqdm.auto in a forked rank reports 50/50 per rank; no widget or message from the fork."""
+    out = kernel.run(TQDM_CELL, timeout=180)
+    assert out.error is None, out.traceback
+    everything = repr(out.messages)
+    assert "from fork" not in everything, "a rank wrote to the kernel's sockets"
+    assert "tokenize" not in out.stderr, "no tqdm text bars printed by the ranks"
+    bars = _models(out, "IntProgressModel")
+    assert len(bars) == 2, "only accel_nb's bars: one per rank (tqdm made no widget of its own)"
+    htmls = [_final(s, _updates(out, cid)).get("value", "") for cid, s in _models(out, "HTMLModel")]
+    rows = [t for t in htmls if "tokenize" in t and "<b>" in t]
+    assert len(rows) == 2 and all("50/50" in t for t in rows), rows
+    for comm_id, opening in bars:
+        final = _final(opening, _updates(out, comm_id))
+        assert final["value"] == 50 and final["max"] == 50

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
 from .. import events
+from . import tqdm_bridge
 from .capture import OutputCapture
 from .channel import ChannelClosed, EventWriter, encode_event
 
@@ -231,6 +232,7 @@ class WorkerRuntime:
         if spec.forked:
             _detach_from_kernel()
         events.set_event_sink(self._send)
+        tqdm_bridge.install()  # library tqdm bars -> this rank's progress row, not the kernel's sockets
         threading.Thread(target=self._heartbeat, name="accel_nb-heartbeat", daemon=True).start()
         self._send(events.Phase(rank=self.rank, phase="started"))
 
