@@ -92,8 +92,8 @@ def _check_call(function: Callable[..., Any], args: tuple, kwargs: dict) -> None
         return
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     takes_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
-    if not takes_varargs and len(args) >= len(positional):
-        shown = ", ".join(f"{p.name}={a!r}" for p, a in zip(positional[1:], args[1:], strict=False))
+    if not takes_varargs and len(args) > len(positional):  # args = (batch size, *the caller's args)
+        shown = ", ".join(f"{p.name}={a!r}" for p, a in zip(positional[1:], args[2:], strict=False))
         raise TypeError(
             f"{name}() was called with the batch size as its first argument; find_executable_batch_size "
             f"passes it: call {name}({shown}) instead"
@@ -108,7 +108,7 @@ def find_executable_batch_size(
     """Call ``function(batch_size, ...)``, retrying with a smaller batch after out-of-memory errors.
 
     The first attempt uses ``starting_batch_size``; after each out-of-memory error (see
-    :func:`should_reduce_batch_size`) memory is released and the batch size becomes
+    ``should_reduce_batch_size``) memory is released and the batch size becomes
     ``int(0.9 * batch_size)`` (or ``reduce_batch_size_fn()``). Other errors propagate; reaching 0
     raises ``RuntimeError``.
 
