@@ -235,3 +235,43 @@ def test_library_tqdm_bars_become_each_ranks_row_and_never_touch_the_kernel(kern
     for comm_id, opening in bars:
         final = _final(opening, _updates(out, comm_id))
         assert final["value"] == 50 and final["max"] == 50
+
+
+STUCK_CELL = """
+from accel_nb import notebook_launcher, progress
+
+def one_rank_sleeps():
+    import os, time
+    import torch
+    import torch.distributed as dist
+    from accel_nb import PartialState
+    PartialState()
+    for _ in progress(range(50), desc="train"):
+        time.sleep(0.01)
+    if os.environ["RANK"] == "1":
+        time.sleep(8)  # rank 0 waits in all_reduce meanwhile
+    dist.all_reduce(torch.ones(1))
+    return 0
+
+notebook_launcher(one_rank_sleeps, num_processes=2, cpu=True)
+"""
+
+
+def test_stuck_ranks_say_how_long_they_have_been_quiet_while_it_lasts(kernel):
+    """Issue 15.3: rows of quiet ranks move on without events: 'no progress for N s', a rate that decays."""
+    out = kernel.run(STUCK_CELL, timeout=180)
+    assert out.error is None, out.traceback
+    infos = []  # every value the rank rows' detail cells showed, in order
+    for comm_id, opening in _models(out, "HTMLModel"):
+        values = [opening.get("value", "")] + [u["value"] for u in _updates(out, comm_id) if "value" in u]
+        if any("train" in v and "<b>" in v for v in values):
+            infos.append(values)
+    assert len(infos) == 2
+    for values in infos:
+        quiet = [v for v in values if "no progress for" in v]
+        assert quiet, "each rank's row said it was quiet while rank 1 slept"
+        counts = [int(m) for v in quiet for m in re.findall(r"no progress for (\d+) s", v)]
+        assert len(set(counts)) >= 2, f"the quiet time kept counting: {counts}"
+        rates = [r for v in values for r in re.findall(r"([\d.]+) (?:it/s|s/it)", v)]
+        assert len(set(rates)) >= 2, "the shown rate changed (decayed) while the rank was quiet"
+        assert "no progress" not in values[-1], "finished: no quiet note left"
