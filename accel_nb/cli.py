@@ -23,15 +23,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import (
-    DYNAMO_BACKENDS,
     MIXED_PRECISIONS,
     START_METHODS,
     ConfigError,
     LaunchConfig,
     default_config,
+    derive_distributed_type,
     load_config,
     save_config,
 )
+from .launch.errors import signal_cause, signal_name
 
 PROG = "accel-nb"
 
@@ -77,11 +78,30 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--gpu_ids", "--gpu-ids", default=None, help="'all' or e.g. 0,1")
     launch.add_argument("--cpu", action="store_true", help="run on CPU processes even when GPUs are present")
     launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
+    launch.add_argument(
+        "--monitor_interval", "--monitor-interval", type=_positive_seconds, default=None,
+        help="seconds between the elastic agent's checks of the ranks (torchrun's --monitor-interval; 0.1)",
+    )  # fmt: skip
+    launch.add_argument(
+        "--log_line_prefix_template", "--log-line-prefix-template", default=None,
+        help="prefix of each rank's output lines, e.g. '[${rank}]:' (torchrun's; placeholders ${rank}, "
+        "${local_rank}, ${role_name})",
+    )  # fmt: skip
     launch.add_argument("--log_dir", "--log-dir", default=None, help="keep per-rank logs here")
     launch.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
     launch.add_argument("script", help="the training script (or module with -m)")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +138,7 @@ def cmd_config_default(path: str | None, mixed_precision: str | None = None) -> 
 
 
 def cmd_env(path: str | None) -> int:
-    from .hardware import environment_report
+    from .env_report import environment_report
 
     print(environment_report(config_path=path))
     return 0
@@ -155,15 +175,6 @@ def _ask(prompt: str, default: Any, parse: Callable[[str], Any], out: Any) -> An
             print(f"  ! {exc}", file=out, flush=True)
 
 
-def _derive_distributed_type(cfg: LaunchConfig, compute: str) -> str:
-    if compute == "xla":
-        return "XLA"
-    several = int(cfg.num_processes or 1) > 1 or int(cfg.num_machines) > 1
-    if not several:
-        return "NO"
-    return "MULTI_GPU" if compute == "gpu" else "MULTI_CPU"
-
-
 def _checked(cfg: LaunchConfig, compute: str, **change: Any) -> LaunchConfig:
     """``cfg`` with ``change`` applied and validated; a ConfigError about that key propagates."""
     new = dataclasses.replace(cfg, **change)
@@ -174,7 +185,7 @@ def _checked(cfg: LaunchConfig, compute: str, **change: Any) -> LaunchConfig:
     except ConfigError as exc:
         if exc.key in change:
             raise
-    new.distributed_type = _derive_distributed_type(new, compute)
+    new.distributed_type = derive_distributed_type(new, compute)
     try:
         return new.validate()
     except ConfigError as exc:
@@ -258,8 +269,6 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
     field("start_method", f"Start method for notebook launches ({'/'.join(START_METHODS)})", cfg.start_method,
           _one_of(START_METHODS, "start_method"))  # fmt: skip
-    field("dynamo_backend", "torch.compile backend (no, inductor, ...)", cfg.dynamo_backend,
-          _one_of(DYNAMO_BACKENDS, "dynamo_backend"))  # fmt: skip
     cfg.validate()
     try:
         for note in cfg.check_hardware(hw):
@@ -335,19 +344,13 @@ def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
         raise ConfigError(flag, exc.value, exc.allowed, exc.path) from None
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: list[str], log_dir: str,
-                       module: bool = False) -> list[str]:  # fmt: skip
+                       module: bool = False, monitor_interval: float | None = None) -> list[str]:  # fmt: skip
     """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says."""
+    from .launch.ports import pick_free_port
+
     addr = cfg.main_process_ip or "127.0.0.1"
-    port = cfg.main_process_port or (_free_port() if cfg.num_machines == 1 else 29500)
+    port = cfg.main_process_port or (pick_free_port(addr) if cfg.num_machines == 1 else 29500)
     args = ["--nnodes", str(cfg.num_machines), "--node_rank", str(cfg.machine_rank)]
     args += ["--nproc_per_node", str(nproc), "--max_restarts", str(cfg.max_restarts)]
     if cfg.rdzv_backend == "static":
@@ -362,6 +365,8 @@ def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: 
             "accel_nb",
         ]
     args += ["--log_dir", log_dir, "--tee", "3"]
+    if monitor_interval is not None:
+        args += ["--monitor_interval", str(monitor_interval)]
     if module:
         args.append("--module")
     return args + [script] + list(script_args)
@@ -381,7 +386,10 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     own_log_dir = ns.log_dir is None
     log_dir = ns.log_dir or tempfile.mkdtemp(prefix="accel_nb_launch_")
     os.environ.update(cfg.to_env())
-    args = torchrun_arguments(cfg, nproc, ns.script, ns.script_args, log_dir, ns.module)
+    if ns.log_line_prefix_template is not None:
+        # torchrun reads the template from the environment only
+        os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = ns.log_line_prefix_template
+    args = torchrun_arguments(cfg, nproc, ns.script, ns.script_args, log_dir, ns.module, ns.monitor_interval)
     device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
     print(f"{PROG} launch: {nproc} {device} process(es) on this machine"
           + (f" (machine {cfg.machine_rank} of {cfg.num_machines})" if cfg.num_machines > 1 else "")
@@ -421,7 +429,7 @@ def run_elastic(args: list[str], script: str, log_dir: str) -> int:
         return first.exitcode if first.exitcode > 0 else 128 + (-first.exitcode or 1)
     except (KeyboardInterrupt, SignalException) as exc:
         sig = getattr(exc, "sigval", signal.SIGINT)
-        print(f"{PROG} launch: stopped by {signal.Signals(sig).name}; every rank was stopped "
+        print(f"{PROG} launch: stopped by {signal_name(sig)}; every rank was stopped "
               f"(logs under {log_dir})", file=sys.stderr)  # fmt: skip
         return 128 + int(sig)
     except Exception as exc:  # rendezvous errors and the like: one line, not a traceback
@@ -456,14 +464,7 @@ def _last_exception(log_path: str | None) -> str | None:
 
 
 def _signal_text(code: int) -> str:
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    hint = {"SIGKILL": " (often the out-of-memory killer)", "SIGSEGV": " (a crash in native code)"}.get(
-        name, ""
-    )
-    return f"was killed by {name}{hint}"
+    return f"was killed by {signal_name(-code)} ({signal_cause(-code)})"
 
 
 _SYMPTOMS = (

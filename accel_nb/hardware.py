@@ -6,7 +6,9 @@ these functions and still fork its workers safely afterwards.
 
     from accel_nb import hardware
     hardware.cuda_device_count()     # 0 on a machine without NVIDIA driver
-    print(hardware.environment_report())
+    print(hardware.hardware_report())
+
+This module knows nothing of the launch config; ``accel_nb.env_report`` puts the two together.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def _check(lib: Any, code: int, what: str) -> None:
         try:
             lib.nvmlErrorString.restype = ctypes.c_char_p
             text = lib.nvmlErrorString(code).decode(errors="replace")
-        except Exception:  # pragma: no cover - very old drivers
+        except AttributeError:  # pragma: no cover - very old drivers lack nvmlErrorString
             text = f"error {code}"
         raise NvmlUnavailable(f"{what} failed: {text}")
 
@@ -279,10 +281,9 @@ def _mps_available() -> bool:
         return False
     try:
         import torch
-
-        return bool(torch.backends.mps.is_available())
-    except Exception:
+    except ImportError:
         return False
+    return bool(torch.backends.mps.is_available())
 
 
 def _torch_versions() -> tuple[str | None, str | None]:
@@ -324,7 +325,7 @@ def detect() -> HardwareInfo:
     try:
         vm = psutil.virtual_memory()
         ram_total, ram_available = int(vm.total), int(vm.available)
-    except Exception:  # pragma: no cover - exotic containers
+    except (OSError, RuntimeError):  # pragma: no cover - containers without a readable /proc/meminfo
         ram_total = ram_available = None
     try:
         gpus, nvml_ok = _describe_visible(_nvml_devices()), True
@@ -353,10 +354,10 @@ def detect() -> HardwareInfo:
     )
 
 
-def environment_report(hw: HardwareInfo | None = None, config_path: str | None = None) -> str:
-    """The text to paste into a bug report: versions, hardware and the launch config in effect.
+def hardware_report(hw: HardwareInfo | None = None) -> str:
+    """Versions and hardware, one line each (``accel_nb.env_report`` adds the launch config).
 
-    print(environment_report())
+    print(hardware_report())
     """
     hw = hw or detect()
     cores = f"{hw.cpu_logical_cores} logical"
@@ -403,21 +404,4 @@ def environment_report(hw: HardwareInfo | None = None, config_path: str | None =
     lines.append(f"- MPS (Apple GPU): {'available' if hw.mps_available else 'no'}")
     if hw.notebook_host:
         lines.append(f"- Notebook host: {hw.notebook_host}")
-    lines.extend(_config_lines(config_path))
     return "\n".join(lines)
-
-
-def _config_lines(config_path: str | None) -> list[str]:
-    """The launch config section of the report (never fails: the report must always print)."""
-    try:
-        from .config import default_config_path, load_config
-
-        path = config_path or default_config_path()
-        if not os.path.exists(path):
-            return [f"- Launch config: none saved ({path}); run `accel-nb config` to create one"]
-        cfg = load_config(path)
-        lines = [f"- Launch config ({path}):"]
-        lines.extend(f"  - {k}: {v}" for k, v in cfg.to_dict().items())
-        return lines
-    except Exception as exc:  # a broken config file is itself worth reporting
-        return [f"- Launch config: could not be read: {exc}"]

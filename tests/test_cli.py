@@ -131,7 +131,7 @@ def test_rank_killed_by_a_signal_is_named(cfg, tmp_path):
     )
     out = accel_nb("launch", "--num_processes", "2", "--cpu", str(script), cfg=cfg)
     assert out.returncode == 128 + 9
-    assert "rank 1 failed first: was killed by SIGKILL (often the out-of-memory killer)" in out.stderr
+    assert "rank 1 failed first: was killed by SIGKILL (likely out of memory" in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -201,7 +201,6 @@ def test_questionnaire_through_stdin_validates_and_reasks(cfg):
             "0",  # gradient accumulation: invalid
             "4",
             "",  # start method: default (auto)
-            "",  # torch.compile backend: default (no)
         ]
     )
     out = accel_nb("config", cfg=cfg, stdin=answers + "\n", console=True)
@@ -224,7 +223,7 @@ def test_questionnaire_for_several_machines(cfg):
     out = accel_nb("config", cfg=cfg, stdin="\n".join(answers) + "\n")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "! machine_rank=5 is not valid" in out.stdout and "0 to 1" in out.stdout
-    assert "! main_process_ip=None is not valid" in out.stdout  # Enter on an empty default
+    assert "! main_process_ip is empty" in out.stdout and "None" not in out.stdout  # Enter on an empty default
     assert "! main_process_ip='not a host!'" in out.stdout
     assert "! num_processes=3 is not valid" in out.stdout and "multiple of num_machines=2" in out.stdout
     saved = load_config(cfg)

@@ -269,7 +269,10 @@ def test_every_validation_error_names_key_value_and_allowed(changes, key, allowe
     e = err.value
     assert e.key == key, str(e)
     assert allowed in str(e)
-    assert str(e).startswith(f"{key}=")
+    if e.value is None or e.value == "":
+        assert str(e).startswith(f"{key} in ") and " is empty" in str(e) and "None" not in str(e)
+    else:
+        assert str(e).startswith(f"{key}=")
     assert str(tmp_path / "f.yaml") in str(e)
 
 
@@ -378,11 +381,10 @@ def test_replace_follows_the_process_count():
 
 def test_to_env_for_ranks():
     env = LaunchConfig(distributed_type="MULTI_GPU", num_processes=2, mixed_precision="bf16", gpu_ids="2,3",
-                       gradient_accumulation_steps=4, dynamo_backend="inductor").validate().to_env()  # fmt: skip
+                       gradient_accumulation_steps=4).validate().to_env()  # fmt: skip
     assert env["ACCEL_NB_MIXED_PRECISION"] == env["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] == "4"
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
-    assert env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
     cpu_env = LaunchConfig(distributed_type="MULTI_CPU", num_processes=2).validate().to_env()
     assert cpu_env["ACCEL_NB_USE_CPU"] == "1" and "CUDA_VISIBLE_DEVICES" not in cpu_env
 

@@ -140,7 +140,7 @@ def test_report_lists_fake_gpus(fake_nvml_dir, tmp_path):
         import json
         from accel_nb import hardware
         hw = hardware.detect()
-        print(json.dumps({"report": hardware.environment_report(hw), "nvml": hw.nvml_available,
+        print(json.dumps({"report": hardware.hardware_report(hw), "nvml": hw.nvml_available,
                           "bf16": hw.bf16_gpus}))
     """
     res = _probe(
@@ -161,7 +161,7 @@ def test_no_driver_here_counts_zero_and_creates_no_cuda_context():
         import json, sys
         from accel_nb import hardware
         n = hardware.cuda_device_count(); info = hardware.gpu_info(); b = hardware.bf16_supported()
-        hw = hardware.detect(); text = hardware.environment_report(hw)
+        hw = hardware.detect(); text = hardware.hardware_report(hw)
         imported_before = "torch" in sys.modules
         import torch
         print(json.dumps({"n": n, "info": len(info), "bf16": b, "cuda_init": torch.cuda.is_initialized(),
@@ -228,23 +228,25 @@ def test_tpu_runtime_evidence_versus_name_hints(monkeypatch):
     hw = hardware.detect()
     assert hw.tpu_detected is False  # an environment name alone is only a hint
     assert any("COLAB_TPU_ADDR" in h for h in hw.tpu_hints)
-    assert "no TPU runtime (hints: COLAB_TPU_ADDR is set)" in hardware.environment_report(hw)
+    assert "no TPU runtime (hints: COLAB_TPU_ADDR is set)" in hardware.hardware_report(hw)
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     hw = hardware.detect()
     assert hw.tpu_detected is True
-    assert "TPU detected (PJRT_DEVICE=TPU" in hardware.environment_report(hw)
+    assert "TPU detected (PJRT_DEVICE=TPU" in hardware.hardware_report(hw)
 
 
 def test_report_names_the_saved_config_and_survives_a_broken_one(monkeypatch, tmp_path):
+    from accel_nb.env_report import environment_report
+
     cfg = tmp_path / "cfg.yaml"
     monkeypatch.setenv("ACCEL_NB_CONFIG_FILE", str(cfg))
-    text = hardware.environment_report()
+    text = environment_report()
     assert f"none saved ({cfg})" in text
     cfg.write_text("num_processes: 2\ndistributed_type: MULTI_CPU\n")
-    text = hardware.environment_report()
+    text = environment_report()
     assert f"Launch config ({cfg}):" in text and "num_processes: 2" in text
     cfg.write_text("num_processes: [2\n")
-    text = hardware.environment_report()
+    text = environment_report()
     assert "Launch config: could not be read" in text and "line" in text
     for line in (
         "accel_nb version",

@@ -59,7 +59,7 @@ def test_wizard_in_a_real_kernel_saves_a_valid_file_and_refuses_an_invalid_one(t
             in out.stdout
         )
         assert (
-            "notebook_launcher(training_function, num_processes=2, mixed_precision=&#x27;bf16&#x27;)"
+            "notebook_launcher(training_function, num_processes=2, mixed_precision=&#x27;bf16&#x27;, cpu=True)"
             in out.stdout
         )
         assert (
@@ -158,3 +158,21 @@ def test_wizard_with_a_broken_saved_file_starts_from_the_proposal(tmp_path):
     assert "cannot be used" in w.status and "not valid YAML" in w.status
     assert w.valid and w.save() == str(path)
     assert load_config(str(path)).num_processes == 1
+
+
+def test_wizard_issue15_details_button_label_empty_address_and_cpu_flag(tmp_path):
+    from accel_nb.notebook.wizard import ConfigWizard
+
+    w = ConfigWizard(str(tmp_path / "x.yaml"), hw=_hw(0))
+    # the reset button sizes itself to its label (the default width cut "Proposed for this machine" off)
+    assert w.reset_button.description == "Proposed for this machine" and w.reset_button.layout.width == "auto"
+    # CPU processes: all three equivalent launches say so
+    w.set_values(num_processes=2)
+    text = w.commands.value
+    assert "--cpu" in text and "cpu=True" in text and text.count("--cpu") == 2
+    # an empty main-machine address is called empty, never shown as None
+    w.set_values(num_machines=2, main_process_ip="")
+    assert w.error.key == "main_process_ip"
+    assert "main_process_ip is empty" in str(w.error) and "None" not in w.error_label.value
+    # the compile backend is not offered while it does nothing (issue 20)
+    assert "dynamo_backend" not in w.controls

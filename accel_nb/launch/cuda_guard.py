@@ -1,11 +1,11 @@
-"""Is it safe to fork this process? GPU facts without creating a CUDA context in the parent.
+"""Is it safe to fork this process? Whether CUDA was initialised here, and by which line.
 
 Forking after CUDA was initialised gives children a broken CUDA, so the launcher switches to
 spawn. ``install_cuda_init_recorder()`` (run when the extension or launcher loads) remembers
-where CUDA was first initialised, so the switch can name the user's line that did it.
+where CUDA was first initialised, so the switch can name the user's line that did it. GPU
+counts and names come from :mod:`accel_nb.hardware` (NVML, no CUDA context).
 
     reason = fork_unsafe_reason()        # None when fork is safe
-    n = gpu_count()                      # through NVML: no CUDA context is created
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import sys
 import threading
 import traceback
 from typing import Any
-
-SIMULATE_ENV = "ACCEL_NB_SIMULATE_CUDA_INITIALIZED"
 
 _first_init_stack: list[traceback.FrameSummary] | None = None
 _recorder_lock = threading.Lock()
@@ -33,94 +31,6 @@ _LIBRARY_MARKERS = (
     f"{os.sep}dist-packages{os.sep}",
     "<frozen ",
 )
-
-
-# ---------------------------------------------------------------------------- NVML (no CUDA context)
-_nvml: Any = None
-_nvml_tried = False
-
-
-def _nvml_lib() -> Any:
-    global _nvml, _nvml_tried
-    if _nvml_tried:
-        return _nvml
-    _nvml_tried = True
-    for name in ("libnvidia-ml.so.1", "libnvidia-ml.so"):
-        try:
-            lib = ctypes.CDLL(name)
-        except OSError:
-            continue
-        try:
-            if lib.nvmlInit_v2() == 0:
-                _nvml = lib
-                break
-        except AttributeError:
-            continue
-    return _nvml
-
-
-def _visible_indices(total: int) -> list[int]:
-    """NVML indices that CUDA_VISIBLE_DEVICES lets CUDA see (numeric lists only; else all)."""
-    raw = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return list(range(total))
-    raw = raw.strip()
-    if raw == "" or raw == "-1":
-        return []
-    out: list[int] = []
-    for part in raw.split(","):
-        part = part.strip()
-        if not part.isdigit():  # UUIDs or MIG names: trust NVML's count
-            return list(range(total))
-        if int(part) >= total:
-            break
-        out.append(int(part))
-    return out
-
-
-def _nvml_device_count() -> int:
-    lib = _nvml_lib()
-    if lib is None:
-        return 0
-    count = ctypes.c_uint(0)
-    if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-        return 0
-    return len(_visible_indices(count.value))
-
-
-def gpu_count() -> int:
-    """CUDA GPUs this process could use, from NVML (0 when there is no NVIDIA driver); no CUDA context."""
-    try:
-        from accel_nb import hardware  # the config engineer's detector, when present
-
-        fn = getattr(hardware, "cuda_device_count", None)
-        if fn is not None:
-            return int(fn())
-    except Exception:
-        pass
-    return _nvml_device_count()
-
-
-def gpu_info(index: int) -> tuple[str, tuple[int, int]] | None:
-    """(name, (major, minor) compute capability) of visible GPU ``index`` through NVML, or None."""
-    lib = _nvml_lib()
-    if lib is None:
-        return None
-    count = ctypes.c_uint(0)
-    if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
-        return None
-    visible = _visible_indices(count.value)
-    if index >= len(visible):
-        return None
-    handle = ctypes.c_void_p()
-    if lib.nvmlDeviceGetHandleByIndex_v2(visible[index], ctypes.byref(handle)) != 0:
-        return None
-    name = ctypes.create_string_buffer(96)
-    lib.nvmlDeviceGetName(handle, name, 96)
-    major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    if lib.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
-        return None
-    return name.value.decode(errors="replace"), (major.value, minor.value)
 
 
 # ---------------------------------------------------------------------------- fork safety
@@ -139,16 +49,10 @@ def _driver_initialised() -> bool:
 
 
 def cuda_initialized() -> bool:
-    """Has this process initialised CUDA (torch or any other library)? Patchable for tests."""
-    if os.environ.get(SIMULATE_ENV, "").strip().lower() in ("1", "true", "yes"):
-        return True
+    """Has this process initialised CUDA (torch or any other library)?"""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            if torch.cuda.is_initialized():
-                return True
-        except Exception:
-            pass
+    if torch is not None and torch.cuda.is_initialized():
+        return True
     return _driver_initialised()
 
 
@@ -160,8 +64,6 @@ def fork_unsafe_reason() -> str | None:
         return "forking is unsafe on macOS"
     if cuda_initialized():
         origin = cuda_init_origin()
-        if os.environ.get(SIMULATE_ENV) and origin is None:
-            return f"CUDA was initialised in this kernel before the launch (simulated by {SIMULATE_ENV})"
         where = (
             f" by {origin}"
             if origin
@@ -216,12 +118,8 @@ def install_cuda_init_recorder() -> bool:
 
         def _lazy_init_recording(*args: Any, **kwargs: Any) -> Any:
             global _first_init_stack
-            if _first_init_stack is None:
-                try:
-                    if not cuda.is_initialized():
-                        _first_init_stack = traceback.extract_stack()[:-1]
-                except Exception:
-                    pass
+            if _first_init_stack is None and not cuda.is_initialized():
+                _first_init_stack = traceback.extract_stack()[:-1]
             return original(*args, **kwargs)
 
         _lazy_init_recording._accel_nb_recorder = True  # type: ignore[attr-defined]

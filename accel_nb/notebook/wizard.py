@@ -16,9 +16,8 @@ import dataclasses
 import html
 from typing import Any
 
-from ..cli import _derive_distributed_type, launch_command_line
+from ..cli import launch_command_line
 from ..config import (
-    DYNAMO_BACKENDS,
     MIXED_PRECISIONS,
     RDZV_BACKENDS,
     START_METHODS,
@@ -26,14 +25,16 @@ from ..config import (
     LaunchConfig,
     default_config,
     default_config_path,
+    derive_distributed_type,
     load_config,
     save_config,
 )
-from ..hardware import HardwareInfo, detect, human_bytes
+from ..hardware import HardwareInfo, detect
+from ..utils import human_bytes
 
 _CONTROL_ORDER = (
     "compute", "num_processes", "mixed_precision", "gradient_accumulation_steps", "gpu_ids", "start_method",
-    "dynamo_backend", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
+    "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
 )  # fmt: skip
 
 
@@ -64,6 +65,8 @@ def notebook_launcher_call(cfg: LaunchConfig, function: str = "training_function
         args.append(f"use_port={cfg.main_process_port}")
     if cfg.start_method != "auto":
         args.append(f"start_method={cfg.start_method!r}")
+    if cfg.use_cpu:
+        args.append("cpu=True")
     call = f"notebook_launcher({', '.join(args)})"
     return call + (
         "  # this machine's share; notebook launches use one machine" if cfg.num_machines > 1 else ""
@@ -95,7 +98,7 @@ class ConfigWizard:
 
     def __init__(self, path: str | None = None, hw: HardwareInfo | None = None) -> None:
         try:
-            import ipywidgets as w
+            import ipywidgets  # noqa: F401
         except ImportError:
             raise ImportError(
                 "config_wizard() needs ipywidgets: pip install 'accel_nb[notebook]'. "
@@ -108,100 +111,94 @@ class ConfigWizard:
         self.notes: list[str] = []
         self._status = ""
         self._config: LaunchConfig | None = None
-        loaded_note = ""
+        self._base, loaded_note = self._load_base(path)
+        self.proposed = default_config(self.hw)
+        self.controls = self._make_controls(self._base)
+        self.widget = self._make_layout()
+        self._updating = False
+        for control in self.controls.values():
+            control.observe(self._on_change, names="value")
+        self.controls["compute"].observe(self._on_compute, names="value")
+        self._set_status(loaded_note or f"Proposed for this machine; Save writes {self.path}.")
+        self._refresh()
+
+    def _load_base(self, path: str | None) -> tuple[LaunchConfig, str]:
+        """The config the controls start from (the saved one, else this machine's proposal) and a note."""
         try:
             base = load_config(path) if path is None or _exists(path) else None
-            if base is not None:
-                loaded_note = f"Loaded {base.source}."
         except ConfigError as exc:
-            base, loaded_note = (
-                None,
-                f"The saved config cannot be used ({exc}); showing this machine's proposal.",
-            )
-        self._base = base or default_config(self.hw)
-        self.proposed = default_config(self.hw)
-        b = self._base
+            return default_config(self.hw), f"The saved config cannot be used ({exc}); showing this machine's proposal."
+        if base is None:
+            return default_config(self.hw), ""
+        return base, f"Loaded {base.source}."
 
-        compute_options = [("CPU processes", "cpu")]
+    def _compute_choice(self, b: LaunchConfig) -> tuple[list[tuple[str, str]], str]:
+        """The "Compute on" options this machine offers, and the one ``b`` uses."""
+        options = [("CPU processes", "cpu")]
         if self.hw.num_gpus:
-            compute_options.append((f"GPUs ({self.hw.num_gpus})", "gpu"))
+            options.append((f"GPUs ({self.hw.num_gpus})", "gpu"))
         if self.hw.xla_available or b.distributed_type == "XLA":
-            compute_options.append(("TPU / XLA", "xla"))
+            options.append(("TPU / XLA", "xla"))
         compute = {"XLA": "xla", "MULTI_GPU": "gpu", "MULTI_CPU": "cpu"}.get(b.distributed_type)
         if compute is None:
             compute = "cpu" if b.use_cpu or not self.hw.num_gpus else "gpu"
-        if compute not in [v for _, v in compute_options]:
-            compute = compute_options[-1][1] if self.hw.num_gpus else "cpu"
+        if compute not in [v for _, v in options]:
+            compute = options[-1][1] if self.hw.num_gpus else "cpu"
+        return options, compute
 
-        style = {"description_width": "190px"}
-        wide = w.Layout(width="480px")
+    def _make_controls(self, b: LaunchConfig) -> dict[str, Any]:
+        """One widget per config key, showing ``b``'s values."""
+        import ipywidgets as w
+
+        options, compute = self._compute_choice(b)
+        text = {"continuous_update": True}
         c: dict[str, Any] = {
-            "compute": w.Dropdown(options=compute_options, value=compute, description="Compute on"),
-            "num_processes": w.IntText(
-                value=b.num_processes or max(self.hw.num_gpus, 1),
-                description="Processes (all machines)",
-                continuous_update=True,
-            ),  # fmt: skip
-            "mixed_precision": w.Dropdown(
-                options=list(MIXED_PRECISIONS), value=b.mixed_precision, description="Mixed precision"
-            ),  # fmt: skip
-            "gradient_accumulation_steps": w.IntSlider(
-                value=min(b.gradient_accumulation_steps, 64),
-                min=1,
-                max=64,
-                description="Gradient accumulation",
-            ),  # fmt: skip
-            "gpu_ids": w.Text(
-                value=b.gpu_ids, description="GPU ids", placeholder="all, or 0,1", continuous_update=True
-            ),  # fmt: skip
-            "start_method": w.Dropdown(
-                options=list(START_METHODS), value=b.start_method, description="Notebook start method"
-            ),  # fmt: skip
-            "dynamo_backend": w.Dropdown(
-                options=list(DYNAMO_BACKENDS), value=b.dynamo_backend, description="torch.compile backend"
-            ),  # fmt: skip
-            "num_machines": w.IntText(value=b.num_machines, description="Machines", continuous_update=True),
-            "machine_rank": w.IntText(
-                value=b.machine_rank, description="This machine's rank", continuous_update=True
-            ),  # fmt: skip
-            "main_process_ip": w.Text(
-                value=b.main_process_ip or "",
-                description="Main machine address",
-                placeholder="IP or host name of machine 0",
-                continuous_update=True,
-            ),  # fmt: skip
-            "main_process_port": w.Text(
-                value=str(b.main_process_port or ""),
-                description="Main machine port",
-                placeholder="empty: a free port",
-                continuous_update=True,
-            ),  # fmt: skip
-            "rdzv_backend": w.Dropdown(
-                options=list(RDZV_BACKENDS), value=b.rdzv_backend, description="Rendezvous backend"
-            ),  # fmt: skip
-        }
+            "compute": w.Dropdown(options=options, value=compute, description="Compute on"),
+            "num_processes": w.IntText(value=b.num_processes or max(self.hw.num_gpus, 1),
+                                       description="Processes (all machines)", **text),
+            "mixed_precision": w.Dropdown(options=list(MIXED_PRECISIONS), value=b.mixed_precision,
+                                          description="Mixed precision"),
+            "gradient_accumulation_steps": w.IntSlider(value=min(b.gradient_accumulation_steps, 64), min=1, max=64,
+                                                       description="Gradient accumulation"),
+            "gpu_ids": w.Text(value=b.gpu_ids, description="GPU ids", placeholder="all, or 0,1", **text),
+            "start_method": w.Dropdown(options=list(START_METHODS), value=b.start_method,
+                                       description="Notebook start method"),
+            "num_machines": w.IntText(value=b.num_machines, description="Machines", **text),
+            "machine_rank": w.IntText(value=b.machine_rank, description="This machine's rank", **text),
+            "main_process_ip": w.Text(value=b.main_process_ip or "", description="Main machine address",
+                                      placeholder="IP or host name of machine 0", **text),
+            "main_process_port": w.Text(value=str(b.main_process_port or ""), description="Main machine port",
+                                        placeholder="empty: a free port", **text),
+            "rdzv_backend": w.Dropdown(options=list(RDZV_BACKENDS), value=b.rdzv_backend,
+                                       description="Rendezvous backend"),
+        }  # fmt: skip
         for control in c.values():
-            control.style = style
-            control.layout = w.Layout(width=wide.width)  # one each: hiding gpu_ids must not hide the rest
-        self.controls = c
+            control.style = {"description_width": "190px"}
+            control.layout = w.Layout(width="480px")  # one each: hiding gpu_ids must not hide the rest
+        return c
+
+    def _make_layout(self) -> Any:
+        """The labels, buttons and the box that holds them with the controls."""
+        import ipywidgets as w
+
+        c = self.controls
         self.hardware_box = w.HTML(f"<pre style='margin:0'>{html.escape(hardware_summary(self.hw))}</pre>")
         self.error_label = w.HTML("")
         self.notes_label = w.HTML("")
         self.commands = w.HTML("")
         self.save_button = w.Button(description="Save", button_style="primary", icon="save")
-        self.reset_button = w.Button(description="Proposed for this machine")
+        # width "auto": the default button width cuts this label off
+        self.reset_button = w.Button(description="Proposed for this machine", layout=w.Layout(width="auto"))
         self.status_label = w.HTML("")
         self.save_button.on_click(lambda _b: self.save())
         self.reset_button.on_click(lambda _b: self.reset())
-        self._multi = w.VBox(
-            [c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]]
-        )
-        self.widget = w.VBox(
+        self._multi = w.VBox([c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]])
+        return w.VBox(
             [
                 w.HTML("<b>accel_nb launch config</b> &mdash; this machine:"),
                 self.hardware_box,
                 c["compute"], c["num_processes"], c["gpu_ids"], c["mixed_precision"],
-                c["gradient_accumulation_steps"], c["start_method"], c["dynamo_backend"], c["num_machines"],
+                c["gradient_accumulation_steps"], c["start_method"], c["num_machines"],
                 self._multi,
                 self.error_label,
                 self.notes_label,
@@ -211,12 +208,6 @@ class ConfigWizard:
                 self.commands,
             ]
         )  # fmt: skip
-        self._updating = False
-        for control in c.values():
-            control.observe(self._on_change, names="value")
-        c["compute"].observe(self._on_compute, names="value")
-        self._set_status(loaded_note or f"Proposed for this machine; Save writes {self.path}.")
-        self._refresh()
 
     # ------------------------------------------------------------------ public API
 
@@ -276,8 +267,8 @@ class ConfigWizard:
             p.distributed_type, "gpu" if self.hw.num_gpus else "cpu"
         )
         self.set_values(compute=compute, num_processes=p.num_processes or 1, mixed_precision=p.mixed_precision,
-                        gradient_accumulation_steps=1, gpu_ids="all", start_method="auto", dynamo_backend="no",
-                        num_machines=1, machine_rank=0, main_process_ip="", main_process_port="")  # fmt: skip
+                        gradient_accumulation_steps=1, gpu_ids="all", start_method="auto", num_machines=1, machine_rank=0,
+                        main_process_ip="", main_process_port="")  # fmt: skip
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
@@ -318,9 +309,9 @@ class ConfigWizard:
         cfg.extras = dict(self._base.extras)
         cfg.source = None  # errors name the key, not a file the value is not in yet
         try:
-            cfg.distributed_type = _derive_distributed_type(cfg, compute)
+            cfg.distributed_type = derive_distributed_type(cfg, compute)
         except (TypeError, ValueError):
-            pass  # an invalid number: validate() names it
+            pass  # an invalid number of processes or machines: validate() names the key
         return cfg
 
     def _refresh(self) -> None:

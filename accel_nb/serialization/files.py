@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
 import torch
 
+from ..atomic_files import atomic_write, atomic_write_bytes, fsync_path
 from ..utils import parse_size as _parse_size
+
+__all__ = [
+    "ALIASES_KEY", "SAVE_ID_KEY", "SAFE_WEIGHTS_NAME", "SAFE_INDEX_SUFFIX", "CheckpointError", "parse_size",
+    "fsync_path", "atomic_write", "atomic_write_bytes", "atomic_save_file", "atomic_torch_save",
+]  # fmt: skip
 
 ALIASES_KEY = "accel_nb.aliases"
 SAVE_ID_KEY = "accel_nb.save_id"  # in every shard and the index: shards of one save belong together
@@ -31,66 +35,16 @@ def parse_size(size: int | str) -> int:
     return _parse_size(size, what="size", positive=True)
 
 
-# -- low-level file helpers -------------------------------------------------------------------------
-def fsync_path(path: str) -> None:
-    """Flush a file (or a directory entry list) to disk."""
-    flags = os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) else 0)
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on directories
-        pass
-    finally:
-        os.close(fd)
-
-
-def _temp_path_beside(path: str) -> str:
-    folder, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{name}-{os.getpid()}-", dir=folder)
-    os.close(fd)
-    return tmp
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file beside it, fsync, rename."""
-    tmp = _temp_path_beside(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
+# -- atomic writes: one implementation, in accel_nb.atomic_files ------------------------------------
 def atomic_save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str]) -> None:
+    """``safetensors.torch.save_file`` through a temp file and a rename."""
     from safetensors.torch import save_file
 
-    tmp = _temp_path_beside(path)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        fsync_path(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
-    tmp = _temp_path_beside(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """``torch.save`` through a temp file and a rename."""
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 

@@ -1,0 +1,58 @@
+"""The one rule for a mixed-precision setting: which spellings are accepted, what they mean.
+
+Light on purpose (no torch): the launch config, the launcher's plan, ``AcceleratorState`` and
+``PrecisionPolicy`` all read a user's ``mixed_precision`` through :func:`validate_mixed_precision`.
+
+    validate_mixed_precision("BF16")     # 'bf16'
+    validate_mixed_precision(False)      # 'no' (YAML reads an unquoted `no` as False)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+
+# None and False are how "no" arrives from code defaults and from YAML's unquoted `no`
+_SPELLINGS: dict[Any, str] = {None: "no", False: "no", "no": "no", "fp16": "fp16", "bf16": "bf16"}
+_WHY_NOT = {
+    "fp8": "accel_nb does not support fp8 yet; use 'bf16' or 'fp16'",
+    "fp32": "full precision is spelled 'no'",
+    "none": "no mixed precision is spelled 'no'",
+}
+
+
+def validate_mixed_precision(value: Any) -> str:
+    """Normalise a mixed-precision setting to 'no', 'fp16' or 'bf16'; ValueError naming the value otherwise.
+
+    validate_mixed_precision(" fp16 ")   # 'fp16'
+    """
+    key = value.strip().lower() if isinstance(value, str) else value
+    try:
+        return _SPELLINGS[key]
+    except (KeyError, TypeError):
+        pass
+    why = _WHY_NOT.get(key) if isinstance(key, str) else None
+    raise ValueError(
+        f"mixed_precision={value!r} is not supported"
+        + (f" ({why})" if why else "")
+        + f"; choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
+    )
+
+
+def bf16_gpu_problem(gpus: Iterable[Any]) -> str | None:
+    """Why bf16 cannot run on these GPUs (the first one without it), or None when every one has it.
+
+    Each GPU is an ``accel_nb.hardware.GPUInfo`` (``index``, ``name``, ``compute_capability``, ``bf16``).
+
+        bf16_gpu_problem(hardware.gpu_info())   # None on an A100; a sentence naming a T4
+    """
+    for gpu in gpus:
+        if not gpu.bf16:
+            major, minor = gpu.compute_capability
+            return (
+                f"GPU {gpu.index} ({gpu.name}, compute capability {major}.{minor}) does not support bf16; "
+                "it needs compute capability 8.0 or newer"
+            )
+    return None
