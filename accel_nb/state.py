@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .precision_setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
+
 # Environment variables accel_nb's launcher sets (the reference library's names are read too, so
 # configs and scripts written for it keep working).
 ENV_MIXED_PRECISION = "ACCEL_NB_MIXED_PRECISION"
@@ -41,7 +43,20 @@ _REFERENCE_ENV = {
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+# process-group backends PartialState(backend=...) accepts, with torch's check that it is built in
+_BACKENDS = {
+    "gloo": dist.is_gloo_available,
+    "nccl": dist.is_nccl_available,
+    "mpi": dist.is_mpi_available,
+    "ucc": dist.is_ucc_available,
+}
+# keywords of PartialState beyond ``cpu``: the process-group options it honours
+PROCESS_GROUP_KEYWORDS = ("backend", "timeout")
+
+__all__ = [
+    "PartialState", "AcceleratorState", "GradientState", "DistributedType", "TopologyError", "RendezvousError",
+    "MIXED_PRECISION_CHOICES", "validate_mixed_precision", "split_for_process", "read_topology",
+]  # fmt: skip
 
 
 def env_value(name: str, default: str | None = None) -> str | None:
@@ -151,10 +166,18 @@ def _cuda_usable(cpu: bool) -> bool:
     return not cpu and torch.cuda.is_available()
 
 
-def _join_process_group(topo: dict[str, Any], backend: str) -> None:
-    """Create the store with a bounded connect time, then the process group on it."""
+def _join_process_group(topo: dict[str, Any], backend: str, collective_timeout: float | None) -> None:
+    """Create the store with a bounded connect time, then the process group on it.
+
+    ``collective_timeout`` (seconds; None: ``ACCEL_NB_COLLECTIVE_TIMEOUT`` or 30 minutes) bounds
+    every collective once the group is formed.
+    """
     rdzv_timeout = _float_env(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S)
-    coll_timeout = _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    coll_timeout = (
+        collective_timeout
+        if collective_timeout is not None
+        else _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    )
     rank, world = topo["rank"], topo["world_size"]
     addr, port = topo["master_addr"], topo["master_port"]
     # Under torchrun's elastic agent the agent already hosts the store on MASTER_PORT.
@@ -206,10 +229,55 @@ def _join_process_group(topo: dict[str, Any], backend: str) -> None:
 
 
 def _set_group_timeout(seconds: float) -> None:
-    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    if setter is not None:
-        with contextlib.suppress(Exception):
-            setter(datetime.timedelta(seconds=seconds))
+    """Give the formed group its collective timeout (torch's private setter; present since 2.2)."""
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds))
+
+
+def _check_backend(backend: Any, use_cuda: bool) -> str | None:
+    """``backend`` validated against what torch has built in and the device in use (None: the default)."""
+    if backend is None:
+        return None
+    name = str(backend).strip().lower() if isinstance(backend, str) else backend
+    if name not in _BACKENDS:
+        raise ValueError(
+            f"PartialState(backend={backend!r}) is not a process-group backend accel_nb can use; "
+            f"choose one of {', '.join(map(repr, _BACKENDS))} (or leave it out: nccl on GPUs, gloo on CPU)"
+        )
+    if not _BACKENDS[name]():
+        raise ValueError(f"backend={name!r} is not built into this torch; use 'gloo' (CPU) or 'nccl' (CUDA)")
+    if name == "nccl" and not use_cuda:
+        raise ValueError(
+            "backend='nccl' needs CUDA GPUs but this process runs on the CPU; use backend='gloo' "
+            "(or leave it out)"
+        )
+    return name
+
+
+def _timeout_seconds(timeout: Any) -> float | None:
+    """A collective timeout as seconds: a number of seconds or a ``datetime.timedelta`` (None: the default)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(
+            f"PartialState(timeout={timeout!r}): give seconds (a number) or a datetime.timedelta"
+        )
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"PartialState(timeout={timeout!r}) must be a positive, finite number of seconds")
+    return seconds
+
+
+def _reject_unknown_keywords(owner: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
+    if kwargs:
+        name = sorted(kwargs)[0]
+        raise TypeError(
+            f"{owner}() got an unexpected keyword argument {name!r}; it accepts {', '.join(accepted)}. "
+            "The rank, world size and address come from the launch environment (RANK, WORLD_SIZE, "
+            "MASTER_ADDR, MASTER_PORT), not from keywords."
+        )
 
 
 class PartialState:
@@ -225,16 +293,14 @@ class PartialState:
 
     _shared_state: dict[str, Any] = {}
 
-    def __init__(self, cpu: bool = False, **kwargs: Any) -> None:
+    def __init__(self, cpu: bool = False, *, backend: str | None = None, timeout: Any = None, **kwargs: Any) -> None:
+        _reject_unknown_keywords("PartialState", kwargs, ("cpu",) + PROCESS_GROUP_KEYWORDS)
         self.__dict__ = self._shared_state
         if self._shared_state.get("initialized"):
-            if cpu and self.device.type != "cpu":
-                raise RuntimeError(
-                    "PartialState was already created on "
-                    f"{self.device}; cpu=True must be given the first time (or set {ENV_USE_CPU}=1)"
-                )
+            self._check_same_settings(cpu, backend, timeout)
             return
         cpu = cpu or env_flag(ENV_USE_CPU)
+        collective_timeout = _timeout_seconds(timeout)
         topo = read_topology()
         self.num_processes: int = topo["world_size"]
         self.process_index: int = topo["rank"]
@@ -248,17 +314,53 @@ class PartialState:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
+        chosen = _check_backend(backend, use_cuda)
+        self.collective_timeout = collective_timeout
         if self.num_processes > 1:
-            self.backend = "nccl" if use_cuda else "gloo"
+            self.backend = chosen or ("nccl" if use_cuda else "gloo")
             self.distributed_type = DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU
             if not dist.is_initialized():
-                _join_process_group(topo, self.backend)
+                _join_process_group(topo, self.backend, collective_timeout)
                 self._owns_group = True
+            else:
+                self._adopt_existing_group(chosen, collective_timeout)
         else:
-            self.backend = None
+            self.backend = None  # one process: no group to form (a given backend was still checked)
             self.distributed_type = DistributedType.NO
         self.fork_launched = os.environ.get("ACCEL_NB_FORKED") == "1"
         self.initialized = True
+
+    def _adopt_existing_group(self, backend: str | None, collective_timeout: float | None) -> None:
+        """The process group was formed before accel_nb (e.g. by the user's script): use it as it is."""
+        existing = str(dist.get_backend())
+        if backend is not None and backend != existing:
+            raise RuntimeError(
+                f"PartialState(backend={backend!r}) but the process group already runs {existing!r}; "
+                "leave backend out, or create PartialState before initialising the group yourself"
+            )
+        self.backend = existing
+        if collective_timeout is not None:
+            _set_group_timeout(collective_timeout)
+
+    def _check_same_settings(self, cpu: bool, backend: Any, timeout: Any) -> None:
+        """A later PartialState(...) may not ask for settings other than the first one's."""
+        if cpu and self.device.type != "cpu":
+            raise RuntimeError(
+                "PartialState was already created on "
+                f"{self.device}; cpu=True must be given the first time (or set {ENV_USE_CPU}=1)"
+            )
+        wanted = _check_backend(backend, self.device.type == "cuda")
+        if wanted is not None and self.backend is not None and wanted != self.backend:
+            raise RuntimeError(
+                f"PartialState already runs the {self.backend!r} backend; backend={wanted!r} must be given "
+                "to the first PartialState (or Accelerator) of the run"
+            )
+        seconds = _timeout_seconds(timeout)
+        if seconds is not None and seconds != self.collective_timeout:
+            raise RuntimeError(
+                f"PartialState already exists with timeout={self.collective_timeout}; timeout={seconds:g} s "
+                "must be given to the first PartialState (or Accelerator) of the run"
+            )
 
     # -- identity -----------------------------------------------------------------------------
     @property
@@ -414,14 +516,20 @@ class AcceleratorState(PartialState):
     _shared_state: dict[str, Any] = {}
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
+        _reject_unknown_keywords(
+            "AcceleratorState", {k: v for k, v in kwargs.items() if k not in PROCESS_GROUP_KEYWORDS},
+            ("mixed_precision", "cpu") + PROCESS_GROUP_KEYWORDS,
+        )  # fmt: skip
         self.__dict__ = self._shared_state
         if not self._shared_state.get("initialized"):
-            partial = PartialState(cpu=cpu)
+            partial = PartialState(cpu=cpu, **kwargs)
             self._shared_state.update(partial.__dict__)
             mp = mixed_precision if mixed_precision is not None else env_value(ENV_MIXED_PRECISION, "no")
             self.mixed_precision = validate_mixed_precision(mp)
             self.initialized = True
-        elif mixed_precision is not None and validate_mixed_precision(mixed_precision) != self.mixed_precision:
+        elif kwargs:
+            PartialState(cpu=cpu, **kwargs)  # the same settings, or a clear error
+        if mixed_precision is not None and validate_mixed_precision(mixed_precision) != self.mixed_precision:
             raise RuntimeError(
                 f"AcceleratorState already exists with mixed_precision={self.mixed_precision!r}; "
                 f"it cannot change to {mixed_precision!r} in the same run. Create one Accelerator per run "
@@ -431,17 +539,6 @@ class AcceleratorState(PartialState):
     @property
     def partial_state(self) -> PartialState:
         return PartialState()
-
-
-def validate_mixed_precision(value: Any) -> str:
-    """Normalise a mixed-precision setting; a clear error for anything else."""
-    normal = {None: "no", False: "no", "none": "no", "no": "no", "fp32": "no", "fp16": "fp16", "bf16": "bf16"}
-    key = value.lower().strip() if isinstance(value, str) else value
-    if key not in normal:
-        raise ValueError(
-            f"mixed_precision={value!r} is not supported; choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
-        )
-    return normal[key]
 
 
 class GradientState:
