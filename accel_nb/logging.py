@@ -5,7 +5,8 @@
     logger.info(f"rank {rank} ready", main_process_only=False) # every process
     logger.info(f"rank {rank} ready", in_order=True)           # every process, rank 0 first
 
-Every logging call takes two extra keywords: ``main_process_only`` (default True) and
+Messages start with ``[RANK i]``, the process that logged them. Every logging call takes two
+extra keywords: ``main_process_only`` (default True) and
 ``in_order`` (every process logs, one after the other in rank order, with a barrier between;
 it takes precedence over ``main_process_only``).
 """
@@ -53,7 +54,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     def _emit(self, level: int, msg: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         msg, kwargs = self.process(msg, kwargs)
-        self.logger.log(level, msg, *args, **kwargs)
+        self.logger.log(level, f"[RANK {_state().process_index}] {msg}", *args, **kwargs)
 
     @functools.lru_cache(None)  # noqa: B019 - one entry per distinct message, like warnings' "once"
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
@@ -66,7 +67,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
 
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
-    """A :class:`MultiProcessAdapter` over ``logging.getLogger(name)``.
+    """A ``MultiProcessAdapter`` over ``logging.getLogger(name)``.
 
     ``log_level`` (or the ``ACCEL_NB_LOG_LEVEL`` / ``ACCELERATE_LOG_LEVEL`` environment variable)
     sets the level of this logger and of the root logger.
