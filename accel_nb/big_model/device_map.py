@@ -514,3 +514,26 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
             f"{' ...' if len(top) > 12 else ''}. Add these modules to the map (e.g. {top[0]!r}: 'cpu') "
             "or use device_map='auto'."
         )
+
+
+def check_devices_exist(devices: Iterable[Any], source: str) -> None:
+    """Raise DeviceMapError naming any GPU in ``source`` (e.g. "max_memory") this machine lacks.
+
+        check_devices_exist(device_map.values(), "device_map")
+    Called before anything is loaded or moved. Planning alone never calls it: maps for a GPU
+    machine can be made on a laptop.
+    """
+    wanted = {normalize_device(d) for d in devices}
+    gpus = sorted(d for d in wanted if isinstance(d, int))
+    have = torch.cuda.device_count() if gpus and torch.cuda.is_available() else 0
+    missing = [g for g in gpus if g >= have]
+    if missing:
+        names = ", ".join(_dev_name(g) for g in missing)
+        machine = f"{have} CUDA GPU(s)" if have else "no CUDA GPU"
+        raise DeviceMapError(
+            f"{source} names {names} but this machine has {machine}; nothing was loaded. Remove the GPU "
+            f"entries from {source} (e.g. {{'cpu': '30GiB', 'disk': '1TB'}}), or run on a machine with "
+            "that GPU. Planning alone (infer_auto_device_map, show_device_map) works without it."
+        )
+    if "mps" in wanted and not torch.backends.mps.is_available():
+        raise DeviceMapError(f"{source} names 'mps' but MPS is not available here; nothing was loaded")

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .device_map import DeviceMapError, check_device_map, resolve_device_map
+from .device_map import DeviceMapError, check_device_map, check_devices_exist, resolve_device_map
 from .hooks import attach_device_hook, remove_device_hooks
 from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit, TensorSlot
+from .rollback import restore, snapshot
 from .sizes import get_max_memory, normalize_device, torch_device
 from .units import hook_targets as _hook_targets
 from .units import is_container as _is_container
@@ -203,11 +204,10 @@ def dispatch_model(
         device_map = resolve_device_map(model, device_map)
     device_map = {name: normalize_device(dev) for name, dev in device_map.items()}
     check_device_map(model, device_map)
+    check_devices_exist(list(device_map.values()) + ([main_device] if main_device is not None else []), "device_map")
     remove_dispatch(model)
     if no_split_module_classes is None:
         no_split_module_classes = getattr(model, "_no_split_modules", None)
-    no_split = list(no_split_module_classes or [])
-    offload_dir = os.fspath(offload_dir) if offload_dir is not None else None
     in_place_devices = [d for d in device_map.values() if d not in ("cpu", "disk")]
     if main_device is None:
         gpus = sorted(d for d in in_place_devices if isinstance(d, int))
@@ -216,51 +216,68 @@ def dispatch_model(
     if exec_device.type == "cuda" and exec_device.index is None:
         exec_device = torch.device("cuda", 0)
     engine = OffloadEngine(exec_device, num_buffers=num_buffers, prefetch=prefetch, buffered=buffered)
-    placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    modules = dict(model.named_modules(remove_duplicate=False))
-    # the map order is the execution order the prefetcher starts from
-    for name, dev in device_map.items():
-        module, owner, attr = _resolve(model, name, modules)
-        runs_in_place = dev not in ("cpu", "disk") or (dev == "cpu" and exec_device.type == "cpu")
-        if runs_in_place:
-            device = torch_device(dev)
-            if attr is not None:
-                _move(owner, attr, attr in owner._parameters, name, device)
-                continue
-            for full, o, a, is_param, _ in _tensor_slots(module, name):
-                _move(o, a, is_param, full, device)
-            for _, target in _hook_targets(name, module):
-                attach_device_hook(target, device, skip_keys=skip_keys)
-            continue
-        if attr is not None:
-            unit = _build_unit(
-                model, name, owner, attr, dev, exec_device, offload_buffers, offload_dir, placeholders
-            )
-            if unit is not None:
-                engine.add_unit(unit)
-                attach_device_hook(owner, exec_device, unit, engine, skip_keys=skip_keys)
-            continue
-        for target_name, target, direct_only in _offload_targets(name, module, no_split):
-            unit = _build_unit(
-                model,
-                target_name,
-                target,
-                None,
-                dev,
-                exec_device,
-                offload_buffers,
-                offload_dir,
-                placeholders,
-                direct_only,
-            )
-            attach_device_hook(target, exec_device, unit, engine, skip_keys=skip_keys)
-            if unit is not None:
-                engine.add_unit(unit)
-    engine.finalize()
+    placer = _Placer(
+        model, engine, list(no_split_module_classes or []), offload_buffers,
+        os.fspath(offload_dir) if offload_dir is not None else None, skip_keys,
+    )  # fmt: skip
+    snap = snapshot(model)
+    try:
+        for name, dev in device_map.items():  # map order: the order the prefetcher starts from
+            placer.place(name, dev)
+        engine.finalize()
+    except BaseException:
+        restore(model, snap)  # no half dispatch: same tensors, no hooks
+        engine.close()
+        raise
     attach_device_hook(model, io_same_device=True, skip_keys=skip_keys)
     model.hf_device_map = dict(device_map)
     model._accel_nb_engine = engine
     return model
+
+
+class _Placer:
+    """Puts one map entry in place: moved and hooked (GPU, or CPU on a CPU run) or offloaded."""
+
+    def __init__(self, model, engine: OffloadEngine, no_split, offload_buffers, offload_dir, skip_keys) -> None:
+        self.model = model
+        self.engine = engine
+        self.no_split = no_split
+        self.offload_buffers = offload_buffers
+        self.offload_dir = offload_dir
+        self.skip_keys = skip_keys
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def place(self, name: str, dev: Any) -> None:
+        module, owner, attr = _resolve(self.model, name, self.modules)
+        exec_device = self.engine.device
+        if dev not in ("cpu", "disk") or (dev == "cpu" and exec_device.type == "cpu"):
+            self._in_place(name, module, owner, attr, torch_device(dev))
+        elif attr is not None:
+            self._offload(name, owner, attr, dev, hook_on=owner)
+        else:
+            for target_name, target, direct_only in _offload_targets(name, module, self.no_split):
+                self._offload(target_name, target, None, dev, hook_on=target, direct_only=direct_only)
+
+    def _in_place(self, name, module, owner, attr, device: torch.device) -> None:
+        if attr is not None:
+            _move(owner, attr, attr in owner._parameters, name, device)
+            return
+        for full, o, a, is_param, _ in _tensor_slots(module, name):
+            _move(o, a, is_param, full, device)
+        for _, target in _hook_targets(name, module):
+            attach_device_hook(target, device, skip_keys=self.skip_keys)
+
+    def _offload(self, name, module, attr, dev, hook_on, direct_only: bool = False) -> None:
+        unit = _build_unit(
+            self.model, name, module, attr, dev, self.engine.device, self.offload_buffers,
+            self.offload_dir, self.placeholders, direct_only,
+        )  # fmt: skip
+        if unit is None and attr is not None:
+            return
+        attach_device_hook(hook_on, self.engine.device, unit, self.engine, skip_keys=self.skip_keys)
+        if unit is not None:
+            self.engine.add_unit(unit)
 
 
 def cpu_offload(
@@ -307,43 +324,61 @@ def _offload_all(
     num_buffers: int,
     buffered: bool | None = None,
 ) -> nn.Module:
+    check_devices_exist([execution_device], "execution_device")
     remove_dispatch(model)
     exec_device = torch_device(normalize_device(execution_device))
     engine = OffloadEngine(exec_device, num_buffers=num_buffers, buffered=buffered)
-    placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    modules = dict(model.named_modules(remove_duplicate=False))
+    snap = snapshot(model)
+    try:
+        if source == "disk":
+            _write_model_for_disk(model, offload_dir, offload_buffers)
+        _offload_every_module(model, source, engine, offload_buffers, offload_dir)
+        engine.finalize()
+    except BaseException:
+        restore(model, snap)
+        engine.close()
+        raise
+    attach_device_hook(model, exec_device, io_same_device=True)
+    model.hf_device_map = {"": "disk" if source == "disk" else "cpu"}
+    model._accel_nb_engine = engine
+    return model
+
+
+def _write_model_for_disk(model: nn.Module, offload_dir: str | None, offload_buffers: bool) -> None:
+    """One safetensors file for every in-memory weight not already in a safetensors file."""
     disk_index: dict[str, tuple[str, str]] = dict(getattr(model, _DISK_INDEX, {}))
-    if source == "disk":  # one file for everything not already in a safetensors file
-        pending: dict[str, torch.Tensor] = {}
-        first: dict[int, str] = {}
-        tied: dict[str, str] = {}
-        for full, _, _, is_param, t in _tensor_slots(model, ""):
-            if not (is_param or offload_buffers) or t.device.type == "meta" or full in disk_index:
-                continue
-            if id(t) in first:
-                tied[full] = first[id(t)]
-                continue
-            first[id(t)] = full
-            pending[full] = t
-        if pending:
-            path = _save_for_disk(pending, offload_dir, "model")
-            disk_index.update({k: (path, k) for k in pending})
-            disk_index.update({k: (path, v) for k, v in tied.items()})
-        model._accel_nb_disk_index = disk_index
-    for name, module in modules.items():
-        direct = [
-            (a, t)
-            for a, t in list(module._parameters.items()) + list(module._buffers.items())
-            if t is not None
-        ]
+    pending: dict[str, torch.Tensor] = {}
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for full, _, _, is_param, t in _tensor_slots(model, ""):
+        if not (is_param or offload_buffers) or t.device.type == "meta" or full in disk_index:
+            continue
+        if id(t) in first:
+            tied[full] = first[id(t)]
+            continue
+        first[id(t)] = full
+        pending[full] = t
+    if pending:
+        path = _save_for_disk(pending, offload_dir, "model")
+        disk_index.update({k: (path, k) for k in pending})
+        disk_index.update({k: (path, v) for k, v in tied.items()})
+    model._accel_nb_disk_index = disk_index
+
+
+def _offload_every_module(
+    model: nn.Module, source: str, engine: OffloadEngine, offload_buffers: bool, offload_dir: str | None
+) -> None:
+    """One streaming unit per module that holds tensors directly (its children are units of their own)."""
+    placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        direct = [a for a, t in list(module._parameters.items()) + list(module._buffers.items()) if t is not None]
         if not direct:
             continue
         unit = OffloadUnit(name, module, source)
-        # the module's own tensors only: its children are units of their own
-        for attr, _ in direct:
+        for attr in direct:
             full = f"{name}.{attr}" if name else attr
             part = _build_unit(
-                model, full, module, attr, source, exec_device, offload_buffers, offload_dir, placeholders
+                model, full, module, attr, source, engine.device, offload_buffers, offload_dir, placeholders
             )
             if part is not None:
                 unit.slots += part.slots
@@ -351,14 +386,9 @@ def _offload_all(
                 unit.disk.update(part.disk)
         if unit.slots:
             engine.add_unit(unit)
-            attach_device_hook(module, exec_device, unit, engine)
+            attach_device_hook(module, engine.device, unit, engine)
         elif not _is_container(module):
-            attach_device_hook(module, exec_device)
-    engine.finalize()
-    attach_device_hook(model, exec_device, io_same_device=True)
-    model.hf_device_map = {"": "disk" if source == "disk" else "cpu"}
-    model._accel_nb_engine = engine
-    return model
+            attach_device_hook(module, engine.device)
 
 
 def load_checkpoint_and_dispatch(
@@ -384,31 +414,38 @@ def load_checkpoint_and_dispatch(
                                              no_split_module_classes=["LlamaDecoderLayer"],
                                              offload_folder="offload")
     With ``offload_folder`` and a string device_map, modules that fit nowhere go to disk.
+    GPUs named in ``max_memory`` or ``device_map`` must exist (checked before anything is read);
+    if loading or dispatching fails, the model is left as it was (no tensor loaded, no hook).
+    ``offload_state_dict`` is accepted for compatibility: shards are always read one at a time.
     """
-    from .loading import load_checkpoint_in_model
+    from .loading import load_checkpoint_tensors
 
+    del offload_state_dict
+    if max_memory is not None:
+        check_devices_exist(get_max_memory(max_memory), "max_memory")
     if isinstance(device_map, str):
         budgets: dict[Any, Any] = dict(get_max_memory(max_memory))
         if offload_folder is not None and "disk" not in budgets:
             budgets["disk"] = 2**62
-        device_map = resolve_device_map(model, device_map, budgets, no_split_module_classes, dtype)
-    load_checkpoint_in_model(
-        model,
-        checkpoint,
-        device_map=device_map,
-        offload_folder=offload_folder,
-        dtype=dtype,
-        strict=strict,
-        allow_pickle=allow_pickle,
-        offload_buffers=offload_buffers,
-    )
-    if device_map is None:
-        return model
-    return dispatch_model(
-        model,
-        device_map,
-        offload_dir=offload_folder,
-        offload_buffers=offload_buffers,
-        skip_keys=skip_keys,
-        no_split_module_classes=no_split_module_classes,
-    )
+        device_map = resolve_device_map(
+            model, device_map, budgets, no_split_module_classes, dtype, offload_buffers=offload_buffers
+        )
+    snap = snapshot(model)
+    try:
+        load_checkpoint_tensors(
+            model, checkpoint, device_map, offload_folder, dtype, offload_buffers, None, strict,
+            allow_pickle, True, in_place=False,
+        )  # fmt: skip
+        if device_map is not None:
+            dispatch_model(
+                model,
+                device_map,
+                offload_dir=offload_folder,
+                offload_buffers=offload_buffers,
+                skip_keys=skip_keys,
+                no_split_module_classes=no_split_module_classes,
+            )
+    except BaseException:
+        restore(model, snap)  # the model is as it was: nothing half-loaded, no hooks
+        raise
+    return model
