@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,10 +27,15 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import ops
+from .accelerator_views import StateViews
+from .checkpoint import ProjectConfiguration
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
+from .kwargs_handlers import HandlerArguments, read_kwargs_handlers
+from .model_wrapping import place_and_wrap, unwrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
 from .precision import PrecisionPolicy
+from .rng import check_rng_types
 from .state import (
     ENV_GRADIENT_ACCUMULATION_STEPS,
     AcceleratorState,
@@ -40,7 +46,7 @@ from .state import (
 __all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
 
 
-class Accelerator:
+class Accelerator(StateViews):
     """Run one training loop unchanged on a CPU, one GPU, many GPUs or many machines.
 
         accelerator = Accelerator(mixed_precision="fp16")
@@ -52,6 +58,10 @@ class Accelerator:
 
     ``self.step`` counts ``accumulate()`` blocks since the start or the last end of a data loader
     (where it returns to 0 so every epoch starts a fresh accumulation window).
+
+    ``rng_types`` (e.g. ``["torch", "generator"]``) copies process 0's generator states to every
+    process at the start of each pass over a prepared loader. ``log_with`` is accepted for
+    compatibility and warns: no experiment tracker is wired yet; ``log()`` reaches the launcher.
     """
 
     def __init__(
@@ -74,18 +84,18 @@ class Accelerator:
     ) -> None:
         if kwargs:
             raise TypeError(
-                f"Accelerator got unsupported arguments {sorted(kwargs)}; accel_nb supports the arguments "
-                "listed in help(Accelerator)"
+                f"Accelerator() got an unexpected keyword argument {sorted(kwargs)[0]!r}; accel_nb supports the "
+                "arguments listed in help(Accelerator)"
             )
-        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu)
+        handlers = _handler_options(kwargs_handlers)
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, **handlers.init_process_group)
         if gradient_accumulation_steps == 1:
             gradient_accumulation_steps = int(env_value(ENV_GRADIENT_ACCUMULATION_STEPS, "1"))
         if int(gradient_accumulation_steps) < 1:
             raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be at least 1")
         self.gradient_state = GradientState(gradient_accumulation_steps=int(gradient_accumulation_steps))
         self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device)
-        handler_kwargs = _read_kwargs_handlers(kwargs_handlers)
-        self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler(**handler_kwargs["scaler"])
+        self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler(**handlers.scaler)
 
         config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
         if split_batches is not None:
@@ -95,9 +105,13 @@ class Accelerator:
         self.dataloader_config = config
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.rng_types = rng_types
+        self.rng_types = check_rng_types(rng_types, self.state.device)
         self.log_with = log_with
-        self.ddp_kwargs = {**handler_kwargs["ddp"], **(ddp_kwargs or {})}
+        if log_with is not None:
+            _warn_once("log_with", f"log_with={log_with!r} is accepted for compatibility, but accel_nb wires no "
+                       "experiment tracker yet: accelerator.log() sends metrics to the launcher's display only")
+        self.ddp_kwargs = {**handlers.ddp, **(ddp_kwargs or {})}
+        self._ddp_handler = handlers.ddp_handler  # registers its communication hook on each DDP model
         self.project_configuration = self._make_project_configuration(project_dir, project_config)
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
@@ -115,122 +129,7 @@ class Accelerator:
             if project_dir is not None and getattr(project_config, "project_dir", None) is None:
                 project_config.project_dir = project_dir
             return project_config
-        try:
-            from .checkpoint import ProjectConfiguration
-        except ImportError:  # the checkpoint module is optional for training itself
-            import types
-
-            return types.SimpleNamespace(
-                project_dir=project_dir,
-                logging_dir=project_dir,
-                automatic_checkpoint_naming=False,
-                total_limit=None,
-                iteration=0,
-                save_on_each_node=False,
-            )
         return ProjectConfiguration(project_dir=project_dir)
-
-    # -- topology (delegated to the shared state) ---------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_process_index
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.num_processes
-
-    @property
-    def distributed_type(self) -> Any:
-        return self.state.distributed_type
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.num_processes > 1
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.state.mixed_precision
-
-    @property
-    def project_dir(self) -> str | None:
-        return getattr(self.project_configuration, "project_dir", None)
-
-    @property
-    def split_batches(self) -> bool:
-        return self.dataloader_config.split_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.dataloader_config.even_batches
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        return self.gradient_state.num_steps
-
-    @gradient_accumulation_steps.setter
-    def gradient_accumulation_steps(self, value: int) -> None:
-        self.gradient_state.num_steps = int(value)
-
-    @property
-    def sync_gradients(self) -> bool:
-        """True on the steps where gradients are synchronised and the optimizer updates."""
-        return self.gradient_state.sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, value: bool) -> None:
-        self.gradient_state._set_sync_gradients(bool(value))
-
-    @property
-    def optimizer_step_was_skipped(self) -> bool:
-        return any(opt.step_was_skipped for opt in self._optimizers)
-
-    def wait_for_everyone(self) -> None:
-        """A barrier across all processes."""
-        self.state.wait_for_everyone()
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        return self.state.local_main_process_first()
-
-    def split_between_processes(
-        self, inputs: Any, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager[Any]:
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def on_main_process(self, function: Any) -> Any:
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Any) -> Any:
-        return self.state.on_local_main_process(function)
-
-    def on_process(self, function: Any = None, process_index: int = 0) -> Any:
-        return self.state.on_process(function, process_index=process_index)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on the main process only."""
-        self.state.print(*args, **kwargs)
 
     # -- prepare -------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -293,25 +192,12 @@ class Accelerator:
             )
         if device_placement is None:
             device_placement = self.device_placement
-        device_map = getattr(model, "hf_device_map", None)
-        if device_map and len(set(device_map.values())) > 1:
-            if self.use_distributed:
-                raise ValueError(
-                    "this model is dispatched over several devices (hf_device_map) and cannot be trained with "
-                    f"{self.num_processes} processes; load it on one device per process, or use one process"
-                )
-            device_placement = False  # its layers already sit where the device map put them
-        if device_placement:
-            model = model.to(self.device)
-        if self.precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
-            model._accel_nb_original_forward = model.forward
-            model.forward = self.precision.wrap_forward(model.forward)
-        if self.use_distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
-            kwargs = dict(self.ddp_kwargs)
-            if self.device.type == "cuda":
-                kwargs.setdefault("device_ids", [self.device.index])
-                kwargs.setdefault("output_device", self.device.index)
-            model = DistributedDataParallel(model, **kwargs)
+        model = place_and_wrap(
+            model, self.device, self.precision, self.use_distributed, self.num_processes, self.ddp_kwargs,
+            device_placement, evaluation_mode,
+        )  # fmt: skip
+        if isinstance(model, DistributedDataParallel) and self._ddp_handler is not None:
+            self._ddp_handler.register_comm_hook(model)
         self._models.append(model)
         return model
 
@@ -370,6 +256,7 @@ class Accelerator:
             use_seedable_sampler=cfg.use_seedable_sampler,
             data_seed=cfg.data_seed,
             non_blocking=cfg.non_blocking,
+            rng_types=self.rng_types,
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -470,22 +357,7 @@ class Accelerator:
     # -- models --------------------------------------------------------------------------------------
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
         """The user's model inside the DDP/compile wrappers (without the autocast forward if asked)."""
-        while True:
-            if isinstance(model, DistributedDataParallel):
-                model = model.module
-            elif hasattr(model, "_orig_mod") and isinstance(
-                model._orig_mod, torch.nn.Module
-            ):  # torch.compile
-                model = model._orig_mod
-            else:
-                break
-        if not keep_fp32_wrapper and "_accel_nb_original_forward" in model.__dict__:
-            original = model.__dict__.pop("_accel_nb_original_forward")
-            if getattr(original, "__func__", None) is getattr(type(model), "forward", None):
-                model.__dict__.pop("forward", None)  # back to the class's own forward
-            else:
-                model.forward = original
-        return model
+        return unwrap(model, keep_fp32_wrapper)
 
     # -- collectives ---------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
@@ -537,7 +409,9 @@ class Accelerator:
     def log(
         self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None
     ) -> bool:
-        """The reference library's spelling of :meth:`log_metrics`."""
+        """The reference library's spelling of :meth:`log_metrics` (``log_kwargs`` warn: no tracker is wired)."""
+        if log_kwargs:
+            _warn_once("log_kwargs", "log(log_kwargs=...) has no effect: accel_nb wires no experiment tracker yet")
         return self.log_metrics(values, step=step)
 
     def init_trackers(
@@ -546,7 +420,9 @@ class Accelerator:
         config: dict[str, Any] | None = None,
         init_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """Accepted for compatibility: metrics go through :meth:`log_metrics` to the launcher."""
+        """Record the project name and config; warns that no tracker is wired (metrics go to the launcher)."""
+        _warn_once("init_trackers", f"init_trackers({project_name!r}) starts no experiment tracker: accel_nb wires "
+                   "none yet, and accelerator.log() sends metrics to the launcher's display only")
         self.project_name = project_name
         self.tracker_config = config
 
@@ -634,20 +510,31 @@ class Accelerator:
         )
 
 
-_HANDLER_KINDS = {"DistributedDataParallelKwargs": "ddp", "GradScalerKwargs": "scaler"}
+_warned: set[str] = set()
 
 
-def _read_kwargs_handlers(handlers: list[Any] | None) -> dict[str, dict[str, Any]]:
-    """Options from the reference library's kwargs handlers (DDP and GradScaler ones are understood)."""
-    found: dict[str, dict[str, Any]] = {"ddp": {}, "scaler": {}}
-    for handler in handlers or []:
-        kind = _HANDLER_KINDS.get(type(handler).__name__)
-        if kind is None or not callable(getattr(handler, "to_kwargs", None)):
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _handler_options(handlers: list[Any] | None) -> HandlerArguments:
+    """The kwargs handlers' options that accel_nb acts on; a clear error for the ones it would ignore."""
+    found = read_kwargs_handlers(handlers)
+    for slot, what in (("autocast", "AutocastKwargs"), ("profile", "ProfileKwargs"),
+                       ("gradient_accumulation", "GradientAccumulationPlugin")):  # fmt: skip
+        if getattr(found, slot):
             raise ValueError(
-                f"kwargs handler {type(handler).__name__} is not supported; accel_nb understands "
-                f"{', '.join(_HANDLER_KINDS)} (or pass ddp_kwargs={{...}} directly)"
+                f"kwargs_handlers: {what} is not wired into Accelerator yet; remove it "
+                "(gradient accumulation: pass gradient_accumulation_steps=...)"
             )
-        found[kind].update(handler.to_kwargs())
+    extra = sorted(set(found.init_process_group) - {"backend", "timeout"})
+    if extra:
+        raise ValueError(
+            f"InitProcessGroupKwargs({extra[0]}=...) is not supported: the launch environment sets the "
+            "rendezvous; accel_nb honours backend and timeout"
+        )
     return found
 
 

@@ -100,9 +100,11 @@ class DataLoaderShard(DataLoader):
         skip_batches: int = 0,
         _source: DataLoader | None = None,
         _shard_info: dict[str, Any] | None = None,
+        rng_types: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        self.rng_types = rng_types  # synchronised from process 0 at the start of every pass
         self.device = device
         self.non_blocking = non_blocking
         self.skip_batches = int(skip_batches)  # skipped at the start of every pass
@@ -214,7 +216,19 @@ class DataLoaderShard(DataLoader):
     def _skip_in_sampler(self) -> bool:
         return isinstance(self.batch_sampler, SkipBatchSampler) and not isinstance(self.dataset, IterableDataset)
 
+    def _synchronize_rngs(self) -> None:
+        """Give every rank process 0's generator states (``rng_types``) before a pass begins."""
+        from .ops import broadcast_object_list
+        from .rng import synchronize_rng_states
+
+        target = _innermost_sampler(self.batch_sampler)
+        if "generator" in self.rng_types and isinstance(target, SeedableRandomSampler):
+            target.seed = int(broadcast_object_list([target.seed], from_process=0)[0])  # its order is its seed
+        synchronize_rng_states(self.rng_types, _sampler_generator(self.batch_sampler))
+
     def __iter__(self) -> Iterator[Any]:
+        if self.rng_types:
+            self._synchronize_rngs()
         self._apply_epoch()
         resume = self._resume_skip
         self._resume_skip = 0
@@ -290,6 +304,30 @@ def _resolve_sampler(dl: DataLoader, seed: int | None, use_seedable_sampler: boo
     return sampler
 
 
+def _sampler_generator(batch_sampler: Any) -> torch.Generator | None:
+    """The torch.Generator that orders the samples (a RandomSampler's), if there is one."""
+    inner = batch_sampler
+    while inner is not None:
+        if isinstance(inner, RandomSampler) and not isinstance(inner, SeedableRandomSampler):
+            return inner.generator
+        nxt = getattr(inner, "batch_sampler", None) or getattr(inner, "sampler", None)
+        inner = None if nxt is inner else nxt
+    return None
+
+
+def _give_generator(batch_sampler: Any) -> None:
+    """A RandomSampler without a generator gets one (seeded from torch's RNG) so rng_types can sync it."""
+    inner = batch_sampler
+    while inner is not None:
+        if isinstance(inner, RandomSampler) and not isinstance(inner, SeedableRandomSampler):
+            if inner.generator is None:
+                inner.generator = torch.Generator()
+                inner.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+            return
+        nxt = getattr(inner, "batch_sampler", None) or getattr(inner, "sampler", None)
+        inner = None if nxt is inner else nxt
+
+
 def _shared_seed() -> int:
     """A shuffle seed drawn from rank 0's torch RNG and sent to every rank."""
     from .ops import broadcast_object_list
@@ -309,8 +347,12 @@ def prepare_data_loader(
     use_seedable_sampler: bool = True,
     data_seed: int | None = None,
     non_blocking: bool = False,
+    rng_types: list[str] | None = None,
 ) -> DataLoader:
     """Shard ``dataloader`` for this process and place its batches on ``device``.
+
+    ``rng_types`` (e.g. ``["torch", "generator"]``) are synchronised from process 0 at the start
+    of every pass, so random draws and shuffles agree across processes.
 
         loader = prepare_data_loader(DataLoader(ds, batch_size=16, shuffle=True))
     """
@@ -345,7 +387,7 @@ def prepare_data_loader(
         per_rank = batch_size // num_processes if split_batches else batch_size
         return DataLoaderShard(
             shard, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-            batch_size=per_rank, drop_last=dataloader.drop_last, **kwargs,
+            batch_size=per_rank, drop_last=dataloader.drop_last, rng_types=rng_types, **kwargs,
         )
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:
@@ -358,6 +400,8 @@ def prepare_data_loader(
         sampler = _resolve_sampler(dataloader, data_seed, use_seedable_sampler)
         batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
     info["batch_size"] = getattr(batch_sampler, "batch_size", None)
+    if rng_types and "generator" in rng_types:
+        _give_generator(batch_sampler)
     if num_processes > 1 or split_batches:
         batch_sampler = BatchSamplerShard(
             batch_sampler, num_processes=num_processes, process_index=process_index,
@@ -365,7 +409,7 @@ def prepare_data_loader(
         )
     return DataLoaderShard(
         dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-        batch_sampler=SkipBatchSampler(batch_sampler, 0), **kwargs,
+        batch_sampler=SkipBatchSampler(batch_sampler, 0), rng_types=rng_types, **kwargs,
     )
 
 
@@ -387,6 +431,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             DataLoaderShard.__init__(
                 new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
                 skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
+                rng_types=dataloader.rng_types,
                 batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs,
             )
         else:
@@ -395,6 +440,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             DataLoaderShard.__init__(
                 new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
                 skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
+                rng_types=dataloader.rng_types,
                 batch_sampler=SkipBatchSampler(inner, num_batches), **kwargs,
             )
         new.epoch = dataloader.epoch

@@ -47,3 +47,59 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+# -- synchronising generators across processes ------------------------------------------------------
+RNG_TYPES = ("torch", "cuda", "generator", "xla")
+
+
+def check_rng_types(rng_types: Any, device: torch.device) -> list[str] | None:
+    """Validate ``Accelerator(rng_types=...)`` for this process's device; None when nothing is synced.
+
+    check_rng_types(["torch", "generator"], torch.device("cpu"))   # ['torch', 'generator']
+    """
+    if rng_types is None:
+        return None
+    if isinstance(rng_types, str) or not all(isinstance(t, str) for t in rng_types):
+        raise TypeError(f"rng_types={rng_types!r} must be a list of names such as ['torch', 'generator']")
+    chosen = [t.strip().lower() for t in rng_types]
+    unknown = [t for t in chosen if t not in RNG_TYPES]
+    if unknown:
+        raise ValueError(f"rng_types: {unknown[0]!r} is not one of {', '.join(RNG_TYPES)}")
+    if "xla" in chosen:
+        raise ValueError("rng_types: 'xla' needs the XLA (TPU) path, which accel_nb does not have yet")
+    if "cuda" in chosen and torch.device(device).type != "cuda":
+        raise ValueError(
+            f"rng_types: 'cuda' synchronises the CUDA generator, but this process runs on {device}; "
+            "drop 'cuda' (use 'torch' and 'generator')"
+        )
+    return chosen
+
+
+def synchronize_rng_state(rng_type: str, generator: torch.Generator | None = None) -> None:
+    """Copy process 0's ``rng_type`` generator state ("torch", "cuda" or "generator") to every process.
+
+    synchronize_rng_state("torch")     # every rank now draws the same torch.rand() numbers
+    """
+    from .ops import broadcast
+
+    if rng_type == "torch":
+        state = broadcast(torch.get_rng_state())
+        torch.set_rng_state(state)
+    elif rng_type == "cuda":
+        state = broadcast(torch.cuda.get_rng_state())
+        torch.cuda.set_rng_state(state)
+    elif rng_type == "generator":
+        if generator is None:
+            raise ValueError("synchronize_rng_state('generator') needs the generator to synchronise")
+        generator.set_state(broadcast(generator.get_state()))
+    else:
+        raise ValueError(f"rng_type={rng_type!r} is not one of torch, cuda, generator")
+
+
+def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | None = None) -> None:
+    """:func:`synchronize_rng_state` for each name in ``rng_types`` ("generator" only when one is given)."""
+    for rng_type in rng_types:
+        if rng_type == "generator" and generator is None:
+            continue  # the loader has no generator of its own (its order does not depend on one)
+        synchronize_rng_state(rng_type, generator)

@@ -36,3 +36,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if item.get_closest_marker("browser") and not has_chromium:
             item.add_marker(pytest.mark.skip(reason="needs Debian's chromium (scripts/test.sh installs it)"))
+
+
+# environment variables a launch sets for a rank; tests of the core start without them
+_LAUNCH_ENV = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "ACCEL_NB_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS",
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCEL_NB_USE_CPU", "ACCELERATE_USE_CPU",
+)  # fmt: skip
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    """A single-process topology and forgotten PartialState/AcceleratorState/GradientState, before and after.
+
+    Use it with ``pytestmark = pytest.mark.usefixtures("fresh_state")``; it yields ``monkeypatch``.
+    """
+    from accel_nb.state import _reset_all_states
+
+    for name in _LAUNCH_ENV:
+        monkeypatch.delenv(name, raising=False)
+    _reset_all_states()
+    yield monkeypatch
+    _reset_all_states()

@@ -1,0 +1,126 @@
+"""What an ``Accelerator`` shows of the shared state: topology, settings, and the per-process helpers.
+
+Read-only views and one-line delegations to ``AcceleratorState`` / ``GradientState``, kept apart
+from ``accelerator.py`` so the facade file holds what the Accelerator itself does.
+
+    accelerator.process_index, accelerator.num_processes, accelerator.device
+    with accelerator.main_process_first(): ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+
+class StateViews:
+    """Properties and helpers that read ``self.state`` (AcceleratorState) and ``self.gradient_state``."""
+
+    state: Any
+    gradient_state: Any
+    dataloader_config: Any
+    project_configuration: Any
+    _optimizers: list[Any]
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def distributed_type(self) -> Any:
+        return self.state.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.state.mixed_precision
+
+    @property
+    def project_dir(self) -> str | None:
+        return getattr(self.project_configuration, "project_dir", None)
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = int(value)
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the steps where gradients are synchronised and the optimizer updates."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state._set_sync_gradients(bool(value))
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    def wait_for_everyone(self) -> None:
+        """A barrier across all processes."""
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        return self.state.local_main_process_first()
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def on_main_process(self, function: Any) -> Any:
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Any) -> Any:
+        return self.state.on_local_main_process(function)
+
+    def on_process(self, function: Any = None, process_index: int = 0) -> Any:
+        return self.state.on_process(function, process_index=process_index)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the main process only."""
+        self.state.print(*args, **kwargs)

@@ -1,0 +1,75 @@
+"""What ``Accelerator.prepare`` does to a model, and how ``unwrap_model`` undoes it.
+
+A prepared model is moved to the process's device, runs its forward under the run's autocast
+(outputs back in fp32), and is wrapped in ``DistributedDataParallel`` when several processes
+train it. Nothing here keeps state: the Accelerator remembers what it prepared.
+
+    model = place_and_wrap(model, device, policy, distributed=True, ddp_kwargs={})
+    inner = unwrap(model)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["place_and_wrap", "unwrap"]
+
+
+def place_and_wrap(
+    model: torch.nn.Module,
+    device: torch.device,
+    precision: Any,
+    distributed: bool,
+    num_processes: int,
+    ddp_kwargs: dict[str, Any],
+    device_placement: bool,
+    evaluation_mode: bool = False,
+) -> torch.nn.Module:
+    """``model`` on ``device``, with the autocast forward of ``precision``, in DDP when ``distributed``.
+
+    A model dispatched over several devices (``hf_device_map``) stays where it is, and cannot be
+    trained by several processes (a clear error).
+    """
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map and len(set(device_map.values())) > 1:
+        if distributed:
+            raise ValueError(
+                "this model is dispatched over several devices (hf_device_map) and cannot be trained with "
+                f"{num_processes} processes; load it on one device per process, or use one process"
+            )
+        device_placement = False  # its layers already sit where the device map put them
+    if device_placement:
+        model = model.to(device)
+    if precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
+        model._accel_nb_original_forward = model.forward
+        model.forward = precision.wrap_forward(model.forward)
+    if distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+        kwargs = dict(ddp_kwargs)
+        if device.type == "cuda":
+            kwargs.setdefault("device_ids", [device.index])
+            kwargs.setdefault("output_device", device.index)
+        model = DistributedDataParallel(model, **kwargs)
+    return model
+
+
+def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
+    """The user's model inside the DDP/compile wrappers (without the autocast forward if asked)."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(
+            model._orig_mod, torch.nn.Module
+        ):  # torch.compile
+            model = model._orig_mod
+        else:
+            break
+    if not keep_fp32_wrapper and "_accel_nb_original_forward" in model.__dict__:
+        original = model.__dict__.pop("_accel_nb_original_forward")
+        if getattr(original, "__func__", None) is getattr(type(model), "forward", None):
+            model.__dict__.pop("forward", None)  # back to the class's own forward
+        else:
+            model.forward = original
+    return model
