@@ -173,3 +173,49 @@ def test_planning_a_view_never_initialises_cuda():
 
     view = show_device_map(_meta_net(), interactive=False)  # default budgets: NVML / RAM only
     assert view.device_map and not torch.cuda.is_initialized()
+
+
+def test_slider_readout_and_bars_show_the_same_budget_with_its_decimals():
+    pytest.importorskip("ipywidgets")
+    from accel_nb.utils import human_bytes
+
+    net = _meta_net()
+    total = compute_module_sizes(net)[""]
+    # 100 MB is 95.37 MiB: the slider once read "95" (whole MiB) while the bars said "95.4 MiB"
+    view = DeviceMapView(net, max_memory={0: "100MB", "cpu": total // 3, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view.widget()
+    for slider, dev in zip(view.sliders, [0, "cpu"]):
+        budget = view.budgets[dev]
+        shown = f"{slider.value:{slider.readout_format}} {slider.description.split('(')[1].rstrip(')')}"
+        assert shown == human_bytes(budget), (shown, human_bytes(budget))
+        assert f"/ {human_bytes(budget)} budget" in view._html_widget.value
+    assert f"{view.sliders[0].value:.1f}" == "95.4" and "95.4 MiB budget" in view.to_html()
+    # moving a slider to a value with decimals: the bars say the same figure
+    cpu = view.sliders[1]
+    cpu.value = round(cpu.max * 0.437, 1)
+    unit = cpu.description.split("(")[1].rstrip(")")
+    assert f"/ {cpu.value:.1f} {unit} budget" in view._html_widget.value
+    assert human_bytes(view.budgets["cpu"]) == f"{cpu.value:.1f} {unit}"
+
+
+def test_disk_bar_says_it_is_drawn_to_its_contents():
+    net = _meta_net()
+    sizes = compute_module_sizes(net)
+    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    html = view.to_html()
+    disk = re.search(r'<div class="accel-nb-device-bar" data-device="disk"[^>]*>(.*?)</div><div class="accel-nb-device-info">([^<]*)<', html, re.S)
+    assert 'data-scale="contents"' in disk.group(0) and "free" in disk.group(2)
+    assert "bar drawn to what it holds, not to its budget" in disk.group(2)
+    widths = [float(x) for x in re.findall(r"width:([0-9.]+)%", disk.group(1))]
+    assert abs(sum(widths) - 100) < 0.1  # full: it is drawn to its contents, and says so
+    cpu = re.search(r'<div class="accel-nb-device-bar" data-device="cpu"[^>]*>(.*?)</div><div class="accel-nb-device-info">([^<]*)<', html, re.S)
+    assert 'data-scale="budget"' in cpu.group(0) and "drawn to what it holds" not in cpu.group(2)
+    cpu_used = sum(sizes[k] for k, v in view.device_map.items() if v == "cpu")
+    cpu_widths = sum(float(x) for x in re.findall(r"width:([0-9.]+)%", cpu.group(1)))
+    assert abs(cpu_widths - 100 * cpu_used / (sizes[""] // 2)) < 0.1  # the CPU bar is to scale of its budget
+    assert "(bar: contents)" in view.text_summary()
+    # a disk budget close to what it holds is drawn to scale, with no note
+    near = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": sizes[""]}, no_split_module_classes=["Block"])
+    near_html = near.to_html()
+    assert re.search(r'data-device="disk" data-used="\d+" data-budget="\d+" data-headroom="0" data-scale="budget"', near_html)
+    assert "drawn to what it holds" not in near_html

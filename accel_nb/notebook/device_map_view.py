@@ -45,9 +45,25 @@ def _dev_name(device: Any) -> str:
 def _scale(d: dict[str, Any]) -> int:
     """Bytes a full bar stands for: the budget, except for a disk far larger than what it holds."""
     filled = d["used"] + d["headroom"]
-    if d["device"] == "disk" and (d["budget"] is None or d["budget"] > 4 * filled):
+    if _scaled_to_contents(d):
         return max(filled, 1)
     return max(d["budget"] or 0, filled, 1)
+
+
+def _scaled_to_contents(d: dict[str, Any]) -> bool:
+    """A disk budget (often a terabyte) would make its bar an invisible sliver: draw what it holds."""
+    return d["device"] == "disk" and (d["budget"] is None or d["budget"] > 4 * (d["used"] + d["headroom"]))
+
+
+_CONTENTS_NOTE = "bar drawn to what it holds, not to its budget"
+
+
+def _unit_of(nbytes: float) -> tuple[int, str]:
+    """The unit human_bytes writes ``nbytes`` in (so a slider and the bars show the same figure)."""
+    for power, name in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if abs(nbytes) >= 1024**power:
+            return 1024**power, name
+    return 1, "B"
 
 
 def _colour(name: str) -> str:
@@ -200,7 +216,10 @@ class DeviceMapView:
                 else ""
             )
             head = f", headroom {human_bytes(d['headroom'])}" if d["headroom"] else ""
-            lines.append(f"  {d['name']:>7s} [{bar[:width]}] {human_bytes(d['used'])} used{budget}{head}")
+            scale_note = " (bar: contents)" if _scaled_to_contents(d) and d["budget"] is not None else ""
+            lines.append(
+                f"  {d['name']:>7s} [{bar[:width]}] {human_bytes(d['used'])} used{budget}{head}{scale_note}"
+            )
         moves = self.moves()
         if moves:
             lines.append("Moved on:")
@@ -235,7 +254,8 @@ class DeviceMapView:
                 f'<div class="accel-nb-device-label">{esc(d["name"])}</div>'
                 f'<div class="accel-nb-device-bar" data-device="{esc(str(d["device"]))}" '
                 f'data-used="{d["used"]}" data-budget="{d["budget"] if d["budget"] is not None else ""}" '
-                f'data-headroom="{d["headroom"]}" title="{esc(title)}">'
+                f'data-headroom="{d["headroom"]}" data-scale="{"contents" if _scaled_to_contents(d) else "budget"}" '
+                f'title="{esc(title)}">'
             )
             for r in d["rows"]:
                 size = r["size"] or 0
@@ -248,7 +268,7 @@ class DeviceMapView:
             if d["headroom"]:
                 parts.append(
                     f'<div class="accel-nb-headroom" style="width:{100.0 * d["headroom"] / scale:.3f}%" '
-                    f'title="{esc("headroom reserved for the largest layer: " + human_bytes(d["headroom"]))}"></div>'
+                    f'title="{esc(self._headroom_title(d))}"></div>'
                 )
             if d["budget"] is not None and d["budget"] <= scale:
                 parts.append(
@@ -260,6 +280,8 @@ class DeviceMapView:
                 info += f" / {human_bytes(d['budget'])} budget, {human_bytes(max(d['free'], 0))} free"
             if d["headroom"]:
                 info += f", {human_bytes(d['headroom'])} headroom"
+            if _scaled_to_contents(d) and d["budget"] is not None:
+                info += f" ({_CONTENTS_NOTE})"
             parts.append(f'</div><div class="accel-nb-device-info">{esc(info)}</div></div>')
         moves = self.moves()
         if moves:
@@ -279,6 +301,10 @@ class DeviceMapView:
         parts.append("</table></div>")
         return "".join(parts)
 
+    def _headroom_title(self, d: dict[str, Any]) -> str:
+        notes = self.plan.notes if self.plan is not None else []
+        return f"headroom {human_bytes(d['headroom'])}: " + (notes[0] if notes else "kept free on this device")
+
     def _repr_html_(self) -> str | None:
         if self._already_shown():
             return None
@@ -289,13 +315,6 @@ class DeviceMapView:
         return self._shown_in is not None and self._shown_in == _execution_count()
 
     # -- widget ---------------------------------------------------------------------------------
-    def _slider_unit(self) -> tuple[int, str]:
-        total = self._sizes().get("", 0) if self.model is not None else 0
-        for unit, name in ((2**30, "GiB"), (2**20, "MiB")):
-            if total >= 64 * unit:
-                return unit, name
-        return (2**20, "MiB") if total >= 4 * 2**20 else (2**10, "KiB")
-
     def widget(self) -> Any:
         """The interactive view: one budget slider per device above the live HTML (ipywidgets)."""
         if self._widget is not None:
@@ -305,34 +324,38 @@ class DeviceMapView:
         self._html_widget = w.HTML(self.to_html())
         sliders = []
         if self.model is not None and self._fixed_map is None:
-            unit, unit_name = self._slider_unit()
             total = self._sizes().get("", 0)
             for dev, budget in self._budgets.items():
-                if dev == "disk":
-                    continue
-                top = max(int(budget // unit), int(total // unit) * 2, 1)
-                slider = w.IntSlider(
-                    value=int(budget // unit),
-                    min=0,
-                    max=top,
-                    step=max(top // 200, 1),
-                    description=f"{_dev_name(dev)} ({unit_name})",
-                    continuous_update=False,
-                    style={"description_width": "110px"},
-                    layout=w.Layout(width="520px"),
-                )
-                slider.add_class("accel-nb-budget-slider")
-                slider.add_class(f"accel-nb-budget-slider-{str(dev).replace(':', '-')}")
-
-                def on_change(change: Any, dev: Any = dev, unit: int = unit) -> None:
-                    self.set_budget(dev, int(change["new"]) * unit)
-
-                slider.observe(on_change, names="value")
-                sliders.append(slider)
+                if dev != "disk":
+                    sliders.append(self._slider(w, dev, budget, total))
         self.sliders = sliders
         self._widget = w.VBox([*sliders, self._html_widget])
         self._widget.add_class("accel-nb-device-map-widget")
         return self._widget
+
+    def _slider(self, w: Any, dev: Any, budget: int, total: int) -> Any:
+        """A budget slider in the unit the bars use for this budget, to one decimal like the bars."""
+        unit, unit_name = _unit_of(budget or total)
+        top = max(budget, 2 * total, unit) / unit
+        slider = w.FloatSlider(
+            value=budget / unit,
+            min=0.0,
+            max=top,
+            step=max(round(top / 200, 1), 0.1),
+            readout_format=".1f",
+            description=f"{_dev_name(dev)} ({unit_name})",
+            continuous_update=False,
+            style={"description_width": "110px"},
+            layout=w.Layout(width="520px"),
+        )
+        slider.add_class("accel-nb-budget-slider")
+        slider.add_class(f"accel-nb-budget-slider-{str(dev).replace(':', '-')}")
+
+        def on_change(change: Any) -> None:
+            self.set_budget(dev, int(round(change["new"] * unit)))
+
+        slider.observe(on_change, names="value")
+        return slider
 
     def _refresh(self) -> None:
         if self._html_widget is not None:
