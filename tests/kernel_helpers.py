@@ -134,5 +134,18 @@ class KernelSession:
                 break
         return out
 
+    def wait_for_text(self, msg_id: str, text: str, count: int = 1, timeout: float = 60) -> str:
+        """Read the running cell's stream output until ``text`` appeared ``count`` times (or ``timeout``); return it."""
+        seen = ""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and seen.count(text) < count:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=0.5)
+            except queue.Empty:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                seen += msg["content"]["text"]
+        return seen
+
     def interrupt(self) -> None:
         self.km.interrupt_kernel()

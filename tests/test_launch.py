@@ -14,26 +14,18 @@ import pytest
 from accel_nb import LaunchError, PartialState, debug_launcher, notebook_launcher
 from accel_nb.events import Dropped, Failure, Log, Phase, Progress, Result, emit
 from accel_nb.launch.errors import LaunchSetupError, PayloadError, RankFailure
+from accel_nb.launch.options import LaunchOptions
 from accel_nb.launch.plan import make_plan
 from accel_nb.launch.reporting import ListReporter, TextReporter
+from tests.cuda_pretend import pretend_cuda_initialised
+from tests.process_helpers import live_descendants
 
 pytestmark = pytest.mark.multiproc
 
 
-def _is_spawn_server(p) -> bool:
-    try:
-        return "accel_nb.launch.zygote" in " ".join(p.cmdline())
-    except psutil.Error:
-        return False
-
-
 def _no_children() -> list:
-    """Live descendants, except the warm spawn server (it stays between launches, with no rank)."""
-    return [
-        c
-        for c in psutil.Process().children(recursive=True)
-        if c.status() != psutil.STATUS_ZOMBIE and not _is_spawn_server(c)
-    ]
+    """Live descendants of this test process, except the warm spawn server."""
+    return live_descendants(psutil.Process())
 
 
 def _allreduce_rank() -> list[int]:
@@ -251,7 +243,25 @@ def test_hang_watchdog_shows_each_rank_stack_and_stops_them():
     assert not _no_children()
 
 
-def test_unpicklable_function_or_argument_is_named_before_any_process_starts():
+def test_fork_needs_no_pickling_of_a_lock_or_an_open_file(tmp_path):
+    lock = threading.Lock()
+    log = open(tmp_path / "log.txt", "w")  # noqa: SIM115 - an open file is the point of the test
+
+    def uses_lock_and_file():
+        with lock:
+            log.write(f"rank {PartialState().process_index}\n")
+            log.flush()
+        return PartialState().process_index
+
+    try:
+        assert debug_launcher(uses_lock_and_file, start_method="fork", reporter=ListReporter()) == [0, 1]
+        assert debug_launcher(uses_lock_and_file, reporter=ListReporter()) == [0, 1]  # auto chose fork
+    finally:
+        log.close()
+    assert sorted((tmp_path / "log.txt").read_text().splitlines()) == ["rank 0", "rank 0", "rank 1", "rank 1"]
+
+
+def test_unpicklable_function_or_argument_is_named_before_any_spawned_process_starts():
     lock = threading.Lock()
     gen = (i for i in range(3))
 
@@ -261,10 +271,10 @@ def test_unpicklable_function_or_argument_is_named_before_any_process_starts():
 
     before = len(psutil.Process().children())
     with pytest.raises(PayloadError, match="'lock' captured by the function") as info:
-        debug_launcher(uses_lock)
+        debug_launcher(uses_lock, start_method="spawn")
     assert "_thread.lock" in str(info.value)
     with pytest.raises(PayloadError, match=r"args\[1\]\['data'\]\[0\]"):
-        debug_launcher(lambda a, b: a, args=(1, {"data": [gen]}))
+        debug_launcher(lambda a, b: a, args=(1, {"data": [gen]}), start_method="spawn")
     assert len(psutil.Process().children()) == before
 
 
@@ -277,27 +287,32 @@ def test_a_busy_port_is_a_clear_error_before_starting():
             debug_launcher(_allreduce_rank, use_port=port)
 
 
-def test_bad_options_are_one_clear_error():
-    with pytest.raises(LaunchSetupError, match="mixed_precision='fp32'"):
-        debug_launcher(_allreduce_rank, mixed_precision="fp32")
+def test_bad_options_are_one_clear_error_before_anything_starts(monkeypatch):
+    before = len(psutil.Process().children())
+    with pytest.raises(LaunchSetupError, match="mixed_precision='fp8'"):
+        debug_launcher(_allreduce_rank, mixed_precision="fp8")
     with pytest.raises(LaunchSetupError, match="start_method='thread'"):
         debug_launcher(_allreduce_rank, start_method="thread")
-    with pytest.raises(TypeError, match="bogus"):
-        notebook_launcher(_allreduce_rank, bogus=1)
+    with pytest.raises(ValueError, match="progress='fancy' is not a display mode"):
+        debug_launcher(_allreduce_rank, progress="fancy")
+    monkeypatch.setenv("ACCEL_NB_PROGRESS", "fancy")
+    with pytest.raises(ValueError, match="environment variable ACCEL_NB_PROGRESS"):
+        debug_launcher(_allreduce_rank)
+    assert len(psutil.Process().children()) == before
 
 
 def test_plan_without_gpus_uses_one_cpu_process_and_says_so(monkeypatch):
-    from accel_nb.launch import cuda_guard
+    from accel_nb import hardware
 
-    monkeypatch.setattr(cuda_guard, "gpu_count", lambda: 0)
-    plan = make_plan()
+    monkeypatch.setattr(hardware, "gpu_info", lambda: [])
+    plan = make_plan(LaunchOptions())
     assert plan.num_processes == 1 and not plan.use_gpu
     assert plan.headline().startswith("Launching 1 CPU process (gloo)")
-    monkeypatch.setenv(cuda_guard.SIMULATE_ENV, "1")
-    plan = make_plan(num_processes=2)
+    pretend_cuda_initialised(monkeypatch)
+    plan = make_plan(LaunchOptions(num_processes=2))
     assert plan.start_method == "spawn" and "CUDA was initialised" in plan.spawn_reason
     with pytest.raises(LaunchSetupError, match="start_method='fork' is unsafe"):
-        make_plan(num_processes=2, start_method="fork")
+        make_plan(LaunchOptions(num_processes=2, start_method="fork"))
 
 
 def _returns_tensors():
@@ -369,7 +384,7 @@ def test_fifty_launches_leak_no_processes_no_fds_and_no_ports():
     assert proc.num_threads() <= threads
     assert not _no_children()
     # a fixed port is free again at once
-    port = make_plan(num_processes=2, cpu=True).master_port
+    port = make_plan(LaunchOptions(num_processes=2, cpu=True)).master_port
     for _ in range(3):
         assert debug_launcher(_trivial, reporter=ListReporter(), use_port=port) == [0, 1]
 
@@ -382,25 +397,27 @@ def test_large_tensor_arguments_are_warned_about_with_their_size(monkeypatch, ca
     import torch
 
     monkeypatch.setenv("ACCEL_NB_LARGE_ARGS_WARN_MB", "1")
-    big = torch.zeros(1024 * 1024)  # 4 MB
+    big = torch.zeros(1024 * 1024)  # 4 MiB
     assert debug_launcher(_first_of, args=(big,), reporter=ListReporter()) == [0, 0]
+    assert "of tensors" not in capsys.readouterr().out  # fork: the ranks share the parent's pages
+    assert debug_launcher(_first_of, args=(big,), reporter=ListReporter(), start_method="spawn") == [0, 0]
     out = capsys.readouterr().out
     assert (
-        "the arguments carry 4.0 MB of tensors; each of the 2 ranks gets its own copy (8.0 MB in all)" in out
+        "the arguments carry 4.0 MiB of tensors; each of the 2 ranks gets its own copy (8.0 MiB in all)" in out
     )
 
 
 def test_bf16_on_a_gpu_without_bf16_is_one_clear_error(monkeypatch):
-    from accel_nb.launch import cuda_guard
+    from accel_nb import hardware
 
-    monkeypatch.setattr(cuda_guard, "gpu_count", lambda: 2)
-    monkeypatch.setattr(cuda_guard, "gpu_info", lambda i: ("Tesla T4", (7, 5)))
+    t4 = [hardware.GPUInfo(i, "Tesla T4", 16 << 30, (7, 5), bf16=False) for i in range(2)]
+    monkeypatch.setattr(hardware, "gpu_info", lambda: t4)
     with pytest.raises(
         LaunchSetupError,
-        match=r"mixed_precision='bf16' is not supported by GPU 0 \(Tesla T4, compute capability 7.5",
+        match=r"mixed_precision='bf16' cannot run here: GPU 0 \(Tesla T4, compute capability 7.5\) does not support",
     ):
-        make_plan(mixed_precision="bf16")
-    plan = make_plan(mixed_precision="fp16")
+        make_plan(LaunchOptions(mixed_precision="bf16"))
+    plan = make_plan(LaunchOptions(mixed_precision="fp16"))
     assert plan.num_processes == 2 and plan.use_gpu and plan.backend == "nccl"
     assert plan.headline().startswith("Launching 2 GPU processes (nccl)")
 
@@ -429,12 +446,51 @@ def test_fork_after_the_notebook_used_an_openmp_pool_does_not_hang(capsys):
         torch.set_num_threads(before)
 
 
-def test_the_references_single_machine_arguments_are_accepted():
+def test_the_references_single_machine_arguments_are_accepted_and_inert_ones_warn_once():
     rep = ListReporter()
-    out = notebook_launcher(
-        _trivial, num_processes=2, cpu=True, reporter=rep, use_port=None, num_nodes=1, node_rank=0,
-        rdzv_backend="static", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
-    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"monitor_interval=\.\.\.\) is accepted for compatibility and has no effect"):
+        out = notebook_launcher(
+            _trivial, num_processes=2, cpu=True, reporter=rep, use_port=None, num_nodes=1, node_rank=0,
+            rdzv_backend="static", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
+        )  # fmt: skip
     assert out == [0, 1]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second time: no warning
+        assert notebook_launcher(_trivial, num_processes=1, cpu=True, reporter=rep, monitor_interval=0.1) == [0]
     with pytest.raises(LaunchSetupError, match="num_nodes=2.*accel-nb launch"):
         notebook_launcher(_trivial, num_processes=2, num_nodes=2)
+
+
+def test_an_unknown_keyword_is_a_clear_error_naming_what_is_accepted():
+    with pytest.raises(TypeError, match=r"notebook_launcher\(\) got unexpected keyword argument\(s\): bogus; it accepts .*cpu"):
+        notebook_launcher(_trivial, bogus=1)
+    with pytest.raises(TypeError, match=r"debug_launcher\(\) got unexpected keyword argument\(s\): nproc"):
+        debug_launcher(_trivial, nproc=2)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"start_method": "thread"}, "start_method='thread' is not one of 'auto', 'fork', 'spawn'"),
+        ({"mixed_precision": "fp32"}, "mixed_precision='fp32' is not supported .*spelled 'no'"),
+        ({"num_processes": 0}, "num_processes=0 must be at least 1"),
+        ({"num_processes": 2.5}, "num_processes=2.5 must be a whole number"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0 must be at least 1"),
+        ({"timeout": -1}, "timeout=-1 must be more than 0 seconds"),
+        ({"use_port": 70000}, "use_port=70000 is not a TCP port"),
+        ({"use_port": "http"}, "use_port='http' is not a port number"),
+        ({"show_ranks": "first"}, "show_ranks='first' is not 'all', a rank or a list of ranks"),
+        ({"env": {"A": 1}}, "env=.* must be a dict of strings to strings"),
+    ],
+)
+def test_launch_options_are_checked_once_with_a_clear_error(options, message):
+    with pytest.raises(LaunchSetupError, match=message):
+        LaunchOptions(**options)
+
+
+def test_launch_options_normalise_what_they_accept():
+    options = LaunchOptions(mixed_precision=" BF16 ", use_port="29555", timeout="5", show_ranks="0, 2")
+    assert options.mixed_precision == "bf16" and options.use_port == 29555 and options.timeout == 5.0
+    assert options.show == frozenset({0, 2}) and LaunchOptions().show is None

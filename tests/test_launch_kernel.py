@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 
+from tests.cuda_pretend import KERNEL_PRETEND, KERNEL_STOP_PRETENDING
 from tests.kernel_helpers import KernelSession
+from tests.process_helpers import assert_no_descendants, live_descendants
 
 pytestmark = [pytest.mark.kernel, pytest.mark.multiproc]
 
@@ -25,24 +28,11 @@ def kernel():
 
 
 def _live_children(k: KernelSession) -> list:
-    """Live descendants of the kernel, except the warm spawn server (it stays, with no rank)."""
-    import psutil
-
-    out = []
-    for c in k.children():
-        try:
-            if c.status() != psutil.STATUS_ZOMBIE and "accel_nb.launch.zygote" not in " ".join(c.cmdline()):
-                out.append(c)
-        except psutil.Error:
-            pass
-    return out
+    return live_descendants(psutil.Process(k.pid))
 
 
 def _assert_no_children(k: KernelSession, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while _live_children(k) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _live_children(k) == []
+    assert_no_descendants(psutil.Process(k.pid), within)
 
 
 def test_two_processes_return_their_rank_from_a_notebook_lambda(kernel):
@@ -74,7 +64,7 @@ def test_rank_output_appears_in_the_launching_cell_labelled_by_rank(kernel):
     )
     assert out.error is None, out.traceback
     assert "[rank 0] hello from 0" in out.stdout and "[rank 1] hello from 1" in out.stdout
-    assert "[rank 1] C-level stderr" in out.stderr
+    assert "[ranks 0,1] C-level stderr" in out.stderr  # the same line from both ranks, shown once
     assert "[rank 1] logged from 1" in out.stderr  # a handler made in the notebook writes into the capture
     assert "[rank 1] {'shown': 1}" in out.stdout  # display() inside a rank prints its text form
     assert "[2, 2]" in out.stdout
@@ -118,22 +108,48 @@ def test_a_rank_that_calls_os_exit_is_reported_with_its_exit_code(kernel):
     _assert_no_children(kernel)
 
 
-def test_unpicklable_objects_defined_in_the_notebook_are_named_before_start(kernel):
+def test_fork_runs_a_function_using_a_lock_and_an_open_file_spawn_names_them_before_start(kernel):
     out = kernel.run(
+        "import tempfile\n"
         "lock = threading.Lock()\n"
+        "log = tempfile.TemporaryFile('w+')\n"
         "def uses_lock():\n"
         "    with lock:\n"
-        "        return 1\n"
-        "notebook_launcher(uses_lock, num_processes=2)"
+        "        log.write('x')\n"
+        "        return PartialState().process_index\n"
+        "print('RESULT', notebook_launcher(uses_lock, num_processes=2))"
     )
+    assert out.error is None, out.traceback
+    assert "RESULT [0, 1]" in out.stdout
+    out = kernel.run("notebook_launcher(uses_lock, num_processes=2, start_method='spawn')")
     assert out.error is not None and out.error["ename"] == "PayloadError"
     assert "the global 'lock' used by the function 'uses_lock'" in out.error["evalue"]
     assert "Launching" not in out.stdout  # nothing started
+    assert "accel_nb/" not in out.traceback  # the user's cell line only, none of the launcher's frames
     out = kernel.run(
-        "batches = (i for i in range(3))\nnotebook_launcher(lambda b: 1, args=(batches,), num_processes=2)"
+        "batches = (i for i in range(3))\n"
+        "notebook_launcher(lambda b: 1, args=(batches,), num_processes=2, start_method='spawn')"
     )
     assert out.error is not None and "args[0]" in out.error["evalue"] and "generator" in out.error["evalue"]
     assert "Launching" not in out.stdout
+    _assert_no_children(kernel)
+
+
+def test_errors_show_the_users_frames_only_and_spawned_tracebacks_show_notebook_lines(kernel):
+    out = kernel.run(
+        "def fails():\n"
+        "    x = 1\n"
+        "    raise KeyError('no such column')\n"
+        "notebook_launcher(fails, num_processes=2, start_method='spawn')",
+        timeout=180,
+    )
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    assert "accel_nb/" not in out.traceback, out.traceback
+    assert "notebook_launcher(fails, num_processes=2, start_method='spawn')" in out.traceback  # the user's line
+    assert "raise KeyError('no such column')" in out.traceback  # the rank's frame shows the cell's source line
+    out = kernel.run("notebook_launcher(fails, num_processes=0)")
+    assert out.error is not None and out.error["ename"] == "LaunchSetupError"
+    assert "accel_nb/" not in out.traceback and "num_processes=0 must be at least 1" in out.traceback
     _assert_no_children(kernel)
 
 
@@ -152,44 +168,55 @@ def test_hang_watchdog_shows_where_each_rank_is_stuck(kernel):
     _assert_no_children(kernel)
 
 
-def test_interrupting_the_kernel_stops_every_rank_and_raises_keyboard_interrupt(kernel):
+def test_interrupting_the_kernel_shows_every_ranks_stack_stops_them_and_raises_keyboard_interrupt(kernel):
     msg_id = kernel.kc.execute(
         "def forever():\n"
-        "    PartialState()\n"
-        "    print('rank running', flush=True)\n"
+        "    rank = PartialState().process_index\n"
+        "    print('rank running', rank, flush=True)\n"
         "    time.sleep(300)\n"
         "notebook_launcher(forever, num_processes=2)"
     )
-    seen: list[str] = []
-
-    def watch(msg):
-        if msg["msg_type"] == "stream":
-            seen.append(msg["content"]["text"])
-
-    # wait until both ranks print, then press the stop button
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and "".join(seen).count("rank running") < 2:
-        try:
-            msg = kernel.kc.get_iopub_msg(timeout=0.5)
-        except Exception:
-            continue
-        if msg.get("parent_header", {}).get("msg_id") == msg_id:
-            watch(msg)
-    assert "".join(seen).count("rank running") == 2
+    seen = kernel.wait_for_text(msg_id, "running 1")  # both ranks run (rank 1's line may come second)
+    seen += kernel.wait_for_text(msg_id, "running 0") if "running 0" not in seen else ""
+    assert "running 0" in seen and "running 1" in seen
     assert len(_live_children(kernel)) >= 2
-    kernel.interrupt()
+    kernel.interrupt()  # the stop button
     out = kernel.collect(msg_id, timeout=30)
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+    for rank in (0, 1):  # where every rank was when the user stopped it
+        assert f"[rank {rank}] Python stacks (when stopped)" in out.stderr, out.stderr
+    assert out.stderr.count("in forever") >= 2
+    assert "interrupted: every rank was stopped" in out.stderr
     _assert_no_children(kernel, within=5.0)
-    again = kernel.run(
-        "print(notebook_launcher(lambda: 7, num_processes=2))"
-    )  # the next launch works at once
+    again = kernel.run("print(notebook_launcher(lambda: 7, num_processes=2))")  # the next launch works at once
     assert "[7, 7]" in again.stdout, again.text
+
+
+def test_a_rank_that_only_lost_its_peer_is_reported_as_stopped_not_as_a_second_failure(kernel):
+    out = kernel.run(
+        "import torch, torch.distributed as dist\n"
+        "def one_dies():\n"
+        "    state = PartialState()\n"
+        "    dist.barrier()\n"
+        "    if state.process_index == 1:\n"
+        "        os._exit(3)\n"
+        "    dist.all_reduce(torch.ones(1))  # rank 0 waits for the dead peer: gloo breaks\n"
+        "try:\n"
+        "    notebook_launcher(one_dies, num_processes=2)\n"
+        "except LaunchError as e:\n"
+        "    print('FAILURES', [(f.rank, f.exc_type) for f in e.failures], 'STOPPED', e.stopped)\n"
+        "    print(str(e))",
+        timeout=120,
+    )
+    assert out.error is None, out.traceback
+    assert "FAILURES [(1, 'ExitCode')] STOPPED [0]" in out.stdout, out.text
+    assert "Connection closed by peer" not in out.stdout + out.stderr  # not shown as rank 0's own failure
+    _assert_no_children(kernel)
 
 
 def test_after_cuda_was_touched_the_launch_uses_spawn_and_names_the_line(kernel):
     # no GPU here: the touch goes through torch.cuda's lazy initialisation (and fails), which the
-    # recorder notes; the env var then makes the detector report "CUDA initialised"
+    # recorder notes; tests/cuda_pretend then makes the probe report "CUDA initialised"
     out = kernel.run(
         "import torch\n"
         "import accel_nb.notebook.launcher\n"
@@ -197,14 +224,14 @@ def test_after_cuda_was_touched_the_launch_uses_spawn_and_names_the_line(kernel)
         "    torch.cuda.current_device()\n"
         "except Exception:\n"
         "    pass\n"
-        "os.environ['ACCEL_NB_SIMULATE_CUDA_INITIALIZED'] = '1'\n"
-        "def where():\n"
+        + KERNEL_PRETEND
+        + "def where():\n"
         "    s = PartialState()\n"
         "    return (s.process_index, os.environ.get('ACCEL_NB_FORKED'))\n"
         "try:\n"
         "    print('RESULT', notebook_launcher(where, num_processes=2))\n"
         "finally:\n"
-        "    del os.environ['ACCEL_NB_SIMULATE_CUDA_INITIALIZED']",
+        "    " + KERNEL_STOP_PRETENDING,
         timeout=180,
     )
     assert out.error is None, out.traceback

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-import time
 
+import psutil
 import pytest
 
+from tests.cuda_pretend import KERNEL_PRETEND, KERNEL_STOP_PRETENDING
 from tests.kernel_helpers import KernelSession
+from tests.process_helpers import assert_no_descendants
 
 pytestmark = [pytest.mark.kernel, pytest.mark.multiproc]
 
@@ -27,24 +29,7 @@ def kernel(config_file):
 
 
 def _assert_no_children(k: KernelSession, within: float = 5.0) -> None:
-    import psutil
-
-    def live():  # the warm spawn server stays between launches, with no rank
-        out = []
-        for c in k.children():
-            try:
-                if c.status() != psutil.STATUS_ZOMBIE and "accel_nb.launch.zygote" not in " ".join(
-                    c.cmdline()
-                ):
-                    out.append(c)
-            except psutil.Error:
-                pass
-        return out
-
-    deadline = time.monotonic() + within
-    while live() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert live() == []
+    assert_no_descendants(psutil.Process(k.pid), within)
 
 
 def test_train_a_notebook_model_on_two_processes_and_use_it_in_the_next_cell(kernel):
@@ -133,8 +118,7 @@ def test_spawn_cell_after_torch_was_used_sees_the_namespace_and_skips_unpicklabl
         "factor = 2\n"
         "class Box:\n"
         "    def __init__(self, v): self.v = v\n"
-        "lock = threading.Lock()\n"
-        "os.environ['ACCEL_NB_SIMULATE_CUDA_INITIALIZED'] = '1'\n"
+        "lock = threading.Lock()\n" + KERNEL_PRETEND
     )
     assert out.error is None, out.traceback
     try:
@@ -157,7 +141,7 @@ def test_spawn_cell_after_torch_was_used_sees_the_namespace_and_skips_unpicklabl
         assert out.error is not None and out.error["ename"] == "LaunchError"
         assert "name 'lock' was not sent to the workers because it cannot be pickled" in out.traceback
     finally:
-        kernel.run("del os.environ['ACCEL_NB_SIMULATE_CUDA_INITIALIZED']")
+        kernel.run(KERNEL_STOP_PRETENDING)
     _assert_no_children(kernel)
 
 

@@ -8,8 +8,42 @@ except LaunchError as err:
 
 from __future__ import annotations
 
+import os
 import signal as _signal
+import types
 from dataclasses import dataclass, field
+from typing import Any
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without accel_nb's own frames (the user's cell and code stay, in order)."""
+    kept = []
+    while tb is not None:
+        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for entry in reversed(kept):
+        out = types.TracebackType(out, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return out
+
+
+class UserFramesOnly:
+    """Mixin: in IPython, the error is shown with the user's frames only (the launcher's say nothing).
+
+    IPython calls ``_render_traceback_`` when an exception defines it; elsewhere nothing changes.
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is None:  # pragma: no cover - IPython only calls this from a shell
+            raise AttributeError("_render_traceback_")
+        exc: Any = self
+        return shell.InteractiveTB.structured_traceback(type(exc), exc, user_frames(exc.__traceback__))
 
 # signal number -> what it most likely means for a training process
 _SIGNAL_CAUSES: dict[int, str] = {
@@ -65,7 +99,7 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line if line else line for line in text.rstrip().splitlines())
 
 
-class LaunchError(RuntimeError):
+class LaunchError(UserFramesOnly, RuntimeError):
     """A launch failed; ``.failures`` holds one ``RankFailure`` per failing rank (first failure first).
 
     except LaunchError as err:
@@ -127,9 +161,9 @@ def _rebuild_launch_error(failures, headline, stopped, log_dir):
     return LaunchError(failures, headline=headline, stopped=stopped, log_dir=log_dir)
 
 
-class PayloadError(TypeError):
+class PayloadError(UserFramesOnly, TypeError):
     """The function, its arguments or a notebook name cannot be sent to the worker processes."""
 
 
-class LaunchSetupError(ValueError):
+class LaunchSetupError(UserFramesOnly, ValueError):
     """The launch cannot start as asked (busy port, unsupported mixed precision, bad option...)."""

@@ -1,9 +1,9 @@
 """What a rank executes: a function with arguments, or a notebook cell's code in a namespace.
 
-Both kinds are run the same way by the worker entry (``payload.run(rank)``), so a one-shot
-launch and a long-lived worker can execute either. Before any process starts,
-``check_picklable`` proves the payload can travel to a spawned worker and names the offending
-object when it cannot.
+Both kinds are run the same way by the worker entry (``payload.run(rank)``). Fork needs no
+pickling: the payload is already in the child's memory. For spawn, ``check_picklable`` proves
+before any process starts that the payload can travel (naming the offending object when it
+cannot), and the source of notebook cells travels with it so that tracebacks show its lines.
 
     payload = FunctionPayload(train, args=(model,))
     info = check_picklable(payload)      # PayloadError naming e.g. "args[0].lock"
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import io
 import linecache
+import os
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
@@ -37,6 +38,7 @@ class FunctionPayload:
         self.function = function
         self.args = tuple(args)
         self.kwargs = dict(kwargs or {})
+        self.sources: dict[str, list[str]] = {}  # notebook cells' source lines, filled for spawn
 
     def describe(self) -> str:
         return getattr(self.function, "__qualname__", None) or repr(self.function)
@@ -49,7 +51,15 @@ class FunctionPayload:
         return out
 
     def run(self, rank: int) -> Any:
+        register_sources(self.sources)
         return self.function(*self.args, **self.kwargs)
+
+    def unsendable(self, rank: int, value: Any, error: BaseException) -> str:
+        """Why rank ``rank``'s return value cannot travel back, in the user's words."""
+        return (
+            f"rank {rank} returned a {type(value).__name__} that cannot be sent back to the notebook "
+            f"({type(error).__name__}: {_first_line(error)}); return plain data, tensors or a state_dict instead"
+        )
 
 
 class _ModuleRef:
@@ -82,6 +92,8 @@ class CellPayload:
         self.return_rank = return_rank
         self.skipped: dict[str, str] = {}  # name -> why it could not be sent (spawn only)
         self.tensor_bytes = 0  # bytes of tensors in the namespace sent to spawned ranks
+        self.sources: dict[str, list[str]] = {}  # notebook cells' source lines, filled for spawn
+        _split_last_expression(source, filename)  # a SyntaxError now, before any process starts
 
     def describe(self) -> str:
         return self.filename
@@ -147,8 +159,8 @@ class CellPayload:
         return ns
 
     def run(self, rank: int) -> Any:
-        lines = self.source.splitlines(keepends=True)
-        linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
+        register_sources(self.sources)
+        register_sources({self.filename: self.source.splitlines(keepends=True)})
         ns = self._materialise_namespace()
         body, last = _split_last_expression(self.source, self.filename)
         try:
@@ -173,6 +185,34 @@ class CellPayload:
                 f"--return asked for {', '.join(missing)} but the cell did not define {'it' if len(missing) == 1 else 'them'} on rank {rank}"
             )
         return {n: ns[n] for n in self.return_names}
+
+    def unsendable(self, rank: int, value: Any, error: BaseException) -> str:
+        """Which ``--return`` name cannot travel back to the notebook, and why."""
+        for name, item in (value or {}).items():
+            try:
+                _probe(item)
+            except Exception as exc:  # noqa: BLE001 - any pickling failure names this item
+                return (
+                    f"--return {name}: rank {rank}'s {name} is a {type(item).__module__}.{type(item).__qualname__} "
+                    f"that cannot be sent back to the notebook ({_first_line(exc)}); return plain data, tensors "
+                    "or a state_dict instead"
+                )
+        return f"rank {rank}'s --return values cannot be sent back to the notebook ({_first_line(error)})"
+
+
+def notebook_sources() -> dict[str, list[str]]:
+    """Source lines of code that exists only in this process (notebook cells kept in ``linecache``)."""
+    out: dict[str, list[str]] = {}
+    for filename, entry in list(linecache.cache.items()):
+        if len(entry) == 4 and entry[1] is None and entry[2] and not os.path.exists(filename):
+            out[filename] = list(entry[2])
+    return out
+
+
+def register_sources(sources: dict[str, list[str]]) -> None:
+    """Make ``sources`` known to ``linecache`` (so tracebacks in this rank show notebook lines)."""
+    for filename, lines in sources.items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
 def _split_last_expression(source: str, filename: str) -> tuple[Any, Any]:
@@ -296,7 +336,6 @@ class PayloadCheck:
     """What ``check_picklable`` learned: the tensor bytes that every rank will copy."""
 
     tensor_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def check_picklable(payload: Any) -> PayloadCheck:

@@ -1,6 +1,6 @@
 """Plan a launch before anything starts: how many processes, on what, how started, which port.
 
-plan = make_plan(num_processes=2, cpu=True)
+plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
 plan.headline()            # "Launching 2 CPU processes (gloo), fork start..."
 plan.rank_env(1)           # RANK=1, WORLD_SIZE=2, LOCAL_RANK=1, MASTER_PORT=..., ...
 """
@@ -11,17 +11,19 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from .. import hardware
+from ..precision_setting import bf16_gpu_problem
 from . import cuda_guard
 from .errors import LaunchSetupError
+from .options import LaunchOptions
 from .ports import ensure_port_free, pick_free_port
-
-START_METHODS = ("auto", "fork", "spawn")
 
 
 @dataclass
 class LaunchPlan:
-    """The decisions of the plan step; everything the start step needs."""
+    """The decisions of the plan step; everything the start step needs (``options``: what the user asked)."""
 
+    options: LaunchOptions
     num_processes: int
     use_gpu: bool
     start_method: str  # "fork" or "spawn"
@@ -83,82 +85,44 @@ class LaunchPlan:
         return env
 
 
-def _validate_precision(mixed_precision: str | None, use_gpu: bool, num_processes: int) -> str | None:
-    if mixed_precision is None:
-        return None
-    value = str(mixed_precision).strip().lower()
-    if value not in ("no", "fp16", "bf16", "fp8"):
-        raise LaunchSetupError(f"mixed_precision={mixed_precision!r} is not one of 'no', 'fp16', 'bf16'")
-    if value == "fp8":
-        raise LaunchSetupError("mixed_precision='fp8' is not supported by accel_nb yet; use 'bf16' or 'fp16'")
-    if value == "bf16" and use_gpu:
-        for index in range(num_processes):
-            info = cuda_guard.gpu_info(index)
-            if info is None:
-                continue
-            name, (major, minor) = info
-            if major < 8:
-                raise LaunchSetupError(
-                    f"mixed_precision='bf16' is not supported by GPU {index} ({name}, compute capability "
-                    f"{major}.{minor}; bf16 needs 8.0 or newer); use mixed_precision='fp16' or 'no'"
-                )
-    return value
+def _check_bf16_hardware(num_gpus: int) -> None:
+    """bf16 on a GPU needs compute capability 8.0: say which GPU lacks it, before anything starts."""
+    problem = bf16_gpu_problem(hardware.gpu_info()[:num_gpus])
+    if problem:
+        raise LaunchSetupError(f"mixed_precision='bf16' cannot run here: {problem}. Use mixed_precision='fp16' or 'no'")
 
 
-def make_plan(
-    num_processes: int | None = None,
-    mixed_precision: str | None = None,
-    master_addr: str = "127.0.0.1",
-    use_port: int | str | None = None,
-    start_method: str = "auto",
-    cpu: bool = False,
-    gradient_accumulation_steps: int | None = None,
-    extra_env: dict[str, str] | None = None,
-) -> LaunchPlan:
-    """Decide the launch. Raises ``LaunchSetupError`` for anything that would fail on every rank."""
-    if start_method not in START_METHODS:
-        raise LaunchSetupError(
-            f"start_method={start_method!r} is not one of {', '.join(map(repr, START_METHODS))}"
-        )
-    gpus = 0 if cpu else cuda_guard.gpu_count()
+def make_plan(options: LaunchOptions) -> LaunchPlan:
+    """Decide the launch from checked ``options``; ``LaunchSetupError`` for anything that would fail on every rank.
+
+    plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
+    """
+    gpus = 0 if options.cpu else hardware.cuda_device_count()
+    num_processes = options.num_processes
     if num_processes is None:
         num_processes = gpus if gpus > 0 else 1
-    try:
-        num_processes = int(num_processes)
-    except (TypeError, ValueError):
-        raise LaunchSetupError(
-            f"num_processes={num_processes!r} must be a whole number of processes"
-        ) from None
-    if num_processes < 1:
-        raise LaunchSetupError(f"num_processes={num_processes} must be at least 1")
     use_gpu = gpus > 0
-    precision = _validate_precision(mixed_precision, use_gpu, min(num_processes, max(gpus, 1)))
-    if gradient_accumulation_steps is not None and int(gradient_accumulation_steps) < 1:
-        raise LaunchSetupError(
-            f"gradient_accumulation_steps={gradient_accumulation_steps} must be at least 1"
-        )
+    if options.mixed_precision == "bf16" and use_gpu:
+        _check_bf16_hardware(min(num_processes, gpus))
 
     unsafe = cuda_guard.fork_unsafe_reason()
     spawn_reason = None
-    if start_method == "auto":
+    if options.start_method == "auto":
         method = "spawn" if unsafe else "fork"
         spawn_reason = unsafe
-    elif start_method == "fork" and unsafe:
+    elif options.start_method == "fork" and unsafe:
         raise LaunchSetupError(
             f"start_method='fork' is unsafe here: {unsafe}. Use start_method='spawn' (or 'auto'), or restart "
             "the kernel and launch before touching CUDA"
         )
     else:
-        method = start_method
+        method = options.start_method
 
-    if use_port is None or use_port == "":
-        port = pick_free_port(master_addr)
+    if options.use_port is None:
+        port = pick_free_port(options.master_addr)
     else:
-        try:
-            port = int(use_port)
-        except (TypeError, ValueError):
-            raise LaunchSetupError(f"use_port={use_port!r} is not a port number") from None
-        ensure_port_free(master_addr, port)
+        port = options.use_port
+        ensure_port_free(options.master_addr, port)
     fork_threads = None
     if method == "fork" and "torch" in sys.modules:
         from .worker import native_threads_running
@@ -166,16 +130,15 @@ def make_plan(
         if native_threads_running():
             fork_threads = 1
     return LaunchPlan(
+        options=options,
         fork_threads=fork_threads,
         num_processes=num_processes,
         use_gpu=use_gpu,
         start_method=method,
         spawn_reason=spawn_reason,
-        master_addr=master_addr,
+        master_addr=options.master_addr,
         master_port=port,
-        mixed_precision=precision,
-        gradient_accumulation_steps=None
-        if gradient_accumulation_steps is None
-        else int(gradient_accumulation_steps),
-        extra_env=dict(extra_env or {}),
+        mixed_precision=options.mixed_precision,
+        gradient_accumulation_steps=options.gradient_accumulation_steps,
+        extra_env=dict(options.env),
     )

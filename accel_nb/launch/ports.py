@@ -38,11 +38,7 @@ def port_is_free(addr: str, port: int) -> bool:
 
 
 def ensure_port_free(addr: str, port: int) -> None:
-    """Raise a clear ``LaunchSetupError`` when ``port`` is already in use on this machine."""
-    if not 0 < port < 65536:
-        raise LaunchSetupError(
-            f"use_port={port} is not a TCP port; give a number between 1024 and 65535 or None to pick a free one"
-        )
+    """Raise a clear ``LaunchSetupError`` when ``port`` (already checked to be 1..65535) is in use on this machine."""
     if not port_is_free(addr, port):
         raise LaunchSetupError(
             f"port {port} on {addr} is already in use (another launch or server listens there); "

@@ -1,6 +1,6 @@
-"""One launch from start to end: plan -> start -> supervise -> collect -> clean up.
+"""One launch from start to end: check the payload -> start -> supervise -> collect -> clean up.
 
-plan = make_plan(num_processes=2, cpu=True)
+plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
 results = run_launch(FunctionPayload(fn), plan, TextReporter())
 """
 
@@ -13,10 +13,12 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from ..utils import human_bytes
 from .errors import LaunchError
-from .payload import PayloadCheck, check_picklable, dumps_payload
+from .payload import PayloadCheck, check_picklable, notebook_sources
 from .plan import LaunchPlan
-from .supervisor import Supervisor, start_fork, start_spawn
+from .start import RankProcess, start_ranks
+from .supervisor import Supervisor
 
 LARGE_ARGS_ENV = "ACCEL_NB_LARGE_ARGS_WARN_MB"
 
@@ -29,33 +31,29 @@ def large_args_bytes() -> int:
         return 100 * 1024 * 1024
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
 def _print(line: str) -> None:
     print(line, flush=True)
 
 
 def prepare_payload(payload: Any, plan: LaunchPlan, say: Callable[[str], None] = _print) -> PayloadCheck:
-    """Everything that can fail before a process starts: pickling, large-argument warning, skipped names."""
-    check = check_picklable(payload) if payload.kind == "function" else PayloadCheck()
-    if payload.kind == "cell" and plan.start_method == "spawn":
-        payload.prepare_for_spawn()
-        if payload.skipped:
-            names = ", ".join(f"{n} ({why.split(':')[0]})" for n, why in sorted(payload.skipped.items()))
-            say(f"[accel_nb] not sent to the workers because they cannot be pickled: {names}")
-        check.tensor_bytes = payload.tensor_bytes
+    """What can fail before a process starts. Fork needs no pickling; spawn: pickling, skipped names, sizes."""
+    check = PayloadCheck()
+    if plan.start_method == "spawn":
+        payload.sources = notebook_sources()  # spawned tracebacks show notebook lines, as forked ones do
+        if payload.kind == "function":
+            check = check_picklable(payload)
+        else:
+            payload.prepare_for_spawn()
+            if payload.skipped:
+                names = ", ".join(f"{n} ({why.split(':')[0]})" for n, why in sorted(payload.skipped.items()))
+                say(f"[accel_nb] not sent to the workers because they cannot be pickled: {names}")
+            check.tensor_bytes = payload.tensor_bytes
     if check.tensor_bytes > large_args_bytes():
         n = plan.num_processes
         say(
             f"[accel_nb] warning: {'the notebook namespace carries' if payload.kind == 'cell' else 'the arguments carry'} "
-            f"{_human_bytes(check.tensor_bytes)} of tensors; each of the {n} "
-            f"ranks gets its own copy ({_human_bytes(check.tensor_bytes * n)} in all). Load big data inside the function instead."
+            f"{human_bytes(check.tensor_bytes)} of tensors; each of the {n} "
+            f"ranks gets its own copy ({human_bytes(check.tensor_bytes * n)} in all). Load big data inside the function instead."
         )
     return check
 
@@ -65,22 +63,20 @@ def run_launch(
     plan: LaunchPlan,
     reporter: Any,
     *,
-    timeout: float | None = None,
     info: dict[str, Any] | None = None,
     say: Callable[[str], None] = _print,
-    keep_logs: bool | None = None,
 ) -> list[Any]:
-    """Run ``payload`` on every rank of ``plan``; per-rank results in rank order, or ``LaunchError``."""
+    """Run ``payload`` on every rank of ``plan``; per-rank results in rank order, or ``LaunchError``.
+
+    ``plan.options`` gives the hang ``timeout`` and ``keep_logs`` (else ``ACCEL_NB_KEEP_LOGS``).
+    """
     __tracebackhide__ = True  # IPython: show the user's line and the error, not the launcher's frames
     prepare_payload(payload, plan, say)
+    keep_logs = plan.options.keep_logs
     if keep_logs is None:
         keep_logs = os.environ.get("ACCEL_NB_KEEP_LOGS", "") not in ("", "0")
+    timeout = plan.options.timeout
     log_dir = tempfile.mkdtemp(prefix="accel_nb-launch-")
-    payload_path = None
-    if plan.start_method == "spawn":
-        payload_path = os.path.join(log_dir, "payload.pkl")
-        with open(payload_path, "wb") as f:
-            f.write(dumps_payload(payload))
     say(plan.headline())
     if plan.spawn_reason:
         say(f"[accel_nb] using spawn instead of fork: {plan.spawn_reason}.")
@@ -102,25 +98,12 @@ def run_launch(
         "master_port": plan.master_port,
     }
     details.update(info or {})
-    try:
-        reporter.start(plan.num_processes, details)
-    except Exception as exc:  # noqa: BLE001 - a broken display must not stop the launch
-        print(
-            f"[accel_nb] the display failed to start ({type(exc).__name__}: {exc}); showing text instead",
-            file=sys.stderr,
-        )
-        from .reporting import TextReporter
-
-        reporter = TextReporter()
-        reporter.start(plan.num_processes, details)
+    reporter = _start_reporter(reporter, plan.num_processes, details)
     ok = False
-    procs: list = []
+    procs: list[RankProcess] = []
     try:
         try:
-            if plan.start_method == "fork":
-                start_fork(plan, payload, log_dir, procs)
-            else:
-                start_spawn(plan, log_dir, payload_path, procs)
+            start_ranks(plan, payload, log_dir, procs)
         except BaseException:  # interrupted or failed half-way: take down what was started
             Supervisor(procs, reporter, log_dir).cleanup()
             raise
@@ -128,7 +111,7 @@ def run_launch(
         try:
             outcome = supervisor.run()
         except KeyboardInterrupt:
-            _finish(reporter, False, "interrupted: every rank was stopped")
+            _finish(reporter, False, "interrupted: every rank was stopped (their Python stacks are above)")
             raise
         if outcome.failures:
             failures = list(outcome.failures.values())
@@ -151,6 +134,23 @@ def run_launch(
     finally:
         if ok and not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) -> Any:
+    """``reporter``, started; a plain ``TextReporter`` when it fails to start (a display must not stop a launch)."""
+    try:
+        reporter.start(num_processes, details)
+        return reporter
+    except Exception as exc:  # noqa: BLE001 - any display fault: say it, show text instead
+        print(
+            f"[accel_nb] the display failed to start ({type(exc).__name__}: {exc}); showing text instead",
+            file=sys.stderr,
+        )
+    from .reporting import TextReporter
+
+    reporter = TextReporter()
+    reporter.start(num_processes, details)
+    return reporter
 
 
 def _finish(reporter: Any, ok: bool, summary: str | None) -> None:

@@ -1,207 +1,51 @@
-"""Start the ranks and watch them: events, liveness, failures, interrupt, hang watchdog, clean-up.
+"""Watch started ranks until they end: events, exits, failures, interrupts, the hang watchdog, clean-up.
 
-The supervisor loop runs in the thread that called the launcher (in Jupyter: the cell's own
-thread), so everything the reporter prints lands in the launching cell.
+The loop runs in the thread that called the launcher (in Jupyter: the cell's own thread), so
+everything the reporter prints lands in the launching cell. The first failure stops the other
+ranks; a rank that fails only because a peer died (gloo "Connection closed by peer") counts as
+stopped. On a hang (``timeout``) or a KeyboardInterrupt every rank's Python stack is collected
+and reported before the ranks are stopped.
 
-    procs = start_ranks(plan, payload, log_dir, payload_path)
-    outcome = Supervisor(procs, reporter, timeout=60).run()
+    outcome = Supervisor(procs, reporter, log_dir, timeout=60).run()
+    outcome.results, outcome.failures, outcome.stopped
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
+import re
 import selectors
 import signal
-import subprocess
 import sys
-import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..events import Event, Failure, Heartbeat, Phase, Result, Stacks
-from . import zygote
-from .channel import EventReader
 from .errors import RankFailure, signal_name
-from .plan import LaunchPlan
-from .worker import STACKS_SIGNAL, RankSpec, crash_path, fork_main, log_path, stacks_path
+from .start import RankProcess
+from .worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
 
 STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every rank runs the payload
 FAILURE_GRACE_S = 0.5  # after a first failure, let the others report their own errors this long
 TERM_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 STACKS_WAIT_S = 1.0  # how long the watchdog waits for faulthandler to write the stacks
 
-_live: weakref.WeakSet[RankProcess] = weakref.WeakSet()
-_live_lock = threading.Lock()
+# gloo / NCCL / TCPStore words for "the other side went away": a rank failing with these after a
+# peer died was stopped by that death, it did not fail on its own
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|failed to recv, got 0 bytes"
+    r"|remote process exited|NCCL communicator was aborted|Connection refused",
+    re.IGNORECASE,
+)
 
 
-class RankProcess:
-    """One started rank: its pid (also its process group), its event reader, its exit status."""
-
-    def __init__(
-        self,
-        rank: int,
-        pid: int,
-        reader: EventReader,
-        popen: subprocess.Popen | None = None,
-        server: Any = None,
-    ) -> None:
-        self.rank = rank
-        self.pid = pid
-        self.reader = reader
-        self.popen = popen
-        self.server = server  # the spawn server that forked this rank (it reaps it and reports the exit)
-        self.returncode: int | None = None
-        with _live_lock:
-            _live.add(self)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            if self.server is not None:
-                self.returncode = self.server.returncode(self.pid)
-            elif self.popen is not None:
-                self.returncode = self.popen.poll()
-            else:
-                try:
-                    pid, status = os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:
-                    self.returncode = -255
-                else:
-                    if pid:
-                        self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    @property
-    def alive(self) -> bool:
-        return self.poll() is None
-
-    def signal_group(self, sig: int) -> None:
-        """Send ``sig`` to the rank's process group (its own children too), or to the rank alone."""
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            if self.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(self.pid, sig)
-
-    def close(self) -> None:
-        self.reader.close()
-        with _live_lock:
-            _live.discard(self)
+def lost_a_peer(failure: Failure) -> bool:
+    """True when ``failure`` reads like a collective that broke because another rank went away."""
+    return bool(_PEER_LOST.search(f"{failure.exc_type}: {failure.message}"))
 
 
-def _kill_all_at_exit() -> None:  # the kernel is going away: take every rank with it
-    with _live_lock:
-        procs = list(_live)
-    for p in procs:
-        p.signal_group(signal.SIGKILL)
-
-
-atexit.register(_kill_all_at_exit)
-
-
-# ---------------------------------------------------------------------------- start
-def start_fork(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> list[RankProcess]:
-    """Fork one child per rank into ``procs``; each runs ``fork_main`` with the payload already in its memory."""
-    parent_pid = os.getpid()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    for rank in range(plan.num_processes):
-        r, w = os.pipe()
-        spec = RankSpec(
-            rank,
-            plan.num_processes,
-            log_dir,
-            w,
-            parent_pid,
-            True,
-            plan.rank_env(rank),
-            threads=plan.fork_threads,
-        )
-        pid = os.fork()
-        if pid == 0:  # child
-            try:
-                os.close(r)
-                for other in procs:
-                    with contextlib.suppress(OSError):
-                        os.close(other.reader.fd)
-                os.setpgid(0, 0)
-            except BaseException:  # noqa: BLE001
-                pass
-            fork_main(spec, payload)  # never returns
-        os.close(w)
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # both sides set it: no race with an early killpg
-        procs.append(RankProcess(rank, pid, EventReader(r, rank)))
-    return procs
-
-
-def start_spawn(
-    plan: LaunchPlan, log_dir: str, payload_path: str, procs: list[RankProcess]
-) -> list[RankProcess]:
-    """Start one fresh interpreter per rank into ``procs``; each loads the cloudpickled payload from ``payload_path``."""
-    import accel_nb
-
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(accel_nb.__file__)))
-    spec_file = os.path.join(log_dir, "spec.json")
-    base = RankSpec(
-        0, plan.num_processes, log_dir, -1, os.getpid(), False, {}, list(sys.path), os.getcwd(), payload_path
-    )
-    with open(spec_file, "w") as f:
-        f.write(base.to_json())
-    code = "from accel_nb.launch.worker import spawn_main; spawn_main()"
-    server = None
-    if zygote.enabled():
-        try:
-            server = zygote.get_server()
-        except zygote.SpawnServerError as exc:
-            print(
-                f"[accel_nb] the spawn server is unavailable ({exc}); starting fresh interpreters",
-                file=sys.stderr,
-            )
-    if server is not None:
-        for rank in range(plan.num_processes):
-            r, w = os.pipe()
-            env = dict(os.environ)
-            env.update(plan.rank_env(rank))
-            log_fd = os.open(log_path(log_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                pid = server.start_rank(spec_file, rank, env, w, log_fd)
-            except BaseException:
-                os.close(r)
-                raise
-            finally:
-                os.close(w)
-                os.close(log_fd)
-            procs.append(RankProcess(rank, pid, EventReader(r, rank), server=server))
-        return procs
-    for rank in range(plan.num_processes):
-        r, w = os.pipe()
-        env = dict(os.environ)
-        env.update(plan.rank_env(rank))
-        env["PYTHONPATH"] = package_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        try:
-            with open(log_path(log_dir, rank), "ab") as early_log:  # output before the capture starts
-                popen = subprocess.Popen(
-                    [sys.executable, "-c", code, spec_file, str(rank), str(w)],
-                    pass_fds=(w,),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=early_log,
-                    stderr=early_log,
-                    start_new_session=True,  # its own process group (killpg), Python 3.10 too
-                )
-        finally:
-            os.close(w)
-        procs.append(RankProcess(rank, popen.pid, EventReader(r, rank), popen))
-    return procs
-
-
-# ---------------------------------------------------------------------------- supervise
 @dataclass
 class Outcome:
     """What the supervisor saw: results by rank, failures, who it stopped, whether it was a hang."""
@@ -210,7 +54,6 @@ class Outcome:
     failures: dict[int, RankFailure] = field(default_factory=dict)
     stopped: list[int] = field(default_factory=list)
     hung_after: float | None = None
-    interrupted: bool = False
 
 
 def _tail(path: str, lines: int = 20) -> str:
@@ -264,6 +107,7 @@ class Supervisor:
         self._killed = False
         self._last_progress = time.monotonic()
         self._running: set[int] = set()  # ranks that reached the payload (startup is over for them)
+        self._peer_lost: dict[int, tuple[Failure, float]] = {}  # held until it is clear whether a peer died
 
     # -- events -------------------------------------------------------------------------------
     def _handle(self, event: Event) -> None:
@@ -274,12 +118,14 @@ class Supervisor:
         if isinstance(event, Result):
             self.outcome.results[event.rank] = event.value
         elif isinstance(event, Failure):
-            if event.rank not in self.outcome.failures:
-                self._add_failure(
-                    RankFailure(
-                        event.rank, event.exc_type, event.message, event.traceback, exception=event.exception
-                    )
-                )
+            if event.rank in self.outcome.failures or event.rank in self._peer_lost:
+                return
+            if lost_a_peer(event):
+                self._peer_lost[event.rank] = (event, time.monotonic())
+                return  # reported by _settle_peer_lost: as stopped when a peer died, else as a failure
+            self._add_failure(
+                RankFailure(event.rank, event.exc_type, event.message, event.traceback, exception=event.exception)
+            )
         self._report(event)
 
     def _report(self, event: Event) -> None:
@@ -294,6 +140,24 @@ class Supervisor:
             self._first_failure_at = time.monotonic()
         self.outcome.failures[failure.rank] = failure
 
+    def _mark_stopped(self, rank: int) -> None:
+        if rank not in self.outcome.stopped:
+            self.outcome.stopped.append(rank)
+            self._report(Phase(rank=rank, phase="stopped"))
+
+    def _settle_peer_lost(self, now: float, final: bool = False) -> None:
+        """A rank that lost a peer was stopped by the peer's failure; with no such failure it failed itself."""
+        for rank, (event, seen_at) in list(self._peer_lost.items()):
+            if self.outcome.failures:
+                del self._peer_lost[rank]
+                self._mark_stopped(rank)
+            elif final or now - seen_at >= FAILURE_GRACE_S:
+                del self._peer_lost[rank]
+                self._add_failure(
+                    RankFailure(rank, event.exc_type, event.message, event.traceback, exception=event.exception)
+                )
+                self._report(event)
+
     def _drain(self, proc: RankProcess) -> None:
         for event in proc.reader.read_available(max_bytes=1 << 30):
             self._handle(event)
@@ -303,13 +167,21 @@ class Supervisor:
         self._drain(proc)
         code = proc.returncode
         rank = proc.rank
-        if rank in self.outcome.failures or rank in self.outcome.stopped:
+        if rank in self.outcome.failures or rank in self.outcome.stopped or rank in self._peer_lost:
             return
         if code == 0 and rank in self.outcome.results:
             return
         if self._term_sent_at is not None:
-            self.outcome.stopped.append(rank)
+            self._mark_stopped(rank)
             return
+        failure = self._death(rank, code)
+        self._add_failure(failure)
+        self._report(
+            Failure(rank=rank, exc_type=failure.exc_type, message=failure.summary(), traceback=failure.traceback)
+        )
+
+    def _death(self, rank: int, code: int | None) -> RankFailure:
+        """A rank that ended without a result or a Python exception: what its exit code and logs say."""
         crash = clean_stacks(_tail(crash_path(self.log_dir, rank), 200))
         log_tail = _tail(log_path(self.log_dir, rank))
         details = ""
@@ -319,29 +191,14 @@ class Supervisor:
             details += f"last output of rank {rank}:\n{log_tail}\n"
         if code is not None and code < 0:
             sig = -code
-            failure = RankFailure(
+            return RankFailure(
                 rank, signal_name(sig), f"killed by {signal_name(sig)}", details, exit_code=code, signal=sig
             )
-        elif code == 0:
-            failure = RankFailure(
-                rank,
-                "ExitCode",
-                "it ended without returning a result (os._exit(0) or sys.exit inside the function?)",
-                details,
-                exit_code=0,
-            )
+        if code == 0:
+            why = "it ended without returning a result (os._exit(0) or sys.exit inside the function?)"
         else:
-            failure = RankFailure(
-                rank,
-                "ExitCode",
-                "the process ended abruptly (os._exit, or a fatal error in native code)",
-                details,
-                exit_code=code,
-            )
-        self._add_failure(failure)
-        self._report(
-            Failure(rank=rank, exc_type=failure.exc_type, message=failure.summary(), traceback=details)
-        )
+            why = "the process ended abruptly (os._exit, or a fatal error in native code)"
+        return RankFailure(rank, "ExitCode", why, details, exit_code=code)
 
     # -- stopping -----------------------------------------------------------------------------
     def _signal_live(self, sig: int) -> None:
@@ -374,8 +231,9 @@ class Supervisor:
                 p.signal_group(signal.SIGKILL)
         return [p.rank for p in live]
 
-    # -- hang watchdog ------------------------------------------------------------------------
-    def _collect_stacks(self) -> dict[int, str]:
+    # -- stacks: the hang watchdog and interrupts ---------------------------------------------
+    def collect_stacks(self) -> dict[int, str]:
+        """Every live rank's Python stacks (faulthandler, on ``STACKS_SIGNAL``), the launcher's frames removed."""
         live = [p for p in self.procs if p.alive]
         for p in live:
             with contextlib.suppress(ProcessLookupError):
@@ -395,10 +253,14 @@ class Supervisor:
             time.sleep(0.05)
         return stacks
 
-    def _on_hang(self, idle: float) -> None:
-        stacks = self._collect_stacks()
+    def _report_stacks(self, why: str) -> dict[int, str]:
+        stacks = self.collect_stacks()
         for rank, text in sorted(stacks.items()):
-            self._report(Stacks(rank=rank, text=text))
+            self._report(Stacks(rank=rank, text=text, reason=why))
+        return stacks
+
+    def _on_hang(self, idle: float) -> None:
+        stacks = self._report_stacks("hang")
         stopped = self.stop_all()
         self.outcome.hung_after = idle
         for rank in stopped:
@@ -411,9 +273,20 @@ class Supervisor:
                 first=not self.outcome.failures,
             )
 
+    def _on_interrupt(self) -> None:
+        """The user pressed stop: show where every rank was, then stop them all (a second stop is ignored)."""
+        with contextlib.suppress(KeyboardInterrupt):
+            self._report_stacks("interrupt")
+        while True:
+            try:
+                self.outcome.stopped = self.stop_all()
+                return
+            except KeyboardInterrupt:
+                continue
+
     # -- the loop -----------------------------------------------------------------------------
     def run(self) -> Outcome:
-        """Supervise until every rank has ended; KeyboardInterrupt stops them all and propagates."""
+        """Supervise until every rank has ended; KeyboardInterrupt shows the stacks, stops every rank and propagates."""
         sel = selectors.DefaultSelector()
         for p in self.procs:
             sel.register(p.reader.fd, selectors.EVENT_READ, p)
@@ -434,7 +307,11 @@ class Supervisor:
                                 sel.unregister(proc.reader.fd)
                         self._on_exit(proc)
                 now = time.monotonic()
+                self._settle_peer_lost(now, final=not waiting)
                 self._escalate(now)
+                tick = getattr(self.reporter, "tick", None)  # quiet ranks' rows move on without events
+                if tick is not None:
+                    tick()
                 if self.timeout is not None and waiting and not self.outcome.failures:
                     idle = now - self._last_progress
                     # a cold start (fresh interpreters importing torch) is not a hang
@@ -444,19 +321,11 @@ class Supervisor:
                         self._on_hang(idle)
             return self.outcome
         except KeyboardInterrupt:
-            self.outcome.interrupted = True
-            self.outcome.stopped = self._stop_ignoring_interrupts()
+            self._on_interrupt()
             raise
         finally:
             sel.close()
             self.cleanup()
-
-    def _stop_ignoring_interrupts(self) -> list[int]:
-        while True:
-            try:
-                return self.stop_all()
-            except KeyboardInterrupt:
-                continue
 
     def cleanup(self) -> None:
         """Nothing survives: kill what is left of every process group, reap, close the pipes."""

@@ -1,11 +1,11 @@
-"""The one worker entry: set a rank up once, execute payloads, report results, shut down.
+"""The one rank entry: set the rank up, run its payload, report the result or the failure, shut down.
 
-A rank is either forked from the notebook (``fork_main``) or started as a fresh interpreter
-(``spawn_main``, run as ``python -c "from accel_nb.launch.worker import spawn_main; spawn_main()"``).
-Both build a ``WorkerRuntime``: it dies with its parent, captures fds 1/2, installs the event
-sink (``accel_nb.events.set_event_sink``), registers faulthandler for the hang watchdog, then
-``execute(payload)`` may be called any number of times (one-shot launches call it once; warm
-interactive workers can keep calling it) before ``shutdown()``.
+A rank is forked from the notebook (``fork_main``), forked by the warm spawn server or started
+as a fresh interpreter (both ``spawn_main``, which loads the cloudpickled payload). Both build a
+``WorkerRuntime``: it dies with its parent, captures fds 1/2 into events and a log file,
+installs the event sink (``accel_nb.events.set_event_sink``), registers faulthandler (the
+supervisor asks for every thread's stack on a hang or an interrupt), runs ``execute(payload)``
+once, sends a ``Result`` or a ``Failure``, and leaves the process group in ``shutdown()``.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def crash_path(log_dir: str, rank: int) -> str:
     return os.path.join(log_dir, f"rank{rank}.crash")
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Linux: SIGKILL this rank when the launching process dies (kernel restart or crash)."""
     if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, AttributeError):  # no libc / no prctl: the check below still runs
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -211,10 +211,11 @@ class WorkerRuntime:
     # -- lifecycle ----------------------------------------------------------------------------
     def setup(self) -> None:
         spec = self.spec
-        _die_with_parent(spec.parent_pid)
+        die_with_parent(spec.parent_pid)
         self._install_faulthandler()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked around the fork (see start)
         if spec.env:
             os.environ.update(spec.env)
         if spec.forked:
@@ -267,12 +268,8 @@ class WorkerRuntime:
             return self.report_failure(exc)
         try:
             frame = encode_event(events.Result(rank=self.rank, value=to_cpu(value)))
-        except BaseException as exc:  # noqa: BLE001
-            err = TypeError(
-                f"rank {self.rank} returned a {type(value).__name__} that cannot be sent back to the notebook "
-                f"({type(exc).__name__}: {exc}); return plain data, tensors or a state_dict instead"
-            )
-            return self.report_failure(err, with_traceback=False)
+        except Exception as exc:  # noqa: BLE001 - any pickling error: say which value
+            return self.report_failure(TypeError(payload.unsendable(self.rank, value, exc)), with_traceback=False)
         self._sync_output()
         with contextlib.suppress(ChannelClosed):
             self.writer.send_frame(frame)
@@ -321,10 +318,22 @@ class WorkerRuntime:
         self.writer.close()
 
 
-def fork_main(spec: RankSpec, payload: Any) -> NoReturn:
-    """Entry of a forked rank: never returns to the notebook's code."""
+def _own_process_group(rank: int) -> None:
+    """Put this forked rank in a process group of its own (the supervisor signals the group)."""
+    try:
+        os.setpgid(0, 0)
+    except OSError as exc:  # EPERM: e.g. a session leader; the rank still runs, signals reach it alone
+        os.write(2, f"[accel_nb] rank {rank}: cannot get a process group of its own ({exc})\n".encode())
+
+
+def fork_main(spec: RankSpec, payload: Any, close_fds: list[int] = ()) -> NoReturn:
+    """Entry of a forked rank: close the parent's ends in ``close_fds``, run, exit; never returns to the notebook's code."""
     code = 70
     try:
+        for fd in close_fds:
+            with contextlib.suppress(OSError):  # EBADF only: nothing of the rank's is at stake
+                os.close(fd)
+        _own_process_group(spec.rank)
         runtime = WorkerRuntime(spec)
         runtime.setup()
         code = 0 if runtime.execute(payload) else 1

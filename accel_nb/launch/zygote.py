@@ -3,7 +3,9 @@
 Spawning a rank normally costs a fresh interpreter plus ``import torch`` (seconds). The server is
 started once, by the first spawn launch of a session, from a fresh interpreter: it never touches
 CUDA, so forking it is as safe as a spawn, and every later spawn launch starts in a fraction of a
-second. It dies with the notebook (parent-death signal) and is restarted when needed. Set
+second. Once its first ranks run, it imports in the background what each rank's first DDP step
+would import (see ``warm``), so later ranks inherit it. It dies with the notebook (parent-death
+signal) and is restarted when needed. Set
 ``ACCEL_NB_SPAWN_SERVER=0`` to start every rank as a fresh interpreter instead.
 
     server = get_server()                       # started (and warmed) on first use
@@ -23,6 +25,8 @@ import sys
 import threading
 import time
 from typing import Any
+
+from .pythonpath import with_package_on_path
 
 ENV_SWITCH = "ACCEL_NB_SPAWN_SERVER"
 READY_TIMEOUT_S = 120.0
@@ -47,12 +51,8 @@ class SpawnServer:
     """The notebook's handle on the server process: start ranks, learn when they exit."""
 
     def __init__(self) -> None:
-        import accel_nb
-
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(accel_nb.__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env = with_package_on_path(dict(os.environ))
         code = "from accel_nb.launch.zygote import serve; serve()"
         try:
             self.popen = subprocess.Popen(
@@ -183,9 +183,10 @@ def serve(argv: list[str] | None = None) -> None:
     """Server main: warm up (import torch), then fork a rank per request and report exits."""
     argv = sys.argv[1:] if argv is None else argv
     fd, parent_pid = int(argv[0]), int(argv[1])
-    from .worker import _die_with_parent
+    from . import warm
+    from .worker import die_with_parent
 
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook decides when ranks stop
     import cloudpickle  # noqa: F401 - warm: every rank needs these
@@ -200,6 +201,8 @@ def serve(argv: list[str] | None = None) -> None:
     children: set[int] = set()
     while True:
         ready, _, _ = select.select([sock], [], [], 0.02)
+        if children:  # the first ranks run: import what their first DDP step imports, once, for later ranks
+            warm.start_warming()
         if ready:
             try:
                 data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
@@ -208,6 +211,7 @@ def serve(argv: list[str] | None = None) -> None:
             if not data:
                 break  # the notebook is gone
             request = pickle.loads(data)
+            warm.wait_until_warm()  # never fork while the warm-up thread holds an import lock
             pid = os.fork()
             if pid == 0:
                 _rank_child(sock, request, fds)  # never returns

@@ -10,11 +10,13 @@ notebook_launcher(where_am_i, num_processes=2)      # -> [0, 1]
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 from ..launch import cuda_guard
-from ..launch.errors import LaunchError, LaunchSetupError, PayloadError
+from ..launch.errors import LaunchSetupError
+from ..launch.options import LaunchOptions
 from ..launch.payload import FunctionPayload
 from ..launch.plan import make_plan
 from ..launch.reporting import TextReporter
@@ -27,64 +29,29 @@ cuda_guard.install_cuda_init_recorder()
 def choose_reporter(num_processes: int, show_ranks: Any = "all", progress: Any = None, **info: Any) -> Any:
     """The live widget in a kernel with a widget frontend, else rank-prefixed text.
 
-    ``progress`` = "widget" | "text" | "auto" forces the choice (see ``accel_nb.notebook.display``).
+    ``progress`` = "widget" | "text" | "auto" forces the choice (see ``accel_nb.notebook.display``);
+    a bad value (or a bad ``ACCEL_NB_PROGRESS``) is a ``ValueError`` naming it.
     """
     if progress in ("text", False):
         return TextReporter(show_ranks=show_ranks)
-    try:
-        from .display import make_reporter
-    except Exception:  # noqa: BLE001 - the progress display is optional
-        return TextReporter(show_ranks=show_ranks)
-    try:
-        return make_reporter(num_processes, progress=progress, show_ranks=show_ranks, **info)
-    except Exception:  # noqa: BLE001
-        return TextReporter(show_ranks=show_ranks)
+    from .display import make_reporter
+
+    return make_reporter(num_processes, progress=progress, show_ranks=show_ranks, **info)
 
 
-def launch_payload(
-    payload: Any,
-    *,
-    num_processes: int | None = None,
-    mixed_precision: str | None = None,
-    master_addr: str = "127.0.0.1",
-    use_port: int | str | None = None,
-    start_method: str = "auto",
-    timeout: float | None = None,
-    show_ranks: Any = "all",
-    reporter: Any = None,
-    cpu: bool = False,
-    gradient_accumulation_steps: int | None = None,
-    env: dict[str, str] | None = None,
-    keep_logs: bool | None = None,
-    progress: Any = None,
-) -> list[Any]:
-    """The one code path behind ``notebook_launcher``, ``debug_launcher`` and ``%%accelerate``."""
+def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -> list[Any]:
+    """The one code path behind ``notebook_launcher``, ``debug_launcher`` and ``%%accelerate``.
+
+        launch_payload(FunctionPayload(fn), LaunchOptions(num_processes=2, cpu=True))
+    """
     __tracebackhide__ = True
     cuda_guard.install_cuda_init_recorder()
-    try:
-        plan = make_plan(
-            num_processes=num_processes,
-            mixed_precision=mixed_precision,
-            master_addr=master_addr,
-            use_port=use_port,
-            start_method=start_method,
-            cpu=cpu,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            extra_env=env,
-        )
-    except LaunchSetupError as exc:
-        raise exc.with_traceback(None) from None
+    plan = make_plan(options)
     if reporter is None:
         reporter = choose_reporter(
-            plan.num_processes, show_ranks=show_ranks, progress=progress, title=payload.describe()
+            plan.num_processes, show_ranks=options.show_ranks, progress=options.progress, title=payload.describe()
         )
-    try:
-        return run_launch(
-            payload, plan, reporter, timeout=timeout, info={"title": payload.describe()}, keep_logs=keep_logs
-        )
-    except (LaunchError, PayloadError, LaunchSetupError) as exc:
-        # the launcher's frames say nothing useful: the report (the ranks' tracebacks) is in the message
-        raise exc.with_traceback(None) from None
+    return run_launch(payload, plan, reporter, info={"title": payload.describe()})
 
 
 # the reference's multi-node / elastic arguments: accepted at their single-machine values
@@ -101,23 +68,40 @@ _REFERENCE_DEFAULTS: dict[str, Any] = {
 }
 
 
+_warned: set[str] = set()
+
+
 def _accept_reference_options(options: dict[str, Any]) -> None:
-    """Drop the reference's arguments when they ask for nothing more than one machine; else say why not."""
+    """Take the reference's multi-machine arguments out of ``options``: fine at their one-machine values,
+    a warning (once) for the two that change nothing here, a clear error for more than one machine."""
     for key in list(options):
         if key not in _REFERENCE_DEFAULTS:
             continue
         value = options.pop(key)
-        if key in ("monitor_interval", "log_line_prefix_template") or value in (
-            _REFERENCE_DEFAULTS[key],
-            None,
-            "",
-            1 if key == "num_nodes" else 0,
-        ):
+        if key in ("monitor_interval", "log_line_prefix_template"):
+            if value is not None and key not in _warned:
+                _warned.add(key)
+                warnings.warn(
+                    f"notebook_launcher({key}=...) is accepted for compatibility and has no effect: accel_nb "
+                    "watches the ranks through their event channel and labels output by rank itself",
+                    stacklevel=3,
+                )
+            continue
+        if value in (_REFERENCE_DEFAULTS[key], None, "", 1 if key == "num_nodes" else 0):
             continue
         raise LaunchSetupError(
             f"notebook_launcher({key}={value!r}): launches across machines or with elastic restarts are not "
             "supported from a notebook; run a script with `accel-nb launch --num_machines ...` instead"
-        ).with_traceback(None)
+        )
+
+
+def _reject_unknown(caller: str, options: dict[str, Any]) -> None:
+    unknown = sorted(set(options) - set(LaunchOptions.names()))
+    if unknown:
+        raise TypeError(
+            f"{caller}() got unexpected keyword argument(s): {', '.join(unknown)}; it accepts "
+            f"{', '.join(LaunchOptions.names())} (see help({caller}))"
+        )
 
 
 def notebook_launcher(
@@ -147,13 +131,8 @@ def notebook_launcher(
     """
     __tracebackhide__ = True
     _accept_reference_options(options)
-    unknown = set(options) - {"cpu", "gradient_accumulation_steps", "env", "keep_logs", "progress"}
-    if unknown:
-        raise TypeError(
-            f"notebook_launcher() got unexpected keyword argument(s): {', '.join(sorted(unknown))}"
-        )
-    return launch_payload(
-        FunctionPayload(function, args, kwargs),
+    _reject_unknown("notebook_launcher", options)
+    launch_options = LaunchOptions(
         num_processes=num_processes,
         mixed_precision=mixed_precision,
         master_addr=master_addr,
@@ -161,9 +140,9 @@ def notebook_launcher(
         start_method=start_method,
         timeout=timeout,
         show_ranks=show_ranks,
-        reporter=reporter,
         **options,
     )
+    return launch_payload(FunctionPayload(function, args, kwargs), launch_options, reporter=reporter)
 
 
 def debug_launcher(
@@ -174,5 +153,7 @@ def debug_launcher(
     assert debug_launcher(lambda: PartialState().num_processes) == [2, 2]
     """
     __tracebackhide__ = True
+    _accept_reference_options(options)
+    _reject_unknown("debug_launcher", {k: v for k, v in options.items() if k != "reporter"})
     options.setdefault("cpu", True)
     return notebook_launcher(function, args, num_processes=num_processes, **options)

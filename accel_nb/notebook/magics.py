@@ -9,7 +9,9 @@
 
 The cell becomes a ``CellPayload`` run by the same worker entry as ``notebook_launcher``: with
 fork it sees the notebook's namespace as it is; with spawn the namespace is cloudpickled (modules
-re-imported by name, unpicklable names skipped with a warning).
+re-imported by name, unpicklable names skipped with a warning). A cell that does not compile is a
+one-line ``UsageError`` before anything starts; tracebacks name the cell ``<accelerate-cell-N>``
+with ``N`` its prompt number.
 """
 
 from __future__ import annotations
@@ -17,13 +19,18 @@ from __future__ import annotations
 import argparse
 import keyword
 import shlex
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
+from .. import config as config_module
+from ..config import START_METHODS
 from ..launch import cuda_guard
+from ..launch.options import LaunchOptions
 from ..launch.payload import CellPayload
+from ..precision_setting import MIXED_PRECISION_CHOICES
 
 USAGE = (
     "%%accelerate [-n/--num_processes N] [--mixed_precision no|fp16|bf16] [--gradient_accumulation_steps K] "
@@ -82,11 +89,11 @@ def _names(text: str) -> tuple[str, ...]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="%%accelerate", add_help=False, allow_abbrev=False)
     p.add_argument("-n", "--num_processes", "--num-processes", type=_positive_int, default=None)
-    p.add_argument("--mixed_precision", "--mixed-precision", choices=("no", "fp16", "bf16"), default=None)
+    p.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None)
     p.add_argument(
         "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=_positive_int, default=None
     )
-    p.add_argument("--start_method", "--start-method", choices=("auto", "fork", "spawn"), default=None)
+    p.add_argument("--start_method", "--start-method", choices=START_METHODS, default=None)
     p.add_argument("--timeout", type=_seconds, default=None)
     p.add_argument("--rank", type=_rank, default=None)
     p.add_argument("--return", dest="return_names", type=_names, default=())
@@ -105,23 +112,43 @@ def parse_accelerate_line(line: str) -> argparse.Namespace:
 
 
 def saved_config() -> Any:
-    """The saved launch config (config module), or None when there is none or the module is missing."""
+    """The saved launch config, or None when there is none (a broken one is named and skipped)."""
     try:
-        from ..config import load_config
-    except ImportError:
-        return None
-    try:
-        return load_config()
+        return config_module.load_config()
     except Exception as exc:  # noqa: BLE001 - a broken config file must not block a launch with flags
         print(f"[accel_nb] ignoring the saved launch config: {exc}")
         return None
 
 
+def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
+    """The launch the flags ask for; a flag that is absent takes the saved config's value (``cfg``, may be None)."""
+    num_processes = args.num_processes
+    mixed_precision = args.mixed_precision
+    grad_steps = args.gradient_accumulation_steps
+    start_method = args.start_method
+    cpu = args.cpu
+    if cfg is not None:
+        num_processes = num_processes if num_processes is not None else cfg.num_processes
+        mixed_precision = mixed_precision or cfg.mixed_precision
+        if grad_steps is None and cfg.gradient_accumulation_steps not in (None, 1):
+            grad_steps = cfg.gradient_accumulation_steps
+        start_method = start_method or cfg.start_method
+        cpu = cpu or bool(cfg.use_cpu)
+    return LaunchOptions(
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,
+        start_method=start_method or "auto",
+        timeout=args.timeout,
+        show_ranks=args.rank if args.rank is not None else "all",
+        use_port=args.use_port,
+        cpu=cpu,
+        gradient_accumulation_steps=grad_steps,
+    )
+
+
 @magics_class
 class AccelerateMagics(Magics):
     """``%%accelerate``, ``%accelerate_config`` and ``%accelerate_env``."""
-
-    _cell_counter = 0
 
     @cell_magic("accelerate")
     def accelerate(self, line: str, cell: str) -> None:
@@ -133,43 +160,10 @@ class AccelerateMagics(Magics):
         args = parse_accelerate_line(line)
         from .launcher import launch_payload
 
-        cfg = saved_config()
-        num_processes = args.num_processes
-        mixed_precision = args.mixed_precision
-        grad_steps = args.gradient_accumulation_steps
-        start_method = args.start_method
-        cpu = args.cpu
-        if cfg is not None:
-            num_processes = (
-                num_processes if num_processes is not None else getattr(cfg, "num_processes", None)
-            )
-            mixed_precision = mixed_precision or getattr(cfg, "mixed_precision", None)
-            if grad_steps is None and getattr(cfg, "gradient_accumulation_steps", 1) not in (None, 1):
-                grad_steps = cfg.gradient_accumulation_steps
-            start_method = start_method or getattr(cfg, "start_method", None)
-            cpu = cpu or bool(getattr(cfg, "use_cpu", False))
+        options = launch_options(args, saved_config())
         return_rank = args.rank if isinstance(args.rank, int) else 0
-        count = self.shell.execution_count if self.shell is not None else None
-        AccelerateMagics._cell_counter += 1
-        filename = f"<accelerate-cell-{count if count is not None else AccelerateMagics._cell_counter}>"
-        payload = CellPayload(
-            cell,
-            self.shell.user_ns,
-            filename=filename,
-            return_names=args.return_names,
-            return_rank=return_rank,
-        )
-        results = launch_payload(
-            payload,
-            num_processes=num_processes,
-            mixed_precision=mixed_precision,
-            start_method=start_method or "auto",
-            timeout=args.timeout,
-            show_ranks=args.rank if args.rank is not None else "all",
-            use_port=args.use_port,
-            cpu=cpu,
-            gradient_accumulation_steps=grad_steps,
-        )
+        payload = self._cell_payload(cell, args.return_names, return_rank)
+        results = launch_payload(payload, options)
         if args.return_names:
             if return_rank >= len(results):
                 raise UsageError(f"%%accelerate: --rank {return_rank} but only {len(results)} processes ran")
@@ -179,18 +173,27 @@ class AccelerateMagics(Magics):
                 f"[accel_nb] {', '.join(args.return_names)} copied from rank {return_rank} into the notebook"
             )
 
+    def _cell_payload(self, cell: str, return_names: tuple[str, ...], return_rank: int) -> CellPayload:
+        """The cell as a payload named after its prompt number; a cell that does not compile is a UsageError."""
+        # IPython counts the running cell before executing it: its prompt number is one less
+        filename = f"<accelerate-cell-{max(self.shell.execution_count - 1, 1)}>"
+        try:
+            return CellPayload(
+                cell, self.shell.user_ns, filename=filename, return_names=return_names, return_rank=return_rank
+            )
+        except SyntaxError as exc:
+            where = f"line {exc.lineno}" + (f": {exc.text.strip()}" if exc.text else "")
+            raise UsageError(
+                f"%%accelerate: the cell does not compile, nothing was launched: {exc.msg} ({where})"
+            ) from None
+
     @line_magic("accelerate_config")
     def accelerate_config(self, line: str = "") -> None:
         """Print the launch config that ``%%accelerate`` uses when flags are absent."""
-        try:
-            from .. import config as config_module
-        except ImportError:
-            print("accel_nb.config is not available in this installation; %%accelerate uses its flags only")
-            return
-        path = getattr(config_module, "find_config_file", lambda: None)()
+        path = config_module.find_config_file()
         cfg = saved_config()
         if cfg is None:
-            where = getattr(config_module, "default_config_path", lambda: "the per-user config dir")()
+            where = config_module.default_config_path()
             print(f"No saved launch config (looked for {where}).")
             print(
                 "%%accelerate defaults: every GPU, else 1 CPU process; mixed_precision=no; start_method=auto."
@@ -205,13 +208,8 @@ class AccelerateMagics(Magics):
     @line_magic("accelerate_env")
     def accelerate_env(self, line: str = "") -> None:
         """Print the hardware/software report to paste into a bug report."""
-        try:
-            from ..hardware import environment_report
-        except ImportError:
-            print(
-                "accel_nb.hardware is not available in this installation, so there is no environment report"
-            )
-            return
+        from ..env_report import environment_report
+
         print(environment_report())
 
 
@@ -219,7 +217,7 @@ def load_ipython_extension(ipython: Any) -> None:
     """Register the magics; from now on remember which line first initialises CUDA."""
     ipython.register_magics(AccelerateMagics)
     cuda_guard.install_cuda_init_recorder()
-    if "torch" not in __import__("sys").modules:
+    if "torch" not in sys.modules:
         import torch  # noqa: F401 - so the recorder sees the first CUDA initialisation
 
         cuda_guard.install_cuda_init_recorder()
