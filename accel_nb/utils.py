@@ -93,13 +93,23 @@ def wait_for_everyone() -> None:
     PartialState().wait_for_everyone()
 
 
+def reduce(tensor: object, reduction: str = "mean", scale: float = 1.0) -> object:
+    """``accel_nb.reduce`` with the default of the reference's ``utils.reduce``: the mean over processes.
+
+    loss = reduce(loss)            # mean; reduce(loss, "sum") sums, as Accelerator.reduce does by default
+    """
+    from .ops import reduce as reduce_across_processes
+
+    return reduce_across_processes(tensor, reduction, scale)
+
+
 # The reference library's ``utils`` module path: each name is the one implementation elsewhere in
 # accel_nb, imported on first use (``import accel_nb.utils`` stays light).
 _REFERENCE_PATHS: dict[str, str] = {
     **dict.fromkeys(["DistributedType", "PartialState", "AcceleratorState", "GradientState"], ".state"),
     **dict.fromkeys(
         [
-            "gather", "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes",
+            "gather", "gather_object", "broadcast", "broadcast_object_list", "pad_across_processes",
             "send_to_device", "recursively_apply",
         ],
         ".ops",
