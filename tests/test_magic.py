@@ -196,3 +196,29 @@ def test_accelerate_env_prints_the_environment_report(kernel):
     out = kernel.run("%accelerate_env")
     assert out.error is None, out.traceback
     assert "accel_nb" in out.stdout and "PyTorch" in out.stdout
+
+
+def test_a_cell_that_does_not_compile_is_rejected_before_any_process_starts(kernel):
+    out = kernel.run("%%accelerate -n 2\nx = 1\nfor i in range(3)\n    print(i)\n")
+    assert out.stderr.startswith("UsageError: %%accelerate: the cell does not compile, nothing was launched")
+    assert "line 2: for i in range(3)" in out.stderr
+    assert "Launching" not in out.stdout
+    _assert_no_children(kernel)
+
+
+def test_the_cell_label_is_the_cells_prompt_number(kernel):
+    msg_id = kernel.kc.execute("%%accelerate -n 2\nraise ValueError('labelled')\n")
+    out = kernel.collect(msg_id, timeout=120)
+    prompt = [m["content"]["execution_count"] for m in out.messages if m["msg_type"] == "execute_input"][0]
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    assert f'File "<accelerate-cell-{prompt}>", line 1, in <module>' in out.traceback, (prompt, out.traceback)
+    assert "accel_nb/" not in out.traceback  # none of the launcher's frames, here or in the ranks' part
+    _assert_no_children(kernel)
+
+
+def test_return_of_a_value_that_cannot_travel_names_it(kernel):
+    out = kernel.run("%%accelerate -n 2 --return ok,handle\nok = 1\nhandle = threading.Lock()\n")
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    assert "--return handle: rank 0's handle is a _thread.lock that cannot be sent back" in out.traceback
+    assert "a dict" not in out.traceback
+    _assert_no_children(kernel)
