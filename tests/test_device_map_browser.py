@@ -82,6 +82,13 @@ def test_device_bars_and_live_slider(tmp_path):
         assert segments >= 1
         title = page.locator(".accel-nb-module").first.get_attribute("title")
         assert title and "(" in title  # hover text: module path and class
+        # the slider reads out the budget exactly as the bar's text writes it (decimals included)
+        readout_text = page.locator(".accel-nb-budget-slider .widget-readout").first.inner_text().strip()
+        slider_unit = page.locator(".accel-nb-budget-slider .widget-label").first.inner_text().split("(")[1].rstrip(")")
+        cpu_info = page.locator('.accel-nb-device-row[data-device="cpu"] .accel-nb-device-info').inner_text()
+        assert f"/ {readout_text} {slider_unit} budget" in cpu_info, (readout_text, slider_unit, cpu_info)
+        disk_info = page.locator('.accel-nb-device-row[data-device="disk"] .accel-nb-device-info').inner_text()
+        assert "free" in disk_info and "bar drawn to what it holds, not to its budget" in disk_info
         screenshot(page, "device_map_before", SHOTS)
         # type a bigger CPU budget into the slider's readout: the map is recomputed in the kernel
         readout = page.locator(".accel-nb-budget-slider .widget-readout").first
@@ -93,4 +100,7 @@ def test_device_bars_and_live_slider(tmp_path):
         wait_until(lambda: disk_modules.count() == 0, 60, "the disk bar to empty after the slider moved")
         assert _bar_devices(page) == ["cpu", "disk"]  # disk still has a budget: its bar stays, empty
         assert page.locator('.accel-nb-device-table tr[data-device="disk"]').count() == 0
+        readout_after = page.locator(".accel-nb-budget-slider .widget-readout").first.inner_text().strip()
+        cpu_after = page.locator('.accel-nb-device-row[data-device="cpu"] .accel-nb-device-info').inner_text()
+        assert f"/ {readout_after} {slider_unit} budget" in cpu_after, (readout_after, cpu_after)
         screenshot(page, "device_map_after", SHOTS)

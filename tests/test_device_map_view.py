@@ -190,12 +190,14 @@ def test_slider_readout_and_bars_show_the_same_budget_with_its_decimals():
         assert shown == human_bytes(budget), (shown, human_bytes(budget))
         assert f"/ {human_bytes(budget)} budget" in view._html_widget.value
     assert f"{view.sliders[0].value:.1f}" == "95.4" and "95.4 MiB budget" in view.to_html()
-    # moving a slider to a value with decimals: the bars say the same figure
+    # moving a slider, even past 1024 of its unit: its row says the same figure in the same unit
     cpu = view.sliders[1]
-    cpu.value = round(cpu.max * 0.437, 1)
     unit = cpu.description.split("(")[1].rstrip(")")
-    assert f"/ {cpu.value:.1f} {unit} budget" in view._html_widget.value
-    assert human_bytes(view.budgets["cpu"]) == f"{cpu.value:.1f} {unit}"
+    for value in (round(cpu.max * 0.437, 1), cpu.max):
+        cpu.value = value
+        assert f"/ {cpu.value:.1f} {unit} budget" in view._html_widget.value
+        assert f"{view.budgets['cpu'] / 1024 ** ['KiB', 'MiB', 'GiB'].index(unit) / 1024:.1f}" == f"{cpu.value:.1f}"
+    assert cpu.max >= 1024, "the top of this slider is past 1024 of its unit"
 
 
 def test_disk_bar_says_it_is_drawn_to_its_contents():

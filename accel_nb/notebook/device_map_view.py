@@ -99,6 +99,7 @@ class DeviceMapView:
         self._budgets: dict[Any, int] = {}
         self._widget = None
         self._html_widget = None
+        self._units: dict[Any, tuple[int, str]] = {}  # device -> its slider's unit
         self._shown_in: int | None = None
         from ..big_model.sizes import get_max_memory
 
@@ -211,14 +212,14 @@ class DeviceMapView:
             reserved = round(width * d["headroom"] / scale)
             bar = "#" * filled + "." * max(width - filled - reserved, 0) + "/" * reserved
             budget = (
-                f" of {human_bytes(d['budget'])}, {human_bytes(max(d['free'], 0))} free"
+                f" of {self._fmt(d, d['budget'])}, {self._fmt(d, max(d['free'], 0))} free"
                 if d["budget"] is not None
                 else ""
             )
-            head = f", headroom {human_bytes(d['headroom'])}" if d["headroom"] else ""
+            head = f", headroom {self._fmt(d, d['headroom'])}" if d["headroom"] else ""
             scale_note = " (bar: contents)" if _scaled_to_contents(d) and d["budget"] is not None else ""
             lines.append(
-                f"  {d['name']:>7s} [{bar[:width]}] {human_bytes(d['used'])} used{budget}{head}{scale_note}"
+                f"  {d['name']:>7s} [{bar[:width]}] {self._fmt(d, d['used'])} used{budget}{head}{scale_note}"
             )
         moves = self.moves()
         if moves:
@@ -246,9 +247,9 @@ class DeviceMapView:
             parts.append(f'<div class="accel-nb-error">{esc(self.error)}</div>')
         for d in self.devices():
             scale = _scale(d)
-            title = f"{d['name']}: {human_bytes(d['used'])} used"
+            title = f"{d['name']}: {self._fmt(d, d['used'])} used"
             if d["budget"] is not None:
-                title += f" of {human_bytes(d['budget'])}"
+                title += f" of {self._fmt(d, d['budget'])}"
             parts.append(
                 f'<div class="accel-nb-device-row" data-device="{esc(str(d["device"]))}">'
                 f'<div class="accel-nb-device-label">{esc(d["name"])}</div>'
@@ -273,13 +274,13 @@ class DeviceMapView:
             if d["budget"] is not None and d["budget"] <= scale:
                 parts.append(
                     f'<div class="accel-nb-budget-line" style="left:calc({100.0 * d["budget"] / scale:.3f}% - 2px)" '
-                    f'title="{esc("budget " + human_bytes(d["budget"]))}"></div>'
+                    f'title="{esc("budget " + self._fmt(d, d["budget"]))}"></div>'
                 )
-            info = f"{human_bytes(d['used'])} used"
+            info = f"{self._fmt(d, d['used'])} used"
             if d["budget"] is not None:
-                info += f" / {human_bytes(d['budget'])} budget, {human_bytes(max(d['free'], 0))} free"
+                info += f" / {self._fmt(d, d['budget'])} budget, {self._fmt(d, max(d['free'], 0))} free"
             if d["headroom"]:
-                info += f", {human_bytes(d['headroom'])} headroom"
+                info += f", {self._fmt(d, d['headroom'])} headroom"
             if _scaled_to_contents(d) and d["budget"] is not None:
                 info += f" ({_CONTENTS_NOTE})"
             parts.append(f'</div><div class="accel-nb-device-info">{esc(info)}</div></div>')
@@ -301,9 +302,16 @@ class DeviceMapView:
         parts.append("</table></div>")
         return "".join(parts)
 
+    def _fmt(self, d: dict[str, Any], nbytes: int) -> str:
+        """Bytes in a device row: in its slider's unit once it has one, so slider and row agree."""
+        unit = self._units.get(d["device"])
+        if unit is None:
+            return human_bytes(nbytes)
+        return f"{nbytes / unit[0]:.1f} {unit[1]}" if unit[0] > 1 else f"{nbytes} B"
+
     def _headroom_title(self, d: dict[str, Any]) -> str:
         notes = self.plan.notes if self.plan is not None else []
-        return f"headroom {human_bytes(d['headroom'])}: " + (notes[0] if notes else "kept free on this device")
+        return f"headroom {self._fmt(d, d['headroom'])}: " + (notes[0] if notes else "kept free on this device")
 
     def _repr_html_(self) -> str | None:
         if self._already_shown():
@@ -328,14 +336,15 @@ class DeviceMapView:
             for dev, budget in self._budgets.items():
                 if dev != "disk":
                     sliders.append(self._slider(w, dev, budget, total))
+            self._html_widget.value = self.to_html()  # rows now written in the sliders' units
         self.sliders = sliders
         self._widget = w.VBox([*sliders, self._html_widget])
         self._widget.add_class("accel-nb-device-map-widget")
         return self._widget
 
     def _slider(self, w: Any, dev: Any, budget: int, total: int) -> Any:
-        """A budget slider in the unit the bars use for this budget, to one decimal like the bars."""
-        unit, unit_name = _unit_of(budget or total)
+        """A budget slider in the unit human_bytes uses for this budget; its device row keeps that unit."""
+        unit, unit_name = self._units[dev] = _unit_of(budget or total)
         top = max(budget, 2 * total, unit) / unit
         slider = w.FloatSlider(
             value=budget / unit,
