@@ -21,14 +21,7 @@ from accel_nb.serialization import CheckpointError, index_checkpoint, load_safet
 from accel_nb.state import _reset_all_states
 from tests.dist_helpers import run_ranks
 
-
-@pytest.fixture(autouse=True)
-def _single(monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ACCEL_NB_MIXED_PRECISION"):
-        monkeypatch.delenv(k, raising=False)
-    _reset_all_states()
-    yield
-    _reset_all_states()
+pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
 
 
 class TiedLM(nn.Module):

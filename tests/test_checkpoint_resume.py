@@ -267,7 +267,7 @@ def test_a_rank_that_cannot_load_stops_every_rank_before_any_change(tmp_path, ha
     import json
     import shutil
 
-    from accel_nb.checkpoint import _digest
+    from accel_nb.checkpoint_layout import file_digest
 
     ckpt = str(tmp_path / "ckpt")
     shutil.copytree(half_run[0], ckpt)
@@ -276,7 +276,7 @@ def test_a_rank_that_cannot_load_stops_every_rank_before_any_change(tmp_path, ha
     torch.save({"rng": Counter(), "dataloaders": []}, rank_file)
     manifest_path = os.path.join(ckpt, "checkpoint.json")
     manifest = json.loads(open(manifest_path).read())
-    manifest["files"]["rank_1.pt"] = {"size": os.path.getsize(rank_file), "digest": _digest(rank_file)}
+    manifest["files"]["rank_1.pt"] = {"size": os.path.getsize(rank_file), "digest": file_digest(rank_file)}
     open(manifest_path, "w").write(json.dumps(manifest))
     (msg0, unchanged0), (msg1, _) = run_ranks(_load_expecting_failure, 2, args=(ckpt,))
     assert "rank_1.pt holds Python objects" in msg1 and "weights_only=False" in msg1

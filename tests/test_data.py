@@ -25,17 +25,10 @@ from accel_nb.data import (
     prepare_data_loader,
     skip_first_batches,
 )
-from accel_nb.state import GradientState, PartialState, _reset_all_states
+from accel_nb.state import GradientState, PartialState
 from tests.dist_helpers import run_ranks
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(k, raising=False)
-    _reset_all_states()
-    yield
-    _reset_all_states()
+pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
 
 
 def _shards(n_items, batch_size, world, drop_last=False, split=False, even=True):

@@ -8,19 +8,13 @@ import pytest
 import torch
 
 from accel_nb import ops
-from accel_nb.state import PartialState, _reset_all_states
+from accel_nb.state import PartialState
 from tests.dist_helpers import RanksFailed, run_ranks
 
 Pair = namedtuple("Pair", "a b")
 
 
-@pytest.fixture(autouse=True)
-def _single(monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(k, raising=False)
-    _reset_all_states()
-    yield
-    _reset_all_states()
+pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
 
 
 def test_single_process_noops():

@@ -26,12 +26,8 @@ TOPO_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 
 @pytest.fixture
-def clean_env(monkeypatch):
-    for k in TOPO_VARS:
-        monkeypatch.delenv(k, raising=False)
-    _reset_all_states()
-    yield monkeypatch
-    _reset_all_states()
+def clean_env(fresh_state):
+    return fresh_state  # tests/conftest.py: no launch variables, fresh shared state
 
 
 def test_single_process_defaults(clean_env):

@@ -20,13 +20,7 @@ from tests.dist_helpers import run_ranks
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"):
-        monkeypatch.delenv(k, raising=False)
-    _reset_all_states()
-    yield
-    _reset_all_states()
+pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
 
 
 def _data(n=64):

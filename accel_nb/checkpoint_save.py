@@ -1,0 +1,224 @@
+"""``save_state``: write every rank's part into a temp folder, then publish it with a manifest.
+
+Every file goes into ``.tmp-<name>-<pid>`` beside the target; the manifest (sizes and digests of
+every file) is written last and the folder is renamed into place, so a save killed half-way
+leaves the previous checkpoint untouched.
+
+    path = save_accelerator_state(accelerator, "ckpt")   # == accelerator.save_state("ckpt")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any
+
+import torch
+
+from .checkpoint_folders import (
+    CHECKPOINT_DIR,
+    MANIFEST_NAME,
+    commit_dir,
+    is_complete_checkpoint,
+    list_checkpoints,
+    next_iteration,
+    remove_stale_temps,
+)
+from .checkpoint_layout import (
+    FORMAT,
+    FORMAT_VERSION,
+    ProjectConfiguration,
+    file_digest,
+    file_suffix,
+    project_config,
+    unwrapped,
+)
+from .rng import rng_state
+from .serialization import CheckpointError, fsync_path, save_sharded_safetensors
+
+__all__ = ["save_accelerator_state"]
+
+
+def _is_writer(accelerator: Any) -> bool:
+    if project_config(accelerator).save_on_each_node:
+        return bool(getattr(accelerator, "is_local_main_process", True))
+    return bool(getattr(accelerator, "is_main_process", True))
+
+
+def _torch_save(obj: Any, path: str) -> None:
+    torch.save(obj, path)  # fsynced with every other file before the manifest is written
+
+
+def _rotate(config: ProjectConfiguration) -> None:
+    if not config.total_limit or config.checkpoints_dir is None:
+        return
+    complete = list_checkpoints(config.checkpoints_dir)
+    for path in complete[: max(len(complete) - int(config.total_limit), 0)]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _resolve_output_dir(accelerator: Any, output_dir: str | None) -> tuple[str, bool]:
+    config = project_config(accelerator)
+    if output_dir is not None:
+        return os.path.abspath(os.fspath(output_dir)), False
+    if config.automatic_checkpoint_naming and config.project_dir:
+        root = config.checkpoints_dir
+        os.makedirs(root, exist_ok=True)
+        return os.path.abspath(
+            os.path.join(root, f"checkpoint_{next_iteration(root, config.iteration)}")
+        ), True
+    raise CheckpointError(
+        "save_state() needs a folder: pass output_dir, or create the Accelerator with "
+        "project_config=ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)"
+    )
+
+
+def _check_replaceable(final: str) -> None:
+    if os.path.isdir(final) and os.listdir(final) and not is_complete_checkpoint(final):
+        raise CheckpointError(
+            f"refusing to replace {final}: it holds files but is not an accel_nb checkpoint (no "
+            f"{MANIFEST_NAME}); save into a new or empty folder"
+        )
+    if os.path.exists(final) and not os.path.isdir(final):
+        raise CheckpointError(f"{final} is a file; save_state needs a folder path")
+
+
+def _all_ok(error: str | None, what: str) -> None:
+    """Barrier that also shares failures: every rank raises if any rank failed."""
+    from .ops import gather_object
+
+    errors = gather_object([error])
+    bad = [(r, e) for r, e in enumerate(errors) if e]
+    if bad:
+        raise CheckpointError(f"{what} failed on " + "; ".join(f"rank {r}: {e}" for r, e in bad))
+
+
+def save_accelerator_state(
+    accelerator: Any, output_dir: str | None = None, safe_serialization: bool = True
+) -> str:
+    """Save everything needed to resume: weights, optimizers, schedulers, scaler, every rank's RNG,
+    data loader positions, the step and registered objects. Call it on every process.
+
+        path = save_accelerator_state(accelerator, "ckpt")   # == accelerator.save_state("ckpt")
+    """
+    from .ops import broadcast_object_list
+
+    config = project_config(accelerator)
+    writer = _is_writer(accelerator)
+    rank = int(getattr(accelerator, "process_index", 0))
+    world = int(getattr(accelerator, "num_processes", 1))
+    plan: list[Any] = [None, None, None, None]
+    if getattr(accelerator, "is_main_process", True):
+        try:
+            final, automatic = _resolve_output_dir(accelerator, output_dir)
+            _check_replaceable(final)
+            plan = [final, automatic, os.getpid(), None]
+        except Exception as exc:  # noqa: BLE001 - shared with every rank below
+            plan = [None, None, None, f"{type(exc).__name__}: {exc}"]
+    broadcast_object_list(plan, from_process=0)
+    if plan[3]:
+        raise CheckpointError(f"save_state: {plan[3]}")
+    final, automatic, pid = plan[0], plan[1], plan[2]
+    parent, name = os.path.split(final)
+    tmp = os.path.join(parent, f".tmp-{name}-{pid}")
+
+    error = None
+    if writer:
+        try:
+            os.makedirs(parent, exist_ok=True)
+            remove_stale_temps(parent, name)
+            os.makedirs(tmp)
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"
+    _all_ok(error, f"save_state({final})")
+
+    counts: dict[str, int] = {}
+    error = None
+    try:
+        if writer:
+            counts = _write_shared(accelerator, tmp, safe_serialization)
+        _torch_save(
+            {"rng": rng_state(), "dataloaders": _loader_states(accelerator)},
+            os.path.join(tmp, f"rank_{rank}.pt"),
+        )
+    except Exception as exc:  # noqa: BLE001
+        error = f"{type(exc).__name__}: {exc}"
+    try:
+        _all_ok(error, f"save_state({final})")
+    except CheckpointError:
+        if writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    error = None
+    if writer:
+        try:
+            files = {}
+            for entry in sorted(os.listdir(tmp)):
+                path = os.path.join(tmp, entry)
+                fsync_path(path)
+                files[entry] = {"size": os.path.getsize(path), "digest": file_digest(path)}
+            manifest = {
+                "format": FORMAT,
+                "version": FORMAT_VERSION,
+                "world_size": world,
+                "step": int(getattr(accelerator, "step", 0) or 0),
+                "counts": counts,
+                "safe_serialization": bool(safe_serialization),
+                "save_on_each_node": bool(config.save_on_each_node),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": files,
+            }
+            with open(os.path.join(tmp, MANIFEST_NAME), "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            commit_dir(tmp, final)
+            if automatic:
+                _rotate(config)
+        except Exception as exc:  # noqa: BLE001
+            error = f"{type(exc).__name__}: {exc}"
+            shutil.rmtree(tmp, ignore_errors=True)
+    _all_ok(error, f"save_state({final})")
+    if automatic:
+        config.iteration = int(CHECKPOINT_DIR.match(name).group(1)) + 1
+    return final
+
+
+def _write_shared(accelerator: Any, tmp: str, safe_serialization: bool) -> dict[str, int]:
+    models = list(getattr(accelerator, "_models", []))
+    for i, model in enumerate(models):
+        state = unwrapped(accelerator, model).state_dict()
+        if safe_serialization:
+            save_sharded_safetensors(state, tmp, weights_name=f"model{file_suffix(i)}.safetensors")
+        else:
+            _torch_save(state, os.path.join(tmp, f"pytorch_model{file_suffix(i)}.bin"))
+    optimizers = list(getattr(accelerator, "_optimizers", []))
+    for i, opt in enumerate(optimizers):
+        _torch_save(opt.state_dict(), os.path.join(tmp, f"optimizer{file_suffix(i)}.bin"))
+    schedulers = list(getattr(accelerator, "_schedulers", []))
+    for i, sched in enumerate(schedulers):
+        _torch_save(sched.state_dict(), os.path.join(tmp, f"scheduler{file_suffix(i)}.bin"))
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is not None:
+        _torch_save(scaler.state_dict(), os.path.join(tmp, "scaler.pt"))
+    customs = list(getattr(accelerator, "_custom_objects", []))
+    for i, obj in enumerate(customs):
+        _torch_save(obj.state_dict(), os.path.join(tmp, f"custom_checkpoint_{i}.bin"))
+    return {
+        "models": len(models),
+        "optimizers": len(optimizers),
+        "schedulers": len(schedulers),
+        "scaler": int(scaler is not None),
+        "custom_objects": len(customs),
+        "dataloaders": len(list(getattr(accelerator, "_dataloaders", []))),
+    }
+
+
+def _loader_states(accelerator: Any) -> list[Any]:
+    return [
+        dl.state_dict() if hasattr(dl, "state_dict") else None
+        for dl in getattr(accelerator, "_dataloaders", [])
+    ]
