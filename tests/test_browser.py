@@ -178,3 +178,56 @@ def test_config_wizard_controls_validate_and_save_writes_the_file(lab, page):
     text = open(path).read()
     assert "num_processes: 3" in text and "start_method: spawn" in text
     node.screenshot(path=os.path.join(SHOTS, "wizard_saved.png"))
+
+
+STALL_SOURCE = """\
+from accel_nb import notebook_launcher, progress
+from accel_nb.notebook.progress_widget import WidgetReporter
+
+def one_rank_sleeps():
+    import os, time
+    import torch
+    import torch.distributed as dist
+    from accel_nb import PartialState
+    PartialState()
+    for _ in progress(range(50), desc="train"):
+        time.sleep(0.02)
+    if os.environ["RANK"] == "1":
+        time.sleep(12)  # rank 0 waits in all_reduce meanwhile
+    dist.all_reduce(torch.ones(1))
+    return 0
+
+notebook_launcher(one_rank_sleeps, num_processes=2, cpu=True, reporter=WidgetReporter(2, stall_after=4))
+"""
+
+
+def test_stuck_ranks_turn_amber_and_count_their_quiet_seconds(lab, page):
+    """Issue 15.3 in the browser: while ranks are stuck the rows say so, with a decaying rate."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(STALL_SOURCE)]
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nbformat.write(nb, os.path.join(lab.root_dir, "stall.ipynb"))
+    open_notebook(page, lab, "stall.ipynb")
+    page.click(".jp-Notebook .jp-Cell >> nth=0")
+    # not awaited: the command's promise settles only when the cell has finished
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    node = page.locator(".jp-Notebook .jp-Cell").nth(0)
+    try:
+        text = wait_until(
+            lambda: (t := node.inner_text()).count("stalled") >= 2 and "no progress for" in t and t,
+            90,
+            "both rows to turn stalled",
+        )
+    except TimeoutError:
+        screenshot(page, "progress_stalled_FAILED", SHOTS)
+        raise AssertionError(f"the cell shows: {node.inner_text()!r}") from None
+    assert text.count("no progress for") >= 2 and "ETA 0:00" not in text
+    styles = node.evaluate(
+        "n => [...n.querySelectorAll('.widget-hprogress .progress-bar')].map(b => b.className)"
+    )
+    assert len(styles) == 2 and all("warning" in s for s in styles), styles  # amber
+    node.screenshot(path=os.path.join(SHOTS, "progress_stalled.png"))
+    wait_until(lambda: node.inner_text().count("done") >= 2, 60, "the launch to finish once rank 1 wakes")
+    node.screenshot(path=os.path.join(SHOTS, "progress_stalled_then_done.png"))

@@ -260,7 +260,7 @@ class LaunchProgress:
         rates = [rate for rate in (v.rate_now(now) for v in running) if rate]
         if rates:
             parts.append(f"{format_rate(sum(rates))} total")
-        etas = [v.eta(now) for v in running]
+        etas = [v.eta(now) for v in running if not v.loop_done]
         if etas and all(e is not None for e in etas):
             parts.append(f"slowest ETA {format_duration(max(etas))}")  # type: ignore[type-var]
         parts.append(f"elapsed {format_duration(self.elapsed())}")

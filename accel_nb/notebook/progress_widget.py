@@ -339,7 +339,7 @@ class WidgetReporter:
             v = self.state.ranks[r]
             status = self.state.status(r, now)
             info = self._info_html(r, now)
-            self._shown_rows[r] = (status, info)
+            self._shown_rows[r] = self._row_key(r, now)
             bar = self.bars[r]
             with bar.hold_sync():
                 if v.total:
@@ -375,6 +375,11 @@ class WidgetReporter:
         self._last_flush = now
         self.flushes += 1
 
+    def _row_key(self, rank: int, now: float) -> tuple[str, str | None]:
+        """What makes a quiet rank's row worth redrawing: its status and its whole quiet seconds."""
+        v = self.state.ranks[rank]
+        return self.state.status(rank, now), v.quiet_note(now, min(QUIET_AFTER, self.stall_after))
+
     def tick(self) -> None:
         """Flush pending updates and redraw rows whose quiet time, rate or status moved on.
 
@@ -389,10 +394,7 @@ class WidgetReporter:
             if now - self._last_flush < self.min_interval:
                 return
             try:
-                if self._dirty or any(
-                    self._shown_rows.get(r) != (self.state.status(r, now), self._info_html(r, now))
-                    for r in self.state.ranks
-                ):
+                if self._dirty or any(self._shown_rows.get(r) != self._row_key(r, now) for r in self.state.ranks):
                     self._flush_locked(now=now)
             except Exception as exc:  # noqa: BLE001 - a display problem must never break the launch
                 self._dirty = False
