@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,11 +26,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import ops
+from .accelerator_options import handler_options, project_configuration, warn_once
 from .accelerator_views import StateViews
-from .checkpoint import ProjectConfiguration
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
-from .kwargs_handlers import HandlerArguments, read_kwargs_handlers
 from .model_wrapping import place_and_wrap, unwrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
 from .precision import PrecisionPolicy
@@ -87,7 +85,7 @@ class Accelerator(StateViews):
                 f"Accelerator() got an unexpected keyword argument {sorted(kwargs)[0]!r}; accel_nb supports the "
                 "arguments listed in help(Accelerator)"
             )
-        handlers = _handler_options(kwargs_handlers)
+        handlers = handler_options(kwargs_handlers)
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, **handlers.init_process_group)
         if gradient_accumulation_steps == 1:
             gradient_accumulation_steps = int(env_value(ENV_GRADIENT_ACCUMULATION_STEPS, "1"))
@@ -108,11 +106,11 @@ class Accelerator(StateViews):
         self.rng_types = check_rng_types(rng_types, self.state.device)
         self.log_with = log_with
         if log_with is not None:
-            _warn_once("log_with", f"log_with={log_with!r} is accepted for compatibility, but accel_nb wires no "
+            warn_once("log_with", f"log_with={log_with!r} is accepted for compatibility, but accel_nb wires no "
                        "experiment tracker yet: accelerator.log() sends metrics to the launcher's display only")
         self.ddp_kwargs = {**handlers.ddp, **(ddp_kwargs or {})}
         self._ddp_handler = handlers.ddp_handler  # registers its communication hook on each DDP model
-        self.project_configuration = self._make_project_configuration(project_dir, project_config)
+        self.project_configuration = project_configuration(project_dir, project_config)
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
         self._models: list[torch.nn.Module] = []
@@ -122,14 +120,6 @@ class Accelerator(StateViews):
         self._custom_objects: list[Any] = []
         self.step = 0
         self.trackers: list[Any] = []
-
-    @staticmethod
-    def _make_project_configuration(project_dir: str | None, project_config: Any) -> Any:
-        if project_config is not None:
-            if project_dir is not None and getattr(project_config, "project_dir", None) is None:
-                project_config.project_dir = project_dir
-            return project_config
-        return ProjectConfiguration(project_dir=project_dir)
 
     # -- prepare -------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -411,7 +401,7 @@ class Accelerator(StateViews):
     ) -> bool:
         """The reference library's spelling of :meth:`log_metrics` (``log_kwargs`` warn: no tracker is wired)."""
         if log_kwargs:
-            _warn_once("log_kwargs", "log(log_kwargs=...) has no effect: accel_nb wires no experiment tracker yet")
+            warn_once("log_kwargs", "log(log_kwargs=...) has no effect: accel_nb wires no experiment tracker yet")
         return self.log_metrics(values, step=step)
 
     def init_trackers(
@@ -421,7 +411,7 @@ class Accelerator(StateViews):
         init_kwargs: dict[str, Any] | None = None,
     ) -> None:
         """Record the project name and config; warns that no tracker is wired (metrics go to the launcher)."""
-        _warn_once("init_trackers", f"init_trackers({project_name!r}) starts no experiment tracker: accel_nb wires "
+        warn_once("init_trackers", f"init_trackers({project_name!r}) starts no experiment tracker: accel_nb wires "
                    "none yet, and accelerator.log() sends metrics to the launcher's display only")
         self.project_name = project_name
         self.tracker_config = config
@@ -508,34 +498,6 @@ class Accelerator(StateViews):
             f"Accelerator(num_processes={self.num_processes}, device={self.device}, "
             f"mixed_precision={self.mixed_precision!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, UserWarning, stacklevel=3)
-
-
-def _handler_options(handlers: list[Any] | None) -> HandlerArguments:
-    """The kwargs handlers' options that accel_nb acts on; a clear error for the ones it would ignore."""
-    found = read_kwargs_handlers(handlers)
-    for slot, what in (("autocast", "AutocastKwargs"), ("profile", "ProfileKwargs"),
-                       ("gradient_accumulation", "GradientAccumulationPlugin")):  # fmt: skip
-        if getattr(found, slot):
-            raise ValueError(
-                f"kwargs_handlers: {what} is not wired into Accelerator yet; remove it "
-                "(gradient accumulation: pass gradient_accumulation_steps=...)"
-            )
-    extra = sorted(set(found.init_process_group) - {"backend", "timeout"})
-    if extra:
-        raise ValueError(
-            f"InitProcessGroupKwargs({extra[0]}=...) is not supported: the launch environment sets the "
-            "rendezvous; accel_nb honours backend and timeout"
-        )
-    return found
 
 
 def _flatten(data: Any) -> list[Any]:

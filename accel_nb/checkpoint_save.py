@@ -103,24 +103,10 @@ def save_accelerator_state(
 
         path = save_accelerator_state(accelerator, "ckpt")   # == accelerator.save_state("ckpt")
     """
-    from .ops import broadcast_object_list
-
     config = project_config(accelerator)
     writer = _is_writer(accelerator)
     rank = int(getattr(accelerator, "process_index", 0))
-    world = int(getattr(accelerator, "num_processes", 1))
-    plan: list[Any] = [None, None, None, None]
-    if getattr(accelerator, "is_main_process", True):
-        try:
-            final, automatic = _resolve_output_dir(accelerator, output_dir)
-            _check_replaceable(final)
-            plan = [final, automatic, os.getpid(), None]
-        except Exception as exc:  # noqa: BLE001 - shared with every rank below
-            plan = [None, None, None, f"{type(exc).__name__}: {exc}"]
-    broadcast_object_list(plan, from_process=0)
-    if plan[3]:
-        raise CheckpointError(f"save_state: {plan[3]}")
-    final, automatic, pid = plan[0], plan[1], plan[2]
+    final, automatic, pid = _agree_on_folder(accelerator, output_dir)
     parent, name = os.path.split(final)
     tmp = os.path.join(parent, f".tmp-{name}-{pid}")
 
@@ -155,36 +141,59 @@ def save_accelerator_state(
     error = None
     if writer:
         try:
-            files = {}
-            for entry in sorted(os.listdir(tmp)):
-                path = os.path.join(tmp, entry)
-                fsync_path(path)
-                files[entry] = {"size": os.path.getsize(path), "digest": file_digest(path)}
-            manifest = {
-                "format": FORMAT,
-                "version": FORMAT_VERSION,
-                "world_size": world,
-                "step": int(getattr(accelerator, "step", 0) or 0),
-                "counts": counts,
-                "safe_serialization": bool(safe_serialization),
-                "save_on_each_node": bool(config.save_on_each_node),
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "files": files,
-            }
-            with open(os.path.join(tmp, MANIFEST_NAME), "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            commit_dir(tmp, final)
+            _publish(accelerator, tmp, final, counts, safe_serialization)
             if automatic:
                 _rotate(config)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - shared with every rank below
             error = f"{type(exc).__name__}: {exc}"
             shutil.rmtree(tmp, ignore_errors=True)
     _all_ok(error, f"save_state({final})")
     if automatic:
         config.iteration = int(CHECKPOINT_DIR.match(name).group(1)) + 1
     return final
+
+
+def _agree_on_folder(accelerator: Any, output_dir: str | None) -> tuple[str, bool, int]:
+    """Process 0 picks the folder (and whether it was named automatically); every rank gets its choice."""
+    from .ops import broadcast_object_list
+
+    plan: list[Any] = [None, None, None, None]
+    if getattr(accelerator, "is_main_process", True):
+        try:
+            final, automatic = _resolve_output_dir(accelerator, output_dir)
+            _check_replaceable(final)
+            plan = [final, automatic, os.getpid(), None]
+        except Exception as exc:  # noqa: BLE001 - shared with every rank below
+            plan = [None, None, None, f"{type(exc).__name__}: {exc}"]
+    broadcast_object_list(plan, from_process=0)
+    if plan[3]:
+        raise CheckpointError(f"save_state: {plan[3]}")
+    return plan[0], plan[1], plan[2]
+
+
+def _publish(accelerator: Any, tmp: str, final: str, counts: dict[str, int], safe_serialization: bool) -> None:
+    """Fsync every file, write the manifest (sizes and digests) last, then rename the folder into place."""
+    files = {}
+    for entry in sorted(os.listdir(tmp)):
+        path = os.path.join(tmp, entry)
+        fsync_path(path)
+        files[entry] = {"size": os.path.getsize(path), "digest": file_digest(path)}
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "world_size": int(getattr(accelerator, "num_processes", 1)),
+        "step": int(getattr(accelerator, "step", 0) or 0),
+        "counts": counts,
+        "safe_serialization": bool(safe_serialization),
+        "save_on_each_node": bool(project_config(accelerator).save_on_each_node),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": files,
+    }
+    with open(os.path.join(tmp, MANIFEST_NAME), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    commit_dir(tmp, final)
 
 
 def _write_shared(accelerator: Any, tmp: str, safe_serialization: bool) -> dict[str, int]:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import os
-import re
 import shlex
 import signal
 import sys
@@ -32,7 +30,8 @@ from .config import (
     load_config,
     save_config,
 )
-from .launch.errors import signal_cause, signal_name
+from .elastic_failures import failure_summary, order_failures
+from .launch.errors import signal_name
 
 PROG = "accel-nb"
 
@@ -437,78 +436,6 @@ def run_elastic(args: list[str], script: str, log_dir: str) -> int:
         return 1
     finally:
         api_logger.removeFilter(drop)
-
-
-_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
-_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)|[A-Z]\w+Error)\b:?.*")
-
-
-def _rank_log(log_dir: str, local_rank: int, stream: str = "stderr") -> str | None:
-    found = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), f"{stream}.log")),
-                   key=os.path.getmtime)  # fmt: skip
-    return found[-1] if found else None
-
-
-def _last_exception(log_path: str | None) -> str | None:
-    if not log_path:
-        return None
-    try:
-        with open(log_path, errors="replace") as f:
-            lines = [_PREFIX.sub("", line.rstrip()) for line in f]
-    except OSError:
-        return None
-    for line in reversed(lines):
-        if _EXC_LINE.match(line):
-            return line.strip()
-    return None
-
-
-def _signal_text(code: int) -> str:
-    return f"was killed by {signal_name(-code)} ({signal_cause(-code)})"
-
-
-_SYMPTOMS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-)
-
-
-def order_failures(failures: dict[int, Any], log_dir: str) -> list[tuple[int, Any]]:
-    """Failing ranks, the cause first: ranks that only saw a peer vanish come after the rest,
-    then by failure time (torch records whole seconds) and by when each rank last wrote its log."""
-
-    def key(item: tuple[int, Any]) -> tuple[int, float, float, int]:
-        rank, failure = item
-        log = _rank_log(log_dir, failure.local_rank)
-        exc = _last_exception(log) or ""
-        # the agent stops the survivors with SIGTERM; a peer's death shows as a broken connection
-        symptom = any(s in exc for s in _SYMPTOMS) or failure.exitcode == -signal.SIGTERM
-        mtime = os.path.getmtime(log) if log else float("inf")
-        return (int(symptom), float(failure.timestamp), mtime, rank)
-
-    return sorted(failures.items(), key=key)
-
-
-def failure_summary(failures: dict[int, Any], script: str, log_dir: str) -> str:
-    """A few lines: which rank failed first, how, the last exception line, and where its log is."""
-    ordered = order_failures(failures, log_dir)
-    rank, first = ordered[0]
-    how = f"exited with code {first.exitcode}" if first.exitcode >= 0 else _signal_text(first.exitcode)
-    log = _rank_log(log_dir, first.local_rank)
-    exc = _last_exception(log)
-    if exc and first.exitcode < 0:
-        how = f"then the process {how.replace('was killed by', 'got')}"
-    lines = [f"{PROG} launch: rank {rank} failed first: {exc or how}" + (f" ({how})" if exc else "")]
-    lines.append(f"  script: {script}")
-    if log:
-        lines.append(f"  its log: {log} (stdout.log next to it)")
-    others = [r for r, _ in ordered[1:]]
-    if others:
-        lines.append(f"  also failed: rank(s) {', '.join(map(str, others))}")
-    lines.append(f"  the other ranks were stopped; every rank's log is under {log_dir}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

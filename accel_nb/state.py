@@ -14,7 +14,6 @@ shares one state, so it is cheap to create anywhere:
 from __future__ import annotations
 
 import contextlib
-import datetime
 import enum
 import functools
 import math
@@ -26,30 +25,26 @@ import torch
 import torch.distributed as dist
 
 from .precision_setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
+from .process_group import (
+    RendezvousError,
+    check_backend,
+    join_process_group,
+    set_group_timeout,
+    timeout_seconds,
+)
 
 # Environment variables accel_nb's launcher sets (the reference library's names are read too, so
 # configs and scripts written for it keep working).
 ENV_MIXED_PRECISION = "ACCEL_NB_MIXED_PRECISION"
 ENV_GRADIENT_ACCUMULATION_STEPS = "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"
 ENV_USE_CPU = "ACCEL_NB_USE_CPU"
-ENV_RENDEZVOUS_TIMEOUT = "ACCEL_NB_RENDEZVOUS_TIMEOUT"
-ENV_COLLECTIVE_TIMEOUT = "ACCEL_NB_COLLECTIVE_TIMEOUT"
 _REFERENCE_ENV = {
     ENV_MIXED_PRECISION: "ACCELERATE_MIXED_PRECISION",
     ENV_GRADIENT_ACCUMULATION_STEPS: "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     ENV_USE_CPU: "ACCELERATE_USE_CPU",
 }
 
-DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
-DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 
-# process-group backends PartialState(backend=...) accepts, with torch's check that it is built in
-_BACKENDS = {
-    "gloo": dist.is_gloo_available,
-    "nccl": dist.is_nccl_available,
-    "mpi": dist.is_mpi_available,
-    "ucc": dist.is_ucc_available,
-}
 # keywords of PartialState beyond ``cpu``: the process-group options it honours
 PROCESS_GROUP_KEYWORDS = ("backend", "timeout")
 
@@ -98,10 +93,6 @@ class TopologyError(ValueError):
     """The launch environment describes an impossible topology (e.g. RANK >= WORLD_SIZE)."""
 
 
-class RendezvousError(RuntimeError):
-    """This process could not join the process group (main process unreachable, peers missing)."""
-
-
 def _int_env(name: str, default: int | None) -> int | None:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -110,16 +101,6 @@ def _int_env(name: str, default: int | None) -> int | None:
         return int(raw)
     except ValueError:
         raise TopologyError(f"{name}={raw!r} is not an integer; the launcher must set it to a whole number") from None
-
-
-def _float_env(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise TopologyError(f"{name}={raw!r} is not a number of seconds") from None
 
 
 def read_topology() -> dict[str, Any]:
@@ -166,110 +147,6 @@ def _cuda_usable(cpu: bool) -> bool:
     return not cpu and torch.cuda.is_available()
 
 
-def _join_process_group(topo: dict[str, Any], backend: str, collective_timeout: float | None) -> None:
-    """Create the store with a bounded connect time, then the process group on it.
-
-    ``collective_timeout`` (seconds; None: ``ACCEL_NB_COLLECTIVE_TIMEOUT`` or 30 minutes) bounds
-    every collective once the group is formed.
-    """
-    rdzv_timeout = _float_env(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S)
-    coll_timeout = (
-        collective_timeout
-        if collective_timeout is not None
-        else _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
-    )
-    rank, world = topo["rank"], topo["world_size"]
-    addr, port = topo["master_addr"], topo["master_port"]
-    # Under torchrun's elastic agent the agent already hosts the store on MASTER_PORT.
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    where = f"{addr}:{port}"
-    try:
-        store = dist.TCPStore(
-            addr,
-            port,
-            world_size=world,
-            is_master=(rank == 0 and not agent_store),
-            timeout=datetime.timedelta(seconds=rdzv_timeout),
-            wait_for_workers=False,
-        )
-    except Exception as exc:  # DistNetworkError, RuntimeError, TimeoutError depending on torch
-        if rank == 0 and not agent_store:
-            cause = f"rank 0 could not listen on {where}"
-            fix = "the port is probably in use: pick another MASTER_PORT (or let the launcher pick one)"
-        else:
-            cause = f"rank {rank} could not reach the main process at {where} within {rdzv_timeout:g} s"
-            fix = (
-                "check that rank 0 is running and that MASTER_ADDR/MASTER_PORT are reachable from this "
-                f"machine, or allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
-            )
-        raise RendezvousError(f"{cause} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from exc
-    try:
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=rdzv_timeout),
-        )
-        if backend == "gloo":
-            # finish every pair's handshake now: a rank that leaves right after joining could
-            # otherwise break a peer's half-open connection
-            dist.barrier()
-        # the rendezvous is over: collectives get the long timeout from here on
-        _set_group_timeout(coll_timeout)
-    except Exception as exc:
-        with contextlib.suppress(Exception):
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        raise RendezvousError(
-            f"rank {rank} of {world} could not form the {backend} group at {where} within "
-            f"{rdzv_timeout:g} s ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-            f"are all {world} ranks started? Allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
-        ) from exc
-
-
-def _set_group_timeout(seconds: float) -> None:
-    """Give the formed group its collective timeout (torch's private setter; present since 2.2)."""
-    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds))
-
-
-def _check_backend(backend: Any, use_cuda: bool) -> str | None:
-    """``backend`` validated against what torch has built in and the device in use (None: the default)."""
-    if backend is None:
-        return None
-    name = str(backend).strip().lower() if isinstance(backend, str) else backend
-    if name not in _BACKENDS:
-        raise ValueError(
-            f"PartialState(backend={backend!r}) is not a process-group backend accel_nb can use; "
-            f"choose one of {', '.join(map(repr, _BACKENDS))} (or leave it out: nccl on GPUs, gloo on CPU)"
-        )
-    if not _BACKENDS[name]():
-        raise ValueError(f"backend={name!r} is not built into this torch; use 'gloo' (CPU) or 'nccl' (CUDA)")
-    if name == "nccl" and not use_cuda:
-        raise ValueError(
-            "backend='nccl' needs CUDA GPUs but this process runs on the CPU; use backend='gloo' "
-            "(or leave it out)"
-        )
-    return name
-
-
-def _timeout_seconds(timeout: Any) -> float | None:
-    """A collective timeout as seconds: a number of seconds or a ``datetime.timedelta`` (None: the default)."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, datetime.timedelta):
-        seconds = timeout.total_seconds()
-    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        seconds = float(timeout)
-    else:
-        raise TypeError(
-            f"PartialState(timeout={timeout!r}): give seconds (a number) or a datetime.timedelta"
-        )
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"PartialState(timeout={timeout!r}) must be a positive, finite number of seconds")
-    return seconds
-
-
 def _reject_unknown_keywords(owner: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
     if kwargs:
         name = sorted(kwargs)[0]
@@ -300,7 +177,7 @@ class PartialState:
             self._check_same_settings(cpu, backend, timeout)
             return
         cpu = cpu or env_flag(ENV_USE_CPU)
-        collective_timeout = _timeout_seconds(timeout)
+        collective_timeout = timeout_seconds(timeout)
         topo = read_topology()
         self.num_processes: int = topo["world_size"]
         self.process_index: int = topo["rank"]
@@ -314,13 +191,13 @@ class PartialState:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        chosen = _check_backend(backend, use_cuda)
+        chosen = check_backend(backend, use_cuda)
         self.collective_timeout = collective_timeout
         if self.num_processes > 1:
             self.backend = chosen or ("nccl" if use_cuda else "gloo")
             self.distributed_type = DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU
             if not dist.is_initialized():
-                _join_process_group(topo, self.backend, collective_timeout)
+                join_process_group(topo, self.backend, collective_timeout)
                 self._owns_group = True
             else:
                 self._adopt_existing_group(chosen, collective_timeout)
@@ -340,7 +217,7 @@ class PartialState:
             )
         self.backend = existing
         if collective_timeout is not None:
-            _set_group_timeout(collective_timeout)
+            set_group_timeout(collective_timeout)
 
     def _check_same_settings(self, cpu: bool, backend: Any, timeout: Any) -> None:
         """A later PartialState(...) may not ask for settings other than the first one's."""
@@ -349,13 +226,13 @@ class PartialState:
                 "PartialState was already created on "
                 f"{self.device}; cpu=True must be given the first time (or set {ENV_USE_CPU}=1)"
             )
-        wanted = _check_backend(backend, self.device.type == "cuda")
+        wanted = check_backend(backend, self.device.type == "cuda")
         if wanted is not None and self.backend is not None and wanted != self.backend:
             raise RuntimeError(
                 f"PartialState already runs the {self.backend!r} backend; backend={wanted!r} must be given "
                 "to the first PartialState (or Accelerator) of the run"
             )
-        seconds = _timeout_seconds(timeout)
+        seconds = timeout_seconds(timeout)
         if seconds is not None and seconds != self.collective_timeout:
             raise RuntimeError(
                 f"PartialState already exists with timeout={self.collective_timeout}; timeout={seconds:g} s "

@@ -109,7 +109,7 @@ def test_rng_types_are_checked():
 
 
 def test_log_with_and_trackers_warn_once_that_no_tracker_is_wired():
-    import accel_nb.accelerator as module
+    import accel_nb.accelerator_options as module
 
     module._warned.clear()
     with pytest.warns(UserWarning, match="log_with='wandb' is accepted for compatibility"):

@@ -28,7 +28,7 @@ from .files import (
 def _storage_key(t: torch.Tensor) -> tuple:
     try:
         ptr = t.untyped_storage().data_ptr()
-    except Exception:  # tensor subclasses without storage
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without a storage of their own
         ptr = id(t)
     return (t.device.type, t.device.index, ptr)
 

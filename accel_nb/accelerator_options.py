@@ -1,0 +1,53 @@
+"""The Accelerator's constructor options: kwargs handlers it acts on, the project configuration,
+and the compatibility warnings it gives once per process.
+
+    handlers = handler_options([DistributedDataParallelKwargs(find_unused_parameters=True)])
+    handlers.ddp        # {'find_unused_parameters': True}
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from .checkpoint import ProjectConfiguration
+from .kwargs_handlers import HandlerArguments, read_kwargs_handlers
+
+__all__ = ["handler_options", "project_configuration", "warn_once"]
+
+_warned: set[str] = set()  # keys already warned about in this process
+
+
+def warn_once(key: str, message: str) -> None:
+    """Warn with ``message`` the first time ``key`` comes up in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def handler_options(handlers: list[Any] | None) -> HandlerArguments:
+    """The kwargs handlers' options that accel_nb acts on; a clear error for the ones it would ignore."""
+    found = read_kwargs_handlers(handlers)
+    for slot, what in (("autocast", "AutocastKwargs"), ("profile", "ProfileKwargs"),
+                       ("gradient_accumulation", "GradientAccumulationPlugin")):  # fmt: skip
+        if getattr(found, slot):
+            raise ValueError(
+                f"kwargs_handlers: {what} is not wired into Accelerator yet; remove it "
+                "(gradient accumulation: pass gradient_accumulation_steps=...)"
+            )
+    extra = sorted(set(found.init_process_group) - {"backend", "timeout"})
+    if extra:
+        raise ValueError(
+            f"InitProcessGroupKwargs({extra[0]}=...) is not supported: the launch environment sets the "
+            "rendezvous; accel_nb honours backend and timeout"
+        )
+    return found
+
+
+def project_configuration(project_dir: str | None, project_config: Any) -> Any:
+    """``project_config`` (given ``project_dir`` when it has none), else a new ProjectConfiguration."""
+    if project_config is not None:
+        if project_dir is not None and getattr(project_config, "project_dir", None) is None:
+            project_config.project_dir = project_dir
+        return project_config
+    return ProjectConfiguration(project_dir=project_dir)

@@ -1,0 +1,155 @@
+"""Forming the process group: a TCP store with a bounded connect time, then torch's group on it.
+
+``PartialState`` calls :func:`join_process_group` once per process; the backend and the collective
+timeout it may be given are checked here too, with errors that name the cause and the fix.
+
+    join_process_group(read_topology(), "gloo", collective_timeout=60.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import math
+import os
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = [
+    "ENV_RENDEZVOUS_TIMEOUT", "ENV_COLLECTIVE_TIMEOUT", "DEFAULT_RENDEZVOUS_TIMEOUT_S", "DEFAULT_COLLECTIVE_TIMEOUT_S",
+    "RendezvousError", "join_process_group", "set_group_timeout", "check_backend", "timeout_seconds",
+]  # fmt: skip
+
+ENV_RENDEZVOUS_TIMEOUT = "ACCEL_NB_RENDEZVOUS_TIMEOUT"
+ENV_COLLECTIVE_TIMEOUT = "ACCEL_NB_COLLECTIVE_TIMEOUT"
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+# process-group backends PartialState(backend=...) accepts, with torch's check that it is built in
+_BACKENDS = {
+    "gloo": dist.is_gloo_available,
+    "nccl": dist.is_nccl_available,
+    "mpi": dist.is_mpi_available,
+    "ucc": dist.is_ucc_available,
+}
+
+
+class RendezvousError(RuntimeError):
+    """This process could not join the process group (main process unreachable, peers missing)."""
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+
+
+def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: float | None) -> None:
+    """Create the store with a bounded connect time, then the process group on it.
+
+    ``collective_timeout`` (seconds; None: ``ACCEL_NB_COLLECTIVE_TIMEOUT`` or 30 minutes) bounds
+    every collective once the group is formed.
+    """
+    rdzv_timeout = _float_env(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S)
+    coll_timeout = (
+        collective_timeout
+        if collective_timeout is not None
+        else _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    )
+    rank, world = topo["rank"], topo["world_size"]
+    addr, port = topo["master_addr"], topo["master_port"]
+    # Under torchrun's elastic agent the agent already hosts the store on MASTER_PORT.
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    where = f"{addr}:{port}"
+    try:
+        store = dist.TCPStore(
+            addr,
+            port,
+            world_size=world,
+            is_master=(rank == 0 and not agent_store),
+            timeout=datetime.timedelta(seconds=rdzv_timeout),
+            wait_for_workers=False,
+        )
+    except Exception as exc:  # DistNetworkError, RuntimeError, TimeoutError depending on torch
+        if rank == 0 and not agent_store:
+            cause = f"rank 0 could not listen on {where}"
+            fix = "the port is probably in use: pick another MASTER_PORT (or let the launcher pick one)"
+        else:
+            cause = f"rank {rank} could not reach the main process at {where} within {rdzv_timeout:g} s"
+            fix = (
+                "check that rank 0 is running and that MASTER_ADDR/MASTER_PORT are reachable from this "
+                f"machine, or allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
+            )
+        raise RendezvousError(f"{cause} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from exc
+    try:
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=rdzv_timeout),
+        )
+        if backend == "gloo":
+            # finish every pair's handshake now: a rank that leaves right after joining could
+            # otherwise break a peer's half-open connection
+            dist.barrier()
+        # the rendezvous is over: collectives get the long timeout from here on
+        set_group_timeout(coll_timeout)
+    except Exception as exc:
+        # teardown of the half-formed group: the RendezvousError below carries the cause, and a
+        # second failure while leaving would only hide it
+        with contextlib.suppress(Exception):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        raise RendezvousError(
+            f"rank {rank} of {world} could not form the {backend} group at {where} within "
+            f"{rdzv_timeout:g} s ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            f"are all {world} ranks started? Allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
+        ) from exc
+
+
+def set_group_timeout(seconds: float) -> None:
+    """Give the formed group its collective timeout (torch's private setter; present since 2.2)."""
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds))
+
+
+def check_backend(backend: Any, use_cuda: bool) -> str | None:
+    """``backend`` validated against what torch has built in and the device in use (None: the default)."""
+    if backend is None:
+        return None
+    name = str(backend).strip().lower() if isinstance(backend, str) else backend
+    if name not in _BACKENDS:
+        raise ValueError(
+            f"PartialState(backend={backend!r}) is not a process-group backend accel_nb can use; "
+            f"choose one of {', '.join(map(repr, _BACKENDS))} (or leave it out: nccl on GPUs, gloo on CPU)"
+        )
+    if not _BACKENDS[name]():
+        raise ValueError(f"backend={name!r} is not built into this torch; use 'gloo' (CPU) or 'nccl' (CUDA)")
+    if name == "nccl" and not use_cuda:
+        raise ValueError(
+            "backend='nccl' needs CUDA GPUs but this process runs on the CPU; use backend='gloo' "
+            "(or leave it out)"
+        )
+    return name
+
+
+def timeout_seconds(timeout: Any) -> float | None:
+    """A collective timeout as seconds: a number of seconds or a ``datetime.timedelta`` (None: the default)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        seconds = float(timeout)
+    else:
+        raise TypeError(
+            f"PartialState(timeout={timeout!r}): give seconds (a number) or a datetime.timedelta"
+        )
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"PartialState(timeout={timeout!r}) must be a positive, finite number of seconds")
+    return seconds
