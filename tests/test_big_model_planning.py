@@ -201,3 +201,21 @@ def test_bert_loads_and_runs_with_ties_across_a_cpu_and_disk_split(gpu_fraction,
     assert {"cpu", "disk"} == set(model.hf_device_map.values())
     with torch.no_grad():
         assert torch.allclose(model(ids).logits, want, atol=1e-5)
+
+
+def test_the_traces_on_the_big_model_page_are_what_the_planner_prints():
+    import os
+
+    page = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "big_model.md")).read()
+    with init_empty_weights():
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config())
+    fits = infer_auto_device_map(model, {0: "300MB", "cpu": "2GB"}, ["GPT2Block"], dtype=torch.float16)
+    spills = infer_auto_device_map(model, {0: "150MB", "cpu": "2GB"}, ["GPT2Block"], dtype=torch.float16)
+    assert set(fits.values()) == {0} and set(spills.values()) == {0, "cpu"}
+    for plan in (fits.plan, spills.plan):
+        shown = [line for line in plan.explain().splitlines() if line in page]
+        assert len(shown) >= 3, plan.explain()
+        assert plan.explain().splitlines()[0] in page  # the headroom line, verbatim
+    with pytest.raises(ValueError) as info:
+        infer_auto_device_map(model, {"cpu": "300MB"}, ["GPT2Block"])
+    assert " ".join(str(info.value).split()) in " ".join(page.replace("*", "").split())
