@@ -86,3 +86,28 @@ def test_auto_map_on_gpu_with_budget(tmp_path):
     ids = torch.randint(0, 50, (2, 8))
     with torch.no_grad():
         assert torch.allclose(m(ids), ref(ids), atol=1e-5)
+
+
+def test_planned_headroom_is_what_the_engine_allocates_on_the_gpu(tmp_path):
+    from accel_nb.big_model import infer_auto_device_map
+
+    ref = _ref()
+    save_sharded_safetensors(ref.state_dict(), str(tmp_path / "ckpt"))
+    with init_empty_weights():
+        m = Stack(d=64, n=8).eval()
+    sizes = compute_module_sizes(m)
+    budget = {0: sizes[""] // 2, "cpu": "1GiB"}
+    dm = infer_auto_device_map(m, budget, ["Block"])
+    assert {0, "cpu"} == set(dm.values()) and dm.plan.headroom[0] > 0
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(0)
+    m = load_checkpoint_and_dispatch(m, str(tmp_path / "ckpt"), device_map=dict(dm), no_split_module_classes=["Block"])
+    engine = m._accel_nb_engine
+    allocated = sum(b.data.numel() for b in engine._buffers)
+    assert allocated == dm.plan.headroom[0]  # Stack's only buffer ('scale') sits on GPU 0 itself
+    on_gpu = torch.cuda.memory_allocated(0) - before
+    # weights + engine buffers stay in the budget (the caching allocator rounds each tensor to 512 B)
+    assert on_gpu <= budget[0] + 16 * 1024, (on_gpu, budget[0])
+    ids = torch.randint(0, 50, (2, 8))
+    with torch.no_grad():
+        assert torch.allclose(m(ids), ref(ids), atol=1e-5)
