@@ -275,3 +275,37 @@ def test_stuck_ranks_say_how_long_they_have_been_quiet_while_it_lasts(kernel):
         rates = [r for v in values for r in re.findall(r"([\d.]+) (?:it/s|s/it)", v)]
         assert len(set(rates)) >= 2, "the shown rate changed (decayed) while the rank was quiet"
         assert "no progress" not in values[-1], "finished: no quiet note left"
+
+
+OUTPUT_CELL = """
+from accel_nb import notebook_launcher
+
+def chatty_then_fails():
+    import os
+    rank = os.environ["RANK"]
+    print("loading the same weights")  # every rank prints it
+    for i in range(30000):  # a flood: far more than the cell can show
+        print(f"rank {rank} flood {i}")
+    if rank == "1":
+        raise ValueError("bad value\\nsecond line of the message")
+    import time
+    time.sleep(30)
+
+notebook_launcher(chatty_then_fails, num_processes=2, cpu=True)
+"""
+
+
+def test_text_output_merges_identical_lines_collapses_floods_and_says_a_failure_once():
+    """Issue 15.6 in a real kernel, text mode: what the cell prints stays readable."""
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+        out = k.run(OUTPUT_CELL, timeout=180)
+    assert out.error is not None and out.error["ename"] == "LaunchError"
+    text = out.stdout + out.stderr
+    assert text.count("loading the same weights") == 1 and "[ranks 0,1] loading the same weights" in text
+    notes = [line for line in text.splitlines() if "dropp" in line]
+    for rank in (0, 1):
+        mine = [line for line in notes if line.startswith(f"[rank {rank}]")]
+        assert 1 <= len(mine) <= 2, f"one note when the flood starts, one total at the end: {mine}"
+    failed = [line for line in text.splitlines() if "failed" in line]
+    assert failed == ["[rank 1] failed: ValueError: bad value ..., stopping the other ranks"], failed
+    assert "second line of the message" not in text  # the full message is in the LaunchError

@@ -246,7 +246,7 @@ class LaunchProgress:
             parts.append(one_line(f"{v.exc_type}: {v.message}"))
         if v.dropped:
             parts.append(f"[{plural(v.dropped, 'output line')} dropped]")
-        return " ".join(parts)
+        return " ".join(parts).rstrip()
 
     def aggregate_line(self, now: float | None = None) -> str:
         """``"2 ranks: 1 running, 1 done | 4500 it/s total | slowest ETA 0:12 | elapsed 0:03"``."""

@@ -45,10 +45,11 @@ def rank_label(ranks: Iterable[int]) -> str:
 
 
 class _Pending:
-    __slots__ = ("stream", "text", "ranks", "since")
+    __slots__ = ("stream", "text", "ranks", "since", "whole")
 
-    def __init__(self, stream: str, text: str, rank: int, since: float) -> None:
+    def __init__(self, stream: str, text: str, rank: int, since: float, whole: bool = False) -> None:
         self.stream, self.text, self.ranks, self.since = stream, text, [rank], since
+        self.whole = whole  # a line of its own (a failure): never merged, written as soon as its turn comes
 
 
 class OutputRelay:
@@ -106,10 +107,19 @@ class OutputRelay:
                 self._open[key] = entry
         self.tick(now)
 
+    def add_line(self, rank: int, stream: str, text: str) -> None:
+        """Queue a line of the launcher's own (e.g. a rank's failure) after what that rank printed before it."""
+        now = time.monotonic()
+        with self._lock:
+            self._queue.append(_Pending(stream, text, rank, now, whole=True))
+        self.tick(now)
+
     def tick(self, now: float | None = None) -> None:
         """Write the lines at the front that every rank printed, or that waited long enough."""
         now = time.monotonic() if now is None else now
-        self._release(lambda e: len(e.ranks) >= self.expected or now - e.since >= self.merge_window)
+        self._release(
+            lambda e: e.whole or len(e.ranks) >= self.expected or now - e.since >= self.merge_window
+        )
 
     def flush(self) -> None:
         """Write every waiting line now (before a failure is reported, and at the end)."""
@@ -132,7 +142,7 @@ class OutputRelay:
                 e = self._queue.popleft()
                 if self._open.get((e.stream, e.text)) is e:
                     del self._open[(e.stream, e.text)]
-                out.append((e.stream, f"{rank_label(e.ranks)} {e.text}"))
+                out.append((e.stream, e.text if e.whole else f"{rank_label(e.ranks)} {e.text}"))
         i = 0
         while i < len(out):  # one write per run of lines on the same stream
             j = i

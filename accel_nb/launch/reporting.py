@@ -127,12 +127,13 @@ class TextReporter:
             step = f"step {event.step}: " if event.step is not None else ""
             self._write(self.out, f"[rank {rank}] {step}{format_metrics(event.values)}\n")
         elif isinstance(event, Failure):
-            # one line as it happens; the traceback is shown once, in the LaunchError the cell raises
-            self.relay.flush()
+            # one line, after what the rank printed before it; the traceback is shown once, in the
+            # LaunchError the cell raises
             first = not self._failure_shown
             self._failure_shown = True
             then = ", stopping the other ranks" if first else ""
-            self._write(self.err, f"[rank {rank}] failed: {one_line(f'{event.exc_type}: {event.message}')}{then}\n")
+            line = f"[rank {rank}] failed: {one_line(f'{event.exc_type}: {event.message}')}{then}"
+            self.relay.add_line(rank, "stderr", line)
         elif isinstance(event, Stacks):
             why = "when stopped" if getattr(event, "reason", "hang") == "interrupt" else "hang watchdog"
             text = f"[rank {rank}] Python stacks ({why}):\n" + "".join(

@@ -112,8 +112,6 @@ class WidgetReporter:
         if isinstance(event, ev.Heartbeat):
             self.tick()
             return
-        if isinstance(event, ev.Failure) and self.echo_logs:
-            self.relay.flush()  # the failing rank's last lines before its failure
         with self._lock:
             self.state.apply(event)
             failure = isinstance(event, ev.Failure)
