@@ -309,3 +309,19 @@ def test_text_output_merges_identical_lines_collapses_floods_and_says_a_failure_
     failed = [line for line in text.splitlines() if "failed" in line]
     assert failed == ["[rank 1] failed: ValueError: bad value ..., stopping the other ranks"], failed
     assert "second line of the message" not in text  # the full message is in the LaunchError
+
+
+def test_text_mode_names_the_quiet_ranks_while_they_are_stuck(kernel):
+    """Issue 15.3, text fallback: a line per quiet rank, repeated only as the silence doubles."""
+    cell = STUCK_CELL.replace(
+        "notebook_launcher(one_rank_sleeps, num_processes=2, cpu=True)",
+        "from accel_nb.launch.reporting import TextReporter\n"
+        "notebook_launcher(one_rank_sleeps, num_processes=2, cpu=True, reporter=TextReporter(stall_after=3))",
+    )
+    out = kernel.run(cell, timeout=180)
+    assert out.error is None, out.traceback
+    quiet = [line for line in out.stderr.splitlines() if "no progress for" in line]
+    for rank in (0, 1):
+        mine = [line for line in quiet if line.startswith(f"[rank {rank}] stalled")]
+        assert 1 <= len(mine) <= 3, quiet  # at 3 s, then about 6 s (rank 1 sleeps 8 s)
+        assert "50/50" in mine[0]
