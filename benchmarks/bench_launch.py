@@ -1,5 +1,7 @@
 """Launch cost from a REAL Jupyter kernel: a trivial 2-process launch (gloo group, a barrier, results
-back), accel_nb fork and spawn side by side with the reference library's ``notebook_launcher``.
+back), accel_nb fork and spawn side by side with the reference library's ``notebook_launcher``; and
+"launch -> first DDP step done" (Accelerator, prepare a model, one training step) on 2 CPU ranks,
+each library in a fresh kernel of its own, first launch and the launches after it.
 
 Also records what the reference does on this machine (on a CPU-only machine it is said to print
 "Launching training on 2 GPUs" and to run copies that are not a real process group): each of its
@@ -75,6 +77,85 @@ def time_reference(repeat, out_dir):
 """
 
 
+FIRST_STEP = """
+import json, statistics, time
+
+def first_step(library):
+    import importlib
+    import torch
+    Accelerator = importlib.import_module(library).Accelerator
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = accelerator.prepare(model, opt)  # DistributedDataParallel over gloo
+    loss = model(torch.ones(4, 8)).sum()
+    accelerator.backward(loss)
+    opt.step()
+    return accelerator.num_processes
+
+def time_first_step(library, repeat):
+    if library == "accel_nb":
+        from accel_nb import notebook_launcher
+        from accel_nb.launch.reporting import ListReporter
+        launch = lambda i: notebook_launcher(first_step, args=(library,), num_processes=2, cpu=True,
+                                             reporter=ListReporter())
+    else:
+        import contextlib, io
+        from accelerate import notebook_launcher as ref_launcher
+        def launch(i):
+            with contextlib.redirect_stdout(io.StringIO()):
+                return ref_launcher(first_step, args=(library,), num_processes=2, use_port=str(29700 + i))
+    times = []
+    for i in range(repeat):
+        t = time.perf_counter()
+        res = launch(i)
+        times.append(time.perf_counter() - t)
+        assert res is None or res == [2, 2], res
+    return times
+"""
+
+
+def first_step_rows(quick: bool = False) -> list[dict]:
+    """Launch -> first DDP step done, per library in its own fresh kernel: first launch, then the rest."""
+    from tests.kernel_helpers import KernelSession
+
+    repeat = 4 if quick else 6
+    times: dict[str, list[float] | None] = {}
+    for library in ("accel_nb", "accelerate"):
+        try:
+            __import__(library)
+        except ImportError:
+            times[library] = None
+            continue
+        with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+            _cell(k, FIRST_STEP)
+            out = _cell(k, f"print(json.dumps(time_first_step({library!r}, {repeat})))", timeout=900)
+            times[library] = json.loads(out.strip().splitlines()[-1])
+    ours, ref = times["accel_nb"], times["accelerate"]
+    rows = []
+    for label, pick, goal in (
+        ("first launch of the kernel", lambda t: t[0], None),
+        ("second launch on (median)", lambda t: statistics.median(t[1:]), 0.5),
+        ("second launch on (min)", lambda t: min(t[1:]), 0.5),
+    ):
+        ours_s = pick(ours)
+        ref_s = pick(ref) if ref else None
+        rows.append(
+            {
+                "benchmark": "launch",
+                "metric": f"launch -> first DDP step done, 2 CPU ranks, fork, {label}",
+                "accel_nb": ours_s,
+                "reference": ref_s,
+                "ratio": ours_s / ref_s if ref_s else None,
+                "unit": "s",
+                "note": (f"goal <= {goal} s; " if goal else "")
+                + f"{len(ours)} launches per library, each library in a fresh kernel; Accelerator(cpu=True), "
+                "prepare(Linear, SGD), one forward/backward/step; DDP's first build imports torch._dynamo",
+            }
+        )
+    return rows
+
+
 def _cell(k, code: str, timeout: float = 600) -> str:
     out = k.run(code, timeout=timeout)
     if out.error is not None:
@@ -130,6 +211,7 @@ def run(quick: bool = False) -> list[dict]:
                 f"rank {s['group_rank']} of {s['group_size']}"
                 for s in per_launch
             )
+    rows += first_step_rows(quick)
     for label, pick in (("median", statistics.median), ("min", min)):
         ref_s = pick(ref) if ref else None
         for method, times, goal in (

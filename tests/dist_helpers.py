@@ -3,7 +3,8 @@
     results = run_ranks(my_fn, world_size=2)      # my_fn() runs on every rank; results in rank order
 
 The function runs in forked children with the torchrun environment set; exceptions come back
-with the child's traceback. Used by the core tests so they do not depend on the launcher.
+with the child's traceback. Used by the core tests so they do not depend on the launcher (only
+its free-port picker, the one home of that rule).
 """
 
 from __future__ import annotations
@@ -11,16 +12,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from accel_nb.launch.ports import pick_free_port as free_port  # the launcher's picker; tests import it here
 
 
 def _child(fn, rank, world_size, port, env, args, queue):  # pragma: no cover - runs in the child

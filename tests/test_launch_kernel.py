@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import psutil
@@ -243,22 +244,28 @@ def test_after_cuda_was_touched_the_launch_uses_spawn_and_names_the_line(kernel)
     _assert_no_children(kernel)
 
 
-def test_fifty_launches_in_a_row_leak_no_processes_and_no_fds(kernel):
+def test_two_hundred_launches_in_a_row_hold_no_more_fds_threads_or_processes_than_after_the_first(kernel):
     out = kernel.run(
         "import psutil\n"
-        "from accel_nb.launch.reporting import ListReporter\n"
+        "from tests.process_helpers import live_descendants\n"
         "me = psutil.Process()\n"
-        "debug_launcher(lambda: 0, reporter=ListReporter())\n"
-        "fds0 = me.num_fds()\n"
-        "ok = all(debug_launcher(lambda: PartialState().process_index, reporter=ListReporter()) == [0, 1] for _ in range(50))\n"
-        "kids = [c for c in me.children(recursive=True) if c.status() != 'zombie' and 'launch.zygote' not in ' '.join(c.cmdline())]\n"
-        "print('LEAKS', ok, me.num_fds() - fds0, len(kids))",
-        timeout=300,
+        "def held():\n"
+        "    return me.num_fds(), len(os.listdir('/proc/self/task')), len(live_descendants(me))\n"
+        "notebook_launcher(lambda: 0, num_processes=2, cpu=True)\n"
+        "from accel_nb.launch import warm\n"
+        "warm.wait_until_warm()  # the one background import of the session is over\n"
+        "after_first = held()\n"
+        "ok = all(notebook_launcher(lambda: PartialState().process_index, num_processes=2, cpu=True) == [0, 1]\n"
+        "         for _ in range(200))\n"
+        "import json\n"
+        "print('HELD', json.dumps([ok, after_first, held()]))",
+        timeout=600,
     )
     assert out.error is None, out.traceback
-    ok, fd_delta, children = out.stdout.split("LEAKS", 1)[1].split()[:3]
-    assert ok == "True"
-    assert int(fd_delta) <= 0 and int(children) == 0
+    ok, first, last = json.loads(out.stdout.split("HELD", 1)[1])
+    assert ok is True
+    fds, threads, processes = last
+    assert fds <= first[0] and threads <= first[1] and processes == 0, (first, last)
     _assert_no_children(kernel)
 
 

@@ -1,10 +1,12 @@
-"""Import once per kernel what every forked rank would otherwise import on its first DDP step.
+"""Import once per kernel what every forked rank would otherwise import at every launch.
 
-Building ``DistributedDataParallel`` imports ``torch._dynamo`` (with sympy: some 800 modules,
-seconds of CPU) lazily, in every rank, at every launch. After the first fork launch of a session
-the notebook process imports it once, in a background thread, so later forked ranks inherit it.
-The import touches no GPU and leaves ``os.environ`` as it was. A fork must never happen while that thread holds an import lock (the
-child would inherit a lock nobody releases), so ``start_forked`` calls ``wait_until_warm()`` first.
+A rank imports torch when the notebook has not, and building ``DistributedDataParallel`` (or an
+optimizer) imports ``torch._dynamo`` (with sympy: some 800 modules, seconds of CPU) lazily, in
+every rank, at every launch. After the first fork launch of a session the notebook process
+imports them once, in a background thread, so later forked ranks inherit them.
+The imports touch no GPU and leave ``os.environ`` as it was. While they run, a half-imported torch
+is in ``sys.modules`` and the thread may hold import locks (a forked child would inherit locks
+nobody releases), so a launch first calls ``wait_until_warm()``, and ``start_forked`` does too.
 
     start_warming()        # after a fork launch started its ranks
     wait_until_warm()      # before the next fork
@@ -17,7 +19,9 @@ import os
 import sys
 import threading
 
-MODULES = ("torch._dynamo",)  # what the first DistributedDataParallel(...) of a rank imports
+# what a training rank imports when the notebook has not: torch itself, and what the first
+# DistributedDataParallel(...) / optimizer of a rank imports lazily (torch._dynamo, with sympy)
+MODULES = ("torch", "torch.distributed", "torch._dynamo", "accel_nb.accelerator")
 
 SET_ON_IMPORT = ("TORCHINDUCTOR_CACHE_DIR",)  # environment variables those imports set: put back after
 
@@ -50,10 +54,10 @@ def warm() -> bool:
 
 
 def start_warming() -> None:
-    """Import ``MODULES`` in a background thread, once per process, when torch is in use here."""
+    """Import ``MODULES`` in a background thread, once per process."""
     global _thread
     with _lock:
-        if _thread is not None or "torch" not in sys.modules or warm():
+        if _thread is not None or warm():
             return
         _thread = threading.Thread(target=import_modules, name="accel_nb-warm-imports", daemon=True)
         _thread.start()

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..launch import cuda_guard
+from ..launch import cuda_guard, warm
 from ..launch.errors import LaunchSetupError
 from ..launch.options import LaunchOptions
 from ..launch.payload import FunctionPayload
@@ -45,6 +45,7 @@ def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -
         launch_payload(FunctionPayload(fn), LaunchOptions(num_processes=2, cpu=True))
     """
     __tracebackhide__ = True
+    warm.wait_until_warm()  # the session's background import is over: torch is whole, no import lock held
     cuda_guard.install_cuda_init_recorder()
     plan = make_plan(options)
     if reporter is None:
