@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--cpu", action="store_true", help="run on CPU processes even when GPUs are present")
     launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
     launch.add_argument(
-        "--monitor_interval", "--monitor-interval", type=_positive_seconds, default=None,
+        "--monitor_interval", "--monitor-interval", type=positive_seconds, default=None,
         help="seconds between the elastic agent's checks of the ranks (torchrun's --monitor-interval; 0.1)",
     )  # fmt: skip
     launch.add_argument(
@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
+    """argparse type for a duration: a number of seconds above 0 (``"0.5"`` -> 0.5)."""
     try:
         value = float(text)
     except ValueError:
