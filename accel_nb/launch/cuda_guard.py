@@ -98,23 +98,21 @@ def cuda_init_origin() -> str | None:
     return f"line {frame.lineno} of {where}" + (f": {code}" if code else "")
 
 
-def install_cuda_init_recorder() -> bool:
+def install_cuda_init_recorder() -> None:
     """Wrap ``torch.cuda._lazy_init`` to remember the stack of the first CUDA initialisation.
 
-    Only when torch is already imported (it never imports torch itself). Returns True once installed.
+    Only when torch is already imported (it never imports torch itself); installing twice is a no-op.
     """
     global _recorder_installed
     torch = sys.modules.get("torch")
     if torch is None:
-        return False
+        return
     with _recorder_lock:
-        if _recorder_installed:
-            return True
-        cuda = getattr(torch, "cuda", None)
-        original = getattr(cuda, "_lazy_init", None)
-        if original is None or getattr(original, "_accel_nb_recorder", False):
+        original = getattr(torch.cuda, "_lazy_init", None)
+        if _recorder_installed or original is None or getattr(original, "_accel_nb_recorder", False):
             _recorder_installed = original is not None
-            return _recorder_installed
+            return
+        cuda = torch.cuda
 
         def _lazy_init_recording(*args: Any, **kwargs: Any) -> Any:
             global _first_init_stack
@@ -126,4 +124,3 @@ def install_cuda_init_recorder() -> bool:
         _lazy_init_recording.__wrapped__ = original  # type: ignore[attr-defined]
         cuda._lazy_init = _lazy_init_recording
         _recorder_installed = True
-        return True
