@@ -331,6 +331,22 @@ print("same map as infer_auto_device_map:", same)
         "key-result",
     ),
     md("""
+### Planning for a GPU machine, here
+
+GPU budgets need no GPU, so a map for the GPU machine can be made on this one. When the model
+fits on the GPU, all of it goes there and nothing is held back; when it does not, the GPU that
+will run the offloaded blocks keeps free exactly what the offload engine allocates there (two
+buffers the size of the largest block it streams), and the plan says so in its first line.
+"""),
+    code("""
+total = sizes[""]
+for gpu_budget in (int(total * 1.1), int(total * 0.7)):
+    plan = infer_auto_device_map(model, {0: gpu_budget, "cpu": "64MB"}, no_split_module_classes=["GPT2Block"]).plan
+    on_gpu = sum(sizes[name] for name, device in plan.device_map.items() if device == 0)
+    print(f"GPU budget {gpu_budget / 2**20:.2f} MiB: {on_gpu / total:.0%} of the model on GPU 0")
+    print("   headroom:", plan.notes[0])
+"""),
+    md("""
 ## 4. Load and dispatch: CPU + disk offload
 
 `load_checkpoint_and_dispatch` loads each tensor straight to its place (memory-mapped
