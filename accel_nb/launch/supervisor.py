@@ -134,6 +134,16 @@ class Supervisor:
         except Exception as exc:  # noqa: BLE001 - a broken display must not break the launch
             print(f"[accel_nb] the reporter failed on {type(event).__name__}: {exc}", file=sys.stderr)
 
+    def _tick(self) -> None:
+        """Let the reporter redraw what time alone changes (quiet ranks' rows), from this thread."""
+        tick = getattr(self.reporter, "tick", None)
+        if tick is None:
+            return
+        try:
+            tick()
+        except Exception as exc:  # noqa: BLE001 - a broken display must not break the launch
+            print(f"[accel_nb] the reporter failed to redraw: {exc}", file=sys.stderr)
+
     def _add_failure(self, failure: RankFailure) -> None:
         if not self.outcome.failures:
             failure.first = True
@@ -309,9 +319,7 @@ class Supervisor:
                 now = time.monotonic()
                 self._settle_peer_lost(now, final=not waiting)
                 self._escalate(now)
-                tick = getattr(self.reporter, "tick", None)  # quiet ranks' rows move on without events
-                if tick is not None:
-                    tick()
+                self._tick()
                 if self.timeout is not None and waiting and not self.outcome.failures:
                     idle = now - self._last_progress
                     # a cold start (fresh interpreters importing torch) is not a hang
