@@ -341,7 +341,8 @@ def markdown_page(
             "```{note}",
             "This machine has no GPU: the GPU benchmarks (training-step overhead of a GPT-2-small-sized",
             "model in bf16, sharded safetensors loading straight to the GPU, offloaded forward throughput",
-            "against pinned host-to-device bandwidth) are pending a run on a GPU machine.",
+            "against pinned host-to-device bandwidth) are pending a run on a GPU machine",
+            "(`bash scripts/gpu_check.sh` there adds them as a \"GPU run\" section).",
             "```",
             "",
         ]
@@ -405,8 +406,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f"; FAILED: {', '.join(failed)}" if failed else "")
     )
     if args.markdown:
+        page = markdown_page(rows, argv, names, walls)
+        old = open(args.markdown, encoding="utf-8").read() if os.path.exists(args.markdown) else ""
+        begin, end = "<!-- gpu-run:begin -->", "<!-- gpu-run:end -->"  # scripts/gpu_check.sh's section
+        if begin in old and end in old:
+            kept = old[old.index(begin) : old.index(end) + len(end)]
+            at = page.index("## What each benchmark measures")
+            page = page[:at] + kept + "\n\n" + page[at:]
         with open(args.markdown, "w", encoding="utf-8") as f:
-            f.write(markdown_page(rows, argv, names, walls))
+            f.write(page)
         print(f"wrote {args.markdown}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
