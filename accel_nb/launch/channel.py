@@ -16,7 +16,6 @@ import os
 import pickle
 import struct
 import threading
-from typing import Any
 
 from ..events import Event, Failure
 
@@ -83,9 +82,6 @@ class EventReader:
         self._buf = bytearray()
         os.set_blocking(fd, False)
 
-    def fileno(self) -> int:
-        return self.fd
-
     def read_available(self, max_bytes: int = 1 << 22) -> list[Event]:
         """Read what is in the pipe now (up to ``max_bytes``) and decode the complete frames."""
         got = 0
@@ -141,7 +137,3 @@ class EventReader:
             self.fd = -1
             self.eof = True
 
-
-def pending(reader: Any) -> bool:
-    """True while a reader may still deliver data."""
-    return not reader.eof

@@ -35,7 +35,7 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
-def prepare_payload(payload: Any, plan: LaunchPlan, say: Callable[[str], None] = _print) -> PayloadCheck:
+def prepare_payload(payload: Any, plan: LaunchPlan, say: Callable[[str], None] = _print) -> None:
     """What can fail before a process starts. Fork needs no pickling; spawn: pickling, skipped names, sizes."""
     check = PayloadCheck()
     if plan.start_method == "spawn":
@@ -55,7 +55,6 @@ def prepare_payload(payload: Any, plan: LaunchPlan, say: Callable[[str], None] =
             f"{human_bytes(check.tensor_bytes)} of tensors; each of the {n} "
             f"ranks gets its own copy ({human_bytes(check.tensor_bytes * n)} in all). Load big data inside the function instead."
         )
-    return check
 
 
 def run_launch(

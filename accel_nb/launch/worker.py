@@ -98,7 +98,7 @@ def to_cpu(value: Any, _depth: int = 0) -> Any:
         items = [(k, to_cpu(v, _depth + 1)) for k, v in value.items()]
         try:
             return type(value)(items)
-        except Exception:
+        except TypeError:  # a dict subclass whose constructor takes other arguments: plain dict
             return dict(items)
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return type(value)(*(to_cpu(v, _depth + 1) for v in value))
@@ -154,7 +154,7 @@ def _set_torch_threads(forced: int | None) -> None:
         with contextlib.suppress(ValueError):
             wanted = int(os.environ.get("OMP_NUM_THREADS", "") or 0) or None
     if wanted:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(RuntimeError):  # torch refuses once its pool is in use: keep its count
             torch.set_num_threads(wanted)
 
 
@@ -162,39 +162,33 @@ def _detach_from_kernel() -> None:
     """In a rank forked from a Jupyter kernel: display() and input() must not use the kernel's sockets."""
     asyncio = sys.modules.get("asyncio")
     if asyncio is not None:  # the kernel's loop object was copied with dead sockets: not the rank's loop
-        with contextlib.suppress(Exception):
-            asyncio.set_event_loop(None)
+        asyncio.set_event_loop(None)
     ipython = sys.modules.get("IPython")
-    shell = None
-    if ipython is not None:
-        with contextlib.suppress(Exception):
-            shell = ipython.get_ipython()
+    shell = ipython.get_ipython() if ipython is not None else None
     if shell is None:
         return
-    with contextlib.suppress(Exception):
-        from IPython.core.displaypub import DisplayPublisher
+    from IPython.core.displaypub import DisplayPublisher
 
-        class TextDisplayPublisher(DisplayPublisher):
-            """display(x) in a rank prints x's plain-text form into the rank's captured output."""
+    class TextDisplayPublisher(DisplayPublisher):
+        """display(x) in a rank prints x's plain-text form into the rank's captured output."""
 
-            def publish(self, data: dict, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
-                text = data.get("text/plain")
-                if text is not None:
-                    print(text, flush=True)
+        def publish(self, data: dict, metadata: Any = None, *args: Any, **kwargs: Any) -> None:
+            text = data.get("text/plain")
+            if text is not None:
+                print(text, flush=True)
 
-            def clear_output(self, wait: bool = False) -> None:
-                return None
+        def clear_output(self, wait: bool = False) -> None:
+            return None
 
-        shell.display_pub = TextDisplayPublisher(shell=shell)
-    with contextlib.suppress(Exception):
-        import builtins
+    shell.display_pub = TextDisplayPublisher(shell=shell)
+    import builtins
 
-        def _no_input(prompt: str = "") -> str:
-            raise RuntimeError(
-                "input() is not available inside a launched rank: it has no keyboard; pass values as arguments"
-            )
+    def _no_input(prompt: str = "") -> str:
+        raise RuntimeError(
+            "input() is not available inside a launched rank: it has no keyboard; pass values as arguments"
+        )
 
-        builtins.input = _no_input
+    builtins.input = _no_input
 
 
 class WorkerRuntime:
@@ -298,6 +292,7 @@ class WorkerRuntime:
         self._stop.set()
         torch = sys.modules.get("torch")
         if torch is not None:
+            # teardown: a group a dead peer broke raises here; that must not hide the rank's own result
             with contextlib.suppress(Exception):
                 import torch.distributed as dist
 
@@ -309,7 +304,7 @@ class WorkerRuntime:
                     if succeeded and dist.get_backend() == "gloo" and not formed_by_state:
                         # a rank that returns right after joining must not tear its connections down
                         # while a peer is still finishing gloo's connection handshake
-                        with contextlib.suppress(Exception):
+                        with contextlib.suppress(RuntimeError):  # a peer that already left: nothing to wait for
                             dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
                     dist.destroy_process_group()
         if self.capture is not None:
