@@ -219,7 +219,7 @@ class DataLoaderShard(DataLoader):
     def _synchronize_rngs(self) -> None:
         """Give every rank process 0's generator states (``rng_types``) before a pass begins."""
         from .ops import broadcast_object_list
-        from .rng import synchronize_rng_states
+        from .random_sync import synchronize_rng_states
 
         target = _innermost_sampler(self.batch_sampler)
         if "generator" in self.rng_types and isinstance(target, SeedableRandomSampler):

@@ -49,7 +49,7 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-# -- synchronising generators across processes ------------------------------------------------------
+# -- which generators Accelerator(rng_types=...) synchronises (accel_nb.random_sync does it) ---------
 RNG_TYPES = ("torch", "cuda", "generator", "xla")
 
 
@@ -74,32 +74,3 @@ def check_rng_types(rng_types: Any, device: torch.device) -> list[str] | None:
             "drop 'cuda' (use 'torch' and 'generator')"
         )
     return chosen
-
-
-def synchronize_rng_state(rng_type: str, generator: torch.Generator | None = None) -> None:
-    """Copy process 0's ``rng_type`` generator state ("torch", "cuda" or "generator") to every process.
-
-    synchronize_rng_state("torch")     # every rank now draws the same torch.rand() numbers
-    """
-    from .ops import broadcast
-
-    if rng_type == "torch":
-        state = broadcast(torch.get_rng_state())
-        torch.set_rng_state(state)
-    elif rng_type == "cuda":
-        state = broadcast(torch.cuda.get_rng_state())
-        torch.cuda.set_rng_state(state)
-    elif rng_type == "generator":
-        if generator is None:
-            raise ValueError("synchronize_rng_state('generator') needs the generator to synchronise")
-        generator.set_state(broadcast(generator.get_state()))
-    else:
-        raise ValueError(f"rng_type={rng_type!r} is not one of torch, cuda, generator")
-
-
-def synchronize_rng_states(rng_types: list[str], generator: torch.Generator | None = None) -> None:
-    """:func:`synchronize_rng_state` for each name in ``rng_types`` ("generator" only when one is given)."""
-    for rng_type in rng_types:
-        if rng_type == "generator" and generator is None:
-            continue  # the loader has no generator of its own (its order does not depend on one)
-        synchronize_rng_state(rng_type, generator)
