@@ -51,6 +51,7 @@ TYPICAL_IMPORTS = {
         "BatchSamplerShard", "IterableDatasetShard", "DataLoaderShard", "SkipBatchSampler",
         "SeedableRandomSampler", "prepare_data_loader", "skip_first_batches",
     ],
+    ".local_sgd": ["LocalSGD"],
     ".state": ["PartialState", "AcceleratorState", "GradientState"],
     ".accelerator": ["Accelerator"],
 }  # fmt: skip
