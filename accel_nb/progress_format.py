@@ -113,9 +113,9 @@ def one_line(text: Any, limit: int = 200) -> str:
 
 
 def plural(count: int, noun: str, plural_form: str | None = None) -> str:
-    """``plural(1, "process")`` -> ``"1 process"``, ``plural(2, "process")`` -> ``"2 processes"``."""
+    """``plural(1, "process")`` -> ``"1 process"``, ``plural(2, "process")`` -> ``"2 processes"``, ``"1,200 lines"``."""
     if count == 1:
         return f"1 {noun}"
     if plural_form is None:
         plural_form = noun + ("es" if noun.endswith(("s", "x", "sh", "ch")) else "s")
-    return f"{count} {plural_form}"
+    return f"{count:,} {plural_form}"

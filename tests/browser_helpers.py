@@ -4,10 +4,15 @@ Recipe of /work/shared/TESTING.md section 3: JupyterLab on 127.0.0.1 with a toke
 update checks switched off by a settings override, the system chromium launched headless (never a
 browser download), the kernel awaited through ``/api/sessions`` before cells run.
 
+    write_notebook(os.path.join(root_dir, "nb.ipynb"), ["print(1)"])
     with LabServer(root_dir) as lab, chromium() as browser:
-        page = browser.new_page()
-        open_notebook(page, lab, "quickstart.ipynb")
-        run_all_cells(page, lab, "quickstart.ipynb")
+        page = new_page(browser)
+        open_notebook(page, lab, "nb.ipynb")
+        run_all_cells(page, lab, "nb.ipynb")
+        screenshot(page, "nb_done", SHOTS)
+
+The one home of the browser tests' preamble: server, browser, page size, notebook files,
+screenshots folder (``artifacts/screenshots``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +30,13 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
+
+from accel_nb.launch.ports import pick_free_port as free_port  # the launcher's picker
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHOTS = os.path.join(ROOT, "artifacts", "screenshots")  # kept after the run: look at them
+VIEWPORT = {"width": 1400, "height": 1000}
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -45,10 +56,28 @@ OVERRIDES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def write_notebook(path: str, sources: list[str]) -> str:
+    """A notebook of code cells at ``path`` with the python3 kernelspec (JupyterLab opens it unasked)."""
+    cells = [
+        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+        for src in sources
+    ]
+    nb = {"cells": cells, "metadata": {"kernelspec": KERNELSPEC}, "nbformat": 4, "nbformat_minor": 5}
+    with open(path, "w") as f:
+        json.dump(nb, f)
+    return path
+
+
+def new_page(browser: Any) -> Any:
+    """A fresh browser context and page at the size every screenshot is taken at."""
+    return browser.new_context(viewport=VIEWPORT).new_page()
+
+
+def start_all_cells(page: Any) -> None:
+    """Start "Run All Cells" and return at once (to watch a cell while it runs)."""
+    page.click(".jp-Notebook .jp-Cell >> nth=0")  # focus the notebook panel
+    # not awaited: the command's promise settles only when the last cell has finished
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 class LabServer:

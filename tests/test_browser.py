@@ -14,19 +14,22 @@ import time
 import pytest
 
 from tests.browser_helpers import (
+    ROOT,
+    SHOTS,
     LabServer,
     cell_errors,
     chromium,
+    new_page,
     open_notebook,
     run_all_cells,
     screenshot,
+    start_all_cells,
     wait_until,
+    write_notebook,
 )
+from tests.test_progress_kernel import stuck_cell
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(400)]
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHOTS = os.path.join(ROOT, "artifacts", "screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +53,9 @@ def browser():
 
 @pytest.fixture()
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    pg = context.new_page()
+    pg = new_page(browser)
     yield pg
-    context.close()
+    pg.context.close()
 
 
 def cell_index(page, needle: str) -> int:
@@ -180,39 +182,11 @@ def test_config_wizard_controls_validate_and_save_writes_the_file(lab, page):
     node.screenshot(path=os.path.join(SHOTS, "wizard_saved.png"))
 
 
-STALL_SOURCE = """\
-from accel_nb import notebook_launcher, progress
-from accel_nb.notebook.progress_widget import WidgetReporter
-
-def one_rank_sleeps():
-    import os, time
-    import torch
-    import torch.distributed as dist
-    from accel_nb import PartialState
-    PartialState()
-    for _ in progress(range(50), desc="train"):
-        time.sleep(0.02)
-    if os.environ["RANK"] == "1":
-        time.sleep(12)  # rank 0 waits in all_reduce meanwhile
-    dist.all_reduce(torch.ones(1))
-    return 0
-
-notebook_launcher(one_rank_sleeps, num_processes=2, cpu=True, reporter=WidgetReporter(2, stall_after=4))
-"""
-
-
 def test_stuck_ranks_turn_amber_and_count_their_quiet_seconds(lab, page):
     """Issue 15.3 in the browser: while ranks are stuck the rows say so, with a decaying rate."""
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(STALL_SOURCE)]
-    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
-    nbformat.write(nb, os.path.join(lab.root_dir, "stall.ipynb"))
+    write_notebook(os.path.join(lab.root_dir, "stall.ipynb"), [stuck_cell(12, "WidgetReporter(2, stall_after=4)")])
     open_notebook(page, lab, "stall.ipynb")
-    page.click(".jp-Notebook .jp-Cell >> nth=0")
-    # not awaited: the command's promise settles only when the cell has finished
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    start_all_cells(page)
     node = page.locator(".jp-Notebook .jp-Cell").nth(0)
     try:
         text = wait_until(

@@ -96,11 +96,7 @@ class OutputCapture:
 
     def sync(self, timeout: float = 1.0) -> None:
         """Flush Python's streams and wait until the readers have sent what is in the pipes."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        _flush_python_streams()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._busy == 0 and all(_unread(fd) == 0 for fd in self._read_fds):
@@ -109,11 +105,7 @@ class OutputCapture:
 
     def stop(self, timeout: float = 2.0) -> None:
         """Flush, close the write ends (EOF for the readers), wait for them to send the rest."""
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
+        _flush_python_streams()
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
@@ -124,7 +116,7 @@ class OutputCapture:
         self._note_dropped(final=True)
         try:
             self._log.close()
-        except Exception:
+        except OSError:  # teardown: the disk is full or gone; the rank is ending anyway
             pass
 
     def _note_dropped(self, final: bool = False) -> None:
@@ -144,7 +136,7 @@ class OutputCapture:
     def _send(self, stream: str, text: str) -> None:
         try:
             self.send(Log(rank=self.rank, stream=stream, text=text))
-        except Exception:
+        except Exception:  # noqa: BLE001 - a reader thread must outlive a failed send; the log file has the text
             pass
 
     def _emit_lines(self, stream: str, lines: list[str]) -> None:
@@ -194,7 +186,7 @@ class OutputCapture:
         with self._log_lock:
             try:
                 self._log.write(chunk)
-            except Exception:
+            except OSError:  # disk full: the lines still go to the notebook
                 pass
         text = pending + decoder.decode(chunk)
         if not pending:
@@ -209,6 +201,15 @@ class OutputCapture:
         if parts:
             pending_since = time.monotonic()
         return pending, pending_since
+
+
+def _flush_python_streams() -> None:
+    """Push what Python buffered for fds 1 and 2 into the pipes (a closed stream has nothing left)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (ValueError, OSError):
+            pass
 
 
 def _redirect_logging(old: tuple, new: tuple) -> None:
@@ -227,7 +228,7 @@ def _redirect_logging(old: tuple, new: tuple) -> None:
                     if stream is before:
                         try:
                             handler.setStream(after)
-                        except Exception:
+                        except (ValueError, OSError):  # flushing the dead stream failed: it is replaced anyway
                             pass
 
 
@@ -239,5 +240,5 @@ def _unread(fd: int) -> int:
 
         buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
         return int.from_bytes(buf, sys.byteorder)
-    except Exception:
+    except (ImportError, OSError):  # not a POSIX system / not a pipe: nothing known to wait for
         return 0

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from ..events import Dropped, Log
 from ..progress_format import plural
 
-MERGE_WINDOW_S = 0.3  # how long a line waits for the same line from the other ranks
+MERGE_WINDOW_S = 0.5  # how long a line waits for the same line from the other ranks
 
 
 def rank_label(ranks: Iterable[int]) -> str:
