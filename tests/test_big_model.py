@@ -253,11 +253,11 @@ def test_gpt2_map_keeps_lm_head_with_wte_and_blocks_whole():
     assert dm["lm_head"] == dm["transformer.wte"] == "cpu"
     assert not any(k.startswith("transformer.h.") and k.count(".") > 2 for k in dm)
     assert "disk" in dm.values()
-    # the tie forces lm_head along even when the embedding itself goes to disk
+    # no room on the CPU: everything, lm_head with its tied embedding, goes to disk as one entry
     dm2 = infer_auto_device_map(
         m, max_memory={"cpu": 1000, "disk": "1GB"}, no_split_module_classes=["GPT2Block"]
     )
-    assert dm2["lm_head"] == "disk"
+    assert dm2 == {"": "disk"}  # everything on one device: one entry for the whole model
 
 
 # -- loading -------------------------------------------------------------------------------------------
@@ -603,3 +603,21 @@ def test_offloaded_entry_is_streamed_in_block_sized_units(no_split, tmp_path):
     with torch.no_grad():
         assert torch.equal(m(ids), want)
         assert torch.equal(m(ids), want)
+
+
+def test_init_empty_weights_with_buffers_puts_factory_tensors_on_meta_too():
+    import psutil
+
+    factories = (torch.empty, torch.zeros, torch.ones, torch.full)
+    rss = psutil.Process().memory_info().rss
+    with init_empty_weights(include_buffers=True):
+        plain, filled = torch.ones(3), torch.full((2,), 1.5)
+        kept = torch.zeros(2, device="cpu")  # an explicit device is respected
+        huge = nn.Linear(40_000, 40_000)  # 6.4 GB if its torch.empty(device=None) were real
+    assert (plain.device.type, filled.device.type, kept.device.type) == ("meta", "meta", "cpu")
+    assert huge.weight.device.type == "meta"
+    assert psutil.Process().memory_info().rss - rss < 1 << 30
+    assert (torch.empty, torch.zeros, torch.ones, torch.full) == factories  # restored
+    assert torch.ones(1).device.type == "cpu"
+    with init_empty_weights():  # without buffers the factories are left alone
+        assert torch.ones(1).device.type == "cpu"

@@ -212,11 +212,6 @@ def test_batch_sampler_shard_of_a_list_of_lists_like_the_reference():
 
 
 # -- init_empty_weights(include_buffers=True) -----------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="core (big_model/empty_init.py): init_on_device(include_buffers=True) must also put tensors made "
-    "by the factory functions (torch.empty/zeros/ones/full/...) on the device, as the reference does",
-)
 def test_init_empty_weights_with_buffers_puts_plain_tensors_on_meta():
     devices = {}
     for library in LIBRARIES:
@@ -268,11 +263,6 @@ class Block(nn.Module):
         return self.linear(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core (big_model/device_map.py): when the whole model fits the first GPU the map is {'': 0}, "
-    "as the reference returns",
-)
 def test_device_map_collapses_to_one_gpu_when_everything_fits():
     model = nn.Sequential(*[Block() for _ in range(4)])
     budgets = {0: 10**6, 1: 10**6, "cpu": 10**7}  # budgets only: no GPU is touched

@@ -9,7 +9,8 @@ current device is split into its children, unless its class is in ``no_split_mod
 or it has no children, in which case the device is closed and the next one is tried. Tied
 parameters are planned as one unit with every module that holds them, wherever those sit
 (GPT-2's ``lm_head`` with ``wte``; BERT's ``cls.predictions.decoder`` with the word embeddings
-and ``cls.predictions.bias``). The map lists its entries in module order.
+and ``cls.predictions.bias``). The map lists its entries in module order; a model that lands
+whole on one device gets the one entry ``{"": device}``.
 
 **Headroom.** Nothing is reserved when the whole model fits on the GPUs. Otherwise the GPU that
 runs the offloaded blocks (the first GPU of the map) keeps exactly what the offload engine
@@ -324,6 +325,8 @@ def plan_device_map(
     result, headroom, note = _settle_headroom(planner, engine)
     order = definition_order(model)
     ordered = dict(sorted(result.device_map.items(), key=lambda kv: order.get(kv[0], len(order))))
+    if len(set(ordered.values())) == 1:  # all on one device: one entry for the whole model
+        ordered = {"": next(iter(ordered.values()))}
     classes = {n: type(planner.modules[n]).__name__ if n in planner.modules else "tensor" for n in ordered}
     return DevicePlan(ordered, sizes, budgets, headroom, result.used, result.steps, classes, [note])
 
