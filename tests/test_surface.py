@@ -170,3 +170,16 @@ def test_log_line_prefix_template_prefixes_each_ranks_lines(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "[custom0]:hello from 0" in out.stdout and "[custom1]:hello from 1" in out.stdout
+
+
+def test_kwargs_handlers_are_applied_or_refused_never_ignored():
+    from accel_nb.kwargs_handlers import AutocastKwargs, InitProcessGroupKwargs
+
+    acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=42))])
+    assert acc.state.collective_timeout == 42  # what the process group would be given
+    with pytest.raises(RuntimeError, match="timeout=7 s must be given to the first PartialState"):
+        PartialState(timeout=7)
+    with pytest.raises(ValueError, match="AutocastKwargs is not wired"):
+        Accelerator(cpu=True, kwargs_handlers=[AutocastKwargs(enabled=False)])
+    with pytest.raises(ValueError, match=r"InitProcessGroupKwargs\(init_method=...\) is not supported"):
+        Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(init_method="tcp://10.0.0.1:1")])
