@@ -16,15 +16,7 @@ from accel_nb.data import DataLoaderShard
 from accel_nb.state import _reset_all_states
 from tests.dist_helpers import run_ranks
 
-
-@pytest.fixture(autouse=True)
-def _fresh_state(monkeypatch):
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "ACCEL_NB_MIXED_PRECISION",
-              "ACCELERATE_MIXED_PRECISION", "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"):
-        monkeypatch.delenv(k, raising=False)
-    _reset_all_states()
-    yield
-    _reset_all_states()
+pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
 
 
 def _setup(n=12, bs=4, lr=0.1, **acc_kw):
