@@ -221,3 +221,12 @@ def test_disk_bar_says_it_is_drawn_to_its_contents():
     near_html = near.to_html()
     assert re.search(r'data-device="disk" data-used="\d+" data-budget="\d+" data-headroom="0" data-scale="budget"', near_html)
     assert "drawn to what it holds" not in near_html
+
+
+def test_an_empty_disk_bar_is_drawn_to_its_budget():
+    net = _meta_net()
+    view = DeviceMapView(net, max_memory={"cpu": "1GB", "disk": "1GB"}, no_split_module_classes=["Block"])
+    assert set(view.device_map.values()) == {"cpu"}
+    html = view.to_html()
+    assert re.search(r'data-device="disk" data-used="0" data-budget="1000000000" data-headroom="0" data-scale="budget"', html)
+    assert "drawn to what it holds" not in html

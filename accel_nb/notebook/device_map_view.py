@@ -52,7 +52,8 @@ def _scale(d: dict[str, Any]) -> int:
 
 def _scaled_to_contents(d: dict[str, Any]) -> bool:
     """A disk budget (often a terabyte) would make its bar an invisible sliver: draw what it holds."""
-    return d["device"] == "disk" and (d["budget"] is None or d["budget"] > 4 * (d["used"] + d["headroom"]))
+    filled = d["used"] + d["headroom"]
+    return d["device"] == "disk" and filled > 0 and (d["budget"] is None or d["budget"] > 4 * filled)
 
 
 _CONTENTS_NOTE = "bar drawn to what it holds, not to its budget"
