@@ -298,6 +298,7 @@ def test_text_failure_is_one_line_and_the_summary_is_not_repeated():
 def test_summary_lines_cut_messages_and_say_process_in_the_singular():
     s = LaunchProgress(1)
     s.apply(Failure(0, "RuntimeError", "first line\nsecond line", "tb"))
+    assert s.aggregate_line().startswith("1 rank: 1 failed")
     s.finish(False)
     lines = s.summary_lines(False, "rank 0 failed: RuntimeError: first line\nsecond line")
     assert lines[0].startswith("accel_nb launch failed: 1 process in")

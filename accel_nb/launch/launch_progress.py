@@ -255,7 +255,7 @@ class LaunchProgress:
         for r in self.ranks:
             s = self.status(r, now)
             counts[s] = counts.get(s, 0) + 1
-        parts = [f"{len(self.ranks)} ranks: " + ", ".join(f"{c} {s}" for s, c in counts.items())]
+        parts = [f"{plural(len(self.ranks), 'rank')}: " + ", ".join(f"{c} {s}" for s, c in counts.items())]
         running = [v for v in self.ranks.values() if not v.finished and not v.failed and v.seen_progress]
         rates = [rate for rate in (v.rate_now(now) for v in running) if rate]
         if rates:

@@ -363,7 +363,7 @@ class WidgetReporter:
                         titles = list(self.logs.titles)
                         idx = sorted(self.panes).index(r)
                         if idx < len(titles):
-                            titles[idx] = f"rank {r} output ({count} line{'s' if count != 1 else ''})"
+                            titles[idx] = f"rank {r} output ({plural(count, 'line')})"
                             self.logs.titles = tuple(titles)
         # still dirty only if a log pane waits for its own (slower) refresh
         self._dirty = any(
