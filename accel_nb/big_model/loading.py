@@ -410,7 +410,8 @@ def load_checkpoint_in_model(
     (DeviceMapError for devices) naming the tensors and files. Missing keys for weights that are
     still empty (meta) always raise; otherwise they are reported and warned. If reading fails
     part-way, the model is put back as it was: tensors of a model that already has weights are
-    filled in place only once every shard has been read. ``offload_state_dict`` is accepted for
+    filled in place only once every shard has been read (the new values are held until then:
+    memory-mapped on the CPU, a second copy on a GPU). ``offload_state_dict`` is accepted for
     compatibility: shards are read one at a time anyway.
     """
     del offload_state_dict
