@@ -4,7 +4,8 @@ python examples/big_model_inference.py
 
 1. build a small GPT-2 from a config and save it as sharded safetensors (stands in for a hub model);
 2. build the same architecture empty (meta device) and look at the planned device map;
-3. load the shards with a tight memory budget so some blocks go to disk, and run it;
+3. load the shards with a tight memory budget so some blocks go to disk (with a GPU: GPU, then
+   RAM, then disk), and run it;
 4. check the outputs equal the plain model's.
 """
 
@@ -34,8 +35,12 @@ def main() -> None:
     with init_empty_weights():
         model = GPT2LMHeadModel(config).eval()
     sizes = compute_module_sizes(model)
-    budget = {"cpu": sizes[""] // 2, "disk": "10GB"}  # half the model in RAM, the rest on disk
+    if torch.cuda.is_available():  # half the model on the GPU, a quarter in RAM, the rest on disk
+        budget = {0: sizes[""] // 2, "cpu": sizes[""] // 4, "disk": "10GB"}
+    else:  # half the model in RAM, the rest on disk
+        budget = {"cpu": sizes[""] // 2, "disk": "10GB"}
     view = show_device_map(model, max_memory=budget, no_split_module_classes=["GPT2Block"], interactive=False)
+    print("headroom:", view.plan.notes[0])
 
     model = load_checkpoint_and_dispatch(
         model,
@@ -51,7 +56,7 @@ def main() -> None:
     on_disk = [k for k, v in model.hf_device_map.items() if v == "disk"]
     print(f"on disk: {', '.join(on_disk)}")
     print(f"max |dispatched - plain| = {(got - want).abs().max().item():.2e}")
-    assert torch.allclose(got, want, atol=1e-5)
+    assert torch.allclose(got, want, atol=1e-4)
 
 
 if __name__ == "__main__":
