@@ -61,8 +61,10 @@ class KernelSession:
         )
         km = KernelManager()
         km._kernel_spec = spec
-        env = dict(os.environ)
-        env.update({"PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"})
+        from accel_nb.launch.pythonpath import with_package_on_path
+
+        env = with_package_on_path(dict(os.environ))  # the kernel imports this checkout's accel_nb
+        env["OMP_NUM_THREADS"] = "1"
         env.update(self.env)
         km.start_kernel(env=env, cwd=self.cwd)
         kc = km.client()

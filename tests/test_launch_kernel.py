@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import psutil
 import pytest
@@ -328,8 +327,6 @@ def test_ranks_and_the_spawn_server_die_with_a_crashed_kernel():
     import os
     import signal
 
-    import psutil
-
     with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
         out = k.run(
             SETUP + "print(notebook_launcher(lambda: os.getpid(), num_processes=2, start_method='spawn'))",
@@ -342,15 +339,7 @@ def test_ranks_and_the_spawn_server_die_with_a_crashed_kernel():
             "    time.sleep(300)\n"
             "notebook_launcher(forever, num_processes=2)"
         )
-        deadline = time.monotonic() + 60
-        text = ""
-        while time.monotonic() < deadline and text.count("pid ") < 2:
-            try:
-                msg = k.kc.get_iopub_msg(timeout=0.5)
-            except Exception:
-                continue
-            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "stream":
-                text += msg["content"]["text"]
+        k.wait_for_text(msg_id, "pid ", count=2)
         descendants = k.children()
         assert len(descendants) >= 3  # two ranks and the spawn server
         os.kill(k.pid, signal.SIGKILL)  # the kernel crashes
