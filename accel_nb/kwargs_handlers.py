@@ -5,16 +5,18 @@ autocast and the profiler, passed as ``Accelerator(kwargs_handlers=[...])``.
     accelerator = Accelerator(kwargs_handlers=[ddp])
 
 Each handler checks its values when built and ``to_kwargs()`` returns only the fields that differ
-from the defaults (the keyword arguments to pass on). :func:`read_kwargs_handlers` turns a list of
+from the defaults (the keyword arguments to pass on). ``read_kwargs_handlers`` turns a list of
 handlers into the concrete arguments for each consumer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import enum
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "ProfileKwargs",
+    "profile_context",
     "read_kwargs_handlers",
 ]
 
@@ -233,7 +236,11 @@ class ProfileKwargs(KwargsHandler):
             raise ValueError(f"ProfileKwargs(schedule_option=...): unknown keys {unknown}; use {', '.join(_SCHEDULE_KEYS)}")
 
     def build(self) -> Any:
-        """A ``torch.profiler.profile`` configured from these settings (not started)."""
+        """A ``torch.profiler.profile`` configured from these settings (not started).
+
+        ``output_trace_dir`` is applied by ``profile_context`` (which writes the trace file);
+        ``build()`` alone only configures the profiler.
+        """
         import torch.profiler as tp
 
         kinds = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
@@ -254,6 +261,23 @@ class ProfileKwargs(KwargsHandler):
             with_flops=self.with_flops,
             with_modules=self.with_modules,
         )
+
+
+@contextlib.contextmanager
+def profile_context(handler: ProfileKwargs | None = None, process_index: int = 0) -> Iterator[Any]:
+    """Profile the block with ``handler``'s settings; with ``output_trace_dir`` write a Chrome trace
+    ``profile_{process_index}.json`` there when the block ends (what ``Accelerator.profile()`` does).
+
+        with profile_context(ProfileKwargs(activities=["cpu"], output_trace_dir="traces")) as prof:
+            train_step()
+        print(prof.key_averages().table())
+    """
+    handler = handler if handler is not None else ProfileKwargs()
+    with handler.build() as prof:
+        yield prof
+    if handler.output_trace_dir:
+        os.makedirs(handler.output_trace_dir, exist_ok=True)
+        prof.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{process_index}.json"))
 
 
 @dataclasses.dataclass

@@ -14,6 +14,8 @@ import re
 import pytest
 import torch
 
+from tests.dist_helpers import run_ranks
+
 accelerate = pytest.importorskip("accelerate")
 
 # (reference module, names) -- what scripts and libraries import from each path
@@ -215,6 +217,28 @@ def test_read_kwargs_handlers_splits_by_consumer_and_takes_reference_instances()
         read_kwargs_handlers([GradScalerKwargs(), GradScalerKwargs(init_scale=2.0)])
     with pytest.raises(ValueError, match="accel_nb understands"):
         read_kwargs_handlers([{"find_unused_parameters": True}])
+
+
+def _reference_profile(folder):
+    from accelerate import Accelerator
+    from accelerate.utils import ProfileKwargs
+
+    accelerator = Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(activities=["cpu"], output_trace_dir=folder)])
+    with accelerator.profile():
+        torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+
+
+def test_profile_context_writes_the_trace_file_the_reference_writes(tmp_path):
+    from accel_nb.kwargs_handlers import profile_context
+    from accel_nb.utils import ProfileKwargs
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    with profile_context(ProfileKwargs(activities=["cpu"], output_trace_dir=str(ours))) as prof:
+        torch.mm(torch.ones(4, 4), torch.ones(4, 4))
+    assert any("mm" in e.key for e in prof.key_averages())
+    run_ranks(_reference_profile, world_size=1, args=(str(theirs),))  # the reference's state stays in a child
+    assert sorted(os.listdir(ours)) == sorted(os.listdir(theirs)) == ["profile_0.json"]
+    assert '"traceEvents"' in (ours / "profile_0.json").read_text()
 
 
 def test_profile_kwargs_build_profiles_cpu_ops():
