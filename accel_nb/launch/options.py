@@ -18,29 +18,7 @@ from typing import Any
 from ..config import START_METHODS
 from ..precision_setting import validate_mixed_precision
 from .errors import LaunchSetupError
-
-
-def parse_show_ranks(show_ranks: Any) -> frozenset[int] | None:
-    """Whose output a launch shows: ``"all"``/None -> None (every rank); ``1`` -> {1}; ``"0,2"``/``[0, 2]`` -> {0, 2}.
-
-    parse_show_ranks("0, 2")      # frozenset({0, 2})
-    """
-    if show_ranks is None or show_ranks == "all":
-        return None
-    if isinstance(show_ranks, bool):
-        raise LaunchSetupError(f"show_ranks={show_ranks!r} is not a rank; use 'all', a rank or a list of ranks")
-    items: Any = show_ranks.split(",") if isinstance(show_ranks, str) else show_ranks
-    if isinstance(items, int):
-        items = [items]
-    try:
-        ranks = frozenset(int(str(x).strip()) for x in items if str(x).strip())
-    except (TypeError, ValueError):
-        raise LaunchSetupError(
-            f"show_ranks={show_ranks!r} is not 'all', a rank or a list of ranks (e.g. 0 or [0, 1])"
-        ) from None
-    if not ranks or min(ranks) < 0:
-        raise LaunchSetupError(f"show_ranks={show_ranks!r} must name at least one rank, each 0 or more")
-    return ranks
+from .reporting import parse_show_ranks
 
 
 def _whole_at_least_one(name: str, value: Any) -> int | None:
@@ -125,11 +103,14 @@ class LaunchOptions:
                     f"timeout={self.timeout!r} must be more than 0 seconds (None: no hang watchdog)"
                 )
             set_(self, "timeout", timeout)
-        parse_show_ranks(self.show_ranks)  # raises for a bad value
+        try:
+            parse_show_ranks(self.show_ranks)
+        except ValueError as exc:
+            raise LaunchSetupError(str(exc)) from None
         set_(self, "cpu", bool(self.cpu))
 
     @property
-    def show(self) -> frozenset[int] | None:
+    def show(self) -> set[int] | None:
         """The ranks whose output is shown (None: every rank)."""
         return parse_show_ranks(self.show_ranks)
 
