@@ -376,7 +376,7 @@ class Accelerator(StateViews):
         return ops.recursively_apply(lambda t: t[:real], data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Sum (or average) ``tensor`` over the processes."""
+        """Combine ``tensor`` over the processes: "sum" (default), "mean", "max", "min" or "product"."""
         return ops.reduce(tensor, reduction=reduction, scale=scale)
 
     def pad_across_processes(

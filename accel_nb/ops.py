@@ -231,10 +231,27 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 
 
 # -- reduce -----------------------------------------------------------------------------------------
+_REDUCE_OPS = {  # reduction -> torch.distributed.ReduceOp member ("mean" is divided afterwards)
+    "sum": "SUM",
+    "mean": "SUM",
+    "max": "MAX",
+    "min": "MIN",
+    "product": "PRODUCT",
+}
+
+
 def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """Sum (or average, ``reduction="mean"``) each tensor over all processes; returns new tensors."""
-    if reduction not in ("sum", "mean", "none", None):
-        raise ValueError(f"reduction={reduction!r} is not supported; choose 'sum' or 'mean'")
+    """Combine each tensor over all processes elementwise; returns new tensors.
+
+    ``reduction`` is ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"product"`` (``"none"``: no
+    communication, a copy of this process's tensor).
+
+        best = reduce(torch.tensor([accuracy]), "max")
+    """
+    if reduction not in _REDUCE_OPS and reduction not in ("none", None):
+        raise ValueError(
+            f"reduction={reduction!r} is not supported; choose one of {', '.join(map(repr, _REDUCE_OPS))} or 'none'"
+        )
     world = _world()
     if world > 1:
         leaves = _leaves(tensor)
@@ -245,7 +262,7 @@ def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         out = t.clone()
         if world > 1 and reduction not in ("none", None):
             buf = out.to(_comm_device(out))
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+            dist.all_reduce(buf, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
             out = buf.to(t.device)
             if reduction == "mean":
                 out = out / world if out.is_floating_point() or out.is_complex() else out // world

@@ -110,13 +110,29 @@ def test_reduce_sum_mean_scale():
     assert run_ranks(_reduce, 2) == [([3.0, 4.0], [1.5], [3], [1.0])] * 2
 
 
+def _reduce_elementwise():
+    r = PartialState().process_index
+    value = {"f": torch.tensor([r + 1.0, 4.0 - r]), "i": torch.tensor([2 + r, 5])}
+    return {op: {k: v.tolist() for k, v in ops.reduce(value, op).items()} for op in ("max", "min", "product")}
+
+
+@pytest.mark.multiproc
+def test_reduce_max_min_product():
+    expected = {
+        "max": {"f": [2.0, 4.0], "i": [3, 5]},
+        "min": {"f": [1.0, 3.0], "i": [2, 5]},
+        "product": {"f": [2.0, 12.0], "i": [6, 25]},
+    }
+    assert run_ranks(_reduce_elementwise, 2) == [expected] * 2
+
+
 def _reduce_bad():
-    ops.reduce(torch.ones(1), reduction="max")
+    ops.reduce(torch.ones(1), reduction="median")
 
 
 @pytest.mark.multiproc
 def test_reduce_bad_reduction():
-    with pytest.raises(RanksFailed, match="reduction='max' is not supported"):
+    with pytest.raises(RanksFailed, match="reduction='median' is not supported; choose one of 'sum', 'mean', 'max'"):
         run_ranks(_reduce_bad, 2)
 
 
