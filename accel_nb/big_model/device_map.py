@@ -338,8 +338,8 @@ def infer_auto_device_map(
     dtype: torch.dtype | str | None = None,
     special_dtypes: Mapping[str, torch.dtype | str] | None = None,
     verbose: bool = False,
-    offload_buffers: bool = False,
     *,
+    offload_buffers: bool = False,
     num_buffers: int = DEFAULT_NUM_BUFFERS,
 ) -> DeviceMap:
     """Place modules on GPUs in order, then on the CPU, then (if budgeted) on disk.
