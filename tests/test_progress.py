@@ -218,3 +218,43 @@ def test_format_helpers():
         and "ETA 0:05" in line
         and "loss=0.1235" in line
     )
+
+
+TQDM_SCRIPT = r"""
+import io, sys
+from accel_nb import events
+from accel_nb.launch import tqdm_bridge
+got = []
+events.set_event_sink(got.append)
+assert tqdm_bridge.install()
+import tqdm, tqdm.auto, tqdm.notebook
+err = io.StringIO()
+for _ in tqdm.tqdm(range(7), desc="plain", file=err):
+    pass
+bar = tqdm.notebook.tqdm(total=10)  # no ipywidgets bar: the plain, bridged one
+bar.update(4)
+bar.set_postfix(loss=0.5)
+bar.close()
+for _ in tqdm.auto.tqdm(range(3)):
+    pass
+print(err.getvalue() == "", [(e.name, e.n, e.total, e.desc, e.metrics, e.done) for e in got])
+"""
+
+
+def test_tqdm_bars_in_a_rank_become_progress_events():
+    """In a separate process (the bridge changes tqdm's classes for good, as it does in a rank)."""
+    import ast
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", TQDM_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    printed_nothing, got = res.stdout.strip().split(" ", 1)
+    assert printed_nothing == "True"  # tqdm drew nothing on its file
+    got = ast.literal_eval(got)
+    plain = [g for g in got if g[3] == "plain"]
+    assert plain[0][1:3] == (0, 7) and plain[-1][1:] == (7, 7, "plain", {}, True)
+    nb = [g for g in got if g[2] == 10]
+    assert nb[-1][1:] == (4, 10, None, {"loss": 0.5}, True)
+    assert [g for g in got if g[2] == 3][-1][1] == 3
+    assert len({g[0] for g in got}) == 3  # one loop name per bar
