@@ -26,6 +26,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from .. import config as config_module
+from ..cli import positive_seconds
 from ..config import START_METHODS
 from ..launch import cuda_guard
 from ..launch.options import LaunchOptions
@@ -53,16 +54,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value:g} must be more than 0 seconds")
     return value
 
 
@@ -94,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=_positive_int, default=None
     )
     p.add_argument("--start_method", "--start-method", choices=START_METHODS, default=None)
-    p.add_argument("--timeout", type=_seconds, default=None)
+    p.add_argument("--timeout", type=positive_seconds, default=None)
     p.add_argument("--rank", type=_rank, default=None)
     p.add_argument("--return", dest="return_names", type=_names, default=())
     p.add_argument("--use_port", "--use-port", type=_positive_int, default=None)
