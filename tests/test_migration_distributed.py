@@ -126,3 +126,31 @@ def test_ddp_comm_hook_compresses_the_allreduce(hook):
     dtype = torch.float16 if hook == "fp16" else torch.bfloat16
     assert torch.allclose(compressed[0], plain[0].to(dtype).float(), rtol=1e-2, atol=1e-2)
     assert not torch.equal(compressed[0], plain[0])  # really went through the lower precision
+
+
+def _handlers_reach_ddp(library):
+    import datetime
+
+    module = importlib.import_module(library)
+    utils = importlib.import_module(f"{library}.utils")
+    handlers = [
+        utils.DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=5, comm_hook="fp16"),
+        utils.InitProcessGroupKwargs(backend="gloo", timeout=datetime.timedelta(seconds=123)),
+    ]
+    if library == "accelerate":  # the reference wants the enum member, not its value
+        handlers[0] = utils.DistributedDataParallelKwargs(
+            find_unused_parameters=True, bucket_cap_mb=5, comm_hook=utils.DDPCommunicationHookType.FP16
+        )
+    accelerator = module.Accelerator(cpu=True, kwargs_handlers=handlers)
+    torch.manual_seed(0)
+    model = accelerator.prepare(torch.nn.Linear(8, 1))
+    torch.manual_seed(accelerator.process_index)
+    accelerator.backward(model(torch.randn(4, 8)).sum())
+    return model.find_unused_parameters, model.module.weight.grad.clone()
+
+
+def test_kwargs_handlers_reach_ddp_and_its_comm_hook_like_the_reference():
+    ours = run_ranks(_handlers_reach_ddp, world_size=2, args=("accel_nb",))
+    theirs = run_ranks(_handlers_reach_ddp, world_size=2, args=("accelerate",))
+    assert ours[0][0] is theirs[0][0] is True
+    assert torch.equal(ours[0][1], theirs[0][1]) and torch.equal(ours[0][1], ours[1][1])
