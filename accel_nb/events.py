@@ -102,7 +102,11 @@ class Stacks(Event):
 
 
 class Reporter(Protocol):
-    """What the parent's supervisor feeds. Implementations: text, list (tests), widget."""
+    """What the parent's supervisor feeds. Implementations: text, list (tests), widget.
+
+    A reporter may also define ``tick()``: the supervisor then calls it a few times a second from
+    the launching thread, so what it shows moves on while no event arrives (quiet ranks).
+    """
 
     def start(self, num_processes: int, info: dict[str, Any]) -> None: ...
 
