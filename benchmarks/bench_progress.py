@@ -324,6 +324,23 @@ def parent_handle_cost(n_events: int) -> tuple[float, int]:
     return dt / n_events, syncs
 
 
+def parent_tick_cost(calls: int) -> float:
+    """Seconds per ``WidgetReporter.tick`` (what the supervisor calls between events), 2 quiet ranks."""
+    from accel_nb.events import Progress
+    from accel_nb.notebook.progress_widget import WidgetReporter
+
+    rep = WidgetReporter(2, desc="bench", display=False, echo_logs=False)
+    rep.start(2, {})
+    for rank in (0, 1):
+        rep.handle(Progress(rank, "train", 5, 10, {}, "train", 1000.0, False))
+    t = time.perf_counter()
+    for _ in range(calls):
+        rep.tick()
+    dt = time.perf_counter() - t
+    rep.finish(True)
+    return dt / calls
+
+
 # ----------------------------------------------------------------------------- rows
 def _row(metric: str, ours: float, ref: float | None, unit: str, note: str) -> dict:
     return {
@@ -450,6 +467,15 @@ def run(quick: bool = False) -> list[dict]:
                 None,
                 "us",
                 f"no display; {syncs} widget syncs for {n_events} events fed at full speed (<= 10/s by design)",
+            )
+        )
+        rows.append(
+            _row(
+                "parent: WidgetReporter.tick per call",
+                parent_tick_cost(20_000) * 1e6,
+                None,
+                "us",
+                "2 quiet ranks, no display; the supervisor calls it at most ~20 times a second between events",
             )
         )
     except ImportError:  # ipywidgets not installed
