@@ -494,3 +494,21 @@ def test_launch_options_normalise_what_they_accept():
     options = LaunchOptions(mixed_precision=" BF16 ", use_port="29555", timeout="5", show_ranks="0, 2")
     assert options.mixed_precision == "bf16" and options.use_port == 29555 and options.timeout == 5.0
     assert options.show == {0, 2} and LaunchOptions().show is None
+
+
+def _imported_already():
+    import sys
+
+    return [name in sys.modules for name in ("torch", "torch._dynamo", "accel_nb.accelerator")]
+
+
+def test_after_the_first_fork_launch_ranks_inherit_what_their_first_ddp_step_imports(monkeypatch):
+    from accel_nb.launch import warm
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    before = dict(os.environ)
+    debug_launcher(_trivial, reporter=ListReporter())  # the first launch starts the one background import
+    warm.wait_until_warm()
+    assert warm.failures == {}
+    assert debug_launcher(_imported_already, reporter=ListReporter()) == [[True, True, True]] * 2
+    assert dict(os.environ) == before  # torch._inductor's import-time TORCHINDUCTOR_CACHE_DIR was put back

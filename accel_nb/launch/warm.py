@@ -6,7 +6,8 @@ every rank, at every launch. After the first fork launch of a session the notebo
 imports them once, in a background thread, so later forked ranks inherit them.
 The imports touch no GPU and leave ``os.environ`` as it was. While they run, a half-imported torch
 is in ``sys.modules`` and the thread may hold import locks (a forked child would inherit locks
-nobody releases), so a launch first calls ``wait_until_warm()``, and ``start_forked`` does too.
+nobody releases), so a launch first calls ``wait_until_warm()``, and so does every fork of the
+process (``os.register_at_fork``), the launcher's or anyone else's.
 
     start_warming()        # after a fork launch started its ranks
     wait_until_warm()      # before the next fork
@@ -66,5 +67,9 @@ def start_warming() -> None:
 def wait_until_warm() -> None:
     """Block until the background import (if any) is over: no import lock is held after this returns."""
     thread = _thread
-    if thread is not None and thread.is_alive():
+    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
         thread.join()
+
+
+# any fork of this process (a DataLoader's workers, multiprocessing...) waits for the import too
+os.register_at_fork(before=wait_until_warm)
