@@ -30,7 +30,7 @@ from .accelerator_options import handler_options, project_configuration, warn_on
 from .accelerator_views import StateViews
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
-from .model_wrapping import place_and_wrap, unwrap
+from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap, unwrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
 from .precision import PrecisionPolicy
 from .rng import check_rng_types
@@ -125,8 +125,9 @@ class Accelerator(StateViews):
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, data loaders and schedulers; returns them in the same order.
 
-        Anything else is returned unchanged. Models are prepared first, then optimizers, loaders
-        and finally schedulers (which need the prepared optimizers).
+        Anything else is returned unchanged, and so is an object prepare() already returned (a
+        rerun notebook cell). Models are prepared first, then optimizers, loaders and finally
+        schedulers (which need the prepared optimizers).
 
             model, opt, loader = accelerator.prepare(model, opt, loader)
         """
@@ -169,16 +170,18 @@ class Accelerator(StateViews):
     ) -> torch.nn.Module:
         """Move ``model`` to the device, run its forward under autocast, wrap it in DDP when distributed.
 
-        Preparing a model twice is an error (it would be wrapped twice): keep the object
-        ``prepare`` returned.
+        A model ``prepare`` returned comes back as it is (rerunning a notebook cell); the model
+        inside a DDP wrapper prepare() made is an error (it would be wrapped twice).
         """
+        if adopt_prepared(model, self._models):
+            return model
         inner = model.module if isinstance(model, DistributedDataParallel) else model
         if any(inner is self.unwrap_model(m) for m in self._models) or isinstance(
             model, DistributedDataParallel
         ):
             raise ValueError(
-                f"this {type(inner).__name__} was already prepared; prepare each model once and keep the "
-                "object that prepare() returned"
+                f"this {type(inner).__name__} was already prepared and wrapped; pass the object that prepare() "
+                "returned (it is given back as it is)"
             )
         if device_placement is None:
             device_placement = self.device_placement
@@ -189,16 +192,14 @@ class Accelerator(StateViews):
         if isinstance(model, DistributedDataParallel) and self._ddp_handler is not None:
             self._ddp_handler.register_comm_hook(model)
         self._models.append(model)
-        return model
+        return mark_prepared(model)
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it steps on sync steps only, through the grad scaler in fp16."""
-        if isinstance(optimizer, AcceleratedOptimizer):
-            raise ValueError(
-                "this optimizer was already prepared; prepare it once and keep the returned object"
-            )
+        if adopt_prepared(optimizer, self._optimizers):
+            return optimizer
         if device_placement is None:
             device_placement = self.device_placement
         if device_placement and optimizer.state:
@@ -206,14 +207,12 @@ class Accelerator(StateViews):
             optimizer.load_state_dict(optimizer.state_dict())
         accelerated = AcceleratedOptimizer(optimizer, scaler=self.scaler)
         self._optimizers.append(accelerated)
-        return accelerated
+        return mark_prepared(accelerated)
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap an LR scheduler so it follows the real optimizer steps."""
-        if isinstance(scheduler, AcceleratedScheduler):
-            raise ValueError(
-                "this scheduler was already prepared; prepare it once and keep the returned object"
-            )
+        if adopt_prepared(scheduler, self._schedulers):
+            return scheduler
         target = getattr(scheduler, "optimizer", None)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target] or list(
             self._optimizers
@@ -226,12 +225,14 @@ class Accelerator(StateViews):
             num_processes=self.num_processes,
         )
         self._schedulers.append(accelerated)
-        return accelerated
+        return mark_prepared(accelerated)
 
     def prepare_data_loader(
         self, data_loader: DataLoader, device_placement: bool | None = None
     ) -> DataLoader:
         """Shard ``data_loader`` over the processes and place its batches on the device."""
+        if adopt_prepared(data_loader, self._dataloaders):
+            return data_loader
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
@@ -249,7 +250,7 @@ class Accelerator(StateViews):
             rng_types=self.rng_types,
         )
         self._dataloaders.append(prepared)
-        return prepared
+        return mark_prepared(prepared)
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A loader like ``dataloader`` that starts after its first ``num_batches`` batches."""
@@ -423,19 +424,9 @@ class Accelerator(StateViews):
     # -- checkpointing (implemented in accel_nb.checkpoint) -------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save/restore ``objects`` (anything with state_dict/load_state_dict) with save_state/load_state."""
-        bad = [
-            f"#{i} ({type(o).__name__})"
-            for i, o in enumerate(objects)
-            if not (
-                callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None))
-            )
-        ]
-        if bad:
-            raise ValueError(
-                f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
-                f"{', '.join(bad)} lack them. Wrap the object in a class that provides both."
-            )
-        self._custom_objects.extend(objects)
+        from .checkpoint import checkpointable
+
+        self._custom_objects.extend(checkpointable(objects))
 
     def save_state(self, output_dir: str | None = None, **kwargs: Any) -> Any:
         """Save models, optimizers, schedulers, scaler, RNG states, loader positions and registered objects."""

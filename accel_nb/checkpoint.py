@@ -36,9 +36,25 @@ __all__ = [
     "load_accelerator_state",
     "save_model",
     "save_object",
+    "checkpointable",
     "list_checkpoints",
     "is_complete_checkpoint",
 ]
+
+
+def checkpointable(objects: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``objects`` when each has ``state_dict()`` and ``load_state_dict()``; a clear error otherwise."""
+    bad = [
+        f"#{i} ({type(o).__name__})"
+        for i, o in enumerate(objects)
+        if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))
+    ]
+    if bad:
+        raise ValueError(
+            f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
+            f"{', '.join(bad)} lack them. Wrap the object in a class that provides both."
+        )
+    return objects
 
 
 # -- save_model / save ---------------------------------------------------------------------------------

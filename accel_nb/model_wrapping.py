@@ -15,7 +15,28 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["place_and_wrap", "unwrap"]
+__all__ = ["adopt_prepared", "mark_prepared", "place_and_wrap", "unwrap"]
+
+_PREPARED = "_accel_nb_prepared"  # set on every object Accelerator.prepare() returns
+
+
+def mark_prepared(obj: Any) -> Any:
+    """``obj``, marked as something ``Accelerator.prepare`` returned."""
+    setattr(obj, _PREPARED, True)
+    return obj
+
+
+def adopt_prepared(obj: Any, prepared: list[Any]) -> bool:
+    """True when ``obj`` is already prepared (so it is used as it is), adding it to ``prepared`` if absent.
+
+    Rerunning a notebook cell ``model = accelerator.prepare(model)`` passes the prepared model
+    again, possibly to a new Accelerator: it is tracked (checkpoints, ``free_memory``) and returned.
+    """
+    if not getattr(obj, _PREPARED, False):
+        return False
+    if not any(obj is seen for seen in prepared):
+        prepared.append(obj)
+    return True
 
 
 def place_and_wrap(

@@ -42,16 +42,36 @@ def test_prepare_keeps_order_and_passes_unknown_objects_through():
     assert acc.prepare(other) is other
 
 
-def test_preparing_the_same_model_twice_is_a_clear_error():
+def test_preparing_prepared_objects_gives_them_back_tracked_once():
     acc, model, opt, dl = _setup()
-    prepared = acc.prepare(model)
-    with pytest.raises(ValueError, match="already prepared"):
-        acc.prepare(model)
-    with pytest.raises(ValueError, match="already prepared"):
-        acc.prepare(prepared)
-    popt = acc.prepare(opt)
-    with pytest.raises(ValueError, match="already prepared"):
-        acc.prepare(popt)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    first = acc.prepare(model, opt, dl, sched)
+    again = acc.prepare(*first)  # a rerun notebook cell
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert acc._models == [first[0]] and acc._optimizers == [first[1]]
+    assert acc._dataloaders == [first[2]] and acc._schedulers == [first[3]]
+    other = Accelerator()  # the cell that made the Accelerator ran again too: it adopts them
+    assert all(a is b for a, b in zip(first, other.prepare(*first), strict=True))
+    assert other._models == [first[0]] and other._dataloaders == [first[2]]
+    assert not hasattr(opt, "_accel_nb_prepared")  # the user's optimizer itself is not the prepared one
+    assert acc.prepare(opt) is not first[1]
+
+
+def _prepare_the_model_inside_ddp():
+    acc = Accelerator(cpu=True)
+    ddp = acc.prepare(torch.nn.Linear(2, 2))
+    assert acc.prepare(ddp) is ddp and len(acc._models) == 1
+    try:
+        acc.prepare(ddp.module)
+    except ValueError as exc:
+        return str(exc)
+    return "wrapped twice"
+
+
+@pytest.mark.multiproc
+def test_preparing_the_model_inside_a_prepared_ddp_is_a_clear_error():
+    for message in run_ranks(_prepare_the_model_inside_ddp, 2):
+        assert "already prepared and wrapped; pass the object that prepare() returned" in message
 
 
 def test_unknown_mixed_precision_is_a_clear_error():

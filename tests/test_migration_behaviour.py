@@ -92,11 +92,6 @@ def _prepare_twice(library):
 
 
 @pytest.mark.multiproc
-@pytest.mark.xfail(
-    strict=True,
-    reason="core (accelerator.py): prepare() of an already prepared model/optimizer/scheduler/loader must "
-    "return it unchanged instead of raising (rerunning a notebook cell does exactly this)",
-)
 def test_preparing_prepared_objects_returns_them():
     ours, theirs = _side_by_side(_prepare_twice)
     assert theirs == [[True, True, True]] * 2
