@@ -23,6 +23,7 @@ def init_on_device(device: torch.device | str, include_buffers: bool = True) -> 
 
     with init_on_device("meta"):
         layer = torch.nn.Linear(8192, 8192)   # layer.weight.device == meta
+
     With ``include_buffers`` the tensor factories ``torch.empty/zeros/ones/full`` also default to
     ``device`` (a model's constants built in ``__init__`` cost no memory either); an explicit
     ``device=`` other than None is kept.
