@@ -57,7 +57,8 @@ def set_module_tensor_to_device(
 
     Moving a parameter with ``.to()`` would make a new tensor the module does not hold; this
     replaces it in the module, keeping its ``Parameter`` type and ``requires_grad``. Without
-    ``dtype`` a floating ``value`` takes the current tensor's dtype. ``tied_params_map`` (data
+    ``dtype`` the ``value`` takes the current tensor's dtype; with it, a floating ``value`` is cast
+    to ``dtype`` (integer and bool values keep theirs). ``tied_params_map`` (data
     pointer -> {device: tensor}) reuses a tensor already placed for a tied weight.
 
         with init_empty_weights():
@@ -91,7 +92,7 @@ def set_module_tensor_to_device(
 
             if value.is_floating_point():
                 value = value.to(as_dtype(dtype))
-        elif value.is_floating_point() and old.is_floating_point():
+        else:
             value = value.to(old.dtype)
     source = old if value is None else value
     with torch.no_grad():
