@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .. import hardware
 from ..precision_setting import bf16_gpu_problem
@@ -28,12 +28,20 @@ class LaunchPlan:
     use_gpu: bool
     start_method: str  # "fork" or "spawn"
     spawn_reason: str | None  # why "auto" chose spawn (None when it chose fork or the user asked)
-    master_addr: str
     master_port: int
-    mixed_precision: str | None = None
-    gradient_accumulation_steps: int | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
     fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
+
+    @property
+    def master_addr(self) -> str:
+        return self.options.master_addr
+
+    @property
+    def mixed_precision(self) -> str | None:
+        return self.options.mixed_precision
+
+    @property
+    def gradient_accumulation_steps(self) -> int | None:
+        return self.options.gradient_accumulation_steps
 
     @property
     def backend(self) -> str:
@@ -81,7 +89,7 @@ class LaunchPlan:
             env["ACCEL_NB_FORKED"] = "1"
         if self.num_processes > 1 and not self.use_gpu and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks must not each use every core
-        env.update(self.extra_env)
+        env.update(self.options.env)
         return env
 
 
@@ -136,9 +144,5 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
         use_gpu=use_gpu,
         start_method=method,
         spawn_reason=spawn_reason,
-        master_addr=options.master_addr,
         master_port=port,
-        mixed_precision=options.mixed_precision,
-        gradient_accumulation_steps=options.gradient_accumulation_steps,
-        extra_env=dict(options.env),
     )
