@@ -19,24 +19,11 @@ from ..launch.errors import LaunchSetupError
 from ..launch.options import LaunchOptions
 from ..launch.payload import FunctionPayload
 from ..launch.plan import make_plan
-from ..launch.reporting import TextReporter
 from ..launch.run import run_launch
+from .display import make_reporter
 
 # Remember where CUDA is first initialised from now on (names the line when spawn must be used).
 cuda_guard.install_cuda_init_recorder()
-
-
-def choose_reporter(num_processes: int, show_ranks: Any = "all", progress: Any = None, **info: Any) -> Any:
-    """The live widget in a kernel with a widget frontend, else rank-prefixed text.
-
-    ``progress`` = "widget" | "text" | "auto" forces the choice (see ``accel_nb.notebook.display``);
-    a bad value (or a bad ``ACCEL_NB_PROGRESS``) is a ``ValueError`` naming it.
-    """
-    if progress in ("text", False):
-        return TextReporter(show_ranks=show_ranks)
-    from .display import make_reporter
-
-    return make_reporter(num_processes, progress=progress, show_ranks=show_ranks, **info)
 
 
 def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -> list[Any]:
@@ -48,9 +35,9 @@ def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -
     warm.wait_until_warm()  # the session's background import is over: torch is whole, no import lock held
     cuda_guard.install_cuda_init_recorder()
     plan = make_plan(options)
-    if reporter is None:
-        reporter = choose_reporter(
-            plan.num_processes, show_ranks=options.show_ranks, progress=options.progress, title=payload.describe()
+    if reporter is None:  # the live widget in a Jupyter kernel, else text; a bad progress= is a ValueError
+        reporter = make_reporter(
+            plan.num_processes, progress=options.progress, show_ranks=options.show_ranks, title=payload.describe()
         )
     return run_launch(payload, plan, reporter, info={"title": payload.describe()})
 
