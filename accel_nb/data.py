@@ -2,7 +2,8 @@
 
 ``Accelerator.prepare`` turns a ``torch.utils.data.DataLoader`` into a :class:`DataLoaderShard`:
 every process reads its own share of the batches, batches arrive on the process's device,
-shuffling is the same on every rank (a seeded sampler, reshuffled per epoch), the loader tells
+shuffling is the same on every rank (``accel_nb.shuffling``: the sampler's generator is copied from
+rank 0 at each pass, or a seeded sampler reshuffled per epoch), the loader tells
 ``GradientState`` when it yields its last batch, and ``state_dict()`` / ``load_state_dict()``
 let a resumed run continue with the next batch.
 
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from .ops import send_to_device
 from .samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
+from .shuffling import PassShuffle, give_generator, random_sampler, resolve_sampler
 from .state import GradientState
 
 __all__ = [
@@ -42,13 +44,15 @@ __all__ = [
 class DataLoaderConfiguration:
     """How ``Accelerator.prepare`` shards data loaders (same names as the reference library).
 
-    ``data_seed`` fixes the shuffle seed; by default it is drawn on rank 0 (after your
-    ``set_seed``) and shared with every rank.
+    By default a shuffled loader keeps its ``RandomSampler`` and generator (the order plain PyTorch
+    gives), copied from rank 0 at each pass. ``use_seedable_sampler=True`` or a ``data_seed`` uses
+    a :class:`SeedableRandomSampler` (order = f(seed, epoch)); without ``data_seed`` its seed is
+    drawn on rank 0 (after your ``set_seed``) and shared with every rank.
     """
 
     split_batches: bool = False
     even_batches: bool = True
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     data_seed: int | None = None
     non_blocking: bool = False
 
@@ -56,7 +60,9 @@ class DataLoaderConfiguration:
 # -- the loader -------------------------------------------------------------------------------------
 def _innermost_sampler(batch_sampler: Any) -> Any:
     while batch_sampler is not None and not hasattr(batch_sampler, "set_epoch"):
-        inner = getattr(batch_sampler, "batch_sampler", None) or getattr(batch_sampler, "sampler", None)
+        inner = getattr(batch_sampler, "batch_sampler", None)
+        if inner is None:
+            inner = getattr(batch_sampler, "sampler", None)
         if inner is None or inner is batch_sampler:
             return None
         batch_sampler = inner
@@ -101,10 +107,13 @@ class DataLoaderShard(DataLoader):
         _source: DataLoader | None = None,
         _shard_info: dict[str, Any] | None = None,
         rng_types: list[str] | None = None,
+        synchronized_generator: torch.Generator | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
         self.rng_types = rng_types  # synchronised from process 0 at the start of every pass
+        self.synchronized_generator = synchronized_generator  # the shuffle's, copied from process 0 per pass
+        self._shuffle = PassShuffle()
         self.device = device
         self.non_blocking = non_blocking
         self.skip_batches = int(skip_batches)  # skipped at the start of every pass
@@ -172,14 +181,23 @@ class DataLoaderShard(DataLoader):
         target = _innermost_sampler(self.batch_sampler)
         return getattr(target, "seed", None)
 
+    def _mid_pass(self) -> bool:
+        done = self.batches_yielded
+        return done > 0 and not (self._has_len() and done >= len(self) + self.skip_batches)
+
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: ``{"epoch", "batches_yielded", "seed"}`` (plus the skip setting)."""
-        return {
+        """Where this loader is: ``{"epoch", "batches_yielded", "seed"}`` (plus the skip setting and,
+        mid-pass, what the pass's shuffle was drawn from)."""
+        state = {
             "epoch": self.epoch,
             "batches_yielded": self.batches_yielded,
             "seed": self._sampler_seed(),
             "skip_batches": self.skip_batches,
         }
+        shuffle = self._shuffle.saved() if self._mid_pass() else None
+        if shuffle is not None:
+            state["shuffle"] = shuffle
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state``: the next pass starts with the batch after the last one yielded."""
@@ -197,6 +215,8 @@ class DataLoaderShard(DataLoader):
         self.epoch = epoch
         self.batches_yielded = done
         self._resume_skip = max(done - self.skip_batches, 0)
+        if self._resume_skip:
+            self._shuffle.restore(state.get("shuffle"), random_sampler(self.batch_sampler))
         self._apply_epoch()
 
     def _has_len(self) -> bool:
@@ -217,18 +237,23 @@ class DataLoaderShard(DataLoader):
         return isinstance(self.batch_sampler, SkipBatchSampler) and not isinstance(self.dataset, IterableDataset)
 
     def _synchronize_rngs(self) -> None:
-        """Give every rank process 0's generator states (``rng_types``) before a pass begins."""
+        """Give every rank process 0's generator states (``rng_types``, the shuffle's) before a pass."""
         from .ops import broadcast_object_list
         from .random_sync import synchronize_rng_states
 
+        kinds = [t for t in self.rng_types or () if t != "generator"]
         target = _innermost_sampler(self.batch_sampler)
-        if "generator" in self.rng_types and isinstance(target, SeedableRandomSampler):
+        if "generator" in (self.rng_types or ()) and isinstance(target, SeedableRandomSampler):
             target.seed = int(broadcast_object_list([target.seed], from_process=0)[0])  # its order is its seed
-        synchronize_rng_states(self.rng_types, _sampler_generator(self.batch_sampler))
+        if self.synchronized_generator is not None:
+            kinds.append("generator")
+        synchronize_rng_states(kinds, self.synchronized_generator)
 
     def __iter__(self) -> Iterator[Any]:
-        if self.rng_types:
+        if self.rng_types or self.synchronized_generator is not None:
             self._synchronize_rngs()
+        shuffler = random_sampler(self.batch_sampler)
+        self._shuffle.begin(shuffler, self.generator)
         self._apply_epoch()
         resume = self._resume_skip
         self._resume_skip = 0
@@ -276,6 +301,7 @@ class DataLoaderShard(DataLoader):
         finally:
             if self._skip_in_sampler():
                 self.batch_sampler.skip_batches = self.skip_batches
+            self._shuffle.end(shuffler)
             self.gradient_state._remove_dataloader(self)
 
     def _finish_pass(self) -> None:
@@ -289,53 +315,6 @@ class DataLoaderShard(DataLoader):
         return send_to_device(batch, self.device, non_blocking=non_blocking)
 
 
-def _resolve_sampler(dl: DataLoader, seed: int | None, use_seedable_sampler: bool) -> Any:
-    """The sampler to shard: a RandomSampler becomes a SeedableRandomSampler so all ranks agree."""
-    sampler = dl.sampler
-    if use_seedable_sampler and type(sampler) is RandomSampler:
-        gen = getattr(sampler, "generator", None)
-        if gen is not None:
-            seed = gen.initial_seed()
-        if seed is None:
-            seed = _shared_seed()
-        return SeedableRandomSampler(
-            sampler.data_source, seed=seed, replacement=sampler.replacement, num_samples=sampler._num_samples
-        )
-    return sampler
-
-
-def _sampler_generator(batch_sampler: Any) -> torch.Generator | None:
-    """The torch.Generator that orders the samples (a RandomSampler's), if there is one."""
-    inner = batch_sampler
-    while inner is not None:
-        if isinstance(inner, RandomSampler) and not isinstance(inner, SeedableRandomSampler):
-            return inner.generator
-        nxt = getattr(inner, "batch_sampler", None) or getattr(inner, "sampler", None)
-        inner = None if nxt is inner else nxt
-    return None
-
-
-def _give_generator(batch_sampler: Any) -> None:
-    """A RandomSampler without a generator gets one (seeded from torch's RNG) so rng_types can sync it."""
-    inner = batch_sampler
-    while inner is not None:
-        if isinstance(inner, RandomSampler) and not isinstance(inner, SeedableRandomSampler):
-            if inner.generator is None:
-                inner.generator = torch.Generator()
-                inner.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-            return
-        nxt = getattr(inner, "batch_sampler", None) or getattr(inner, "sampler", None)
-        inner = None if nxt is inner else nxt
-
-
-def _shared_seed() -> int:
-    """A shuffle seed drawn from rank 0's torch RNG and sent to every rank."""
-    from .ops import broadcast_object_list
-
-    seed = [int(torch.randint(0, 2**31 - 1, (1,)).item())]
-    return int(broadcast_object_list(seed, from_process=0)[0])
-
-
 def prepare_data_loader(
     dataloader: DataLoader,
     device: torch.device | None = None,
@@ -344,7 +323,7 @@ def prepare_data_loader(
     split_batches: bool = False,
     even_batches: bool = True,
     put_on_device: bool = True,
-    use_seedable_sampler: bool = True,
+    use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
     rng_types: list[str] | None = None,
@@ -352,7 +331,8 @@ def prepare_data_loader(
     """Shard ``dataloader`` for this process and place its batches on ``device``.
 
     ``rng_types`` (e.g. ``["torch", "generator"]``) are synchronised from process 0 at the start
-    of every pass, so random draws and shuffles agree across processes.
+    of every pass, so random draws agree across processes; a shuffle's generator always is
+    (``accel_nb.shuffling``). ``data_seed`` implies ``use_seedable_sampler``.
 
         loader = prepare_data_loader(DataLoader(ds, batch_size=16, shuffle=True))
     """
@@ -396,12 +376,12 @@ def prepare_data_loader(
             stacklevel=2,
         )
         return dataloader
-    if type(batch_sampler) is BatchSampler:
-        sampler = _resolve_sampler(dataloader, data_seed, use_seedable_sampler)
-        batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
+    if type(batch_sampler) is BatchSampler:  # the user's sampler is the batch sampler's, not dl.sampler
+        sampler = resolve_sampler(batch_sampler.sampler, data_seed, use_seedable_sampler or data_seed is not None)
+        if sampler is not batch_sampler.sampler:
+            batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
     info["batch_size"] = getattr(batch_sampler, "batch_size", None)
-    if rng_types and "generator" in rng_types:
-        _give_generator(batch_sampler)
+    synchronized = give_generator(random_sampler(batch_sampler)) if num_processes > 1 else None
     if num_processes > 1 or split_batches:
         batch_sampler = BatchSamplerShard(
             batch_sampler, num_processes=num_processes, process_index=process_index,
@@ -409,7 +389,8 @@ def prepare_data_loader(
         )
     return DataLoaderShard(
         dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-        batch_sampler=SkipBatchSampler(batch_sampler, 0), rng_types=rng_types, **kwargs,
+        batch_sampler=SkipBatchSampler(batch_sampler, 0), rng_types=rng_types,
+        synchronized_generator=synchronized, **kwargs,
     )
 
 
@@ -440,7 +421,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             DataLoaderShard.__init__(
                 new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
                 skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
-                rng_types=dataloader.rng_types,
+                rng_types=dataloader.rng_types, synchronized_generator=dataloader.synchronized_generator,
                 batch_sampler=SkipBatchSampler(inner, num_batches), **kwargs,
             )
         new.epoch = dataloader.epoch

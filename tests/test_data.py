@@ -325,3 +325,85 @@ def test_split_batches_covers_dataset_and_len_matches(n_items, batch_size, world
         assert len({len(b) for b in per_rank}) <= 1
     else:
         assert sorted(seen) == sorted(i for b in full for i in b)  # no copies without even_batches
+
+
+# -- shuffling as plain PyTorch does (use_seedable_sampler=False, the default) ---------------------------
+def _plain_passes(passes, **kw):
+    loader = _dl(20, 3, shuffle=True, **kw)
+    return [_ids(loader) for _ in range(passes)]
+
+
+@pytest.mark.parametrize("with_generator", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_one_process_shuffles_and_draws_exactly_as_plain_pytorch(with_generator, num_workers):
+    def kw():
+        return {"num_workers": num_workers, "generator": torch.Generator().manual_seed(3) if with_generator else None}
+
+    torch.manual_seed(5)
+    plain = _plain_passes(2, **kw())
+    plain_next = torch.rand(2)  # the global RNG after the passes
+    torch.manual_seed(5)
+    loader = prepare_data_loader(_dl(20, 3, shuffle=True, **kw()), num_processes=1, process_index=0)
+    assert [_ids(loader) for _ in range(2)] == plain
+    assert torch.equal(torch.rand(2), plain_next)
+    assert plain[0] != plain[1] and sorted(sum(plain[0], [])) == list(range(20))
+
+
+@pytest.mark.parametrize("with_generator", [False, True])
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_plain_shuffle_resumes_mid_pass_with_the_same_order(with_generator, num_workers):
+    def make():
+        gen = torch.Generator().manual_seed(3) if with_generator else None
+        return prepare_data_loader(_dl(20, 3, shuffle=True, num_workers=num_workers, generator=gen),
+                                   num_processes=1, process_index=0)
+
+    torch.manual_seed(5)
+    ref = make()
+    full = [_ids(ref) for _ in range(3)]
+    torch.manual_seed(5)
+    run = make()
+    _ids(run)
+    it = iter(run)
+    half = [next(it)[0].tolist() for _ in range(3)]
+    state, rng = run.state_dict(), torch.get_rng_state()
+    del it
+    fresh = make()  # a new process: its own generator and global RNG, restored below
+    fresh.load_state_dict(state)
+    torch.set_rng_state(rng)  # as load_state does last
+    assert half + _ids(fresh) == full[1]
+    assert _ids(fresh) == full[2]  # the following pass too
+    assert state["shuffle"] == ({"generator_state": state["shuffle"]["generator_state"]} if with_generator else
+                                {"seed": state["shuffle"]["seed"]})
+
+
+def _shuffled_ids(seeded_generator):
+    torch.manual_seed(100 + PartialState().process_index)  # ranks start with different RNGs
+    gen = torch.Generator().manual_seed(9) if seeded_generator else None
+    loader = prepare_data_loader(_dl(16, 2, shuffle=True, generator=gen))
+    return [_ids(loader) for _ in range(2)]
+
+
+@pytest.mark.multiproc
+def test_two_ranks_take_alternate_batches_of_one_plain_pytorch_order():
+    for seeded in (False, True):
+        r0, r1 = run_ranks(_shuffled_ids, 2, args=(seeded,))
+        for e0, e1 in zip(r0, r1, strict=True):
+            assert sorted(i for b in e0 + e1 for i in b) == list(range(16))
+        assert r0[0] != r0[1]  # a new permutation each pass
+    plain = _dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(9))
+    one_process = [_ids(plain) for _ in range(2)]
+    assert [[a + b for a, b in zip(e0, e1, strict=True)] for e0, e1 in zip(r0, r1, strict=True)] == one_process
+
+
+class Reversed(SequentialSampler):
+    def __iter__(self):
+        return iter(range(len(self.data_source) - 1, -1, -1))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_sampler_of_a_given_batch_sampler_is_kept(world):
+    ds = TensorDataset(torch.arange(8))
+    loader = DataLoader(ds, batch_sampler=BatchSampler(Reversed(ds), 2, False))
+    got = [_ids(prepare_data_loader(loader, num_processes=world, process_index=r)) for r in range(world)]
+    assert [b for rank in got for b in rank] == ([[7, 6], [5, 4], [3, 2], [1, 0]] if world == 1 else
+                                                 [[7, 6], [3, 2], [5, 4], [1, 0]])

