@@ -512,3 +512,25 @@ def test_after_the_first_fork_launch_ranks_inherit_what_their_first_ddp_step_imp
     assert warm.failures == {}
     assert debug_launcher(_imported_already, reporter=ListReporter()) == [[True, True, True]] * 2
     assert dict(os.environ) == before  # torch._inductor's import-time TORCHINDUCTOR_CACHE_DIR was put back
+
+
+def _one_dies_mid_collective():
+    import torch
+    import torch.distributed as dist
+
+    state = PartialState()
+    dist.barrier()
+    if state.process_index == 1:
+        os._exit(3)
+    dist.all_reduce(torch.ones(1))  # rank 0 waits for its dead peer: gloo breaks
+
+
+def test_a_rank_that_only_lost_its_peer_is_stopped_and_shown_so():
+    rep = ListReporter()
+    with pytest.raises(LaunchError) as info:
+        debug_launcher(_one_dies_mid_collective, reporter=rep)
+    err = info.value
+    assert [(f.rank, f.exit_code) for f in err.failures] == [(1, 3)] and err.stopped == [0]
+    assert "rank 1 (first to fail) exited with code 3" in str(err) and "rank 0 was stopped" in str(err)
+    assert {e.rank for e in rep.of_type(Failure)} == {1}  # the display never showed rank 0 as failed
+    assert any(isinstance(e, Phase) and e.rank == 0 and e.phase == "stopped" for e in rep.events)
