@@ -127,6 +127,7 @@ _REFERENCE_PATHS: dict[str, str] = {
         ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"], ".memory"
     ),
     **dict.fromkeys(["patch_environment", "clear_environment"], ".environment"),
+    "write_basic_config": ".basic_config",
     **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], ".random_sync"),
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], ".unwrap"),
     **dict.fromkeys(

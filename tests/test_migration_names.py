@@ -38,7 +38,7 @@ TYPICAL_IMPORTS = {
         "synchronize_rng_state", "RNGType", "wait_for_everyone", "set_module_tensor_to_device",
         "find_tied_parameters", "named_module_tensors", "load_state_dict", "compute_module_sizes",
         "get_balanced_memory", "get_max_memory", "infer_auto_device_map", "load_checkpoint_in_model",
-        "check_device_map", "is_compiled_module",
+        "check_device_map", "is_compiled_module", "write_basic_config",
     ],
     ".logging": ["get_logger", "MultiProcessAdapter"],
     ".big_modeling": [
@@ -357,6 +357,27 @@ def test_clear_environment_empties_and_restores(monkeypatch):
         assert os.environ == {}
         os.environ["MIGRATION_KEPT"] = "changed"
     assert os.environ["MIGRATION_KEPT"] == "before" and "PATH" in os.environ
+
+
+def test_write_basic_config_writes_what_the_reference_writes_and_keeps_an_existing_file(tmp_path, capsys):
+    import yaml
+    from accelerate.utils import write_basic_config as reference
+
+    from accel_nb.config import LaunchConfig
+    from accel_nb.utils import write_basic_config
+
+    ours, theirs = tmp_path / "ours.yaml", tmp_path / "theirs.yaml"
+    assert write_basic_config(mixed_precision="bf16", save_location=str(ours)) == ours
+    reference(mixed_precision="bf16", save_location=str(theirs))
+    mine, ref = yaml.safe_load(ours.read_text()), yaml.safe_load(theirs.read_text())
+    keys = ("distributed_type", "num_processes", "mixed_precision", "use_cpu", "num_machines")
+    assert {k: mine[k] for k in keys} == {k: ref[k] for k in keys}
+    assert LaunchConfig.load(str(ours)).mixed_precision == "bf16"
+    before = ours.read_text()
+    assert write_basic_config(mixed_precision="fp16", save_location=str(ours)) is False
+    assert ours.read_text() == before and "already exists" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="mixed_precision"):
+        write_basic_config(mixed_precision="fp8", save_location=str(tmp_path / "bad.yaml"))
 
 
 # -- unwrapping -----------------------------------------------------------------------------------
