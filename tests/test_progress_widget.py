@@ -339,3 +339,13 @@ def test_make_reporter_returns_text_here_and_passes_reporters_through(monkeypatc
     assert isinstance(rep, TextReporter)
     mine = TextReporter()
     assert display.make_reporter(1, progress=mine) is mine
+
+
+def test_text_progress_lines_keep_their_place_after_the_ranks_output():
+    rep, buf = _text(2, merge_window=3600)
+    rep.handle(Log(1, "stdout", "epoch 0 done\n"))  # waits for rank 0 to print the same
+    rep.handle(Progress(1, "train", 1, 10, desc="epoch 1"))
+    assert buf.getvalue() == ""  # the progress line does not jump ahead of the rank's print
+    rep.finish(True)
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "[rank 1] epoch 0 done" and lines[1].startswith("[rank 1] epoch 1:")

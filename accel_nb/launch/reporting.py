@@ -115,7 +115,7 @@ class TextReporter:
                 return
             self._last_progress[key] = now
             line = format_progress_line(event.n, event.total, event.rate, event.metrics, event.desc or event.name)
-            self._write(self.out, f"[rank {rank}] {line}\n")
+            self.relay.add_line(rank, "stdout", f"[rank {rank}] {line}")  # in order with the rank's output
         elif isinstance(event, Metrics):
             if not self.shown(rank):
                 return
@@ -125,7 +125,7 @@ class TextReporter:
                 return
             self._last_progress[key] = now
             step = f"step {event.step}: " if event.step is not None else ""
-            self._write(self.out, f"[rank {rank}] {step}{format_metrics(event.values)}\n")
+            self.relay.add_line(rank, "stdout", f"[rank {rank}] {step}{format_metrics(event.values)}")
         elif isinstance(event, Failure):
             # one line, after what the rank printed before it; the traceback is shown once, in the
             # LaunchError the cell raises
@@ -139,6 +139,7 @@ class TextReporter:
             text = f"[rank {rank}] Python stacks ({why}):\n" + "".join(
                 f"[rank {rank}]   {line}\n" for line in event.text.splitlines()
             )
+            self.relay.flush()  # what the ranks printed before they were stopped comes first
             self._write(self.err, text)
         elif isinstance(event, Heartbeat):
             self.tick()
