@@ -146,7 +146,7 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
 
 
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
-    """Undo :func:`add_hook_to_module` (calling the hook's ``detach_hook``); ``recurse`` does the children too.
+    """Undo ``add_hook_to_module`` (calling the hook's ``detach_hook``); ``recurse`` does the children too.
 
     remove_hook_from_module(model, recurse=True)
     """
@@ -335,7 +335,7 @@ def attach_align_device_hook(
     preload_module_classes: list[str] | None = None,
     tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
 ) -> None:
-    """An :class:`AlignDevicesHook` on every submodule that holds tensors directly.
+    """An ``AlignDevicesHook`` on every submodule that holds tensors directly.
 
     ``weights_map`` is keyed by full names under ``module_name``; a module whose class is in
     ``preload_module_classes`` brings in all its submodules' weights at once.
@@ -388,7 +388,7 @@ def _default_execution_device() -> torch.device:
 class CpuOffload(ModelHook):
     """Keep the model on CPU until its forward; then it moves to ``execution_device`` and stays there.
 
-    ``prev_module_hook`` (a :class:`UserCpuOffloadHook`) is offloaded just before this forward.
+    ``prev_module_hook`` (a ``UserCpuOffloadHook``) is offloaded just before this forward.
     """
 
     def __init__(self, execution_device: Any = None, prev_module_hook: UserCpuOffloadHook | None = None) -> None:
@@ -409,7 +409,7 @@ class CpuOffload(ModelHook):
 
 
 class UserCpuOffloadHook:
-    """What :func:`cpu_offload_with_hook` returns: ``offload()`` moves the model back to CPU, ``remove()`` unhooks it."""
+    """What ``cpu_offload_with_hook`` returns: ``offload()`` moves the model back to CPU, ``remove()`` unhooks it."""
 
     def __init__(self, model: nn.Module, hook: ModelHook) -> None:
         self.model = model

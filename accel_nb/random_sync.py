@@ -94,7 +94,7 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
 def synchronize_rng_states(
     rng_types: Iterable[RNGType | str], generator: torch.Generator | None = None
 ) -> None:
-    """:func:`synchronize_rng_state` for each type in ``rng_types``.
+    """``synchronize_rng_state`` for each type in ``rng_types``.
 
     synchronize_rng_states(["torch", "generator"], generator=g)
     """
