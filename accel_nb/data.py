@@ -385,7 +385,7 @@ def prepare_data_loader(
     if num_processes > 1 or split_batches:
         batch_sampler = BatchSamplerShard(
             batch_sampler, num_processes=num_processes, process_index=process_index,
-            split_batches=split_batches, even_batches=even_batches and getattr(batch_sampler, "batch_size", None) is not None,
+            split_batches=split_batches, even_batches=even_batches,
         )
     return DataLoaderShard(
         dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,

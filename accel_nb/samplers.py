@@ -52,10 +52,12 @@ class BatchSamplerShard(Sampler):
     """This process's share of the batches of ``batch_sampler``.
 
     Without ``split_batches``, rank ``i`` takes batches ``i, i+n, i+2n...``; with it, every
-    batch is cut into ``n`` contiguous slices and rank ``i`` takes slice ``i``. With
-    ``even_batches`` the last round is completed with samples from the start of the epoch, so
-    every rank gets the same number of equally sized batches (``gather_for_metrics`` removes the
-    duplicates again); without it, ranks may get fewer or shorter batches.
+    batch is cut into ``n`` slices of ``batch_size / n`` and rank ``i`` takes slice ``i``. With
+    ``even_batches`` the last round is completed with samples from the start of the epoch (whole
+    batches when the batch sampler has no ``batch_size``, e.g. a list of index lists), so every
+    rank gets the same number of batches (``gather_for_metrics`` removes the duplicates again);
+    without it, ranks may get fewer or shorter batches: a short last batch of a split goes to the
+    first ranks, ``batch_size / n`` samples each, as in the reference library.
     """
 
     def __init__(
@@ -79,10 +81,10 @@ class BatchSamplerShard(Sampler):
                 f"{self.batch_size} for {self.num_processes} processes; use a batch size of "
                 f"{math.ceil(self.batch_size / self.num_processes) * self.num_processes} or split_batches=False"
             )
-        if even_batches and self.batch_size is None:
+        if split_batches and self.batch_size is None:
             raise ValueError(
-                "even_batches=True needs a batch sampler with a fixed batch_size attribute; "
-                "pass even_batches=False for a custom batch sampler"
+                "split_batches=True needs a batch sampler with a fixed batch_size attribute to cut each batch "
+                "into equal slices; pass split_batches=False for a batch sampler without one"
             )
         #: real (not duplicated) samples in the last round over all ranks, when the last round was padded
         self.last_round_real: int | None = None
@@ -111,7 +113,7 @@ class BatchSamplerShard(Sampler):
             if self.even_batches or total == 0:
                 return total
             last = self._last_batch_len()
-            return total - (1 if last is not None and self._split_sizes(last)[i] == 0 else 0)
+            return total - (1 if last is not None and last <= i * self.per_rank_batch_size else 0)
         if self.drop_last:
             return total // n
         if self.even_batches:
@@ -123,10 +125,6 @@ class BatchSamplerShard(Sampler):
         if m is None or self.batch_size is None:
             return None
         return m - (len(self.batch_sampler) - 1) * self.batch_size
-
-    def _split_sizes(self, size: int) -> list[int]:
-        base, extra = divmod(size, self.num_processes)
-        return [base + (1 if r < extra else 0) for r in range(self.num_processes)]
 
     def expected_last_round_real(self) -> int | None:
         """Real samples of the last round over all ranks when ``even_batches`` pads it, else None."""
@@ -155,33 +153,31 @@ class BatchSamplerShard(Sampler):
         return out
 
     def _iter_split(self) -> Iterator[list[int]]:
-        n, i = self.num_processes, self.process_index
+        i, part = self.process_index, self.per_rank_batch_size
         first: list[int] = []
         for batch in self.batch_sampler:
             batch = list(batch)
             if not first:
                 first = batch[:]
-            if self.even_batches and self.batch_size is not None and len(batch) < self.batch_size:
+            if self.even_batches and len(batch) < self.batch_size:
                 self.last_round_real = len(batch)
                 batch = self._fill(batch, self.batch_size, first)
-            if self.even_batches:
-                part = len(batch) // n
-                yield batch[i * part : (i + 1) * part]
-            else:
-                sizes = self._split_sizes(len(batch))
-                start = sum(sizes[:i])
-                if sizes[i]:
-                    yield batch[start : start + sizes[i]]
+            piece = batch[i * part : (i + 1) * part]
+            if piece:  # without even_batches a short last batch may leave nothing for this rank
+                yield piece
 
     def _iter_rounds(self) -> Iterator[list[int]]:
         n, i = self.num_processes, self.process_index
         first: list[int] = []  # the first round's indices, used to complete the last round
+        first_batches: list[list[int]] = []  # ... or its batches, when they have no fixed size
         round_: list[list[int]] = []
         for batch in self.batch_sampler:
             batch = list(batch)
             round_.append(batch)
             if len(first) < (self.batch_size or 0) * n:
                 first.extend(batch)
+            if len(first_batches) < n:
+                first_batches.append(batch)
             if len(round_) == n and (self.batch_size is None or len(batch) == self.batch_size):
                 yield round_[i]
                 round_ = []
@@ -192,6 +188,11 @@ class BatchSamplerShard(Sampler):
         if not self.even_batches:
             if i < len(round_):
                 yield round_[i]
+            return
+        if self.batch_size is None:  # batches of any size: complete the round with the first batches
+            self.last_round_real = sum(len(b) for b in round_)
+            copies = [first_batches[k % len(first_batches)] for k in range(n - len(round_))]
+            yield (round_ + copies)[i]
             return
         # even_batches: the last round is laid out contiguously and completed from the start of the
         # epoch, so that gathering it in rank order gives the real samples first, then the copies.

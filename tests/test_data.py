@@ -407,3 +407,21 @@ def test_the_sampler_of_a_given_batch_sampler_is_kept(world):
     got = [_ids(prepare_data_loader(loader, num_processes=world, process_index=r)) for r in range(world)]
     assert [b for rank in got for b in rank] == ([[7, 6], [5, 4], [3, 2], [1, 0]] if world == 1 else
                                                  [[7, 6], [3, 2], [5, 4], [1, 0]])
+
+
+# -- BatchSamplerShard where the reference library's rules are specific ---------------------------------
+def test_a_short_last_batch_split_without_even_batches_goes_to_the_first_ranks():
+    shards = _shards(10, 4, 2, split=True, even=False)  # batches of 4, 4, 2; 2 samples per rank
+    assert [list(s) for s in shards] == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7]]]
+    assert [len(s) for s in shards] == [3, 2]
+
+
+def test_a_list_of_index_lists_completes_its_last_round_with_whole_first_batches():
+    batches = [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9, 10], [11]]
+    even = [BatchSamplerShard(batches, 2, r) for r in range(2)]
+    assert [list(s) for s in even] == [[[0, 1, 2], [6, 7], [11]], [[3, 4, 5], [8, 9, 10], [0, 1, 2]]]
+    assert [len(s) for s in even] == [3, 3] and even[1].last_round_real == 1  # [11] is real, [0, 1, 2] a copy
+    uneven = [list(BatchSamplerShard(batches, 2, r, even_batches=False)) for r in range(2)]
+    assert uneven == [[[0, 1, 2], [6, 7], [11]], [[3, 4, 5], [8, 9, 10]]]
+    with pytest.raises(ValueError, match="split_batches=True needs a batch sampler with a fixed batch_size"):
+        BatchSamplerShard(batches, 2, 0, split_batches=True, even_batches=False)

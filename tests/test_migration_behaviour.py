@@ -174,9 +174,8 @@ def test_batch_sampler_shard_splits_like_the_reference():
         ours, theirs = (_shards(lib, sampler, split, even) for lib in LIBRARIES)
         if ours != theirs:
             differ.append(((n, batch, drop_last, split, even), ours, theirs))
-    if differ:
-        lines = "\n".join(f"(n, batch, drop_last, split, even)={c}: accel_nb {o} reference {t}" for c, o, t in differ)
-        pytest.xfail(f"core (samplers.py): {len(differ)} BatchSamplerShard case(s) differ:\n{lines}")
+    lines = "\n".join(f"(n, batch, drop_last, split, even)={c}: accel_nb {o} reference {t}" for c, o, t in differ)
+    assert not differ, f"{len(differ)} BatchSamplerShard case(s) differ:\n{lines}"
 
 
 def test_batch_sampler_shard_of_a_list_of_lists_like_the_reference():
@@ -184,11 +183,7 @@ def test_batch_sampler_shard_of_a_list_of_lists_like_the_reference():
     results = {}
     for library in LIBRARIES:
         results[library] = {(s, e): _shards(library, batches, s, e) for s in (False, True) for e in (True, False)}
-    if results["accel_nb"] != results["accelerate"]:
-        pytest.xfail(
-            "core (samplers.py): a plain list of index lists as batch sampler shards differently: "
-            f"accel_nb {results['accel_nb']} reference {results['accelerate']}"
-        )
+    assert results["accel_nb"] == results["accelerate"]
 
 
 # -- init_empty_weights(include_buffers=True) -----------------------------------------------------------
