@@ -73,7 +73,7 @@ class SpawnServer:
         msg = self._recv(timeout=READY_TIMEOUT_S)
         if msg is None or msg[0] != "ready":
             err = b""
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # already gone / stuck: the error says so
                 self.popen.kill()
                 err = self.popen.communicate(timeout=5)[1] or b""
             self.close()
@@ -135,17 +135,16 @@ class SpawnServer:
         raise SpawnServerError("the spawn server stopped answering")
 
     def close(self) -> None:
+        """Teardown: close the socket, kill the server's group, reap it (each step whatever the last did)."""
         self.dead = True
-        with contextlib.suppress(Exception):
-            self.sock.close()
-        with contextlib.suppress(Exception):
+        self.sock.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
             os.killpg(self.popen.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            self.popen.kill()
+        self.popen.kill()  # a no-op when it was reaped
+        with contextlib.suppress(subprocess.TimeoutExpired):  # unkillable (D state): left to init
             self.popen.wait(timeout=5)
-        with contextlib.suppress(Exception):
-            if self.popen.stderr is not None:
-                self.popen.stderr.close()
+        if self.popen.stderr is not None:
+            self.popen.stderr.close()
 
 
 def get_server() -> SpawnServer:
@@ -169,7 +168,7 @@ def shutdown() -> None:
 
 
 def _shutdown_at_exit() -> None:
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # interpreter teardown: modules may be half gone; never raise here
         shutdown()
 
 
