@@ -70,14 +70,20 @@ def save_model(
         accelerator.save_model(model, "out", max_shard_size="2GB")
         # out/model.safetensors, or out/model-0000i-of-0000N.safetensors + model.safetensors.index.json
 
-    Tied weights are written once and re-tied (or filled) on load. Returns the files written
-    (an empty list on the other processes).
+    Tied weights are written once and re-tied (or filled) on load. A model whose weights were
+    offloaded to CPU or disk by dispatch (its parameters on ``meta``) is saved from the offloaded
+    weights. Returns the files written (an empty list on the other processes).
     """
     if os.path.isfile(save_directory):
         raise CheckpointError(f"save_model needs a folder, but {save_directory} is a file")
     if not getattr(accelerator, "is_main_process", True):
         return []
-    state = unwrapped(accelerator, model).state_dict()
+    inner = unwrapped(accelerator, model)
+    state = inner.state_dict()
+    if any(t.device.type == "meta" for t in state.values()):
+        from .modeling import get_state_dict_offloaded_model
+
+        state = get_state_dict_offloaded_model(inner)
     return save_sharded_safetensors(
         state, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization
     )

@@ -253,6 +253,27 @@ def test_save_model_shards_and_reloads_with_ties(tmp_path):
     assert torch.equal(untied.head.weight, untied.embed.weight)
 
 
+@pytest.mark.parametrize("offload", ["disk", "cpu"])
+def test_save_model_reads_the_weights_of_an_offloaded_model(tmp_path, offload):
+    import accel_nb
+
+    accelerator, _, _, _ = _setup()
+    torch.manual_seed(1)
+    model = TiedLM()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    if offload == "disk":
+        accel_nb.disk_offload(model, str(tmp_path / "offload"), execution_device="cpu")
+    else:
+        accel_nb.cpu_offload(model, execution_device="cpu")
+    assert any(p.device.type == "meta" for p in model.parameters())  # what plain state_dict() cannot save
+    accelerator.save_model(model, tmp_path / "out")
+    fresh = TiedLM()
+    load_safetensors_into(fresh, tmp_path / "out")
+    for k, v in expected.items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    assert fresh.head.weight is fresh.embed.weight
+
+
 def _save_model_on_ranks(out):
     from accel_nb import Accelerator
 

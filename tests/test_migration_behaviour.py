@@ -217,11 +217,6 @@ def _save_offloaded(library, folder):
 
 
 @pytest.mark.multiproc
-@pytest.mark.xfail(
-    strict=True,
-    reason="core (checkpoint save_model): read a disk/cpu-offloaded model's weights with "
-    "accel_nb.utils.get_state_dict_offloaded_model instead of refusing it",
-)
 def test_save_model_writes_a_disk_offloaded_model(tmp_path):
     ours, theirs = _side_by_side(_save_offloaded, 1, str(tmp_path))
     assert theirs == [True]
