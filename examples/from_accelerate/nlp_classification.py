@@ -29,7 +29,7 @@ def main():
     accelerator = Accelerator(gradient_accumulation_steps=2)
     set_seed(42)
     data = synthetic_tokens()
-    train = DataLoader(data[:64], batch_size=8)
+    train = DataLoader(data[:64], batch_size=8, shuffle=True)
     evaluate = DataLoader(data[64:], batch_size=6)
     model = BagClassifier()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
