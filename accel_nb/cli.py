@@ -70,6 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--machine_rank", "--machine-rank", type=int, default=None)
     launch.add_argument("--main_process_ip", "--main-process-ip", default=None)
     launch.add_argument("--main_process_port", "--main-process-port", type=int, default=None)
+    launch.add_argument(
+        "--rdzv_backend", "--rdzv-backend", choices=("static", "c10d"), default=None,
+        help="how the machines meet at main_process_ip:main_process_port (default: the config's, static)",
+    )  # fmt: skip
+    launch.add_argument(
+        "--rdzv_timeout", "--rdzv-timeout", type=positive_seconds, default=None,
+        help="seconds to wait for every machine to join before giving up (default: 600)",
+    )  # fmt: skip
     launch.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISIONS, default=None)
     launch.add_argument(
         "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=int, default=None
@@ -334,6 +342,7 @@ def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
         "gradient_accumulation_steps": ns.gradient_accumulation_steps,
         "gpu_ids": ns.gpu_ids,
         "max_restarts": ns.max_restarts,
+        "rdzv_backend": ns.rdzv_backend,
     }
     if ns.cpu:
         changes["use_cpu"] = True
@@ -345,25 +354,18 @@ def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
 
 
 def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: list[str], log_dir: str,
-                       module: bool = False, monitor_interval: float | None = None) -> list[str]:  # fmt: skip
-    """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says."""
-    from .launch.ports import pick_free_port
+                       module: bool = False, monitor_interval: float | None = None,
+                       endpoint: tuple[str, int] | None = None, rdzv_timeout: float | None = None) -> list[str]:  # fmt: skip
+    """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says.
 
-    addr = cfg.main_process_ip or "127.0.0.1"
-    port = cfg.main_process_port or (pick_free_port(addr) if cfg.num_machines == 1 else 29500)
+    ``endpoint`` is where the machines meet (default: :func:`accel_nb.elastic.main_endpoint`).
+    """
+    from .elastic import main_endpoint, rendezvous_arguments
+
+    addr, port = endpoint or main_endpoint(cfg)
     args = ["--nnodes", str(cfg.num_machines), "--node_rank", str(cfg.machine_rank)]
     args += ["--nproc_per_node", str(nproc), "--max_restarts", str(cfg.max_restarts)]
-    if cfg.rdzv_backend == "static":
-        args += ["--master_addr", addr, "--master_port", str(port)]
-    else:
-        args += [
-            "--rdzv_backend",
-            cfg.rdzv_backend,
-            "--rdzv_endpoint",
-            f"{addr}:{port}",
-            "--rdzv_id",
-            "accel_nb",
-        ]
+    args += rendezvous_arguments(cfg, addr, port, rdzv_timeout)
     args += ["--log_dir", log_dir, "--tee", "3"]
     if monitor_interval is not None:
         args += ["--monitor_interval", str(monitor_interval)]
@@ -373,6 +375,7 @@ def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: 
 
 
 def cmd_launch(ns: argparse.Namespace) -> int:
+    from .elastic import check_endpoint, main_endpoint, rendezvous_failure
     from .hardware import detect
 
     cfg = config_for_launch(ns)
@@ -382,24 +385,48 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     if not ns.module and not os.path.isfile(ns.script):
         print(f"{PROG} launch: error: script {ns.script!r} not found (from {os.getcwd()})", file=sys.stderr)
         return 2
+    endpoint = main_endpoint(cfg)
+    check_endpoint(cfg, *endpoint)
     nproc = cfg.processes_here(hw)
     own_log_dir = ns.log_dir is None
     log_dir = ns.log_dir or tempfile.mkdtemp(prefix="accel_nb_launch_")
-    os.environ.update(cfg.to_env())
-    if ns.log_line_prefix_template is not None:
-        # torchrun reads the template from the environment only
-        os.environ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = ns.log_line_prefix_template
-    args = torchrun_arguments(cfg, nproc, ns.script, ns.script_args, log_dir, ns.module, ns.monitor_interval)
     device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
+    os.environ.update(cfg.to_env())
+    os.environ.update(agent_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
+    args = torchrun_arguments(cfg, nproc, ns.script, ns.script_args, log_dir, ns.module, ns.monitor_interval,
+                              endpoint, ns.rdzv_timeout)  # fmt: skip
     print(f"{PROG} launch: {nproc} {device} process(es) on this machine"
-          + (f" (machine {cfg.machine_rank} of {cfg.num_machines})" if cfg.num_machines > 1 else "")
+          + (f" (machine {cfg.machine_rank} of {cfg.num_machines}, meeting at {endpoint[0]}:{endpoint[1]}, "
+             f"{cfg.rdzv_backend} rendezvous)" if cfg.num_machines > 1 else "")
           + f", mixed_precision={cfg.mixed_precision}", file=sys.stderr, flush=True)  # fmt: skip
-    code = run_elastic(args, ns.script, log_dir)
+    code = run_elastic(args, ns.script, log_dir,
+                       lambda exc: rendezvous_failure(exc, cfg, *endpoint, ns.rdzv_timeout))  # fmt: skip
     if code == 0 and own_log_dir:
         import shutil
 
         shutil.rmtree(log_dir, ignore_errors=True)
     return code
+
+
+def agent_environment(cfg: LaunchConfig, main_ip: str, device: str, template: str | None) -> dict[str, str]:
+    """What the agent and its ranks need in the environment beyond the config's values.
+
+    torchrun reads the log-line prefix template from the environment only; across machines it
+    defaults to one naming the machine and the rank, and gloo gets the interface that reaches
+    machine 0 unless ``GLOO_SOCKET_IFNAME`` is already set.
+    """
+    from .elastic import interface_toward, machine_label_template
+
+    env: dict[str, str] = {}
+    if template is None and cfg.num_machines > 1:
+        template = machine_label_template(cfg.machine_rank)
+    if template is not None:
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = template
+    if cfg.num_machines > 1 and device == "CPU" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        interface = interface_toward(main_ip)
+        if interface:
+            env["GLOO_SOCKET_IFNAME"] = interface
+    return env
 
 
 class _DropFailureLine:
@@ -409,8 +436,12 @@ class _DropFailureLine:
         return not str(record.getMessage()).startswith("failed (exitcode")
 
 
-def run_elastic(args: list[str], script: str, log_dir: str) -> int:
-    """Run torch.distributed's elastic agent in this process; a readable summary when a rank fails."""
+def run_elastic(args: list[str], script: str, log_dir: str,
+                explain: Callable[[BaseException], str | None] | None = None) -> int:  # fmt: skip
+    """Run torch.distributed's elastic agent in this process; a readable summary when a rank fails.
+
+    ``explain`` turns an error of the agent itself (a rendezvous that never completed) into one line.
+    """
     import logging
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -433,7 +464,8 @@ def run_elastic(args: list[str], script: str, log_dir: str) -> int:
               f"(logs under {log_dir})", file=sys.stderr)  # fmt: skip
         return 128 + int(sig)
     except Exception as exc:  # rendezvous errors and the like: one line, not a traceback
-        print(f"{PROG} launch: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        said = explain(exc) if explain is not None else None
+        print(f"{PROG} launch: error: {said or f'{type(exc).__name__}: {exc}'}", file=sys.stderr)
         return 1
     finally:
         api_logger.removeFilter(drop)

@@ -328,3 +328,48 @@ def test_launch_refuses_bf16_on_gpus_without_it(cfg, fake_nvml_dir, tmp_path):  
     assert out.returncode == 2
     assert "GPU 0 (Tesla T4, compute capability 7.5) does not support bf16" in out.stderr
     assert "never" not in out.stdout
+
+
+def test_busy_port_on_the_main_machine_is_refused_before_anything_starts(cfg, tmp_path):
+    import socket
+
+    (tmp_path / "x.py").write_text("print('never')\n")
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        for machines in (["--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "127.0.0.1"], []):
+            out = accel_nb("launch", "--cpu", "--num_processes", "2", "--main_process_port", port, *machines,
+                           str(tmp_path / "x.py"), cfg=cfg)  # fmt: skip
+            assert out.returncode == 2, out.stderr
+            assert f"--main_process_port={port} is not valid: port {port}" in out.stderr
+            assert "already in use" in out.stderr and "never" not in out.stdout
+
+
+def test_machine_zero_must_own_the_main_address(cfg, tmp_path):
+    (tmp_path / "x.py").write_text("print('never')\n")
+    out = accel_nb("launch", "--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", "0",
+                   "--main_process_ip", "192.0.2.7", str(tmp_path / "x.py"), cfg=cfg)  # fmt: skip
+    assert out.returncode == 2
+    assert "192.0.2.7 is not an address of this machine" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("machine_rank", ["0", "1"])
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_machine_that_never_arrives_is_a_timeout_naming_the_endpoint(cfg, tmp_path, machine_rank, backend):
+    from accel_nb.launch.ports import pick_free_port
+
+    (tmp_path / "x.py").write_text("print('never')\n")
+    port = str(pick_free_port())
+    out = accel_nb("launch", "--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", machine_rank,
+                   "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--rdzv_backend", backend,
+                   "--rdzv_timeout", "2", str(tmp_path / "x.py"), cfg=cfg)  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("accel-nb launch: error: ") and f"127.0.0.1:{port} within 2s" in last, out.stderr
+    if machine_rank == "0":
+        assert "did not join" in last and "--machine_rank 1" in last
+    else:
+        assert "could not join the main machine" in last
+    assert "never" not in out.stdout

@@ -1,0 +1,126 @@
+"""Several machines: two hosts made on this machine (network namespaces + a veth pair) run one job.
+
+Each test creates its own namespaces and veth pair (unique names per run) and deletes them; it
+skips without root or iproute2. The ranks talk over the veth link only, as two machines would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "allreduce_script.py")
+
+pytestmark = pytest.mark.multiproc
+
+
+@dataclass
+class Host:
+    namespace: str
+    interface: str
+    ip: str
+
+    def command(self, *args: str) -> list[str]:
+        """``args`` run inside this host's network namespace."""
+        return ["ip", "netns", "exec", self.namespace, *args]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def two_hosts() -> Iterator[tuple[Host, Host]]:
+    """Two network namespaces joined by a veth pair on a private /30; always deleted afterwards."""
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (the ip command) is not installed")
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    tag = f"{os.getpid() % 100000:05d}{secrets.token_hex(2)}"  # interface names: at most 15 characters
+    net = f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}.{4 * secrets.randbelow(64)}"
+    base = net.rsplit(".", 1)[0] + "." + str(int(net.rsplit(".", 1)[1]) + 1)
+    hosts = (
+        Host(f"anb{tag}a", f"anb{tag}0", base),
+        Host(f"anb{tag}b", f"anb{tag}1", base.rsplit(".", 1)[0] + "." + str(int(base.rsplit(".", 1)[1]) + 1)),
+    )
+    made: list[str] = []
+    try:
+        for host in hosts:
+            try:
+                _ip("netns", "add", host.namespace)
+            except subprocess.CalledProcessError as exc:
+                pytest.skip(f"cannot create a network namespace here: {exc.stderr.strip()}")
+            made.append(host.namespace)
+        a, b = hosts
+        _ip("link", "add", a.interface, "netns", a.namespace, "type", "veth",
+            "peer", "name", b.interface, "netns", b.namespace)  # fmt: skip
+        for host in hosts:
+            _ip("-n", host.namespace, "addr", "add", f"{host.ip}/30", "dev", host.interface)
+            _ip("-n", host.namespace, "link", "set", host.interface, "up")
+            _ip("-n", host.namespace, "link", "set", "lo", "up")
+        yield hosts
+    finally:
+        for name in made:  # deleting a namespace deletes the veth end inside it, and so the pair
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def launch_on(host: Host, machine_rank: int, main: Host, port: int, *args: str,
+              cfg: str) -> subprocess.Popen:  # fmt: skip
+    env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    for name in ("GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
+        env.pop(name, None)
+    cmd = host.command(sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_machines", "2",
+                       "--machine_rank", str(machine_rank), "--main_process_ip", main.ip,
+                       "--main_process_port", str(port), *args)  # fmt: skip
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[tuple[int, str, str]]:
+    results = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_two_machines_two_processes_each_all_reduce(tmp_path, backend):
+    cfg = str(tmp_path / "default_config.yaml")
+    with two_hosts() as (main, other):
+        procs = [
+            launch_on(host, rank, main, 29400, "--num_processes", "4", "--rdzv_backend", backend,
+                      "--rdzv_timeout", "120", EXAMPLE, cfg=cfg)  # fmt: skip
+            for rank, host in enumerate((main, other))
+        ]
+        results = finish(*procs)
+    ranks_by_machine: dict[int, list[int]] = {0: [], 1: []}
+    for machine, (code, out, err) in enumerate(results):
+        assert code == 0, f"machine {machine} failed:\n{out}\n{err}"
+        assert f"machine {machine} of 2, meeting at {main.ip}:29400, {backend} rendezvous" in err
+        for line in out.splitlines():
+            found = re.match(r"\[machine(\d) rank(\d)\]:rank (\d)/4: sum=10 gathered=\[1.0, 2.0, 3.0, 4.0\]", line)
+            if found:
+                label_machine, label_rank, rank = map(int, found.groups())
+                assert label_machine == machine and label_rank == rank, line
+                ranks_by_machine[machine].append(rank)
+    # every rank printed the right sum; each machine ran two of them
+    assert sorted(ranks_by_machine[0] + ranks_by_machine[1]) == [0, 1, 2, 3], results
+    assert len(ranks_by_machine[0]) == len(ranks_by_machine[1]) == 2
+    if backend == "static":  # machine_rank decides the global ranks
+        assert sorted(ranks_by_machine[1]) == [2, 3]
