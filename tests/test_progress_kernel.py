@@ -334,3 +334,32 @@ def test_text_mode_names_the_quiet_ranks_while_they_are_stuck(kernel):
         mine = [line for line in quiet if line.startswith(f"[rank {rank}] stalled")]
         assert 1 <= len(mine) <= 3, quiet  # at 3 s, then about 6 s (rank 1 sleeps 8 s)
         assert "50/50" in mine[0]
+
+
+WIDGET_CELL = """
+import logging, traitlets.log
+traitlets.log.get_logger().addHandler(logging.FileHandler({log!r}))
+import ipywidgets
+from IPython.display import display
+from accel_nb import notebook_launcher
+
+def with_a_widget():
+    slider = ipywidgets.IntSlider(value=3)   # a comm: would send comm_open on the kernel's session
+    display(slider)
+    slider.value = 7
+    return slider.value
+
+values = notebook_launcher(with_a_widget, num_processes=2, cpu=True, progress="text")
+print("values", values)
+"""
+
+
+def test_widgets_made_in_a_rank_never_send_on_the_kernels_session(kernel, tmp_path):
+    """A widget created inside a forked rank sends nothing through the kernel (no 'from fork' warning)."""
+    log = str(tmp_path / "kernel.log")
+    out = kernel.run(WIDGET_CELL.format(log=log), timeout=180)
+    assert out.error is None, out.traceback
+    with open(log) as f:
+        kernel_log = f.read()
+    assert "from fork" not in kernel_log, kernel_log
+    assert "values [7, 7]" in out.stdout, out.stdout

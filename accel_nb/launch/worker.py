@@ -158,6 +158,11 @@ def _set_torch_threads(forced: int | None) -> None:
             torch.set_num_threads(wanted)
 
 
+def _drop_kernel_message(*args: Any, **kwargs: Any) -> None:
+    """Stands in for the kernel session's ``send`` inside a rank: the rank owns no kernel socket."""
+    return None
+
+
 def _detach_from_kernel() -> None:
     """In a rank forked from a Jupyter kernel: display() and input() must not use the kernel's sockets."""
     asyncio = sys.modules.get("asyncio")
@@ -181,6 +186,13 @@ def _detach_from_kernel() -> None:
             return None
 
     shell.display_pub = TextDisplayPublisher(shell=shell)
+    kernel = getattr(shell, "kernel", None)
+    session = getattr(kernel, "session", None)
+    if session is not None:
+        # Widgets and comms a rank creates (ipywidgets.IntSlider(), a library's live plot) send
+        # through the kernel's session; in a fork those sockets belong to the kernel, so such
+        # messages are dropped here instead of being refused with "send message from fork".
+        session.send = _drop_kernel_message
     import builtins
 
     def _no_input(prompt: str = "") -> str:
