@@ -18,6 +18,7 @@ import enum
 import functools
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -361,6 +362,14 @@ def split_for_process(inputs: Any, index: int, parts: int, apply_padding: bool =
     """Pure function behind ``split_between_processes``."""
     if parts == 1:
         return inputs
+    datasets = sys.modules.get("datasets")  # a datasets.Dataset can only exist once datasets is imported
+    if datasets is not None and isinstance(inputs, getattr(datasets, "Dataset", ())):
+        n = len(inputs)
+        start, stop = _share(n, index, parts)
+        rows = list(range(start, stop))
+        if apply_padding and n:
+            rows += [n - 1] * (math.ceil(n / parts) - len(rows))
+        return inputs.select(rows)  # a Dataset again, as in the reference library
     if isinstance(inputs, dict):
         lengths = {k: len(v) for k, v in inputs.items()}
         if len(set(lengths.values())) > 1:

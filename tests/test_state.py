@@ -111,6 +111,16 @@ def test_split_for_process_types():
         split_for_process(7, 0, 2)
 
 
+def test_split_for_process_of_a_datasets_dataset_gives_datasets():
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_dict({"x": list(range(5)), "y": [f"s{i}" for i in range(5)]})
+    parts = [split_for_process(data, i, 2) for i in range(2)]
+    assert all(isinstance(p, datasets.Dataset) for p in parts)
+    assert [p["x"] for p in parts] == [[0, 1, 2], [3, 4]] and parts[1]["y"] == ["s3", "s4"]
+    assert split_for_process(data, 1, 2, apply_padding=True)["x"] == [3, 4, 4]
+    assert split_for_process(data, 2, 3, apply_padding=True)["x"] == [4, 4]
+
+
 # -- real 2-rank gloo groups ----------------------------------------------------------------------
 def _topology():
     s = PartialState()
