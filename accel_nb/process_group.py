@@ -86,6 +86,11 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
                 f"machine, or allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
             )
         raise RendezvousError(f"{cause} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from exc
+    if agent_store:
+        # the agent's store outlives a restart: each attempt gets its own keys (as torch's env://
+        # does), else the restarted ranks read the dead ranks' addresses
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
     try:
         dist.init_process_group(
             backend=backend,

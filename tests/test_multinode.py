@@ -124,3 +124,47 @@ def test_two_machines_two_processes_each_all_reduce(tmp_path, backend):
     assert len(ranks_by_machine[0]) == len(ranks_by_machine[1]) == 2
     if backend == "static":  # machine_rank decides the global ranks
         assert sorted(ranks_by_machine[1]) == [2, 3]
+
+
+RESTART_EXAMPLE = os.path.join(ROOT, "examples", "elastic_restart.py")
+
+
+def _launch_restart_example(project: str, cfg: str, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_processes", "2", "--max_restarts", "1",
+           RESTART_EXAMPLE, "--project", project, *extra]  # fmt: skip
+    return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def _steps(project: str) -> list[dict]:
+    import json
+
+    with open(os.path.join(project, "steps.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_killed_worker_is_restarted_and_resumes_from_the_last_save_state(tmp_path):
+    import json
+
+    cfg = str(tmp_path / "default_config.yaml")
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    out = _launch_restart_example(straight, cfg)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = _launch_restart_example(killed, cfg, "--kill-rank", "1", "--kill-at-step", "7")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "rank 1: killing myself after step 7" in out.stdout
+    assert "attempt 1: resumed from" in out.stdout and "checkpoint_1 at step 6" in out.stdout
+    reference = {s["step"]: s["loss"] for s in _steps(straight)}
+    assert sorted(reference) == list(range(1, 13))
+    steps = _steps(killed)
+    first = [s for s in steps if s["attempt"] == 0]
+    second = [s for s in steps if s["attempt"] == 1]
+    assert {s["attempt"] for s in steps} == {0, 1}  # the agent restarted the ranks once
+    assert [s["step"] for s in first][:7] == list(range(1, 8))
+    assert [s["step"] for s in second] == list(range(7, 13))  # resumed after the checkpoint of step 6
+    for s in steps:
+        assert s["loss"] == reference[s["step"]], (s, reference[s["step"]])
+    with open(os.path.join(straight, "result.json")) as f, open(os.path.join(killed, "result.json")) as g:
+        a, b = json.load(f), json.load(g)
+    assert (a["attempt"], b["attempt"]) == (0, 1)
+    assert a["weights_sum"] == b["weights_sum"]
