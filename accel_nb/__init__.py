@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     # launching (notebook face)
     "notebook_launcher": ".notebook.launcher",
     "debug_launcher": ".notebook.launcher",
+    "Session": ".notebook.session",
     "LaunchError": ".launch.errors",
     "RankFailure": ".launch.errors",
     # config / hardware
@@ -120,6 +121,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .launch.errors import LaunchError, RankFailure
     from .notebook.device_map_view import show_device_map
     from .notebook.launcher import debug_launcher, notebook_launcher
+    from .notebook.session import Session
     from .notebook.wizard import config_wizard
     from .ops import (
         broadcast,

@@ -281,6 +281,11 @@ class WorkerRuntime:
             self.writer.send_frame(frame)
         return True
 
+    def run_payload(self, payload: Any) -> bool:
+        """A payload with a ``serve(runtime)`` loop (an interactive session) runs its loop; any other runs once."""
+        serve = getattr(payload, "serve", None)
+        return serve(self) if serve is not None else self.execute(payload)
+
     def report_failure(self, exc: BaseException, with_traceback: bool = True) -> bool:
         text = format_exception(exc) if with_traceback else f"{type(exc).__name__}: {exc}\n"
         self._sync_output()
@@ -343,7 +348,7 @@ def fork_main(spec: RankSpec, payload: Any, close_fds: list[int] = ()) -> NoRetu
         _own_process_group(spec.rank)
         runtime = WorkerRuntime(spec)
         runtime.setup()
-        code = 0 if runtime.execute(payload) else 1
+        code = 0 if runtime.run_payload(payload) else 1
         runtime.shutdown(succeeded=code == 0)
     except BaseException:  # noqa: BLE001 - the last resort: say something on the log, then exit
         with contextlib.suppress(Exception):
@@ -379,7 +384,7 @@ def spawn_main(argv: list[str] | None = None) -> NoReturn:
             runtime.report_failure(exc)
             code = 1
         else:
-            code = 0 if runtime.execute(payload) else 1
+            code = 0 if runtime.run_payload(payload) else 1
         runtime.shutdown(succeeded=code == 0)
     except BaseException:  # noqa: BLE001
         with contextlib.suppress(Exception):

@@ -148,6 +148,11 @@ class AccelerateMagics(Magics):
         if line.strip() in ("-h", "--help"):
             print(USAGE)
             return
+        from .session_magics import active_session, run_cell_on_session
+
+        session = active_session()
+        if session is not None:  # %accelerate start: the cell runs on the warm workers
+            return run_cell_on_session(self, session, line, cell)
         args = parse_accelerate_line(line)
         from .launcher import launch_payload
 
@@ -177,6 +182,14 @@ class AccelerateMagics(Magics):
             raise UsageError(
                 f"%%accelerate: the cell does not compile, nothing was launched: {exc.msg} ({where})"
             ) from None
+
+    @line_magic("accelerate")
+    def accelerate_session(self, line: str = "") -> None:
+        """``%accelerate start|status|stop|restart|push|pull``: warm workers that keep their state across cells."""
+        __tracebackhide__ = True
+        from .session_magics import session_verb
+
+        return session_verb(self.shell, line)
 
     @line_magic("accelerate_config")
     def accelerate_config(self, line: str = "") -> None:

@@ -1,0 +1,428 @@
+"""An interactive session: N warm ranks that keep their namespace and process group across commands.
+
+The lifecycle of a one-shot launch (plan -> start -> supervise -> collect) with "supervise and
+collect" repeated per command: the ranks run ``SessionLoop`` (see ``session_worker``), each
+command is supervised by a ``CellSupervisor`` and shown by a fresh reporter, exactly as a launch.
+
+    with WarmSession(LaunchOptions(num_processes=2, cpu=True)) as s:
+        s.run("import torch.distributed as dist; x = dist.get_rank()")
+        s.run("x")                     # [0, 1]
+        s.pull("x", rank=1)            # 1
+
+``accel_nb.Session`` (``accel_nb.notebook.session``) is this class with the notebook's display.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import select
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .errors import LaunchError, RankFailure
+from .options import LaunchOptions
+from .plan import LaunchPlan, make_plan
+from .reporting import ListReporter, TextReporter
+from .run import _finish
+from .run import _start_reporter as _start
+from .session_supervisor import CellOutcome, CellSupervisor
+from .session_worker import (
+    BreakGroup,
+    FormGroup,
+    Pull,
+    Push,
+    RunCode,
+    RunFunction,
+    SessionCommand,
+    SessionLoop,
+    Stop,
+    recv_message,
+    send_message,
+)
+from .start import RankProcess, start_ranks
+from .supervisor import STARTUP_GRACE_S, Supervisor
+
+STOP_GRACE_S = 3.0  # after Stop, how long ranks may take to leave before they are killed
+
+
+class SessionError(RuntimeError):
+    """The session cannot run this command as it is (not started, broken, group broken); the message says what to do."""
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _default_reporter(num_processes: int, show_ranks: Any, title: str) -> Any:
+    return TextReporter(show_ranks=show_ranks)
+
+
+class WarmSession:
+    """Warm ranks and the verbs to use them: ``start``, ``run``, ``push``, ``pull``, ``status``, ``stop``, ``restart``.
+
+    ``reporter_factory(num_processes, show_ranks, title)`` makes the display of one command.
+    """
+
+    def __init__(
+        self,
+        options: LaunchOptions,
+        reporter_factory: Callable[[int, Any, str], Any] | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.options = options
+        self.reporter_factory = reporter_factory or _default_reporter
+        self.say = say or (lambda line: print(line, flush=True))
+        self.plan: LaunchPlan | None = None
+        self.procs: list[RankProcess] = []
+        self.devices: dict[int, str] = {}
+        self.states: dict[int, str] = {}
+        self.broken: str | None = None  # why the session cannot run anything (a rank died)
+        self.group_broken: str | None = None  # why the process group cannot be used any more
+        self.cell = 0
+        self.log_dir: str | None = None
+        self._conns: dict[int, socket.socket] = {}
+        self._listener: socket.socket | None = None
+        self._lock = threading.Lock()  # one command at a time
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return bool(self.procs)
+
+    @property
+    def num_processes(self) -> int:
+        return self.plan.num_processes if self.plan is not None else 0
+
+    def __enter__(self) -> WarmSession:
+        if not self.running:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> WarmSession:
+        """Start the ranks, connect to each, form the process group; ``LaunchError`` if a rank fails to start.
+
+        Session(num_processes=2, cpu=True).start()
+        """
+        if self.running:
+            raise SessionError("the session is already running; stop() or restart() it first")
+        plan = make_plan(self.options)
+        self.plan, self.broken, self.group_broken, self.cell = plan, None, None, 0
+        self.log_dir = tempfile.mkdtemp(prefix="accel_nb-session-")
+        address = os.path.join(self.log_dir, "session.sock")
+        token = secrets.token_hex(16)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(address)
+        self._listener.listen(plan.num_processes)
+        self.say(plan.headline().replace("Launching", "Starting a session of", 1))
+        if plan.spawn_reason:
+            self.say(f"[accel_nb] using spawn instead of fork: {plan.spawn_reason}.")
+        procs: list[RankProcess] = []
+        try:
+            start_ranks(plan, SessionLoop(address, token), self.log_dir, procs)
+            self.procs = procs
+            self._accept(token)
+            self.states = {p.rank: "starting" for p in procs}
+            results = self._command(FormGroup(), None, title="session start", label="start")
+        except BaseException:
+            self._teardown()
+            raise
+        self.devices = {r: v["value"]["device"] for r, v in results.items()}
+        return self
+
+    def _accept(self, token: str) -> None:
+        """Wait for every rank's hello on the session socket; a rank that dies first is a ``LaunchError``."""
+        assert self._listener is not None
+        deadline = time.monotonic() + STARTUP_GRACE_S
+        while len(self._conns) < len(self.procs):
+            dead = [p for p in self.procs if p.poll() is not None]
+            if dead:
+                sup = Supervisor(self.procs, ListReporter(), self.log_dir or "")
+                for p in dead:
+                    sup._on_exit(p)
+                raise LaunchError(list(sup.outcome.failures.values()), log_dir=self.log_dir)
+            if time.monotonic() > deadline:
+                raise SessionError(f"the ranks did not connect within {STARTUP_GRACE_S:.0f} s (logs: {self.log_dir})")
+            ready, _, _ = select.select([self._listener], [], [], 0.05)
+            if not ready:
+                continue
+            conn, _ = self._listener.accept()
+            conn.settimeout(30)
+            kind, rank, their_token, _pid = recv_message(conn)
+            conn.settimeout(None)
+            if kind != "hello" or their_token != token:
+                conn.close()
+                continue
+            self._conns[rank] = conn
+
+    def stop(self) -> None:
+        """Stop every rank (no process is left); the session can be started again."""
+        if not self.procs:
+            return
+        for conn in self._conns.values():
+            with contextlib.suppress(OSError):
+                send_message(conn, Stop())
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
+            time.sleep(0.02)
+        self._teardown()
+        self.states = {}
+
+    def _teardown(self) -> None:
+        Supervisor(self.procs, ListReporter(), self.log_dir or "").cleanup()  # kills and reaps what is left
+        for conn in self._conns.values():
+            with contextlib.suppress(OSError):
+                conn.close()
+        self._conns.clear()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        self.procs = []
+        keep = self.options.keep_logs
+        if keep is None:
+            keep = os.environ.get("ACCEL_NB_KEEP_LOGS", "") not in ("", "0")
+        if self.log_dir and not keep and not self.broken:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def restart(self) -> WarmSession:
+        """Stop and start again with the same options (fresh namespaces, a fresh process group)."""
+        self.stop()
+        return self.start()
+
+    # -- verbs ------------------------------------------------------------------------------------
+    def run(self, code_or_function: Any, rank: int | None = None, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Run code (its last expression is the value) or ``function(*args, **kwargs)`` on every rank (or ``rank``).
+
+        s.run("x = torch.ones(2) * PartialState().process_index; x.sum().item()")   # [0.0, 2.0]
+        """
+        label = f"cell {self.cell + 1}"
+        if isinstance(code_or_function, str):
+            command: SessionCommand = RunCode(
+                code_or_function, f"<session-cell-{self.cell + 1}>", show_value=False, send_value=True
+            )
+        else:
+            command = RunFunction(code_or_function, args, kwargs)
+        results = self._command(command, rank, title=command.describe(), label=label)
+        values = {r: v["value"] for r, v in results.items()}
+        return values[rank] if rank is not None else [values[r] for r in sorted(values)]
+
+    def run_cell(
+        self,
+        source: str,
+        filename: str,
+        rank: int | None = None,
+        return_names: tuple[str, ...] = (),
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Run a notebook cell: the last expression is printed per rank; returns rank ``rank`` (or 0)'s ``return_names``."""
+        return_rank = rank if rank is not None else 0
+        command = RunCode(source, filename, return_names=return_names, return_rank=return_rank)
+        number = filename.rsplit("-", 1)[-1].rstrip(">")
+        label = f"cell {number}" if number.isdigit() else f"cell {self.cell + 1}"
+        results = self._command(command, rank, title=filename, timeout=timeout, label=label)
+        return results[return_rank]["names"] if return_rank in results else {}
+
+    def push(self, **values: Any) -> None:
+        """Copy ``values`` into every rank's namespace (cloudpickled: notebook functions travel by value).
+
+        s.push(lr=1e-3, data=tensor)
+        """
+        self._command(Push(values), None, title="push", quiet=True, label="push " + ", ".join(values))
+
+    def pull(self, name: str, rank: int = 0) -> Any:
+        """Rank ``rank``'s variable ``name`` (tensors and modules on the CPU).
+
+        metric = s.pull("accuracy")
+        """
+        return self._command(Pull(name), rank, title=f"pull {name}", quiet=True, label=f"pull {name}")[rank]["value"]
+
+    def status(self) -> list[dict[str, Any]]:
+        """One dict per rank: ``rank``, ``pid``, ``device``, ``memory`` (resident bytes), ``state``."""
+        self._notice_deaths()
+        return [
+            {
+                "rank": p.rank,
+                "pid": p.pid,
+                "device": self.devices.get(p.rank, "?"),
+                "memory": _rss_bytes(p.pid) if p.poll() is None else None,
+                "state": self.states.get(p.rank, "?"),
+            }
+            for p in self.procs
+        ]
+
+    def describe(self) -> str:
+        """A one-line state of the whole session (running, broken, group broken)."""
+        if not self.running:
+            return "no session is running"
+        self._notice_deaths()
+        head = f"session of {self.num_processes} ranks ({self.plan.backend}, {self.plan.start_method})"
+        if self.broken:
+            return f"{head}: BROKEN: {self.broken}; restart it"
+        if self.group_broken:
+            return f"{head}: process group broken: {self.group_broken}; pull what you need, then restart"
+        return f"{head}: {self.cell} cell{'s' if self.cell != 1 else ''} run"
+
+    # -- one command --------------------------------------------------------------------------------
+    def _notice_deaths(self) -> None:
+        for p in self.procs:
+            if p.poll() is not None and self.states.get(p.rank) != "dead":
+                self.states[p.rank] = "dead"
+                if not self.broken:
+                    failure = Supervisor(self.procs, ListReporter(), self.log_dir or "")._death(p.rank, p.returncode)
+                    self.broken = failure.summary()
+
+    def _check_usable(self, command: SessionCommand, ranks: list[int]) -> None:
+        if not self.running:
+            raise SessionError("no session is running; start it with Session.start() or %accelerate start")
+        bad = [r for r in ranks if not 0 <= r < self.num_processes]
+        if bad:
+            raise SessionError(f"rank {bad[0]} does not exist: the session has ranks 0..{self.num_processes - 1}")
+        self._notice_deaths()
+        if self.broken:
+            raise SessionError(
+                f"the session is broken ({self.broken}); restart it: Session.restart() or %accelerate restart"
+            )
+        if self.group_broken and not isinstance(command, (Pull, Push)):
+            raise SessionError(
+                f"the process group is broken ({self.group_broken}): collectives would fail or hang. "
+                "Pull what you need (%accelerate pull NAME), then restart (%accelerate restart)"
+            )
+
+    def _command(
+        self,
+        command: SessionCommand,
+        rank: int | None,
+        *,
+        title: str,
+        label: str,
+        quiet: bool = False,
+        timeout: float | None = None,
+    ) -> dict[int, Any]:
+        """Send ``command`` to ``rank`` (None: every rank), supervise it, return each rank's answer."""
+        __tracebackhide__ = True
+        ranks = list(range(self.num_processes)) if rank is None else [rank]
+        self._check_usable(command, ranks)
+        with self._lock:
+            if label.startswith("cell"):
+                self.cell += 1
+            cell = label
+            show = rank if rank is not None else "all"
+            reporter = TextReporter(show_ranks=show) if quiet else self.reporter_factory(self.num_processes, show, title)
+            reporter = _start(reporter, self.num_processes, {"title": title, "log_dir": self.log_dir})
+            procs = [self.procs[r] for r in ranks]
+            self._pass_on_earlier_events(reporter)
+            for p in procs:
+                try:
+                    send_message(self._conns[p.rank], command)
+                except OSError:  # its end is closed: the supervisor reads how it died
+                    pass
+                self.states[p.rank] = f"running {cell}"
+            supervisor = CellSupervisor(
+                procs, reporter, self.log_dir or "", timeout=timeout or self.options.timeout, on_stuck=self._free_stuck
+            )
+            try:
+                outcome = supervisor.run()
+            except KeyboardInterrupt:
+                self._after(supervisor.outcome, cell)
+                _finish(reporter, False, "interrupted: " + self._interrupted_note(supervisor.outcome))
+                raise
+            self._after(outcome, cell)
+            if outcome.failures or outcome.hung_after is not None:
+                error = self._error(outcome, cell)
+                _finish(reporter, False, error.failures[0].summary() if error.failures else error.headline)
+                raise error
+            _finish(reporter, True, None)
+            return {r: outcome.results[r] for r in ranks if r in outcome.results}
+
+    def _pass_on_earlier_events(self, reporter: Any) -> None:
+        """What ranks printed between commands (a background thread) goes to this command's display."""
+        from ..events import Failure, Heartbeat, Phase, Result
+
+        for p in self.procs:
+            for event in p.reader.read_available():
+                if not isinstance(event, (Heartbeat, Phase, Result, Failure)):
+                    with contextlib.suppress(Exception):
+                        reporter.handle(event)
+
+    def _free_stuck(self, stuck: list[int]) -> None:
+        """Close the process group on the ranks that are not stuck: a peer waiting on them in a collective is freed."""
+        for rank, conn in self._conns.items():
+            if rank not in stuck:
+                with contextlib.suppress(OSError):
+                    send_message(conn, BreakGroup())
+
+    def _after(self, outcome: CellOutcome, cell: str) -> None:
+        """Record what the command did to the ranks and to the session."""
+        for p in self.procs:
+            if p.poll() is not None:
+                self.states[p.rank] = "dead"
+            elif p.rank in outcome.failures or p.rank in outcome.stopped:
+                self.states[p.rank] = f"failed in {cell}"
+            elif self.states.get(p.rank, "").startswith("running"):
+                self.states[p.rank] = "idle"
+        dead = [f for f in outcome.failures.values() if f.signal is not None or f.exc_type in ("ExitCode", "Stuck")]
+        if dead and not self.broken:
+            self.broken = dead[0].summary()
+        if outcome.group_broken and not self.group_broken:
+            stuck = ", ".join(str(r) for r in sorted(outcome.stuck_stacks) or ["?"])
+            self.group_broken = (
+                f"in {cell}, rank(s) {stuck} stayed stuck (in a collective) and were freed by closing the group"
+            )
+
+    def _interrupted_note(self, outcome: CellOutcome) -> str:
+        if self.broken:
+            return f"a rank had to be killed, the session is broken ({self.broken}); restart it"
+        if self.group_broken:
+            return f"the process group is broken ({self.group_broken}); restart it"
+        return "every rank stopped the cell (stacks above); the session is still usable"
+
+    def _error(self, outcome: CellOutcome, cell: str) -> LaunchError:
+        failures = list(outcome.failures.values())
+        stopped = [r for r in outcome.stopped if r not in outcome.failures]
+        first = next((f for f in failures if f.first), failures[0] if failures else None)
+        if first is None:  # the hang watchdog ended it
+            what = f"{cell} hung: no rank made progress for {outcome.hung_after:.0f} s; each rank was interrupted"
+            failures = [RankFailure(r, "Hang", "interrupted by the hang watchdog") for r in stopped]
+        else:
+            what = f"{cell}: " + first.summary().replace(
+                f"rank {first.rank} ", f"rank {first.rank} (first to fail) ", 1
+            )
+        if self.broken:
+            then = f"the session is broken ({self.broken}): restart it"
+        elif self.group_broken:
+            then = (
+                f"the process group is broken ({self.group_broken}): pull what you need, then restart the session"
+            )
+        else:
+            then = "the workers are alive and their namespaces intact: fix the cell and run it again"
+        if outcome.stuck_stacks:
+            where = "; ".join(
+                f"rank {r} was at: {_last_user_line(t)}" for r, t in sorted(outcome.stuck_stacks.items())
+            )
+            then = f"{where}. {then}"
+        return LaunchError(failures, headline=f"{what}\n{then}", stopped=stopped)
+
+
+def _last_user_line(stacks: str) -> str:
+    """Where the main thread is, from faulthandler's text: its innermost frame outside installed packages."""
+    blocks = [b for b in stacks.split("\n\n") if "File " in b]
+    main = next((b for b in blocks if "Current thread" in b), blocks[0] if blocks else "")
+    frames = [ln.strip() for ln in main.splitlines() if ln.strip().startswith("File ")]
+    if not frames:
+        return "(no stack)"
+    inside = [f for f in frames if "site-packages" not in f and "/lib/python" not in f]
+    where = inside[0] if inside else frames[0]
+    return where if where == frames[0] else f"{where} (inside {frames[0].rsplit(' in ', 1)[-1]})"

@@ -1,0 +1,210 @@
+"""Watch one command of an interactive session until every rank has answered; the ranks stay alive.
+
+The same ``Supervisor`` as a one-shot launch (events, reporter, peer-lost rules, deaths, stacks),
+with another ending: a rank is done with the command when it sent its ``Result`` or ``Failure``,
+not when its process exits. A failure does not stop the other ranks. A rank still running the
+command once another failed (or after the user pressed stop, or the hang watchdog fired) goes
+through three steps, each only if the last did not end it:
+
+1. its Python stacks are shown and it gets SIGINT (``KeyboardInterrupt`` in its code);
+2. ``on_stuck`` is called (the session closes the process group on the ranks that are done, which
+   frees a peer waiting in a collective; the group is then broken);
+3. it is killed (the session is then broken).
+
+    outcome = CellSupervisor(procs, reporter, log_dir, on_stuck=session._free_stuck).run()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..events import Event, Failure, Result, Stacks
+from .errors import RankFailure
+from .start import RankProcess
+from .supervisor import FAILURE_GRACE_S, STACKS_WAIT_S, Outcome, Supervisor, clean_stacks
+from .worker import STACKS_SIGNAL, stacks_path
+
+INTERRUPT_GRACE_S = 2.0  # after SIGINT, how long a rank may take to raise KeyboardInterrupt and answer
+FREE_GRACE_S = 5.0  # after the group was closed under a stuck rank, how long until it is killed
+
+
+class CellOutcome(Outcome):
+    """``Outcome`` plus what happened to the session: ``group_broken``, ``killed`` ranks, ``interrupted``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.group_broken = False
+        self.killed: list[int] = []
+        self.interrupted = False
+        self.stuck_stacks: dict[int, str] = {}
+
+
+class CellSupervisor(Supervisor):
+    """Supervise one session command on ``procs``; ``run()`` returns when each has answered or died."""
+
+    def __init__(
+        self,
+        procs: list[RankProcess],
+        reporter: Any,
+        log_dir: str,
+        timeout: float | None = None,
+        on_stuck: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        super().__init__(procs, reporter, log_dir, timeout=timeout)
+        self.outcome = CellOutcome()
+        self.on_stuck = on_stuck
+        self.answered: set[int] = set()
+        self._signalled: set[int] = set()  # ranks sent SIGINT by this supervisor
+        self._step = 0  # 0: running; 1: SIGINT sent; 2: group closed; 3: killed
+        self._step_at = 0.0
+        self._why = "failure"
+
+    # -- events ---------------------------------------------------------------------------------
+    def _handle(self, event: Event) -> None:
+        if isinstance(event, (Result, Failure)):
+            self.answered.add(event.rank)
+        if isinstance(event, Failure) and event.rank in self._signalled:
+            # stopped by this supervisor (SIGINT, or the group closed under it): not a failure of its own
+            if event.rank not in self.outcome.stopped:
+                self._report(event)
+                self._mark_stopped(event.rank)
+            return
+        super()._handle(event)
+
+    # -- stacks of some ranks -------------------------------------------------------------------
+    def stacks_of(self, procs: list[RankProcess]) -> dict[int, str]:
+        """The Python stacks of ``procs`` (faulthandler appends to a file per rank: read what is new)."""
+        sizes = {}
+        for p in procs:
+            try:
+                sizes[p.rank] = os.path.getsize(stacks_path(self.log_dir, p.rank))
+            except OSError:
+                sizes[p.rank] = 0
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, STACKS_SIGNAL)
+        deadline = time.monotonic() + STACKS_WAIT_S
+        stacks: dict[int, str] = {}
+        while time.monotonic() < deadline and len(stacks) < len(procs):
+            time.sleep(0.05)
+            for p in procs:
+                path = stacks_path(self.log_dir, p.rank)
+                with contextlib.suppress(OSError), open(path, "rb") as f:
+                    f.seek(sizes[p.rank])
+                    text = f.read().decode("utf-8", "replace")
+                    if text.strip():
+                        stacks[p.rank] = text
+        time.sleep(0.05)  # let faulthandler finish writing
+        for p in procs:
+            with contextlib.suppress(OSError), open(stacks_path(self.log_dir, p.rank), "rb") as f:
+                f.seek(sizes[p.rank])
+                text = f.read().decode("utf-8", "replace")
+                if text.strip():
+                    stacks[p.rank] = clean_stacks(text) or text
+        return stacks
+
+    # -- ending a command that will not end by itself -------------------------------------------
+    def _still_running(self) -> list[RankProcess]:
+        return [p for p in self.procs if p.rank not in self.answered and p.alive]
+
+    def _interrupt_running(self, why: str) -> None:
+        """Step 1: show where the running ranks are, then raise KeyboardInterrupt in them."""
+        running = self._still_running()
+        self._why = why
+        self._step, self._step_at = 1, time.monotonic()
+        stacks = self.stacks_of(running)
+        self.outcome.stuck_stacks.update(stacks)
+        for rank, text in sorted(stacks.items()):
+            self._report(Stacks(rank=rank, text=text, reason=why))
+        for p in running:
+            self._signalled.add(p.rank)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGINT)  # the rank alone: its DataLoader workers are not interrupted
+
+    def _advance(self, now: float) -> None:
+        running = self._still_running()
+        if not running:
+            return
+        if self._step == 0:
+            if self._first_failure_at is not None and now - self._first_failure_at >= FAILURE_GRACE_S:
+                self._interrupt_running("interrupt")  # shown as "stacks when stopped"
+            return
+        if self._step == 1 and now - self._step_at >= INTERRUPT_GRACE_S:
+            self._step, self._step_at = 2, now
+            self.outcome.group_broken = True
+            if self.on_stuck is not None:
+                self.on_stuck([p.rank for p in running])
+        elif self._step == 2 and now - self._step_at >= FREE_GRACE_S:
+            self._step, self._step_at = 3, now
+            for p in running:
+                self.outcome.killed.append(p.rank)
+                p.signal_group(signal.SIGKILL)
+
+    def _on_exit(self, proc: RankProcess) -> None:
+        if proc.rank in self.outcome.killed:
+            self._drain(proc)
+            self.outcome.failures.setdefault(
+                proc.rank,
+                RankFailure(
+                    proc.rank,
+                    "Stuck",
+                    "it did not answer SIGINT nor the closing of the process group, so it was killed",
+                    self.outcome.stuck_stacks.get(proc.rank, ""),
+                ),
+            )
+            return
+        super()._on_exit(proc)
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> CellOutcome:
+        """Supervise until every rank answered or died; a KeyboardInterrupt ends the command on every rank, then propagates."""
+        sel = selectors.DefaultSelector()
+        for p in self.procs:
+            if not p.reader.eof:
+                sel.register(p.reader.fd, selectors.EVENT_READ, p)
+        waiting = {p.rank: p for p in self.procs}
+        try:
+            while waiting:
+                try:
+                    self._loop_once(sel, waiting)
+                except KeyboardInterrupt:
+                    if self.outcome.interrupted:
+                        continue  # a second stop: the steps above are already under way
+                    self.outcome.interrupted = True
+                    self._interrupt_running("interrupt")
+        finally:
+            sel.close()
+        if self.outcome.interrupted:
+            raise KeyboardInterrupt
+        return self.outcome
+
+    def _loop_once(self, sel: selectors.BaseSelector, waiting: dict[int, RankProcess]) -> None:
+        for key, _ in sel.select(timeout=0.05):
+            proc: RankProcess = key.data
+            for event in proc.reader.read_available():
+                self._handle(event)
+            if proc.reader.eof:
+                sel.unregister(key.fd)
+        for rank, proc in list(waiting.items()):
+            if proc.poll() is not None:
+                del waiting[rank]
+                if not proc.reader.eof:
+                    with contextlib.suppress(KeyError, ValueError):
+                        sel.unregister(proc.reader.fd)
+                self._on_exit(proc)
+            elif rank in self.answered:
+                del waiting[rank]
+        now = time.monotonic()
+        self._settle_peer_lost(now, final=not waiting)
+        self._advance(now)
+        self._tick()
+        if self.timeout is not None and waiting and self._step == 0 and not self.outcome.failures:
+            idle = now - self._last_progress
+            if idle >= self.timeout:
+                self.outcome.hung_after = idle
+                self._interrupt_running("hang")

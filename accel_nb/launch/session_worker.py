@@ -1,0 +1,246 @@
+"""The rank side of an interactive session: a loop that runs commands one after another in one namespace.
+
+A session starts its ranks with a ``SessionLoop`` payload (through the same ``start_ranks`` and
+worker entry as a one-shot launch). The loop connects back to the parent over a Unix socket,
+then waits for commands. Each command (``RunCode``, ``RunFunction``, ``Push``, ``Pull``,
+``FormGroup``) is a payload run by ``WorkerRuntime.execute``: its output, progress, result and
+failure travel over the rank's event channel exactly as in a one-shot launch. A failing command
+leaves the loop, the process and the namespace alive.
+
+    loop = SessionLoop("/tmp/accel_nb-session-x/session.sock", token)   # what every rank runs
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import pickle
+import socket
+import struct
+import sys
+from typing import Any
+
+from .payload import _split_last_expression, register_sources
+
+_HEADER = struct.Struct("!Q")
+
+
+# ------------------------------------------------------------------------------------- framing
+def send_message(sock: socket.socket, message: Any) -> None:
+    """Send one cloudpickled message (8-byte length first)."""
+    import cloudpickle
+
+    data = cloudpickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(min(size - len(chunks), 1 << 20))
+        if not chunk:
+            raise EOFError("the session's parent closed the connection")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def recv_message(sock: socket.socket) -> Any:
+    """Receive one message sent by ``send_message``; ``EOFError`` when the other side is gone."""
+    (size,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return pickle.loads(_recv_exact(sock, size))
+
+
+# ------------------------------------------------------------------------------------- commands
+def new_namespace() -> dict[str, Any]:
+    """A rank's persistent namespace: what a fresh notebook starts with."""
+    return {"__name__": "__main__", "__builtins__": builtins}
+
+
+class SessionCommand:
+    """A payload that runs in the rank's persistent namespace (set by the loop before it runs)."""
+
+    kind = "session"
+    namespace: dict[str, Any]
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def unsendable(self, rank: int, value: Any, error: BaseException) -> str:
+        return (
+            f"rank {rank}'s value is a {type(value).__module__}.{type(value).__qualname__} that cannot be sent "
+            f"back to the notebook ({type(error).__name__}: {error}); keep it on the workers or send plain data"
+        )
+
+
+class RunCode(SessionCommand):
+    """Run a cell's source; show (``show_value``) and/or send back (``send_value``) its last expression.
+
+    The value sent back is ``{"value": last expression or None, "names": {name: value}}``; ``names``
+    holds ``return_names`` on rank ``return_rank``.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        filename: str = "<session-cell>",
+        *,
+        show_value: bool = True,
+        send_value: bool = False,
+        return_names: tuple[str, ...] = (),
+        return_rank: int = 0,
+    ) -> None:
+        self.source = source
+        self.return_rank = return_rank
+        self.filename = filename
+        self.show_value = show_value
+        self.send_value = send_value
+        self.return_names = tuple(return_names)
+        _split_last_expression(source, filename)  # a SyntaxError here, in the notebook
+
+    def describe(self) -> str:
+        return self.filename
+
+    def run(self, rank: int) -> Any:
+        register_sources({self.filename: self.source.splitlines(keepends=True)})
+        ns = self.namespace
+        body, last = _split_last_expression(self.source, self.filename)
+        exec(body, ns)
+        value = eval(last, ns) if last is not None else None
+        if value is not None and self.show_value:
+            print(repr(value), flush=True)
+        if rank != self.return_rank:
+            return {"value": value if self.send_value else None, "names": {}}
+        missing = [n for n in self.return_names if n not in ns]
+        if missing:
+            raise NameError(
+                f"--return asked for {', '.join(missing)} but rank {rank}'s namespace has no such name"
+            )
+        return {
+            "value": value if self.send_value else None,
+            "names": {n: ns[n] for n in self.return_names},
+        }
+
+
+class RunFunction(SessionCommand):
+    """Call ``function(*args, **kwargs)``; a function defined in the notebook reads the rank's namespace as its globals."""
+
+    def __init__(self, function: Any, args: tuple = (), kwargs: dict | None = None) -> None:
+        if not callable(function):
+            raise TypeError(f"Session.run needs code (a string) or a function, got {type(function).__name__}")
+        self.function = function
+        self.args = tuple(args)
+        self.kwargs = dict(kwargs or {})
+
+    def describe(self) -> str:
+        return getattr(self.function, "__qualname__", None) or repr(self.function)
+
+    def run(self, rank: int) -> Any:
+        import types
+
+        fn = self.function
+        if isinstance(fn, types.FunctionType) and fn.__module__ == "__main__":
+            fn = types.FunctionType(fn.__code__, self.namespace, fn.__name__, fn.__defaults__, fn.__closure__)
+            fn.__kwdefaults__ = self.function.__kwdefaults__
+        return {"value": fn(*self.args, **self.kwargs), "names": {}}
+
+
+class Push(SessionCommand):
+    """Put ``values`` into the rank's namespace."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.values = dict(values)
+
+    def describe(self) -> str:
+        return "push " + ", ".join(self.values)
+
+    def run(self, rank: int) -> Any:
+        self.namespace.update(self.values)
+        return {"value": None, "names": {}}
+
+
+class Pull(SessionCommand):
+    """Send back the rank's ``name`` (tensors and modules moved to the CPU by the worker)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def describe(self) -> str:
+        return f"pull {self.name}"
+
+    def run(self, rank: int) -> Any:
+        if self.name not in self.namespace:
+            raise NameError(f"rank {rank} has no variable {self.name!r}; define it in a cell or push it first")
+        return {"value": self.namespace[self.name], "names": {}}
+
+
+class FormGroup(SessionCommand):
+    """Join the launch's process group (``PartialState``: gloo on CPU, nccl on GPUs); reports the device."""
+
+    def describe(self) -> str:
+        return "session start"
+
+    def run(self, rank: int) -> Any:
+        from ..state import PartialState
+
+        state = PartialState()
+        return {"value": {"device": str(state.device), "pid": os.getpid()}, "names": {}}
+
+
+class BreakGroup(SessionCommand):
+    """Close this rank's side of the process group (frees peers stuck in a collective); no result is sent."""
+
+    silent = True
+
+    def run(self, rank: int) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return None
+        import torch.distributed as dist
+
+        with contextlib.suppress(Exception):  # the group may already be half gone: closing is all we want
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+        return None
+
+
+class Stop(SessionCommand):
+    """Leave the loop: the rank shuts down."""
+
+
+# ------------------------------------------------------------------------------------- the loop
+class SessionLoop:
+    """What each rank of a session runs: connect to the parent, then run its commands until ``Stop``."""
+
+    kind = "session"
+
+    def __init__(self, address: str, token: str) -> None:
+        self.address = address
+        self.token = token
+
+    def describe(self) -> str:
+        return "session"
+
+    def serve(self, runtime: Any) -> bool:
+        """The rank's whole life in a session; False (no exit barrier) when it ends."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.address)
+        send_message(sock, ("hello", runtime.rank, self.token, os.getpid()))
+        namespace = new_namespace()
+        while True:
+            try:
+                command = recv_message(sock)
+            except KeyboardInterrupt:  # an interrupt meant for a cell that had already ended
+                continue
+            except (EOFError, OSError):
+                return False
+            if isinstance(command, Stop):
+                return False
+            command.namespace = namespace
+            try:
+                if getattr(command, "silent", False):
+                    command.run(runtime.rank)
+                else:
+                    runtime.execute(command)
+            except KeyboardInterrupt:  # arrived after the command had reported: nothing to undo
+                continue

@@ -1,0 +1,117 @@
+"""``accel_nb.Session``: warm workers that keep their state across cells, with the notebook's display.
+
+    from accel_nb import Session
+
+    with Session(num_processes=2, cpu=True) as s:
+        s.run("from accel_nb import PartialState; rank = PartialState().process_index")
+        s.run("rank * 10")            # [0, 10]
+        s.push(lr=0.1)
+        s.pull("rank", rank=1)        # 1
+
+Each command shows itself as a launch does (a live widget in Jupyter, text elsewhere). The
+workers start with an empty namespace; ``push`` sends notebook values (cloudpickled).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from ..launch.options import LaunchOptions
+from ..launch.session import SessionError, WarmSession
+from ..utils import human_bytes
+from .display import make_reporter, widget_frontend_available
+from .launcher import _reject_unknown
+
+__all__ = ["Session", "SessionError", "show_status", "status_text"]
+
+
+class Session(WarmSession):
+    """N warm ranks (gloo on CPU, nccl on GPUs) with a persistent namespace each; a context manager.
+
+    Takes the options of ``notebook_launcher`` (``num_processes``, ``mixed_precision``,
+    ``start_method``, ``cpu``, ``timeout``, ``use_port``, ``env``, ``progress``, ...).
+
+        s = Session(num_processes=2, cpu=True).start()
+        s.run("x = 1")
+        s.stop()
+    """
+
+    def __init__(
+        self,
+        num_processes: int | None = None,
+        mixed_precision: str | None = None,
+        start_method: str = "auto",
+        cpu: bool = False,
+        **options: Any,
+    ) -> None:
+        _reject_unknown("Session", options)
+        launch_options = LaunchOptions(
+            num_processes=num_processes, mixed_precision=mixed_precision, start_method=start_method, cpu=cpu, **options
+        )
+        super().__init__(launch_options, reporter_factory=self._make_reporter)
+
+    @classmethod
+    def from_options(cls, options: LaunchOptions) -> Session:
+        """A session for already checked ``options`` (what ``%accelerate start`` builds)."""
+        session = cls.__new__(cls)
+        WarmSession.__init__(session, options, reporter_factory=session._make_reporter)
+        return session
+
+    def _make_reporter(self, num_processes: int, show_ranks: Any, title: str) -> Any:
+        return make_reporter(num_processes, progress=self.options.progress, show_ranks=show_ranks, title=title)
+
+    def show_status(self) -> None:
+        """Show ``status()`` as a table: a widget in Jupyter, text elsewhere."""
+        show_status(self)
+
+    def __repr__(self) -> str:
+        return f"<Session: {self.describe()}>"
+
+
+def status_text(session: WarmSession) -> str:
+    """The session's state and one line per rank: pid, device, resident memory, state."""
+    lines = [session.describe()]
+    rows = session.status()
+    if rows:
+        lines.append(f"{'rank':>4}  {'pid':>7}  {'device':<8}  {'memory':>9}  state")
+        for row in rows:
+            memory = human_bytes(row["memory"]) if row["memory"] is not None else "-"
+            lines.append(f"{row['rank']:>4}  {row['pid']:>7}  {row['device']:<8}  {memory:>9}  {row['state']}")
+    return "\n".join(lines)
+
+
+def status_html(session: WarmSession) -> str:
+    """The same table as ``status_text``, as HTML for the status widget."""
+    rows = session.status()
+    cells = "".join(
+        "<tr>"
+        + "".join(
+            f"<td style='padding:0 8px'>{html.escape(str(v))}</td>"
+            for v in (
+                r["rank"],
+                r["pid"],
+                r["device"],
+                human_bytes(r["memory"]) if r["memory"] is not None else "-",
+                r["state"],
+            )
+        )
+        + "</tr>"
+        for r in rows
+    )
+    head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in ("rank", "pid", "device", "memory (RSS)", "state"))
+    return (
+        f"<div class='accel-nb-session'><b>{html.escape(session.describe())}</b>"
+        f"<table><tr>{head}</tr>{cells}</table></div>"
+    )
+
+
+def show_status(session: WarmSession) -> None:
+    """Display the status table: an ``ipywidgets.HTML`` in a Jupyter kernel, printed text elsewhere."""
+    if widget_frontend_available():
+        import ipywidgets
+        from IPython.display import display
+
+        display(ipywidgets.HTML(value=status_html(session)))
+        return
+    print(status_text(session))
