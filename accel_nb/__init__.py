@@ -8,8 +8,9 @@ costs little more than ``import torch`` and never pulls in IPython, ipywidgets o
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from .lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -74,13 +75,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS) + ["__version__", "load_ipython_extension"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_nb' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # cache: the next lookup is a plain dict hit
-    return value
+__getattr__ = lazy_exports(globals(), _EXPORTS)[0]
 
 
 def __dir__() -> list[str]:

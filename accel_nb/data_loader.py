@@ -8,8 +8,7 @@ Nothing is defined here; each name is the one implementation in ``accel_nb.data`
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from .lazy_exports import lazy_exports
 
 _EXPORTS = {
     "DataLoaderShard": "accel_nb.data",
@@ -24,14 +23,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_nb.data_loader' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import re
 
+from .lazy_exports import lazy_exports
+
 _SIZE_UNITS = {
     "b": 1,
     "kb": 10**3,
@@ -147,12 +149,4 @@ _REFERENCE_PATHS: dict[str, str] = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> object:
-    module = _REFERENCE_PATHS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'accel_nb.utils' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module, __package__), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(globals(), _REFERENCE_PATHS)
