@@ -121,6 +121,37 @@ class StateViews:
     def on_process(self, function: Any = None, process_index: int = 0) -> Any:
         return self.state.on_process(function, process_index=process_index)
 
+    def on_last_process(self, function: Any) -> Any:
+        return self.state.on_last_process(function)
+
+    def on_local_process(self, function: Any = None, local_process_index: int = 0) -> Any:
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    # -- a stop flag any process can raise --------------------------------------------------------
+    def set_trigger(self) -> None:
+        """Raise this process's flag: the next ``check_trigger()`` is True on every process.
+
+            if loss.item() < target:
+                accelerator.set_trigger()
+            if accelerator.check_trigger():   # on every process, at the same step
+                break
+        """
+        self._trigger_raised = True
+
+    def check_trigger(self) -> bool:
+        """True on every process when any process called ``set_trigger()`` since the last True.
+
+        A collective (every process must call it at the same point); the flag is lowered again
+        when it reports True.
+        """
+        from .ops import reduce
+
+        flag = torch.tensor(int(getattr(self, "_trigger_raised", False)), device=self.device)
+        if int(reduce(flag, "sum").item()) >= 1:
+            self._trigger_raised = False
+            return True
+        return False
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the main process only."""
         self.state.print(*args, **kwargs)

@@ -303,20 +303,42 @@ class PartialState:
         return wrapper
 
     def on_process(self, function: Callable[..., Any] | None = None, process_index: int = 0) -> Any:
-        """Decorator: the function runs on ``process_index`` only (returns None elsewhere)."""
+        """Decorator: the function runs on ``process_index`` only (returns None elsewhere).
+
+        With one process it always runs, as in the reference library.
+        """
         if function is None:
             return functools.partial(self.on_process, process_index=process_index)
 
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if self.process_index == process_index:
+            if self.process_index == process_index or self.num_processes == 1:
                 return function(*args, **kwargs)
             return None
 
         return wrapper
 
     def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: the function runs on the last process only (returns None elsewhere)."""
         return self.on_process(function, process_index=self.num_processes - 1)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
+        """Decorator: the function runs on the process of each machine with ``local_process_index``
+        (always with one process, as in the reference library).
+
+            @state.on_local_process(local_process_index=1)
+            def warm_cache(): ...
+        """
+        if function is None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.local_process_index == local_process_index or self.num_processes == 1:
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
 
     # -- work splitting -------------------------------------------------------------------------
     @contextlib.contextmanager

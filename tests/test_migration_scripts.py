@@ -88,11 +88,6 @@ def test_renamed_script_gives_the_reference_results(tmp_path, script, args):
     assert _same(ours, theirs), f"accel_nb {ours}\nreference {theirs}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core (accelerator.py): Accelerator.set_trigger() / check_trigger() (a flag any process sets, "
-    "read by all through an all-reduce, then cleared)",
-)
 def test_early_stopping_with_triggers_gives_the_reference_results(tmp_path):
     ours, theirs = _both(tmp_path, "early_stopping.py")
     assert _same(ours, theirs), f"accel_nb {ours}\nreference {theirs}"

@@ -198,6 +198,8 @@ def _print_and_decorators():
     s.on_main_process(lambda: ran.append("main"))()
     s.on_process(lambda: ran.append("last"), process_index=1)()
     s.on_local_main_process(lambda: ran.append("local"))()
+    s.on_last_process(lambda: ran.append("on_last"))()
+    s.on_local_process(local_process_index=1)(lambda: ran.append("local 1"))()
     return buf.getvalue(), ran
 
 
@@ -205,7 +207,26 @@ def _print_and_decorators():
 def test_print_and_decorators():
     res = run_ranks(_print_and_decorators, 2)
     assert res[0] == ("hello from 0\n", ["main", "local"])
-    assert res[1] == ("", ["last"])
+    assert res[1] == ("", ["last", "on_last", "local 1"])
+    # with one process every decorated function runs, as in the reference library
+    assert run_ranks(_print_and_decorators, 1) == [("hello from 0\n", ["main", "last", "local", "on_last", "local 1"])]
+
+
+def _triggers():
+    from accel_nb import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    seen = []
+    for step in range(4):
+        if step == 1 and accelerator.process_index == 1:
+            accelerator.set_trigger()  # one process alone raises it
+        seen.append(accelerator.check_trigger())
+    return seen
+
+
+@pytest.mark.multiproc
+def test_a_trigger_set_on_one_process_is_seen_by_all_once():
+    assert run_ranks(_triggers, 2) == [[False, True, False, False]] * 2
 
 
 def _destroy_and_rejoin():
