@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import ops
-from .accelerator_options import handler_options, project_configuration, warn_once
+from .accelerator_options import handler_options, project_configuration
 from .accelerator_views import StateViews
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
@@ -40,6 +40,7 @@ from .state import (
     GradientState,
     env_value,
 )
+from .tracking import find_tracker, log_to_trackers, resolve_log_with, start_trackers
 
 __all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
 
@@ -58,8 +59,9 @@ class Accelerator(StateViews):
     (where it returns to 0 so every epoch starts a fresh accumulation window).
 
     ``rng_types`` (e.g. ``["torch", "generator"]``) copies process 0's generator states to every
-    process at the start of each pass over a prepared loader. ``log_with`` is accepted for
-    compatibility and warns: no experiment tracker is wired yet; ``log()`` reaches the launcher.
+    process at the start of each pass over a prepared loader. ``log_with`` ("tensorboard",
+    "mlflow", "wandb", "all", a GeneralTracker or a list) picks the experiment trackers that
+    ``init_trackers``/``log``/``end_training`` drive on the main process (docs/tracking.md).
     """
 
     def __init__(
@@ -104,13 +106,10 @@ class Accelerator(StateViews):
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = check_rng_types(rng_types, self.state.device)
-        self.log_with = log_with
-        if log_with is not None:
-            warn_once("log_with", f"log_with={log_with!r} is accepted for compatibility, but accel_nb wires no "
-                       "experiment tracker yet: accelerator.log() sends metrics to the launcher's display only")
         self.ddp_kwargs = {**handlers.ddp, **(ddp_kwargs or {})}
         self._ddp_handler = handlers.ddp_handler  # registers its communication hook on each DDP model
         self.project_configuration = project_configuration(project_dir, project_config)
+        self.log_with = resolve_log_with(log_with, getattr(self.project_configuration, "logging_dir", None))
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
         self._models: list[torch.nn.Module] = []
@@ -400,10 +399,14 @@ class Accelerator(StateViews):
     def log(
         self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None
     ) -> bool:
-        """The reference library's spelling of :meth:`log_metrics` (``log_kwargs`` warn: no tracker is wired)."""
-        if log_kwargs:
-            warn_once("log_kwargs", "log(log_kwargs=...) has no effect: accel_nb wires no experiment tracker yet")
-        return self.log_metrics(values, step=step)
+        """Send ``values`` to the trackers (main process) and to the launcher's display (every process).
+
+        ``log_kwargs`` maps a tracker name to extra arguments of its ``log`` call.
+
+            accelerator.log({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
+        """
+        clean = log_to_trackers(self.trackers, self.log_with, values, step, log_kwargs)
+        return self.log_metrics({k: v for k, v in clean.items() if not isinstance(v, str)}, step=step)
 
     def init_trackers(
         self,
@@ -411,14 +414,37 @@ class Accelerator(StateViews):
         config: dict[str, Any] | None = None,
         init_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """Record the project name and config; warns that no tracker is wired (metrics go to the launcher)."""
-        warn_once("init_trackers", f"init_trackers({project_name!r}) starts no experiment tracker: accel_nb wires "
-                   "none yet, and accelerator.log() sends metrics to the launcher's display only")
+        """Start a run named ``project_name`` in each ``log_with`` tracker and store ``config`` with it.
+
+        Only the main process starts runs. Nested config dicts are flattened (``"optim/lr"``),
+        one-element tensors become numbers, and what no tracker can store is dropped with a warning.
+        ``init_kwargs`` maps a tracker name to arguments for its run (``{"wandb": {"mode": "offline"}}``).
+        Calling it again (a rerun cell) finishes the previous runs first.
+
+            accelerator.init_trackers("mnist", config={"lr": 0.1}, init_kwargs={"tensorboard": {"flush_secs": 5}})
+        """
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
         self.project_name = project_name
         self.tracker_config = config
+        self.trackers = start_trackers(
+            self.log_with, project_name, getattr(self.project_configuration, "logging_dir", None),
+            config, init_kwargs, self.is_main_process,
+        )
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its run object with ``unwrap=True``); a do-nothing stand-in on other processes.
+
+            writer = accelerator.get_tracker("tensorboard", unwrap=True)   # a SummaryWriter on process 0
+        """
+        return find_tracker(self.trackers, self.log_with, name, unwrap)
 
     def end_training(self) -> None:
-        """Wait for every process (compatibility with the reference library)."""
+        """Finish every tracker's run (main process), then wait for every process."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.finish()
         self.wait_for_everyone()
 
     # -- checkpointing (implemented in accel_nb.checkpoint) -------------------------------------------

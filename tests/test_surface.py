@@ -109,22 +109,6 @@ def test_rng_types_are_checked():
         Accelerator(cpu=True, rng_types=["dice"])
 
 
-def test_log_with_and_trackers_warn_once_that_no_tracker_is_wired():
-    import accel_nb.accelerator_options as module
-
-    module._warned.clear()
-    with pytest.warns(UserWarning, match="log_with='wandb' is accepted for compatibility"):
-        acc = Accelerator(cpu=True, log_with="wandb")
-    with pytest.warns(UserWarning, match="starts no experiment tracker"):
-        acc.init_trackers("demo", config={"lr": 0.1})
-    with pytest.warns(UserWarning, match="log_kwargs"):
-        acc.log({"loss": 1.0}, log_kwargs={"wandb": {"commit": False}})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once: the second time is quiet
-        acc.init_trackers("demo")
-        acc.log({"loss": 1.0}, log_kwargs={"wandb": {}})
-
-
 def test_a_dynamo_backend_in_the_config_warns_once_that_it_has_no_effect():
     from accel_nb import config_values
     from accel_nb.config import ConfigWarning

@@ -1,0 +1,189 @@
+"""Experiment tracking: the main process sends ``accelerator.log`` to TensorBoard, MLflow, W&B or your own tracker.
+
+    accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+    accelerator.init_trackers("mnist", config={"lr": 0.1, "optim": {"betas": (0.9, 0.99)}})
+    accelerator.log({"loss": loss}, step=step)      # only process 0 writes; other ranks do nothing
+    accelerator.end_training()
+
+This module holds the name table and the Accelerator's glue; ``base`` the tracker interface,
+``builtin`` the trackers shipped. Tracker packages are imported only when a run starts.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import warnings
+from typing import Any
+
+from .base import GeneralTracker, InactiveTracker, flatten_config, scalar_values
+from .builtin import MLflowTracker, TensorBoardTracker, WandBTracker
+
+__all__ = [
+    "GeneralTracker",
+    "LoggerType",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "WandBTracker",
+    "available_trackers",
+    "flatten_config",
+    "resolve_log_with",
+    "start_trackers",
+]
+
+
+class LoggerType(str, enum.Enum):
+    """The tracker names ``log_with`` accepts (plain strings work too)."""
+
+    ALL = "all"
+    TENSORBOARD = "tensorboard"
+    MLFLOW = "mlflow"
+    WANDB = "wandb"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# name -> (tracker class, module that must be importable, pip extra)
+_BUILTIN: dict[str, tuple[type[GeneralTracker], str, str]] = {
+    "tensorboard": (TensorBoardTracker, "tensorboard", "tensorboard"),
+    "mlflow": (MLflowTracker, "mlflow", "mlflow"),
+    "wandb": (WandBTracker, "wandb", "wandb"),
+}
+# trackers the reference library has that accel_nb does not ship (a GeneralTracker subclass covers them)
+_NOT_SHIPPED = ("aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a blocked import (sys.modules[name] = None) or a broken install
+        return False
+
+
+def available_trackers() -> list[str]:
+    """The built-in tracker names whose package is installed here.
+
+        available_trackers()   # e.g. ['tensorboard', 'mlflow']
+    """
+    return [name for name, (_, module, _) in _BUILTIN.items() if _installed(module)]
+
+
+def _one_name(item: Any) -> str:
+    name = str(item.value if isinstance(item, enum.Enum) else item).lower()
+    if name in _BUILTIN or name == "all":
+        return name
+    if name in _NOT_SHIPPED:
+        raise ValueError(
+            f"log_with={name!r}: accel_nb ships no {name} tracker; wrap its client in a GeneralTracker "
+            "subclass (accel_nb.tracking.GeneralTracker, see docs/tracking.md) and pass an instance"
+        )
+    raise ValueError(f"log_with={item!r} names no tracker; use one of {sorted(_BUILTIN)}, 'all' or a GeneralTracker")
+
+
+def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
+    """The trackers ``Accelerator(log_with=...)`` asks for: names of installed built-ins and tracker instances.
+
+    A name whose package is missing is an error naming the pip extra; ``"all"`` means every
+    installed built-in tracker.
+
+        resolve_log_with(["tensorboard", MyTracker()], "runs")   # ['tensorboard', <MyTracker>]
+    """
+    if log_with is None:
+        return []
+    items = log_with if isinstance(log_with, (list, tuple)) else [log_with]
+    chosen: list[Any] = []
+    for item in items:
+        if isinstance(item, GeneralTracker):
+            if not isinstance(getattr(item, "name", None), str) or not item.name:
+                raise ValueError(f"{type(item).__name__} needs a class attribute name = '...' (how get_tracker finds it)")
+            chosen.append(item)
+            continue
+        if isinstance(item, type) and issubclass(item, GeneralTracker):
+            raise TypeError(f"log_with: pass an instance, {item.__name__}(...), not the class")
+        if not isinstance(item, (str, enum.Enum)):
+            raise TypeError(f"log_with takes tracker names or GeneralTracker instances, not {type(item).__name__}")
+        name = _one_name(item)
+        names = available_trackers() if name == "all" else [name]
+        if name == "all" and not names:
+            warnings.warn("log_with='all' found no tracker installed: pip install 'accel_nb[tensorboard]' "
+                          "(or mlflow / wandb)", UserWarning, stacklevel=3)
+        for one in names:
+            tracker_class, module, extra = _BUILTIN[one]
+            if not _installed(module):
+                raise ImportError(f"log_with={one!r} needs the {module} package, which is not installed: "
+                                  f"pip install 'accel_nb[{extra}]'")
+            if tracker_class.requires_logging_directory and logging_dir is None:
+                raise ValueError(f"log_with={one!r} writes files: give Accelerator(project_dir=...) (or "
+                                 "ProjectConfiguration(logging_dir=...)) to say where")
+            if one not in chosen:
+                chosen.append(one)
+    return chosen
+
+
+def start_trackers(
+    wanted: list[Any],
+    project_name: str,
+    logging_dir: str | None,
+    config: Any,
+    init_kwargs: dict[str, dict[str, Any]] | None,
+    is_main_process: bool,
+) -> list[GeneralTracker]:
+    """Create and start the trackers this process talks to, and store ``config`` (flattened) with each run."""
+    init_kwargs = dict(init_kwargs or {})
+    names = [w if isinstance(w, str) else w.name for w in wanted]
+    unknown = sorted(set(init_kwargs) - set(names))
+    if unknown:
+        raise ValueError(f"init_kwargs has options for {unknown[0]!r}, which is not in log_with ({names})")
+    flat = None
+    if config is not None:
+        flat, dropped = flatten_config(config)
+        if dropped:
+            warnings.warn(f"init_trackers: config values no tracker can store were dropped: {', '.join(dropped)}",
+                          UserWarning, stacklevel=3)
+    trackers: list[GeneralTracker] = []
+    for want in wanted:
+        if isinstance(want, GeneralTracker):
+            if is_main_process or not want.main_process_only:
+                trackers.append(want)
+            continue
+        if not is_main_process:
+            continue
+        tracker_class = _BUILTIN[want][0]
+        trackers.append(tracker_class(project_name, logging_dir, **init_kwargs.get(want, {})))
+    for tracker in trackers:
+        tracker.start()
+        if flat is not None:
+            tracker.store_init_configuration(flat)
+    return trackers
+
+
+def find_tracker(trackers: list[GeneralTracker], wanted: list[Any], name: str, unwrap: bool) -> Any:
+    """The tracker called ``name`` (its run object with ``unwrap``); a no-op stand-in where this process does not log."""
+    for tracker in trackers:
+        if tracker.name == name:
+            return tracker.tracker if unwrap else tracker
+    names = [w if isinstance(w, str) else w.name for w in wanted]
+    if name in names:
+        return InactiveTracker(name)
+    raise ValueError(f"get_tracker({name!r}): no such tracker; log_with gave {names or 'none'}"
+                     + ("" if trackers or not names else " (call init_trackers first)"))
+
+
+def log_to_trackers(
+    trackers: list[GeneralTracker],
+    wanted: list[Any],
+    values: dict[str, Any],
+    step: int | None,
+    log_kwargs: dict[str, dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """Send ``values`` to each tracker (with its ``log_kwargs``); returns the cleaned values."""
+    clean = scalar_values(values, "accelerator.log")
+    if log_kwargs:
+        names = [w if isinstance(w, str) else w.name for w in wanted]
+        unknown = sorted(set(log_kwargs) - set(names))
+        if unknown:
+            raise ValueError(f"log_kwargs has options for {unknown[0]!r}, which is not in log_with ({names})")
+    for tracker in trackers:
+        tracker.log(clean, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+    return clean

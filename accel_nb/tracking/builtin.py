@@ -1,0 +1,182 @@
+"""The trackers accel_nb ships: TensorBoard, MLflow and Weights & Biases (each an optional extra).
+
+    accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
+    accelerator.init_trackers("mnist", config={"lr": 0.1})   # runs/mnist/events.out.tfevents...
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .base import GeneralTracker
+
+__all__ = ["MLflowTracker", "TensorBoardTracker", "WandBTracker"]
+
+
+class TensorBoardTracker(GeneralTracker):
+    """Event files under ``<logging_dir>/<run_name>`` (torch's SummaryWriter; extra ``accel_nb[tensorboard]``).
+
+    Numbers become scalars, strings text; ``step=None`` uses the number of earlier ``log`` calls.
+    The config is stored as the run's hyper-parameters (TensorBoard's HParams tab).
+
+        TensorBoardTracker("mnist", "runs", flush_secs=10)
+    """
+
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike, **writer_kwargs: Any) -> None:
+        self.run_name = run_name
+        self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
+        self.writer_kwargs = writer_kwargs
+        self.writer: Any = None
+        self._calls = 0
+
+    @property
+    def tracker(self) -> Any:
+        return self.writer
+
+    def start(self) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(self.logging_dir, **self.writer_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        # the HParams summaries go into this run's own event file (add_hparams would open a new run)
+        for summary in hparams(dict(values), {}):
+            self.writer.file_writer.add_summary(summary)
+        self.writer.flush()
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        step = self._calls if step is None else step
+        self._calls += 1
+        for key, value in values.items():
+            if isinstance(value, str):
+                self.writer.add_text(key, value, global_step=step, **kwargs)
+            else:
+                self.writer.add_scalar(key, value, global_step=step, **kwargs)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class MLflowTracker(GeneralTracker):
+    """One MLflow run in experiment ``run_name`` (extra ``accel_nb[mlflow]``, the mlflow-skinny client).
+
+    The store is ``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``<logging_dir>/mlruns``
+    (a local file store, which recent MLflow only opens with ``MLFLOW_ALLOW_FILE_STORE=true``).
+    The config becomes the run's parameters; numbers become metrics (strings are skipped: MLflow
+    metrics are numbers).
+
+        MLflowTracker("mnist", "runs", tags={"team": "vision"})
+    """
+
+    name = "mlflow"
+
+    def __init__(
+        self,
+        run_name: str,
+        logging_dir: str | os.PathLike | None = None,
+        tracking_uri: str | None = None,
+        experiment_name: str | None = None,
+        **start_run_kwargs: Any,
+    ) -> None:
+        self.run_name = run_name
+        self.experiment_name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or run_name
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri is None and logging_dir is not None:
+            uri = Path(logging_dir, "mlruns").resolve().as_uri()
+        self.tracking_uri = uri
+        self.start_run_kwargs = start_run_kwargs
+        self.active_run: Any = None
+        self._calls = 0
+
+    @property
+    def tracker(self) -> Any:
+        return self.active_run
+
+    def start(self) -> None:
+        import mlflow
+        from mlflow.exceptions import MlflowException
+
+        if self.tracking_uri is not None:
+            mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            experiment = mlflow.set_experiment(self.experiment_name)
+        except MlflowException as exc:
+            if "MLFLOW_ALLOW_FILE_STORE" not in str(exc):
+                raise
+            raise RuntimeError(
+                f"MLflow refuses the local file store {mlflow.get_tracking_uri()}: set the environment variable "
+                "MLFLOW_ALLOW_FILE_STORE=true, or give a database store with init_kwargs={'mlflow': "
+                "{'tracking_uri': 'sqlite:///mlflow.db'}} (needs the full 'mlflow' package)"
+            ) from exc
+        self.start_run_kwargs.setdefault("run_name", self.run_name)
+        self.active_run = mlflow.start_run(experiment_id=experiment.experiment_id, **self.start_run_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        import mlflow
+
+        items = list(values.items())
+        for first in range(0, len(items), 100):  # MLflow takes at most 100 parameters per call
+            mlflow.log_params(dict(items[first : first + 100]), run_id=self.active_run.info.run_id)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        import mlflow
+
+        step = self._calls if step is None else step
+        self._calls += 1
+        numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
+        if numbers:
+            mlflow.log_metrics(numbers, step=step, run_id=self.active_run.info.run_id, **kwargs)
+
+    def finish(self) -> None:
+        import mlflow
+
+        if self.active_run is not None:
+            mlflow.end_run()
+
+
+class WandBTracker(GeneralTracker):
+    """A Weights & Biases run in project ``run_name`` (extra ``accel_nb[wandb]``).
+
+    ``init_kwargs={"wandb": {"mode": "offline"}}`` (or ``WANDB_MODE=offline``) keeps the run on
+    disk under ``<logging_dir>/wandb``; other keys go to ``wandb.init``.
+
+        WandBTracker("mnist", "runs", mode="offline", tags=["baseline"])
+    """
+
+    name = "wandb"
+
+    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **init_kwargs: Any) -> None:
+        self.run_name = run_name
+        self.init_kwargs = init_kwargs
+        if logging_dir is not None:
+            os.makedirs(logging_dir, exist_ok=True)
+            self.init_kwargs.setdefault("dir", os.fspath(logging_dir))
+        self.run: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        return self.run
+
+    def start(self) -> None:
+        import wandb
+
+        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.run.config.update(values, allow_val_change=True)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()

@@ -1,0 +1,299 @@
+"""Experiment tracking with real trackers writing to a temporary directory (no network).
+
+Each test reads the run back with the tracker's own reader: TensorBoard's EventAccumulator,
+MLflow's client, W&B's offline record file.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import struct
+import sys
+import warnings
+
+import pytest
+import torch
+
+from accel_nb import Accelerator
+from accel_nb.tracking import GeneralTracker, LoggerType, available_trackers, flatten_config
+
+from .dist_helpers import run_ranks
+
+pytestmark = pytest.mark.usefixtures("fresh_state")
+
+
+class ListTracker(GeneralTracker):
+    """A user's own tracker: keeps everything in lists."""
+
+    name = "list"
+
+    def __init__(self):
+        self.config, self.rows, self.kwargs, self.events = None, [], [], []
+
+    def start(self):
+        self.events.append("start")
+
+    def store_init_configuration(self, values):
+        self.config = dict(values)
+
+    def log(self, values, step=None, **kwargs):
+        self.rows.append((step, dict(values)))
+        self.kwargs.append(kwargs)
+
+    def finish(self):
+        self.events.append("finish")
+
+
+def tensorboard_scalars(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def tensorboard_hparams(run_dir: str) -> dict[str, object]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(run_dir)
+    events.Reload()
+    for content in events.PluginTagToContent("hparams").values():
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)
+        if data.HasField("session_start_info"):
+            hparams = data.session_start_info.hparams
+            return {k: (v.string_value or v.number_value or v.bool_value) for k, v in hparams.items()}
+    raise AssertionError(f"no hparams in {run_dir}")
+
+
+CONFIG = {
+    "lr": torch.tensor(0.25),
+    "optim": {"name": "adam", "betas": (0.9, 0.99)},
+    "max_steps": None,
+    "weights": torch.ones(3),
+}
+
+
+def test_tensorboard_event_files_hold_the_scalars_and_config(tmp_path):
+    acc = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match=r"dropped: weights \(Tensor\)"):
+        acc.init_trackers("demo", config=CONFIG)
+    for step in range(3):
+        acc.log({"loss": torch.tensor(1.0 / (step + 1)), "eval": {"acc": 0.5 + step / 10}}, step=step)
+    acc.log({"note": "text goes to the text tab"}, step=3)
+    writer = acc.get_tracker("tensorboard", unwrap=True)
+    assert type(writer).__name__ == "SummaryWriter"
+    acc.end_training()
+
+    scalars = tensorboard_scalars(str(tmp_path / "demo"))
+    assert [s for s, _ in scalars["loss"]] == [0, 1, 2]
+    assert [round(v, 4) for _, v in scalars["loss"]] == [1.0, 0.5, 0.3333]
+    assert [round(v, 4) for _, v in scalars["eval/acc"]] == [0.5, 0.6, 0.7]
+    hparams = tensorboard_hparams(str(tmp_path / "demo"))
+    assert hparams["lr"] == pytest.approx(0.25)
+    assert hparams["optim/name"] == "adam" and hparams["optim/betas"] == "[0.9, 0.99]"
+    assert hparams["max_steps"] == "None" and "weights" not in hparams
+
+
+def test_mlflow_local_store_holds_metrics_and_params(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    acc = Accelerator(cpu=True, log_with="mlflow", project_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match="weights"):
+        acc.init_trackers("demo", config=CONFIG, init_kwargs={"mlflow": {"tags": {"team": "t"}}})
+    for step in range(3):
+        acc.log({"loss": 1.0 / (step + 1), "phase": "train"}, step=step)
+    run_id = acc.get_tracker("mlflow", unwrap=True).info.run_id
+    acc.end_training()
+
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    history = client.get_metric_history(run_id, "loss")
+    assert [(m.step, round(m.value, 4)) for m in history] == [(0, 1.0), (1, 0.5), (2, 0.3333)]
+    run = client.get_run(run_id)
+    assert run.data.params["optim/name"] == "adam" and float(run.data.params["lr"]) == 0.25
+    assert "weights" not in run.data.params and run.data.tags["team"] == "t"
+    assert run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "demo"
+
+
+def test_mlflow_refusing_the_file_store_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    acc = Accelerator(cpu=True, log_with="mlflow", project_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="MLFLOW_ALLOW_FILE_STORE=true"):
+        acc.init_trackers("demo")
+
+
+def wandb_records(run_dir: str) -> list[object]:
+    """The records of an offline run's .wandb file (a LevelDB-style log of protobuf records)."""
+    from wandb.proto import wandb_internal_pb2
+
+    raw = open(glob.glob(os.path.join(run_dir, "*.wandb"))[0], "rb").read()
+    assert raw[:4] == b":W&B"
+    block, pos, part, records = 32768, 7, b"", []
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        if length == 0 and kind == 0:  # zero padding
+            pos += left
+            continue
+        part += raw[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            records.append(wandb_internal_pb2.Record.FromString(part))
+            part = b""
+    return records
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    acc = Accelerator(cpu=True, log_with=LoggerType.WANDB, project_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match="weights"):
+        acc.init_trackers("demo", config=CONFIG, init_kwargs={"wandb": {"mode": "offline"}})
+    for step in range(3):
+        acc.log({"loss": 1.0 / (step + 1)}, step=step)
+    acc.end_training()
+
+    (run_dir,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    history, config = [], {}
+    for record in wandb_records(run_dir):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            history.append((items["_step"], items["loss"]))
+        elif kind in ("run", "config"):
+            updates = record.run.config.update if kind == "run" else record.config.update
+            config.update({u.key: json.loads(u.value_json) for u in updates})
+    assert [(s, round(v, 4)) for s, v in history] == [(0, 1.0), (1, 0.5), (2, 0.3333)]
+    assert config["optim/name"] == "adam" and config["lr"] == pytest.approx(0.25)
+
+
+def test_a_custom_tracker_gets_start_config_values_and_finish():
+    mine = ListTracker()
+    acc = Accelerator(cpu=True, log_with=[mine])
+    acc.init_trackers("demo", config={"a": {"b": 1}})
+    acc.log({"loss": torch.tensor(2.0)}, step=7, log_kwargs={"list": {"commit": False}})
+    with pytest.warns(UserWarning, match=r"dropped values a tracker cannot take: big \(Tensor\)"):
+        acc.log({"loss": 1.0, "big": torch.ones(2)})
+    assert acc.get_tracker("list") is mine and acc.get_tracker("list", unwrap=True) is mine
+    acc.end_training()
+    assert mine.config == {"a/b": 1}
+    assert mine.rows == [(7, {"loss": 2.0}), (None, {"loss": 1.0})]
+    assert mine.kwargs == [{"commit": False}, {}]
+    assert mine.events == ["start", "finish"]
+    with pytest.raises(ValueError, match="log_kwargs has options for 'wandb', which is not in log_with"):
+        acc.log({"loss": 1.0}, log_kwargs={"wandb": {}})
+    with pytest.raises(ValueError, match=r"get_tracker\('tensorboard'\): no such tracker"):
+        acc.get_tracker("tensorboard")
+
+
+def test_a_tracker_without_log_or_name_is_refused_clearly():
+    class NoName(GeneralTracker):
+        def log(self, values, step=None, **kwargs):
+            pass
+
+    with pytest.raises(ValueError, match="NoName needs a class attribute name"):
+        Accelerator(cpu=True, log_with=NoName())
+    with pytest.raises(TypeError, match=r"pass an instance, ListTracker\(...\)"):
+        Accelerator(cpu=True, log_with=ListTracker)
+
+    class NoLog(GeneralTracker):
+        name = "nolog"
+
+    acc = Accelerator(cpu=True, log_with=NoLog())
+    acc.init_trackers("demo")
+    with pytest.raises(NotImplementedError, match="NoLog must implement log"):
+        acc.log({"loss": 1.0})
+
+
+def test_a_requested_tracker_that_is_not_installed_names_the_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # what an environment without mlflow looks like
+    with pytest.raises(ImportError, match=r"pip install 'accel_nb\[mlflow\]'"):
+        Accelerator(cpu=True, log_with="mlflow")
+    assert "mlflow" not in available_trackers()
+    acc = Accelerator(cpu=True, log_with="all", project_dir=str(tmp_path))
+    assert "mlflow" not in acc.log_with and "tensorboard" in acc.log_with
+
+
+def test_all_means_every_installed_tracker_and_names_are_checked(tmp_path):
+    acc = Accelerator(cpu=True, log_with=["all", ListTracker()], project_dir=str(tmp_path))
+    assert acc.log_with[:-1] == available_trackers() and acc.log_with[-1].name == "list"
+    with pytest.raises(ValueError, match=r"'tensorboard' writes files: give Accelerator\(project_dir=...\)"):
+        Accelerator(cpu=True, log_with="tensorboard")
+    with pytest.raises(ValueError, match="ships no aim tracker; wrap its client in a GeneralTracker"):
+        Accelerator(cpu=True, log_with="aim")
+    with pytest.raises(ValueError, match="'tensorbord' names no tracker"):
+        Accelerator(cpu=True, log_with="tensorbord")
+    with pytest.raises(ValueError, match="init_kwargs has options for 'wandb'"):
+        Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path)).init_trackers(
+            "demo", init_kwargs={"wandb": {}}
+        )
+
+
+def test_rerunning_init_trackers_finishes_the_previous_run():
+    mine = ListTracker()
+    acc = Accelerator(cpu=True, log_with=mine)
+    acc.init_trackers("one")
+    acc.init_trackers("two")
+    assert mine.events == ["start", "finish", "start"]
+
+
+def test_flatten_config_converts_and_reports():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Optim:
+        lr: float = 0.1
+        kind: str = "sgd"
+
+    flat, dropped = flatten_config({"optim": Optim(), "n": torch.tensor(3), "obj": object(), "ok": True})
+    assert flat == {"optim/lr": 0.1, "optim/kind": "sgd", "n": 3, "ok": True}
+    assert dropped == ["obj (object)"]
+    with pytest.raises(TypeError, match="config must be a dict"):
+        flatten_config([1, 2])
+
+
+def _two_ranks_log(project_dir: str):
+    from accel_nb.tracking.base import InactiveTracker
+
+    mine = ListTracker()
+    acc = Accelerator(cpu=True, log_with=["tensorboard", mine], project_dir=project_dir)
+    acc.init_trackers("ddp", config={"world": acc.num_processes})
+    for step in range(4):
+        acc.log({"loss": float(step)}, step=step)
+    writer = acc.get_tracker("tensorboard", unwrap=True)
+    inactive = isinstance(writer, InactiveTracker)
+    writer.add_scalar("extra", 1.0, 0)  # a no-op on rank 1
+    names = [t.name for t in acc.trackers]
+    acc.end_training()
+    return acc.process_index, names, inactive, len(mine.rows)
+
+
+@pytest.mark.multiproc
+def test_two_processes_log_each_step_exactly_once(tmp_path):
+    results = run_ranks(_two_ranks_log, 2, args=(str(tmp_path),))
+    assert results == [(0, ["tensorboard", "list"], False, 4), (1, [], True, 0)]
+    assert len(glob.glob(str(tmp_path / "ddp" / "events.out.tfevents.*"))) == 1
+    scalars = tensorboard_scalars(str(tmp_path / "ddp"))
+    assert scalars["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
+    assert scalars["extra"] == [(0, 1.0)]
+    assert tensorboard_hparams(str(tmp_path / "ddp"))["world"] == 2
+
+
+def test_no_tracker_no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        acc = Accelerator(cpu=True)
+        acc.init_trackers("demo", config={"lr": 0.1})
+        acc.log({"loss": 1.0})
+        acc.end_training()
+    assert acc.trackers == []
