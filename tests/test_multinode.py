@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -82,7 +83,8 @@ def launch_on(host: Host, machine_rank: int, main: Host, port: int, *args: str,
     cmd = host.command(sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_machines", "2",
                        "--machine_rank", str(machine_rank), "--main_process_ip", main.ip,
                        "--main_process_port", str(port), *args)  # fmt: skip
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
 
 
 def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[tuple[int, str, str]]:
@@ -91,10 +93,11 @@ def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[tuple[int, st
         for proc in procs:
             out, err = proc.communicate(timeout=timeout)
             results.append((proc.returncode, out, err))
-    finally:
+    finally:  # a launch that did not finish: stop the agent and its ranks (their own session)
         for proc in procs:
             if proc.poll() is None:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.communicate()
     return results
 
