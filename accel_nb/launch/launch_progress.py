@@ -31,6 +31,7 @@ from ..progress_format import (
     one_line,
     plural,
 )
+from .metric_history import MetricHistory
 
 STALL_AFTER = 30.0  # seconds without any event from a running rank that showed progress
 QUIET_AFTER = 5.0  # seconds of silence after which a running rank's row says "no progress for N s"
@@ -130,6 +131,7 @@ class LaunchProgress:
         self.ended: float | None = None
         self.ok: bool | None = None
         self.first_failure: int | None = None
+        self.history = MetricHistory()  # numeric metrics per rank over time, for the live curves
 
     def view(self, rank: int) -> RankView:
         if rank not in self.ranks:  # more ranks than announced (or an odd rank id): show it anyway
@@ -153,12 +155,14 @@ class LaunchProgress:
             v.rate, v.loop_done = event.rate, event.done
             if event.metrics:
                 v.metrics.update(event.metrics)
+                self.history.add(v.rank, event.metrics, x=event.n)
             v.seen_progress = True
             if not v.finished and not v.failed:
                 v.phase = "running"
             v.last_event = now
         elif isinstance(event, ev.Metrics):
             v.logged.update(event.values)
+            self.history.add(v.rank, event.values, x=event.step)
             if event.step is not None:
                 v.step = event.step
             v.last_event = now

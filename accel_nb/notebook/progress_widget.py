@@ -7,6 +7,8 @@ whatever the number of events; a failure shows at once, and ``finish`` always fl
 state. ``tick`` (a few times a second) keeps quiet ranks honest: "no progress for N s", a rate
 that decays, amber once ``stall_after`` passes. When the launch ends, the output's ``text/plain``
 becomes a per-rank summary, so executed and saved notebooks show the final state as text too.
+Logged metrics (``Accelerator.log``, ``set_postfix``) are drawn as small curves per rank under
+the bars (``metric_chart``), with the final picture kept in the output as ``image/png``.
 
     reporter = WidgetReporter(2, desc="train")
     reporter.start(2, {})
@@ -27,6 +29,7 @@ from ..launch.launch_progress import QUIET_AFTER, LaunchProgress
 from ..launch.output_lines import OutputRelay
 from ..launch.reporting import parse_show_ranks
 from ..progress_format import format_duration, format_metrics, format_rate, one_line, plural
+from .metric_chart import MetricChart
 
 STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "starting": ("", "#757575"),
@@ -152,6 +155,7 @@ class WidgetReporter:
             rows.append(self._make_row(W, r))
         self.rows_box = W.VBox(rows)
         self.aggregate = W.HTML(value="")
+        self.chart = MetricChart()
         self.failure_box = W.HTML(value="", layout=W.Layout(display="none"))
         self.panes = {r: W.HTML(value=self._pane_html(r)) for r in range(self.num_processes)}
         self.logs = W.Accordion(
@@ -160,7 +164,7 @@ class WidgetReporter:
         )
         self.logs.selected_index = None
         self.widget = W.VBox(
-            [self.title, self.rows_box, self.aggregate, self.failure_box, self.logs],
+            [self.title, self.rows_box, self.aggregate, self.chart.widget, self.failure_box, self.logs],
             layout=W.Layout(width="100%"),
         )
 
@@ -350,6 +354,7 @@ class WidgetReporter:
             self.statuses[r].value = self._status_html(r, status)
             self.infos[r].value = info
         self.aggregate.value = f"<span style='color:#424242'>{_esc(self.state.aggregate_line(now))}</span>"
+        self.chart.update(self.state.history, now, force=force)
         if force or now - self._last_pane_flush >= PANE_INTERVAL:
             self._last_pane_flush = now
             for r, pane in self.panes.items():
@@ -392,7 +397,11 @@ class WidgetReporter:
             if now - self._last_flush < self.min_interval:
                 return
             try:
-                if self._dirty or any(self._shown_rows.get(r) != self._row_key(r, now) for r in self.state.ranks):
+                if (
+                    self._dirty
+                    or self.chart.pending(self.state.history)
+                    or any(self._shown_rows.get(r) != self._row_key(r, now) for r in self.state.ranks)
+                ):
                     self._flush_locked(now=now)
             except Exception as exc:  # noqa: BLE001 - a display problem must never break the launch
                 self._dirty = False
@@ -413,6 +422,7 @@ class WidgetReporter:
         if self._display_handle is not None:
             try:
                 bundle = dict(self.widget._repr_mimebundle_() or {})
+                bundle.update(self.chart.mime_png())  # the final curves, for viewers without the widget
                 bundle["text/plain"] = text
                 self._display_handle.update(bundle, raw=True)
                 return

@@ -1,0 +1,82 @@
+"""Live metric curves in the progress widget, fed synthetic events in-process (real widgets, real matplotlib)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from accel_nb.events import Metrics, Progress, Result
+from accel_nb.launch.metric_history import MetricHistory
+
+pytest.importorskip("ipywidgets")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _reporter(n=2, **kw):
+    from accel_nb.notebook.progress_widget import WidgetReporter
+
+    r = WidgetReporter(n, desc="train", display=False, echo_logs=False, **kw)
+    r.start(n, {})
+    return r
+
+
+def test_history_keeps_each_ranks_points_and_halves_long_series():
+    h = MetricHistory(max_points=10)
+    for step in range(25):
+        h.add(0, {"loss": 1.0 / (step + 1), "phase": "train"}, x=step)
+    h.add(1, {"loss": "0.5"})  # set_postfix text that is a number; no step: the call count
+    h.add(1, {"loss": 0.25})
+    assert h.names() == ["loss"]  # text that is not a number is no curve
+    series = h.series("loss")
+    assert series[1] == [(0.0, 0.5), (1.0, 0.25)]
+    assert len(series[0]) <= 10 and series[0][0] == (0.0, 1.0) and series[0][-1] == (24.0, 1.0 / 25)
+    xs = [x for x, _ in series[0]]
+    assert xs == sorted(xs)
+
+
+def test_widget_draws_every_ranks_logged_metrics_and_postfix_values():
+    r = _reporter()
+    assert r.chart.image.layout.display == "none" and r.chart.text.value == ""
+    for step in range(1, 21):
+        for rank in (0, 1):
+            r.handle(Metrics(rank, {"loss": 1.0 / step + rank}, step))
+            r.handle(Progress(rank, "train", step, 20, {"grad_norm": 0.1 * step}, "train", 100.0, step == 20))
+    for rank in (0, 1):
+        r.handle(Result(rank, rank))
+    r.finish(True)
+    chart = r.chart
+    assert bytes(chart.image.value).startswith(PNG) and chart.image.layout.display is None
+    assert chart.png == bytes(chart.image.value)
+    assert r.state.history.names() == ["loss", "grad_norm"]
+    for name in ("loss", "grad_norm"):
+        series = r.state.history.series(name)
+        assert sorted(series) == [0, 1] and all(len(points) == 20 for points in series.values())
+    assert r.state.history.series("loss")[1][-1] == (20.0, 1.05)
+    text = chart.text.value
+    assert "<b>loss</b>" in text and "rank 0: 20 pts, last 0.05" in text and "rank 1: 20 pts, last 1.05" in text
+    assert chart.mime_png()["image/png"].startswith("iVBORw0KGgo")  # base64 of the PNG signature
+
+
+def test_redraws_are_throttled_and_the_final_state_is_always_drawn():
+    r = _reporter(min_interval=0.0)
+    r.chart.interval = 3600  # no time-based redraw during the test
+    for step in range(200):
+        r.handle(Metrics(0, {"loss": float(step)}, step))
+    assert r.chart.renders == 1  # the first point draws; the next 199 wait for the interval
+    r.finish(True)
+    assert r.chart.renders == 2
+    assert "rank 0: 200 pts, last 199" in r.chart.text.value
+
+
+def test_without_matplotlib_the_values_are_text(monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an environment without matplotlib
+    r = _reporter(1)
+    r.handle(Metrics(0, {"loss": 0.5}, 0))
+    r.finish(True)
+    assert r.chart.png is None and r.chart.image.layout.display == "none"
+    assert "rank 0: 1 pts, last 0.5" in r.chart.text.value
+    assert "pip install matplotlib for live curves" in r.chart.text.value
+    assert r.chart.mime_png() == {}
