@@ -337,8 +337,9 @@ class WarmSession:
                 outcome = supervisor.run()
             except KeyboardInterrupt:
                 self._after(supervisor.outcome, cell)
-                _finish(reporter, False, "interrupted: " + self._interrupted_note(supervisor.outcome))
-                raise
+                note = f"{cell} interrupted: " + self._interrupted_note(supervisor.outcome)
+                _finish(reporter, False, note)
+                raise KeyboardInterrupt(note) from None
             self._after(outcome, cell)
             if outcome.failures or outcome.hung_after is not None:
                 error = self._error(outcome, cell)
@@ -359,10 +360,11 @@ class WarmSession:
 
     def _free_stuck(self, stuck: list[int]) -> None:
         """Close the process group on the ranks that are not stuck: a peer waiting on them in a collective is freed."""
+        pids = [p.pid for p in self.procs]
         for rank, conn in self._conns.items():
             if rank not in stuck:
                 with contextlib.suppress(OSError):
-                    send_message(conn, BreakGroup())
+                    send_message(conn, BreakGroup(pids))
 
     def _after(self, outcome: CellOutcome, cell: str) -> None:
         """Record what the command did to the ranks and to the session."""

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Event, Failure, Result, Stacks
+from ..events import Event, Failure, Log, Result, Stacks
 from .errors import RankFailure
 from .start import RankProcess
 from .supervisor import FAILURE_GRACE_S, STACKS_WAIT_S, Outcome, Supervisor, clean_stacks
@@ -72,7 +72,9 @@ class CellSupervisor(Supervisor):
         if isinstance(event, Failure) and event.rank in self._signalled:
             # stopped by this supervisor (SIGINT, or the group closed under it): not a failure of its own
             if event.rank not in self.outcome.stopped:
-                self._report(event)
+                frames = [ln.strip() for ln in event.traceback.splitlines() if ln.strip().startswith("File ")]
+                where = f" at {frames[-1]}" if frames else ""
+                self._report(Log(rank=event.rank, stream="stderr", text=f"stopped: {event.exc_type}{where}\n"))
                 self._mark_stopped(event.rank)
             return
         super()._handle(event)

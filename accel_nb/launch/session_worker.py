@@ -18,7 +18,6 @@ import os
 import pickle
 import socket
 import struct
-import sys
 from typing import Any
 
 from .payload import _split_last_expression, register_sources
@@ -187,20 +186,61 @@ class FormGroup(SessionCommand):
         return {"value": {"device": str(state.device), "pid": os.getpid()}, "names": {}}
 
 
+def _socket_inodes(pid: int | str) -> dict[int, int]:
+    """socket inode -> fd number, for the sockets process ``pid`` holds."""
+    out: dict[int, int] = {}
+    base = f"/proc/{pid}/fd"
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(base):
+            with contextlib.suppress(OSError, ValueError):
+                link = os.readlink(f"{base}/{fd}")
+                if link.startswith("socket:["):
+                    out[int(link[8:-1])] = int(fd)
+    return out
+
+
+def _tcp_links() -> dict[int, tuple[str, str]]:
+    """inode -> (local, remote) of this network namespace's established TCP connections."""
+    links: dict[int, tuple[str, str]] = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[3] == "01":
+                    links[int(fields[9])] = (fields[1], fields[2])
+    return links
+
+
+def session_links(pids: list[int]) -> dict[int, int]:
+    """This rank's TCP connections to other session ranks (inode -> fd): the process group's links."""
+    links = _tcp_links()
+    mine = _socket_inodes("self")
+    theirs = {(links[i][1], links[i][0]) for pid in pids if pid != os.getpid() for i in _socket_inodes(pid) if i in links}
+    return {i: fd for i, fd in mine.items() if i in links and links[i] in theirs}
+
+
 class BreakGroup(SessionCommand):
-    """Close this rank's side of the process group (frees peers stuck in a collective); no result is sent."""
+    """Close this rank's connections to the other ranks (frees a peer stuck in a collective); no result is sent.
+
+    ``abort()`` and ``destroy_process_group()`` leave gloo's connections open while a DDP model still
+    holds the group, and a peer then waits for its 30-minute timeout. Shutting the TCP connections
+    between session ranks (found by pid, so the user's own sockets are left alone) ends the peer's
+    wait with "Connection closed by peer" at once.
+    """
 
     silent = True
 
-    def run(self, rank: int) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return None
-        import torch.distributed as dist
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = list(pids)
 
-        with contextlib.suppress(Exception):  # the group may already be half gone: closing is all we want
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
+    def run(self, rank: int) -> Any:
+        for fd in session_links(self.pids).values():
+            with contextlib.suppress(OSError):
+                link = socket.socket(fileno=os.dup(fd))
+                try:
+                    link.shutdown(socket.SHUT_RDWR)
+                finally:
+                    link.close()
         return None
 
 
