@@ -360,12 +360,11 @@ def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: 
 
     ``endpoint`` is where the machines meet (default: :func:`accel_nb.elastic.main_endpoint`).
     """
-    from .elastic import main_endpoint, rendezvous_arguments
+    from .elastic import agent_arguments, main_endpoint
 
     addr, port = endpoint or main_endpoint(cfg)
-    args = ["--nnodes", str(cfg.num_machines), "--node_rank", str(cfg.machine_rank)]
-    args += ["--nproc_per_node", str(nproc), "--max_restarts", str(cfg.max_restarts)]
-    args += rendezvous_arguments(cfg, addr, port, rdzv_timeout)
+    args = agent_arguments(cfg.num_machines, cfg.machine_rank, nproc, cfg.rdzv_backend, addr, port,
+                           rdzv_timeout, cfg.max_restarts)  # fmt: skip
     args += ["--log_dir", log_dir, "--tee", "3"]
     if monitor_interval is not None:
         args += ["--monitor_interval", str(monitor_interval)]
@@ -400,7 +399,8 @@ def cmd_launch(ns: argparse.Namespace) -> int:
              f"{cfg.rdzv_backend} rendezvous)" if cfg.num_machines > 1 else "")
           + f", mixed_precision={cfg.mixed_precision}", file=sys.stderr, flush=True)  # fmt: skip
     code = run_elastic(args, ns.script, log_dir,
-                       lambda exc: rendezvous_failure(exc, cfg, *endpoint, ns.rdzv_timeout))  # fmt: skip
+                       lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint,
+                                                     ns.rdzv_timeout))  # fmt: skip
     if code == 0 and own_log_dir:
         import shutil
 

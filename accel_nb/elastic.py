@@ -7,7 +7,7 @@ completes into one line that names the endpoint.
 
     addr, port = main_endpoint(cfg)
     check_endpoint(cfg, addr, port)          # ConfigError: busy port, not this machine's address
-    args = rendezvous_arguments(cfg, addr, port, timeout=60)
+    args = agent_arguments(2, 1, 4, "c10d", addr, port, timeout=60)
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_RDZV_TIMEOUT",
     "main_endpoint",
+    "CLI_NAMES",
+    "endpoint_problem",
     "check_endpoint",
-    "rendezvous_arguments",
+    "RUN_ID",
+    "agent_arguments",
     "machine_label_template",
     "rendezvous_failure",
     "address_toward",
@@ -43,58 +46,75 @@ def main_endpoint(cfg: Any) -> tuple[str, int]:
     return addr, pick_free_port(addr) if cfg.num_machines == 1 else DEFAULT_PORT
 
 
-def _resolve(addr: str) -> str:
-    try:
-        return socket.gethostbyname(addr)
-    except OSError as exc:
-        raise ConfigError("--main_process_ip", addr, "an IP address or a host name this machine can resolve",
-                          None, f"cannot resolve it ({exc})") from None  # fmt: skip
+CLI_NAMES = {"ip": "--main_process_ip", "port": "--main_process_port", "rank": "--machine_rank",
+             "timeout": "--rdzv_timeout"}  # fmt: skip
 
 
-def check_endpoint(cfg: Any, addr: str, port: int) -> None:
-    """Before starting: machine 0 must own ``addr`` and find ``port`` free; others must resolve ``addr``.
+def endpoint_problem(num_machines: int, machine_rank: int, addr: str, port: int,
+                     port_given: bool = True) -> tuple[str, str] | None:  # fmt: skip
+    """What stops machine ``machine_rank`` from using ``addr:port``, as ``("ip"|"port", reason)``; None if fine.
 
-    Raises ``ConfigError`` naming the flag and the fix. On one machine only a port the user gave is checked.
+    Machine 0 must own ``addr`` and find ``port`` free; the others must resolve ``addr``. On one
+    machine only a port the user gave (``port_given``) is checked.
     """
-    if cfg.num_machines == 1:
-        if cfg.main_process_port and not port_is_free(addr, port):
-            raise ConfigError("--main_process_port", port, "a free port on this machine", None,
-                              f"port {port} is already in use (another launch or a server listens there); "
-                              "pick another or leave the flag out to get a free one")  # fmt: skip
-        return
-    ip = _resolve(addr)
-    if cfg.machine_rank != 0:
-        return
+    if num_machines == 1:
+        if port_given and not port_is_free(addr, port):
+            return "port", f"port {port} is already in use (another launch or a server listens there)"
+        return None
+    try:
+        ip = socket.gethostbyname(addr)
+    except OSError as exc:
+        return "ip", f"cannot resolve {addr!r} ({exc})"
+    if machine_rank != 0:
+        return None
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
             s.bind((ip, 0))
         except OSError as exc:
             if exc.errno != errno.EADDRNOTAVAIL:
                 raise
-            raise ConfigError("--main_process_ip", addr, "an address of this machine when --machine_rank is 0",
-                              None, f"{ip} is not an address of this machine, but machine 0 hosts the "
-                              "rendezvous there; run machine 0's command on the machine that has that "
-                              "address") from None  # fmt: skip
+            return "ip", (f"{ip} is not an address of this machine, but machine 0 hosts the rendezvous there; "
+                          "start machine 0 on the machine that has that address")  # fmt: skip
     if not port_is_free(ip, port):
-        raise ConfigError("--main_process_port", port, "a free port on the main machine", None,
-                          f"port {port} on {addr} is already in use (another launch or a server listens "
-                          "there); pick another, the same on every machine")  # fmt: skip
+        return "port", f"port {port} on {addr} is already in use (another launch or a server listens there)"
+    return None
 
 
-def rendezvous_arguments(cfg: Any, addr: str, port: int, timeout: float | None = None) -> list[str]:
-    """torchrun's flags for the rendezvous: static (``--master_addr``) or c10d (machine 0 hosts the store)."""
+def check_endpoint(cfg: Any, addr: str, port: int) -> None:
+    """``endpoint_problem`` for ``accel-nb launch``: a ``ConfigError`` naming the flag and the fix."""
+    problem = endpoint_problem(cfg.num_machines, cfg.machine_rank, addr, port, bool(cfg.main_process_port))
+    if problem is None:
+        return
+    which, reason = problem
+    if which == "ip":
+        raise ConfigError(CLI_NAMES["ip"], addr, "an address of machine 0 that every machine reaches", None, reason)
+    fix = ("pick another, the same on every machine" if cfg.num_machines > 1
+           else "pick another or leave the flag out to get a free one")  # fmt: skip
+    raise ConfigError(CLI_NAMES["port"], port, "a free port on the main machine", None, f"{reason}; {fix}")
+
+
+RUN_ID = "accel_nb"  # the rendezvous id of every accel_nb job (the CLI's and a notebook's agree)
+
+
+def agent_arguments(num_machines: int, machine_rank: int, nproc: int, backend: str, addr: str, port: int,
+                    timeout: float | None = None, max_restarts: int = 0) -> list[str]:  # fmt: skip
+    """torchrun's flags for this machine's agent: machines, processes here, restarts, rendezvous.
+
+    agent_arguments(2, 1, 4, "static", "10.0.0.1", 29500)   # ["--nnodes", "2", "--node_rank", "1", ...]
+    """
+    args = ["--nnodes", str(num_machines), "--node_rank", str(machine_rank)]
+    args += ["--nproc_per_node", str(nproc), "--max_restarts", str(max_restarts)]
     seconds = max(1, round(timeout if timeout is not None else DEFAULT_RDZV_TIMEOUT))
-    if cfg.rdzv_backend == "static":
-        args = ["--master_addr", addr, "--master_port", str(port)]
-        return args + ["--rdzv_conf", f"timeout={seconds}"]
+    if backend == "static":
+        args += ["--master_addr", addr, "--master_port", str(port)]
+        return args + ["--rdzv_id", RUN_ID, "--rdzv_conf", f"timeout={seconds}"]
     conf = f"join_timeout={seconds}"
-    if cfg.rdzv_backend == "c10d":
+    if backend == "c10d":
         # the store lives on machine 0 (torch's own guess compares host names, which fails behind NAT
         # or in a network namespace); its connection timeout is the same
-        conf += f",is_host={int(cfg.machine_rank == 0)},read_timeout={seconds}"
-    args = ["--rdzv_backend", cfg.rdzv_backend, "--rdzv_endpoint", f"{addr}:{port}",
-            "--rdzv_id", "accel_nb", "--rdzv_conf", conf]  # fmt: skip
-    local = address_toward(addr) if cfg.num_machines > 1 else None
+        conf += f",is_host={int(machine_rank == 0)},read_timeout={seconds}"
+    args += ["--rdzv_backend", backend, "--rdzv_endpoint", f"{addr}:{port}", "--rdzv_id", RUN_ID, "--rdzv_conf", conf]
+    local = address_toward(addr) if num_machines > 1 else None
     if local:
         # the ranks meet at the address machine 0 announces; torch's default (the host name) may
         # resolve to a loopback address on that machine
@@ -144,29 +164,33 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def rendezvous_failure(exc: BaseException, cfg: Any, addr: str, port: int, timeout: float | None) -> str | None:
-    """One line for a rendezvous that did not complete (a machine never came), or None for other errors."""
+def rendezvous_failure(exc: BaseException, num_machines: int, machine_rank: int, addr: str, port: int,
+                       timeout: float | None, names: dict[str, str] = CLI_NAMES) -> str | None:  # fmt: skip
+    """One line for a rendezvous that did not complete (a machine never came), or None for other errors.
+
+    ``names`` are the face's names of the rank and timeout options (the CLI's flags by default).
+    """
     chain = _chain(exc)
-    names = " ".join(type(e).__name__ for e in chain)
+    kinds = " ".join(type(e).__name__ for e in chain)
     text = " ".join(str(e) for e in chain).lower()
-    if "Rendezvous" not in names and "DistStoreError" not in names and "DistNetworkError" not in names:
+    if "Rendezvous" not in kinds and "DistStoreError" not in kinds and "DistNetworkError" not in kinds:
         if not any(w in text for w in _TIMEOUT_WORDS):
             return None
     seconds = round(timeout if timeout is not None else DEFAULT_RDZV_TIMEOUT)
     where = f"{addr}:{port}"
-    others = ", ".join(str(r) for r in range(1, cfg.num_machines))
-    if cfg.num_machines == 1:
+    wait = f"or wait longer with {names['timeout']}"
+    if num_machines == 1:
         return f"the rendezvous at {where} did not complete within {seconds}s ({type(exc).__name__}: {exc})"
-    if cfg.machine_rank == 0:
+    if machine_rank == 0:
+        others = ", ".join(str(r) for r in range(1, num_machines))
         return (
-            f"the other machine(s) did not join the rendezvous at {where} within {seconds}s "
-            f"(--rdzv_timeout): start the same command with --machine_rank {others} on them, check that "
-            f"they reach {where} (address, firewall), or wait longer with --rdzv_timeout"
+            f"the other machine(s) did not join the rendezvous at {where} within {seconds}s: start them "
+            f"with {names['rank']} {others}, check that they reach {where} (address, firewall), {wait}"
         )
     if any(w in text for w in _CONNECT_WORDS + _TIMEOUT_WORDS):
         return (
-            f"could not join the main machine at {where} within {seconds}s (--rdzv_timeout): start "
-            f"--machine_rank 0 on the machine with address {addr}, check that this machine reaches "
-            f"{where} (address, firewall), or wait longer with --rdzv_timeout"
+            f"could not join the main machine at {where} within {seconds}s: start machine 0 "
+            f"({names['rank']} 0) on the machine with address {addr}, check that this machine reaches "
+            f"{where} (address, firewall), {wait}"
         )
     return None

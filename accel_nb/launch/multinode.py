@@ -1,0 +1,113 @@
+"""This machine's seat in a job of several machines, taken from a notebook: torchrun's rendezvous, no agent loop.
+
+A notebook launch with ``num_nodes > 1`` does what torchrun's elastic agent does before and after
+its ranks run — the rendezvous (static or c10d, with the same arguments ``accel-nb launch``
+gives torch), the global ranks, the exit barrier — so its ranks join the same job as an
+``accel-nb launch`` (or another notebook) on the other machines. The ranks themselves are
+started and watched by the notebook launcher as usual.
+
+    seat = MachineSeat(num_machines=2, machine_rank=1, nproc=2, addr="10.0.0.1", port=29500)
+    seat.join()                  # blocks until every machine arrived (LaunchSetupError after the timeout)
+    seat.rank_env(0)             # RANK=2, WORLD_SIZE=4, LOCAL_RANK=0, GROUP_RANK=1, MASTER_ADDR=..., ...
+    seat.leave(succeeded=True)   # the exit barrier with the other machines' agents, then close
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..elastic import RUN_ID, agent_arguments, rendezvous_failure
+from .errors import LaunchSetupError
+
+__all__ = ["MachineSeat", "NOTEBOOK_NAMES"]
+
+# the notebook_launcher arguments named in rendezvous errors
+NOTEBOOK_NAMES = {"ip": "master_addr=", "port": "use_port=", "rank": "node_rank=",
+                  "timeout": "rdzv_conf={'timeout': seconds}"}  # fmt: skip
+
+
+class MachineSeat:
+    """The rendezvous of torchrun's agent for ``nproc`` local ranks of machine ``machine_rank``."""
+
+    def __init__(self, num_machines: int, machine_rank: int, nproc: int, addr: str, port: int,
+                 backend: str = "static", timeout: float | None = None) -> None:  # fmt: skip
+        if backend not in ("static", "c10d"):
+            raise LaunchSetupError(f"rdzv_backend={backend!r} is not one of 'static', 'c10d'")
+        self.num_machines, self.machine_rank, self.nproc = num_machines, machine_rank, nproc
+        self.addr, self.port, self.backend, self.timeout = addr, port, backend, timeout
+        self._agent: Any = None
+
+    def _make_agent(self) -> Any:
+        """torch's agent, configured from the same arguments ``accel-nb launch`` passes (never run)."""
+        from torch.distributed.elastic.agent.server.api import WorkerSpec
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous import registry
+        from torch.distributed.launcher.api import _get_addr_and_port
+        from torch.distributed.run import config_from_args, parse_args
+
+        args = agent_arguments(self.num_machines, self.machine_rank, self.nproc, self.backend,
+                               self.addr, self.port, self.timeout)  # fmt: skip
+        config, _, _ = config_from_args(parse_args([*args, "accel_nb_notebook_ranks"]))
+        params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=RUN_ID,
+                                      min_nodes=config.min_nodes, max_nodes=config.max_nodes,
+                                      local_addr=config.local_addr, **config.rdzv_configs)  # fmt: skip
+        master_addr, master_port = _get_addr_and_port(params)
+        spec = WorkerSpec(role=config.role, local_world_size=self.nproc, entrypoint="python", args=(),
+                          rdzv_handler=registry.get_rendezvous_handler(params), max_restarts=0,
+                          monitor_interval=config.monitor_interval, master_addr=master_addr,
+                          master_port=master_port, local_addr=config.local_addr)  # fmt: skip
+        return LocalElasticAgent(spec=spec, logs_specs=config.logs_specs, start_method="fork")
+
+    def join(self) -> None:
+        """Meet the other machines; ``LaunchSetupError`` naming the endpoint when one never comes."""
+        agent = self._make_agent()
+        try:
+            agent._rendezvous(agent._worker_group)  # torch's own rendezvous and rank assignment
+        except Exception as exc:
+            said = rendezvous_failure(exc, self.num_machines, self.machine_rank, self.addr, self.port,
+                                      self.timeout, NOTEBOOK_NAMES)  # fmt: skip
+            if said is None:
+                raise
+            raise LaunchSetupError(said) from None
+        self._agent = agent
+
+    def rank_env(self, local_rank: int) -> dict[str, str]:
+        """The torchrun environment of local rank ``local_rank`` (its global rank from the rendezvous)."""
+        group = self._agent._worker_group
+        worker = group.workers[local_rank]
+        spec = group.spec
+        return {
+            "RANK": str(worker.global_rank),
+            "WORLD_SIZE": str(worker.world_size),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "GROUP_RANK": str(group.group_rank),
+            "GROUP_WORLD_SIZE": str(group.group_world_size),
+            "NODE_RANK": str(group.group_rank),
+            "ROLE_RANK": str(worker.role_rank),
+            "ROLE_NAME": spec.role,
+            "ROLE_WORLD_SIZE": str(worker.role_world_size),
+            "MASTER_ADDR": str(group.master_addr),
+            "MASTER_PORT": str(group.master_port),
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
+            "TORCHELASTIC_USE_AGENT_STORE": str(spec.rdzv_handler.use_agent_store),
+        }
+
+    @property
+    def global_ranks(self) -> list[int]:
+        """The global rank of each local rank."""
+        return [w.global_rank for w in self._agent._worker_group.workers]
+
+    def leave(self, succeeded: bool) -> None:
+        """After the local ranks: the agents' exit barrier when they succeeded (as torchrun), then close."""
+        agent, self._agent = self._agent, None
+        if agent is None:
+            return
+        try:
+            if succeeded:
+                agent._exit_barrier()  # logs and returns when another machine failed
+        finally:
+            agent._worker_group.spec.rdzv_handler.shutdown()
