@@ -56,6 +56,19 @@ def new_namespace() -> dict[str, Any]:
     return {"__name__": "__main__", "__builtins__": builtins}
 
 
+def bind_to_namespace(value: Any, namespace: dict[str, Any]) -> Any:
+    """A function defined in the notebook (``__main__``) reads its globals from the rank's namespace, as a cell does."""
+    import types
+
+    if not (isinstance(value, types.FunctionType) and value.__module__ == "__main__"):
+        return value
+    fn = types.FunctionType(value.__code__, namespace, value.__name__, value.__defaults__, value.__closure__)
+    fn.__kwdefaults__ = value.__kwdefaults__
+    fn.__qualname__ = value.__qualname__
+    fn.__dict__.update(value.__dict__)
+    return fn
+
+
 class SessionCommand:
     """A payload that runs in the rank's persistent namespace (set by the loop before it runs)."""
 
@@ -135,12 +148,7 @@ class RunFunction(SessionCommand):
         return getattr(self.function, "__qualname__", None) or repr(self.function)
 
     def run(self, rank: int) -> Any:
-        import types
-
-        fn = self.function
-        if isinstance(fn, types.FunctionType) and fn.__module__ == "__main__":
-            fn = types.FunctionType(fn.__code__, self.namespace, fn.__name__, fn.__defaults__, fn.__closure__)
-            fn.__kwdefaults__ = self.function.__kwdefaults__
+        fn = bind_to_namespace(self.function, self.namespace)
         return {"value": fn(*self.args, **self.kwargs), "names": {}}
 
 
@@ -154,7 +162,7 @@ class Push(SessionCommand):
         return "push " + ", ".join(self.values)
 
     def run(self, rank: int) -> Any:
-        self.namespace.update(self.values)
+        self.namespace.update({k: bind_to_namespace(v, self.namespace) for k, v in self.values.items()})
         return {"value": None, "names": {}}
 
 

@@ -1,0 +1,96 @@
+"""``accel_nb.Session`` outside IPython: real ranks (gloo on CPU) that keep their namespace across commands."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from accel_nb import LaunchError, Session
+from accel_nb.launch.errors import LaunchSetupError
+from accel_nb.launch.session import SessionError
+from accel_nb.notebook.session import status_text
+from tests.process_helpers import assert_no_descendants
+
+pytestmark = [pytest.mark.multiproc]
+
+
+NOTEBOOK = {"__name__": "__main__"}  # a function defined in a notebook: module __main__, sent by value
+exec("def helper(n):\n    return n * 100 + rank  # rank: a name of the rank's namespace\n", NOTEBOOK)
+
+
+@pytest.fixture(scope="module")
+def session():
+    with Session(num_processes=2, cpu=True, progress="text") as s:
+        yield s
+    assert_no_descendants(psutil.Process(), within=5)
+
+
+def test_code_function_push_and_pull_share_one_namespace_per_rank(session):
+    assert session.run("import torch.distributed as dist\nrank = dist.get_rank()\nrank * 10") == [0, 10]
+    session.push(offset=5, helper=NOTEBOOK["helper"])
+    assert session.run("rank + offset") == [5, 6]
+    assert session.run("helper(2)", rank=1) == 201
+    assert session.run(lambda a, b=0: a + b, args=(3,), kwargs={"b": 4}) == [7, 7]
+    import torch
+
+    session.run("import torch\nweights = torch.full((2,), float(rank))")
+    pulled = session.pull("weights", rank=1)
+    assert isinstance(pulled, torch.Tensor) and pulled.tolist() == [1.0, 1.0]
+
+
+def test_a_failing_command_keeps_the_ranks_and_their_namespace(session):
+    before = [row["pid"] for row in session.status()]
+    with pytest.raises(LaunchError) as info:
+        session.run("kept = 'yes'\nif rank == 1:\n    raise KeyError('only on rank 1')\n")
+    text = str(info.value)
+    assert "rank 1 (first to fail) failed: KeyError" in text and "namespaces intact" in text
+    assert info.value.failures[0].rank == 1
+    assert session.run("kept") == ["yes", "yes"]
+    assert [row["pid"] for row in session.status()] == before
+
+
+def test_status_and_its_text_say_pid_device_memory_and_state(session):
+    rows = session.status()
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(r["device"] == "cpu" and r["memory"] > 0 and r["state"] == "idle" for r in rows)
+    text = status_text(session)
+    assert "session of 2 ranks (gloo, fork)" in text
+    for r in rows:
+        assert str(r["pid"]) in text
+
+
+def test_bad_requests_name_the_cause(session):
+    with pytest.raises(SessionError, match="rank 5 does not exist"):
+        session.run("1", rank=5)
+    with pytest.raises(LaunchError, match="rank 0 has no variable 'nothing_here'"):
+        session.pull("nothing_here")
+    with pytest.raises(SyntaxError):
+        session.run("def broken(:")
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        Session(num_processes=2, no_such_option=1)
+    with pytest.raises(LaunchSetupError, match="start_method"):
+        Session(start_method="thread")
+    with pytest.raises(SessionError, match="no session is running"):
+        Session(num_processes=1, cpu=True).run("1")
+
+
+def test_a_rank_that_dies_breaks_the_session_and_restart_recovers(session):
+    with pytest.raises(LaunchError) as info:
+        session.run("import os\nif rank == 1:\n    os._exit(3)\n")
+    assert "rank 1" in str(info.value) and "session is broken" in str(info.value)
+    assert [r["state"] for r in session.status()][1] == "dead"
+    with pytest.raises(SessionError, match="broken.*restart"):
+        session.run("1")
+    session.restart()
+    assert session.run("import torch.distributed as dist\ndist.get_rank()") == [0, 1]
+    assert session.run("'rank' in globals()") == [False, False]  # a fresh namespace after a restart
+
+
+def test_spawned_session_keeps_state_too():
+    with Session(num_processes=2, cpu=True, start_method="spawn", progress="text") as s:
+        assert s.plan.start_method == "spawn"
+        s.run("import torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)")
+        assert s.run("t.item()") == [2.0, 2.0]
+        pids = [r["pid"] for r in s.status()]
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
