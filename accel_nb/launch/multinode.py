@@ -41,8 +41,7 @@ class MachineSeat:
         """torch's agent, configured from the same arguments ``accel-nb launch`` passes (never run)."""
         from torch.distributed.elastic.agent.server.api import WorkerSpec
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-        from torch.distributed.elastic.rendezvous import RendezvousParameters
-        from torch.distributed.elastic.rendezvous import registry
+        from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
         from torch.distributed.launcher.api import _get_addr_and_port
         from torch.distributed.run import config_from_args, parse_args
 
