@@ -425,3 +425,35 @@ def test_a_list_of_index_lists_completes_its_last_round_with_whole_first_batches
     assert uneven == [[[0, 1, 2], [6, 7], [11]], [[3, 4, 5], [8, 9, 10]]]
     with pytest.raises(ValueError, match="split_batches=True needs a batch sampler with a fixed batch_size"):
         BatchSamplerShard(batches, 2, 0, split_batches=True, even_batches=False)
+
+
+class EpochSampler(SequentialSampler):
+    epoch = -1
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+class PairsOf:
+    """A batch sampler of its own (not torch's BatchSampler): pairs of its sampler's indices."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        order = list(self.sampler)
+        return iter([order[i : i + 2] for i in range(0, len(order), 2)])
+
+    def __len__(self):
+        return (len(self.sampler) + 1) // 2
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("batch_sampler", [lambda s: BatchSampler(s, 2, False), PairsOf])
+def test_set_epoch_reaches_the_sampler_inside_a_given_batch_sampler(world, batch_sampler):
+    ds = TensorDataset(torch.arange(8))
+    sampler = EpochSampler(ds)
+    loader = prepare_data_loader(DataLoader(ds, batch_sampler=batch_sampler(sampler)), num_processes=world, process_index=0)
+    loader.set_epoch(3)
+    assert sampler.epoch == 3
+    assert _ids(loader) == ([[0, 1], [2, 3], [4, 5], [6, 7]] if world == 1 else [[0, 1], [4, 5]])
