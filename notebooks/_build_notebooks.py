@@ -476,10 +476,104 @@ print(f"num_processes={config.num_processes}, mixed_precision={config.mixed_prec
 ]
 
 
+# ----------------------------------------------------------------------------- interactive session
+SESSION = [
+    md("""
+# An interactive session: two warm workers that keep their state across cells
+
+`%accelerate start` starts two workers once; every `%%accelerate` cell after it runs on both, in
+their own persistent namespaces, with a real process group (gloo on CPU). Build the model in one
+cell, train in the next, evaluate in a third, fix a failing cell and run it again — nothing is
+reloaded. See docs/sessions.md.
+"""),
+    code("""
+%load_ext accel_nb
+%accelerate start -n 2 --cpu
+"""),
+    md("## Cell A: data, model and an Accelerator on every rank"),
+    code("""
+%%accelerate
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from accel_nb import Accelerator
+
+torch.manual_seed(0)
+accelerator = Accelerator()
+x = torch.randn(256, 8)
+y = x @ torch.linspace(-1.0, 1.0, 8)
+loader = DataLoader(TensorDataset(x, y), batch_size=16)
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+f"rank {accelerator.process_index}: {len(loader)} batches"
+"""),
+    md("## Cell B: one epoch of training (run it again for another epoch)"),
+    code("""
+%%accelerate
+for xb, yb in loader:
+    loss = torch.nn.functional.mse_loss(model(xb).squeeze(-1), yb)
+    optimizer.zero_grad()
+    accelerator.backward(loss)
+    optimizer.step()
+round(loss.item(), 4)
+"""),
+    md("## Cell C: evaluate, and bring the metric back into the notebook"),
+    code("""
+%%accelerate
+with torch.no_grad():
+    errors = torch.stack([torch.nn.functional.mse_loss(model(xb).squeeze(-1), yb) for xb, yb in loader])
+mse = accelerator.reduce(errors.mean(), "mean").item()
+"""),
+    code("""
+%accelerate pull mse
+print(f"evaluation mse after one epoch: {mse:.4f} (below 1.0: {mse < 1.0})")
+""", "key-result"),
+    md("""
+## A failing cell leaves the workers alive
+
+Rank 1 raises; the cell reports it, and both namespaces are intact: fix the cell and rerun it.
+"""),
+    code("""
+%%accelerate
+threshold = 0.5
+if accelerator.process_index == 1:
+    raise ValueError("a bug only rank 1 hits")
+""", "raises-exception"),
+    code("""
+%%accelerate
+threshold = 0.5
+(accelerator.process_index, round(mse, 4), threshold)  # mse from cell C is still here
+"""),
+    md("## Moving data: push notebook values to every rank, pull one back"),
+    code("""
+scale = 10.0
+%accelerate push scale
+"""),
+    code("""
+%%accelerate --rank 1
+scaled = scale * accelerator.process_index
+"""),
+    code("""
+%accelerate pull scaled --rank 1
+print(f"rank 1 computed scaled = {scaled}")
+""", "key-result"),
+    md("## Status, then stop (no worker process is left)"),
+    code("""
+%accelerate status
+"""),
+    code("""
+%accelerate stop
+import psutil
+print(f"worker processes left: {len(psutil.Process().children(recursive=True))}")
+""", "key-result"),
+]
+
+
 NOTEBOOKS = {
     "quickstart.ipynb": QUICKSTART,
     "big_model_inference.ipynb": BIG_MODEL,
     "config_wizard.ipynb": WIZARD,
+    "interactive_session.ipynb": SESSION,
 }
 
 

@@ -61,7 +61,12 @@ def test_notebooks_match_their_generator():
 
 def test_every_notebook_is_covered_here():
     names = sorted(f for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb"))
-    assert names == ["big_model_inference.ipynb", "config_wizard.ipynb", "quickstart.ipynb"]
+    assert names == [
+        "big_model_inference.ipynb",
+        "config_wizard.ipynb",
+        "interactive_session.ipynb",
+        "quickstart.ipynb",
+    ]
 
 
 @pytest.mark.notebooks
@@ -121,6 +126,19 @@ def test_big_model_inference_runs():
     assert "same tokens as the in-memory model: True" in results
     assert "cpu_offload: forward matches the in-memory model: True" in results
     assert "disk_offload: forward matches the in-memory model: True" in results
+
+
+@pytest.mark.notebooks
+def test_interactive_session_notebook_keeps_state_across_cells():
+    nb = runner.execute_notebook(os.path.join(NOTEBOOKS, "interactive_session.ipynb"), timeout=600)
+    errors = error_outputs(nb)
+    assert len(errors) == 1 and "rank 1 (first to fail) failed: ValueError" in errors[0], errors  # the tagged cell
+    results = "\n".join(runner.key_results(nb))
+    assert "(below 1.0: True)" in results
+    assert "rank 1 computed scaled = 10.0" in results
+    assert "worker processes left: 0" in results
+    text = all_text(nb)
+    assert "[rank 1] (1, " in text and "[rank 0] (0, " in text  # the rerun cell saw cell C's mse on both ranks
 
 
 @pytest.mark.notebooks
