@@ -36,7 +36,8 @@ QUICKSTART = [
 
 This notebook takes a plain PyTorch training loop, changes four lines, and runs it on **two
 processes** — first with `notebook_launcher`, then with the `%%accelerate` cell magic — with a
-live progress bar per rank and the results brought back into the notebook. It runs on a laptop
+live progress bar per rank, its metrics logged once to TensorBoard, and the results brought
+back into the notebook. It runs on a laptop
 CPU in well under a minute: on a machine without GPUs the two processes form a real gloo group
 and train one model together (DistributedDataParallel), each on half of every batch of data.
 """),
@@ -66,7 +67,7 @@ def train_plain(epochs=3, lr=0.05):
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loader = DataLoader(make_dataset(), batch_size=32, shuffle=True)
-    for epoch in range(epochs):
+    for _epoch in range(epochs):
         for x, y in loader:
             loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
             optimizer.zero_grad()
@@ -109,7 +110,7 @@ def train(epochs=3, lr=0.05):
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     history = []
     with progress(total=epochs * len(loader), desc="train") as bar:
-        for epoch in range(epochs):
+        for _epoch in range(epochs):
             for x, y in loader:
                 loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
                 optimizer.zero_grad()
@@ -159,14 +160,66 @@ except LaunchError as err:
         "key-result",
     ),
     md("""
-## 4. `%%accelerate`: run a cell on two processes
+## 4. Experiment tracking: log once, to TensorBoard
+
+`Accelerator(log_with="tensorboard", project_dir=...)` writes what `accelerator.log` receives to
+TensorBoard event files (also `"mlflow"`, `"wandb"`, `"all"` or your own tracker). Only process 0
+writes: the run holds each step once, however many processes log. `init_trackers` stores the
+hyper-parameters with the run. While it runs, the cell draws every rank's logged values as small
+live curves under the progress bars, and the final picture stays in the notebook.
+"""),
+    code("""
+import tempfile
+
+runs_dir = tempfile.mkdtemp(prefix="quickstart_runs_")  # tensorboard --logdir <this folder>
+
+
+def train_logged(epochs=3, lr=0.05):
+    accelerator = Accelerator(log_with="tensorboard", project_dir=runs_dir)
+    accelerator.init_trackers("quickstart", config={"epochs": epochs, "lr": lr, "batch_size": 32})
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = DataLoader(make_dataset(), batch_size=32, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    step = 0
+    for _epoch in range(epochs):
+        for x, y in progress(loader, desc="train"):
+            loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
+            optimizer.zero_grad()
+            accelerator.backward(loss)
+            optimizer.step()
+            accelerator.log({"loss": loss, "lr": lr}, step=step)  # process 0 writes; every rank is drawn
+            step += 1
+    accelerator.end_training()
+
+
+notebook_launcher(train_logged, num_processes=2)
+"""),
+    code(
+        """
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+run = EventAccumulator(f"{runs_dir}/quickstart")  # TensorBoard's own reader
+run.Reload()
+losses = run.Scalars("loss")
+steps = [point.step for point in losses]
+print(f"TensorBoard run: {len(losses)} loss points, steps {steps[0]}..{steps[-1]}, each once: {len(set(steps)) == len(steps)}")
+print(f"loss {losses[0].value:.4f} -> {losses[-1].value:.4f}; view it with: tensorboard --logdir {runs_dir}")
+""",
+        "key-result",
+    ),
+    md("""
+## 5. `%%accelerate`: run a cell on two processes
 
 Load the extension once, then `%%accelerate` runs a whole cell on N processes. The cell sees
 everything defined above (`make_model`, `make_dataset`, the imports). `--return` copies the
 named variables from rank 0 back into this notebook when the cell succeeds: here the per-step
 loss and the trained model (modules come back on the CPU).
 """),
-    code("%load_ext accel_nb"),
+    code("""
+%load_ext accel_nb
+history, trained = [], None  # filled in by the cell below (--return)
+"""),
     code("""
 %%accelerate --num_processes 2 --return history,trained
 accelerator = Accelerator()
@@ -176,7 +229,7 @@ loader = DataLoader(make_dataset(), batch_size=32, shuffle=True)
 model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 history = []
 with progress(total=3 * len(loader), desc="train") as bar:
-    for epoch in range(3):
+    for _epoch in range(3):
         for x, y in loader:
             loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
             optimizer.zero_grad()
@@ -186,41 +239,17 @@ with progress(total=3 * len(loader), desc="train") as bar:
             bar.update()
 trained = accelerator.unwrap_model(model)
 """),
-    md("## 5. The results, back in the notebook"),
+    md("## 6. The results, back in the notebook"),
     code("""
-from IPython.display import SVG
+import matplotlib.pyplot as plt
 
-
-def plot_lines(series, width=560, height=260, pad=44):
-    \"\"\"A tiny line plot rendered as SVG (no plotting library needed).\"\"\"
-    values = [v for ys in series.values() for v in ys]
-    lo, hi = min(values), max(values)
-    n = max(len(ys) for ys in series.values())
-
-    def point(i, v):
-        x = pad + (width - 2 * pad) * i / max(n - 1, 1)
-        y = height - pad - (height - 2 * pad) * (v - lo) / ((hi - lo) or 1.0)
-        return f"{x:.1f},{y:.1f}"
-
-    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"]
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        'font-family="sans-serif" font-size="12">',
-        f'<rect x="{pad}" y="{pad}" width="{width - 2 * pad}" height="{height - 2 * pad}" fill="none" stroke="#bbb"/>',
-        f'<text x="4" y="{pad + 4}">{hi:.3g}</text><text x="4" y="{height - pad + 4}">{lo:.3g}</text>',
-        f'<text x="{pad}" y="{height - pad + 18}">step 0</text>',
-        f'<text x="{width - pad - 60}" y="{height - pad + 18}">step {n - 1}</text>',
-    ]
-    for k, (label, ys) in enumerate(series.items()):
-        color = colors[k % len(colors)]
-        points = " ".join(point(i, v) for i, v in enumerate(ys))
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{points}"/>')
-        parts.append(f'<text x="{width - pad - 150}" y="{pad + 18 + 16 * k}" fill="{color}">{label}</text>')
-    parts.append("</svg>")
-    return SVG("".join(parts))
-
-
-plot_lines({"loss (mean over ranks)": history})
+fig, ax = plt.subplots(figsize=(6, 2.6))
+ax.plot(history, label="loss (mean over ranks)")
+ax.set_xlabel("step")
+ax.set_ylabel("MSE")
+ax.grid(alpha=0.3)
+ax.legend()
+plt.show()
 """),
     code(
         """

@@ -100,9 +100,14 @@ def test_quickstart_progress_bars_reach_100_percent(lab, page):
     assert "failed" in text and "ValueError" in text and "boom on rank 1" in text
     assert "caught: rank 1 failed with ValueError: boom on rank 1" in text
     failing.screenshot(path=os.path.join(SHOTS, "quickstart_failure.png"))
+    # the tracked launch drew its logged loss as curves under the bars
+    tracked = cell(page, "notebook_launcher(train_logged")
+    wait_until(lambda: tracked.evaluate("n => [...n.querySelectorAll('.jp-OutputArea-output img')]"
+                                        ".some(i => i.naturalWidth > 0)"), 30, "the launch's curves")  # fmt: skip
+    tracked.screenshot(path=os.path.join(SHOTS, "quickstart_tracking.png"))
     # the results came back and were plotted
-    plot = cell(page, "plot_lines({")
-    assert plot.locator(".jp-RenderedSVG").count() == 1  # drawn from the values --return brought back
+    plot = cell(page, "ax.plot(history")
+    assert plot.locator(".jp-RenderedImage img").count() == 1  # drawn from the values --return brought back
     assert "trained model (back in this notebook): Sequential" in cell(page, "final_mse").inner_text()
     screenshot(page, "quickstart_end", SHOTS)
 

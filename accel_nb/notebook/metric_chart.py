@@ -86,7 +86,7 @@ class MetricChart:
         import ipywidgets as W
 
         self.interval = interval
-        self.image = W.Image(format="png", layout=W.Layout(display="none", max_width="100%"))
+        self.image = W.Image(format="png", layout=W.Layout(display="none", max_width="100%", align_self="flex-start"))
         self.text = W.HTML(value="")
         self.widget = W.VBox([self.image, self.text])
         self.png: bytes | None = None  # the last picture drawn
