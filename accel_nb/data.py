@@ -253,7 +253,7 @@ class DataLoaderShard(DataLoader):
         if self.rng_types or self.synchronized_generator is not None:
             self._synchronize_rngs()
         shuffler = random_sampler(self.batch_sampler)
-        self._shuffle.begin(shuffler, self.generator)
+        self._shuffle.begin(shuffler, self.generator, new_iterator=not (self.persistent_workers and self._iterator))
         self._apply_epoch()
         resume = self._resume_skip
         self._resume_skip = 0
@@ -272,7 +272,8 @@ class DataLoaderShard(DataLoader):
                 # epoch began, before its RNG state was saved: the resumed pass must not draw again
                 rng = torch.get_rng_state()
                 try:
-                    it = super().__iter__()
+                    with self._shuffle.loader_generator_hidden(self):
+                        it = super().__iter__()
                 finally:
                     torch.set_rng_state(rng)
             else:

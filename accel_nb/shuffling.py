@@ -19,6 +19,8 @@ process) the seed it drew from torch's RNG, so a resumed pass draws the same per
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -87,26 +89,35 @@ def _nth_draw(rng_state: torch.Tensor, n: int) -> int:
 class PassShuffle:
     """What the permutation of the pass in progress is drawn from, to draw it again on resume.
 
-    ``begin(sampler, loader_generator)`` runs at the start of a pass, before the DataLoader
-    iterator exists; ``saved()`` is the loader's ``state_dict()`` entry; ``restore(entry,
-    sampler)`` puts it back for a resumed pass, and ``end(sampler)`` undoes a temporary generator.
+    ``begin(sampler, loader_generator, new_iterator)`` runs at the start of a pass, before the
+    DataLoader iterator exists; ``saved()`` is the loader's ``state_dict()`` entry;
+    ``restore(entry, sampler)`` puts it back for a resumed pass (``loader_generator_hidden``
+    then keeps the iterator's base seed from drawing on the shuffle's generator when the
+    interrupted pass did not), and ``end(sampler)`` undoes a temporary generator.
     """
 
     def __init__(self) -> None:
         self._record: tuple[str, Any] | None = None
-        self._temporary = False
+        self._temporary = False  # the sampler got a generator for this resumed pass only
+        self._hide_loader_generator = False
 
-    def begin(self, sampler: RandomSampler | None, loader_generator: torch.Generator | None) -> None:
+    def begin(
+        self, sampler: RandomSampler | None, loader_generator: torch.Generator | None, new_iterator: bool = True
+    ) -> None:
         if sampler is None:
             self._record = None
         elif self._temporary:
             pass  # a resumed pass: its seed is already recorded
         elif sampler.generator is not None:
-            self._record = ("generator_state", sampler.generator.get_state())
+            # a new iterator first draws its base seed from the loader's generator, which may be this one
+            drawn = new_iterator and loader_generator is sampler.generator and not self._hide_loader_generator
+            self._record = ("generator_state", (sampler.generator.get_state(), drawn))
         else:
-            # RandomSampler draws its seed from torch's RNG on its first item, right after the
-            # iterator drew its base seed (from the same RNG when the loader has no generator)
-            self._record = ("global_rng", (torch.get_rng_state(), 2 if loader_generator is None else 1))
+            # RandomSampler draws its seed from torch's RNG on its first item, right after a new
+            # iterator drew its base seed (from the same RNG when the loader has no generator;
+            # persistent workers keep their iterator, and its base seed, from pass to pass)
+            base_seed_draws = 1 if loader_generator is None and new_iterator else 0
+            self._record = ("global_rng", (torch.get_rng_state(), base_seed_draws + 1))
 
     def saved(self) -> dict[str, Any] | None:
         if self._record is None:
@@ -116,20 +127,34 @@ class PassShuffle:
             return {"seed": _nth_draw(*value)}
         if kind == "seed":
             return {"seed": value}
-        return {"generator_state": value}
+        return {"generator_state": value[0], "base_seed_drawn": value[1]}
 
     def restore(self, entry: dict[str, Any] | None, sampler: RandomSampler | None) -> None:
         if not entry or sampler is None:
             return
         if "generator_state" in entry and sampler.generator is not None:
             sampler.generator.set_state(entry["generator_state"])
+            self._hide_loader_generator = not entry.get("base_seed_drawn", True)
         elif "seed" in entry and sampler.generator is None:
             sampler.generator = torch.Generator()
             sampler.generator.manual_seed(int(entry["seed"]))
             self._temporary = True
             self._record = ("seed", int(entry["seed"]))
 
+    @contextlib.contextmanager
+    def loader_generator_hidden(self, loader: Any) -> Iterator[None]:
+        """Within: ``loader.generator`` is a throwaway when the resumed pass must not draw from it."""
+        if not self._hide_loader_generator:
+            yield
+            return
+        kept, loader.generator = loader.generator, torch.Generator()
+        try:
+            yield
+        finally:
+            loader.generator = kept
+
     def end(self, sampler: RandomSampler | None) -> None:
         if self._temporary and sampler is not None:
             sampler.generator = None  # back to drawing a seed per pass, as PyTorch does
         self._temporary = False
+        self._hide_loader_generator = False
