@@ -109,8 +109,9 @@ class PassShuffle:
         elif self._temporary:
             pass  # a resumed pass: its seed is already recorded
         elif sampler.generator is not None:
-            # a new iterator first draws its base seed from the loader's generator, which may be this one
-            drawn = new_iterator and loader_generator is sampler.generator and not self._hide_loader_generator
+            # a new iterator first draws its base seed from the loader's generator (perhaps this one);
+            # persistent workers keep their iterator, and draw none
+            drawn = new_iterator and not self._hide_loader_generator
             self._record = ("generator_state", (sampler.generator.get_state(), drawn))
         else:
             # RandomSampler draws its seed from torch's RNG on its first item, right after a new
