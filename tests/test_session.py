@@ -86,6 +86,12 @@ def test_a_rank_that_dies_breaks_the_session_and_restart_recovers(session):
     assert session.run("'rank' in globals()") == [False, False]  # a fresh namespace after a restart
 
 
+def test_launch_options_reach_the_ranks():
+    with Session(num_processes=2, cpu=True, mixed_precision="bf16", env={"MY_SETTING": "x"}, progress="text") as s:
+        code = "import os\nfrom accel_nb import Accelerator\n(Accelerator().mixed_precision, os.environ['MY_SETTING'])"
+        assert s.run(code) == [("bf16", "x"), ("bf16", "x")]
+
+
 def test_spawned_session_keeps_state_too():
     with Session(num_processes=2, cpu=True, start_method="spawn", progress="text") as s:
         assert s.plan.start_method == "spawn"

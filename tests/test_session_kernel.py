@@ -110,6 +110,22 @@ def test_status_shows_each_rank_pid_device_memory_and_state(kernel):
     assert "idle" in html and "cpu" in html and re.search(r"\d ?[KMG]i?B", html), html
 
 
+def test_wrong_use_of_the_verbs_and_flags_is_a_one_line_error(kernel):
+    def usage(code: str) -> str:  # IPython prints a UsageError as one line on stderr
+        out = kernel.run(code)
+        assert "UsageError: " in out.stderr, out.text
+        return out.stderr
+
+    assert "cannot change while a session is running" in usage("%%accelerate -n 3\n1")
+    assert "unknown verb 'launch'" in usage("%accelerate launch")
+    assert "already running" in usage("%accelerate start -n 2")
+    assert "no variable 'not_in_the_notebook'" in usage("%accelerate push not_in_the_notebook")
+    out = kernel.run("%%accelerate --rank 7\n1")
+    assert out.error["ename"] == "SessionError" and "rank 7 does not exist" in out.error["evalue"], out.text
+    text = _ok(kernel.run("%%accelerate --rank 1\naccelerator.process_index"))
+    assert "[rank 1] 1" in text and "[rank 0]" not in text, text
+
+
 def test_a_cell_failing_on_rank_1_is_fixed_and_rerun_without_restart(kernel):
     out = kernel.run(
         "%%accelerate\n"

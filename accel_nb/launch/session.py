@@ -319,7 +319,7 @@ class WarmSession:
             if label.startswith("cell"):
                 self.cell += 1
             cell = label
-            show = rank if rank is not None else "all"
+            show = rank if rank is not None else self.options.show_ranks
             reporter = TextReporter(show_ranks=show) if quiet else self.reporter_factory(self.num_processes, show, title)
             reporter = _start(reporter, self.num_processes, {"title": title, "log_dir": self.log_dir})
             procs = [self.procs[r] for r in ranks]
