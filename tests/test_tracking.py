@@ -6,11 +6,14 @@ MLflow's client, W&B's offline record file.
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
 import struct
+import subprocess
 import sys
+import time
 import warnings
 
 import pytest
@@ -120,6 +123,22 @@ def test_mlflow_local_store_holds_metrics_and_params(tmp_path, monkeypatch):
     assert client.get_experiment(run.info.experiment_id).name == "demo"
 
 
+def test_mlflow_runs_of_two_project_dirs_go_to_their_own_stores(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    for name in ("a", "b"):
+        acc = Accelerator(cpu=True, log_with="mlflow", project_dir=str(tmp_path / name))
+        acc.init_trackers("demo")
+        acc.log({"loss": 1.0}, step=0)
+        acc.end_training()
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # the user's environment is left as it was
+    for name in ("a", "b"):
+        client = MlflowClient((tmp_path / name / "mlruns").as_uri())
+        assert len(client.search_runs([client.get_experiment_by_name("demo").experiment_id])) == 1
+
+
 def test_mlflow_refusing_the_file_store_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
@@ -132,8 +151,8 @@ def wandb_records(run_dir: str) -> list[object]:
     """The records of an offline run's .wandb file (a LevelDB-style log of protobuf records)."""
     from wandb.proto import wandb_internal_pb2
 
-    raw = open(glob.glob(os.path.join(run_dir, "*.wandb"))[0], "rb").read()
-    assert raw[:4] == b":W&B"
+    with open(glob.glob(os.path.join(run_dir, "*.wandb"))[0], "rb") as file:
+        raw = file.read()
     block, pos, part, records = 32768, 7, b"", []
     while pos + 7 <= len(raw):
         left = block - pos % block
@@ -164,6 +183,11 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     acc.end_training()
 
     (run_dir,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    # wandb's service may still be writing the file when finish() returns: wait for its exit record
+    deadline = time.monotonic() + 60
+    while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(run_dir)):
+        assert time.monotonic() < deadline, "the offline run never got its exit record"
+        time.sleep(0.2)
     history, config = [], {}
     for record in wandb_records(run_dir):
         kind = record.WhichOneof("record_type")
@@ -255,18 +279,26 @@ def test_flatten_config_converts_and_reports():
         lr: float = 0.1
         kind: str = "sgd"
 
-    flat, dropped = flatten_config({"optim": Optim(), "n": torch.tensor(3), "obj": object(), "ok": True})
-    assert flat == {"optim/lr": 0.1, "optim/kind": "sgd", "n": 3, "ok": True}
+    args = argparse.Namespace(seed=1, out=None)
+    flat, dropped = flatten_config(
+        {"optim": Optim(), "n": torch.tensor(3), "obj": object(), "ok": True, "args": args}
+    )
+    assert flat == {"optim/lr": 0.1, "optim/kind": "sgd", "n": 3, "ok": True, "args/seed": 1, "args/out": "None"}
     assert dropped == ["obj (object)"]
     with pytest.raises(TypeError, match="config must be a dict"):
         flatten_config([1, 2])
 
 
+class EveryRankTracker(ListTracker):
+    name = "every_rank"
+    main_process_only = False
+
+
 def _two_ranks_log(project_dir: str):
     from accel_nb.tracking.base import InactiveTracker
 
-    mine = ListTracker()
-    acc = Accelerator(cpu=True, log_with=["tensorboard", mine], project_dir=project_dir)
+    mine, every = ListTracker(), EveryRankTracker()
+    acc = Accelerator(cpu=True, log_with=["tensorboard", mine, every], project_dir=project_dir)
     acc.init_trackers("ddp", config={"world": acc.num_processes})
     for step in range(4):
         acc.log({"loss": float(step)}, step=step)
@@ -275,13 +307,13 @@ def _two_ranks_log(project_dir: str):
     writer.add_scalar("extra", 1.0, 0)  # a no-op on rank 1
     names = [t.name for t in acc.trackers]
     acc.end_training()
-    return acc.process_index, names, inactive, len(mine.rows)
+    return acc.process_index, names, inactive, len(mine.rows), len(every.rows)
 
 
 @pytest.mark.multiproc
 def test_two_processes_log_each_step_exactly_once(tmp_path):
     results = run_ranks(_two_ranks_log, 2, args=(str(tmp_path),))
-    assert results == [(0, ["tensorboard", "list"], False, 4), (1, [], True, 0)]
+    assert results == [(0, ["tensorboard", "list", "every_rank"], False, 4, 4), (1, ["every_rank"], True, 0, 4)]
     assert len(glob.glob(str(tmp_path / "ddp" / "events.out.tfevents.*"))) == 1
     scalars = tensorboard_scalars(str(tmp_path / "ddp"))
     assert scalars["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
@@ -297,3 +329,35 @@ def test_no_tracker_no_warning():
         acc.log({"loss": 1.0})
         acc.end_training()
     assert acc.trackers == []
+
+
+def test_without_a_step_the_calls_are_numbered(tmp_path):
+    acc = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
+    acc.init_trackers("nostep")
+    for value in (3.0, 2.0, 1.0):
+        acc.log({"loss": value})
+    acc.end_training()
+    assert tensorboard_scalars(str(tmp_path / "nostep"))["loss"] == [(0, 3.0), (1, 2.0), (2, 1.0)]
+
+
+def test_all_with_nothing_installed_warns(monkeypatch):
+    for module in ("tensorboard", "mlflow", "wandb"):
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.warns(UserWarning, match="log_with='all' found no tracker installed"):
+        acc = Accelerator(cpu=True, log_with="all")
+    assert acc.log_with == []
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_the_tracking_example_reads_its_runs_back(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "ACCEL_NB_PROGRESS": "text", "OMP_NUM_THREADS": "1", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    done = subprocess.run(
+        [sys.executable, os.path.join(root, "examples", "tracking_demo.py"), "--out", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=240, cwd=root,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "steps per rank: [24, 24]" in done.stdout
+    assert "tensorboard: 24 loss points, steps 0..23, each once: True" in done.stdout
+    assert "mlflow: 24 loss points, params ['epochs', 'lr', 'model/hidden']" in done.stdout

@@ -106,7 +106,14 @@ class MLflowTracker(GeneralTracker):
         from mlflow.exceptions import MlflowException
 
         if self.tracking_uri is not None:
+            before = os.environ.get("MLFLOW_TRACKING_URI")
             mlflow.set_tracking_uri(self.tracking_uri)
+            # mlflow also exports the store to the environment; put it back, so that the next run
+            # (another project_dir, a subprocess) does not take this store for the user's choice
+            if before is None:
+                os.environ.pop("MLFLOW_TRACKING_URI", None)
+            else:
+                os.environ["MLFLOW_TRACKING_URI"] = before
         try:
             experiment = mlflow.set_experiment(self.experiment_name)
         except MlflowException as exc:
