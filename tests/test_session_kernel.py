@@ -242,3 +242,44 @@ def test_sigkill_of_the_kernel_leaves_no_orphan():
         assert len(pids) == 2
         os.kill(k.pid, signal.SIGKILL)
         assert _gone(pids), [p for p in pids if psutil.pid_exists(p)]
+
+
+def test_widget_progress_and_no_leak_across_warm_cells():
+    """In widget mode each session cell gets the launch's live view (a bar per rank); cells leak no fd or thread."""
+    from tests.test_progress_kernel import _final, _models, _updates
+
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "auto"}) as k:
+        _ok(k.run("%load_ext accel_nb\n%accelerate start -n 2 --cpu", timeout=180))
+        out = k.run("%%accelerate\nfrom accel_nb import progress\nfor i in progress(range(5), desc='steps'):\n    pass\n")
+        _ok(out)
+        bars = _models(out, "IntProgressModel")
+        assert len(bars) == 2, "one bar per rank"
+        for comm_id, opening in bars:
+            final = _final(opening, _updates(out, comm_id))
+            assert final["value"] == 5 and final["max"] == 5 and final["bar_style"] == "success", final
+        count = (
+            "import os, threading\n"
+            "def _fds():\n"
+            "    n = 0\n"
+            "    for fd in os.listdir('/proc/self/fd'):\n"
+            "        try:\n"
+            "            os.readlink(f'/proc/self/fd/{fd}'); n += 1\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "    return n\n"
+            "print('COUNT', _fds(), threading.active_count())"
+        )
+
+        def counts() -> tuple[int, int]:
+            line = [ln for ln in _ok(k.run(count)).splitlines() if ln.startswith("COUNT")][-1]
+            return int(line.split()[1]), int(line.split()[2])
+
+        for _ in range(2):  # the display's first use opens what it keeps (comms, iopub sockets)
+            _ok(k.run("%%accelerate\nx = 1"))
+        before = counts()
+        for _ in range(6):
+            _ok(k.run("%%accelerate\nx = x + 1"))
+        after = counts()
+        assert after == before, f"(fds, threads) before {before}, after 6 more cells {after}"
+        _ok(k.run("%accelerate stop"))
+        assert_no_descendants(psutil.Process(k.pid), within=5)
