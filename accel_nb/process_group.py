@@ -87,9 +87,11 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
             )
         raise RendezvousError(f"{cause} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from exc
     if agent_store:
-        # the agent's store outlives a restart: each attempt gets its own keys (as torch's env://
-        # does), else the restarted ranks read the dead ranks' addresses
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        # the agent's store outlives a restart: each round of ranks gets its own keys, else the
+        # restarted ranks read the dead ranks' addresses. The round is how many times this global
+        # rank joined (the same for every rank of a round), not TORCHELASTIC_RESTART_COUNT: an agent
+        # that restarts its ranks because another machine rejoined does not count that restart.
+        attempt = store.add(f"/accel_nb/rank_joins/{rank}", 1)
         store = dist.PrefixStore(f"/worker/attempt_{attempt}", store)
     try:
         dist.init_process_group(

@@ -3,11 +3,13 @@
     accel-nb launch --num_processes 2 --cpu --max_restarts 1 examples/elastic_restart.py \\
         --project runs/restart --kill-rank 1 --kill-at-step 7
 
-Rank 1 kills itself (SIGKILL) after step 7 of the first attempt; the agent stops the other rank
-and starts both again (``TORCHELASTIC_RESTART_COUNT=1``); they load the newest checkpoint (saved
-after step 6) and finish. Rank 0 appends one JSON line per step to ``<project>/steps.jsonl``
-(attempt, step, loss) and writes the final weights' sum to ``<project>/result.json``: the same
-as a run without ``--kill-rank``.
+Rank 1 kills itself (SIGKILL) after step 7 of a run that started from scratch; the agent stops
+the other rank and starts both again; they load the newest checkpoint (saved after step 6) and
+finish. Rank 0 appends one JSON line per step to ``<project>/steps.jsonl`` (the step this run
+started at, the step, the loss) and writes the final weights' sum to ``<project>/result.json``:
+the same as a run without ``--kill-rank``. Across machines, every machine's ranks restart and
+resume the same way (``TORCHELASTIC_RESTART_COUNT`` counts only the restarts of this machine's
+own failures, so the script goes by the checkpoint, not by that count).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ SAVE_EVERY = 3
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--project", required=True)
-    parser.add_argument("--kill-rank", type=int, default=None, help="this rank dies in the first attempt")
+    parser.add_argument("--kill-rank", type=int, default=None, help="this rank dies in a run from scratch")
     parser.add_argument("--kill-at-step", type=int, default=7)
     opts = parser.parse_args()
 
@@ -34,7 +36,6 @@ def main() -> None:
 
     from accel_nb import Accelerator, ProjectConfiguration, set_seed
 
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     os.makedirs(opts.project, exist_ok=True)
     set_seed(0)
     config = ProjectConfiguration(opts.project, automatic_checkpoint_naming=True, total_limit=2)
@@ -52,7 +53,8 @@ def main() -> None:
     if os.path.isdir(checkpoints) and os.listdir(checkpoints):
         path = accelerator.load_state()  # the newest complete checkpoint; checkpoint_<i> holds step (i+1)*SAVE_EVERY
         step = (int(os.path.basename(path).split("_")[1]) + 1) * SAVE_EVERY
-        accelerator.print(f"attempt {attempt}: resumed from {path} at step {step}")
+        accelerator.print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resumed from {path} at step {step}")
+    started_at = step
     log = os.path.join(opts.project, "steps.jsonl")
     while step < TOTAL_STEPS:
         for xb, yb in loader:  # a resumed loader continues with the batch after the saved one
@@ -64,10 +66,10 @@ def main() -> None:
             step += 1
             if accelerator.is_main_process:
                 with open(log, "a") as f:
-                    f.write(json.dumps({"attempt": attempt, "step": step, "loss": mean}) + "\n")
+                    f.write(json.dumps({"started_at": started_at, "step": step, "loss": mean}) + "\n")
             if step % SAVE_EVERY == 0:
                 accelerator.save_state()  # checkpoints/checkpoint_<i>, written atomically
-            if attempt == 0 and step == opts.kill_at_step and accelerator.process_index == opts.kill_rank:
+            if started_at == 0 and step == opts.kill_at_step and accelerator.process_index == opts.kill_rank:
                 print(f"rank {opts.kill_rank}: killing myself after step {step}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if step == TOTAL_STEPS:
@@ -75,7 +77,7 @@ def main() -> None:
     if accelerator.is_main_process:
         weights = sum(p.double().sum().item() for p in accelerator.unwrap_model(model).parameters())
         with open(os.path.join(opts.project, "result.json"), "w") as f:
-            json.dump({"weights_sum": weights, "attempt": attempt}, f)
+            json.dump({"weights_sum": weights, "started_at": started_at}, f)
     accelerator.wait_for_everyone()
 
 

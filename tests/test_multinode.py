@@ -132,42 +132,69 @@ def test_two_machines_two_processes_each_all_reduce(tmp_path, backend):
 RESTART_EXAMPLE = os.path.join(ROOT, "examples", "elastic_restart.py")
 
 
-def _launch_restart_example(project: str, cfg: str, *extra: str) -> subprocess.CompletedProcess:
+def _launch_restart_example(project: str, cfg: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_processes", "2", "--max_restarts", "1",
-           RESTART_EXAMPLE, "--project", project, *extra]  # fmt: skip
+    cmd = [sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_processes", str(nproc),
+           "--max_restarts", "1", RESTART_EXAMPLE, "--project", project, *extra]  # fmt: skip
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
-def _steps(project: str) -> list[dict]:
-    import json
+def _check_resumed_like_uninterrupted(straight: str, killed: str, exact: bool = True) -> None:
+    """The killed run's losses, step by step, and final weights equal the uninterrupted run's.
 
-    with open(os.path.join(project, "steps.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    ``exact=False`` for more than 2 ranks: the ring all-reduce adds 4 gradients in an order that
+    follows DDP's buckets, which are laid out again at the first step after a restart, so the
+    weights agree to float32 rounding (measured: 3e-9 relative on one machine as on two).
+    """
+    import json
+    import math
+
+    def steps(project: str) -> list[dict]:
+        with open(os.path.join(project, "steps.jsonl")) as f:
+            return [json.loads(line) for line in f]
+
+    reference = {s["step"]: s["loss"] for s in steps(straight)}
+    assert sorted(reference) == list(range(1, 13))
+    logged = steps(killed)
+    first = [s["step"] for s in logged if s["started_at"] == 0]
+    second = [s["step"] for s in logged if s["started_at"] == 6]
+    assert len(first) + len(second) == len(logged)
+    assert first[:7] == list(range(1, 8)) and len(first) <= 8  # killed after step 7
+    assert second == list(range(7, 13))  # resumed after the checkpoint of step 6
+    for s in logged:
+        assert math.isclose(s["loss"], reference[s["step"]], rel_tol=0 if exact else 1e-6), (s, reference)
+    with open(os.path.join(straight, "result.json")) as f, open(os.path.join(killed, "result.json")) as g:
+        a, b = json.load(f), json.load(g)
+    assert (a["started_at"], b["started_at"]) == (0, 6)
+    assert math.isclose(a["weights_sum"], b["weights_sum"], rel_tol=0 if exact else 1e-7), (a, b)
 
 
 def test_killed_worker_is_restarted_and_resumes_from_the_last_save_state(tmp_path):
-    import json
-
     cfg = str(tmp_path / "default_config.yaml")
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-    out = _launch_restart_example(straight, cfg)
+    out = _launch_restart_example(straight, cfg, 2)
     assert out.returncode == 0, out.stdout + out.stderr
-    out = _launch_restart_example(killed, cfg, "--kill-rank", "1", "--kill-at-step", "7")
+    out = _launch_restart_example(killed, cfg, 2, "--kill-rank", "1", "--kill-at-step", "7")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "rank 1: killing myself after step 7" in out.stdout
-    assert "attempt 1: resumed from" in out.stdout and "checkpoint_1 at step 6" in out.stdout
-    reference = {s["step"]: s["loss"] for s in _steps(straight)}
-    assert sorted(reference) == list(range(1, 13))
-    steps = _steps(killed)
-    first = [s for s in steps if s["attempt"] == 0]
-    second = [s for s in steps if s["attempt"] == 1]
-    assert {s["attempt"] for s in steps} == {0, 1}  # the agent restarted the ranks once
-    assert [s["step"] for s in first][:7] == list(range(1, 8))
-    assert [s["step"] for s in second] == list(range(7, 13))  # resumed after the checkpoint of step 6
-    for s in steps:
-        assert s["loss"] == reference[s["step"]], (s, reference[s["step"]])
-    with open(os.path.join(straight, "result.json")) as f, open(os.path.join(killed, "result.json")) as g:
-        a, b = json.load(f), json.load(g)
-    assert (a["attempt"], b["attempt"]) == (0, 1)
-    assert a["weights_sum"] == b["weights_sum"]
+    assert "restart 1: resumed from" in out.stdout and "checkpoint_1 at step 6" in out.stdout
+    _check_resumed_like_uninterrupted(straight, killed)
+
+
+def test_restart_across_two_machines_resumes_like_an_uninterrupted_run(tmp_path):
+    """c10d: rank 3 (machine 1) dies; both machines' ranks restart, resume, and match an uninterrupted 2x2 run."""
+    cfg = str(tmp_path / "default_config.yaml")
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    with two_hosts() as (main, other):
+        for project, kill in ((straight, ()), (killed, ("--kill-rank", "3", "--kill-at-step", "7"))):
+            procs = [
+                launch_on(host, rank, main, 29400, "--num_processes", "4", "--rdzv_backend", "c10d",
+                          "--rdzv_timeout", "120", "--max_restarts", "1", RESTART_EXAMPLE, "--project", project,
+                          *kill, cfg=cfg)  # fmt: skip
+                for rank, host in enumerate((main, other))
+            ]
+            results = finish(*procs)
+            for machine, (code, out, err) in enumerate(results):
+                assert code == 0, f"machine {machine} failed:\n{out}\n{err}"
+    assert "rank 3: killing myself after step 7" in results[1][1]
+    _check_resumed_like_uninterrupted(straight, killed, exact=False)
