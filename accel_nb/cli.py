@@ -415,17 +415,15 @@ def agent_environment(cfg: LaunchConfig, main_ip: str, device: str, template: st
     defaults to one naming the machine and the rank, and gloo gets the interface that reaches
     machine 0 unless ``GLOO_SOCKET_IFNAME`` is already set.
     """
-    from .elastic import interface_toward, machine_label_template
+    from .elastic import gloo_interface_env, machine_label_template
 
     env: dict[str, str] = {}
     if template is None and cfg.num_machines > 1:
         template = machine_label_template(cfg.machine_rank)
     if template is not None:
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = template
-    if cfg.num_machines > 1 and device == "CPU" and "GLOO_SOCKET_IFNAME" not in os.environ:
-        interface = interface_toward(main_ip)
-        if interface:
-            env["GLOO_SOCKET_IFNAME"] = interface
+    if cfg.num_machines > 1 and device == "CPU":
+        env.update(gloo_interface_env(main_ip))
     return env
 
 

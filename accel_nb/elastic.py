@@ -32,6 +32,7 @@ __all__ = [
     "rendezvous_failure",
     "address_toward",
     "interface_toward",
+    "gloo_interface_env",
 ]
 
 DEFAULT_PORT = 29500  # across machines, as torchrun
@@ -150,6 +151,19 @@ def interface_toward(addr: str) -> str | None:
         if local and any(a.family == socket.AF_INET and a.address == local for a in addrs):
             return name
     return None
+
+
+def gloo_interface_env(main_ip: str) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` for the ranks of a machine of several: the interface that reaches ``main_ip``.
+
+    Empty when the user already set it (or no interface is found).
+    """
+    import os
+
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return {}
+    interface = interface_toward(main_ip)
+    return {"GLOO_SOCKET_IFNAME": interface} if interface else {}
 
 
 _TIMEOUT_WORDS = ("timed out", "timeout", "time out")

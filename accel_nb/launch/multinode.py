@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..elastic import RUN_ID, agent_arguments, rendezvous_failure
+from ..elastic import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
 from .errors import LaunchSetupError
 
 __all__ = ["MachineSeat", "NOTEBOOK_NAMES"]
@@ -93,6 +93,7 @@ class MachineSeat:
             "TORCHELASTIC_MAX_RESTARTS": "0",
             "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
             "TORCHELASTIC_USE_AGENT_STORE": str(spec.rdzv_handler.use_agent_store),
+            **gloo_interface_env(self.addr),
         }
 
     @property
