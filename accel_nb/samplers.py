@@ -23,12 +23,26 @@ __all__ = ["SeedableRandomSampler", "BatchSamplerShard", "SkipBatchSampler", "It
 class SeedableRandomSampler(RandomSampler):
     """A random sampler whose order is a pure function of ``(seed, epoch)``: equal on every rank.
 
+    The reference library's keywords work too: ``data_seed=`` is the seed, ``generator=`` is
+    accepted, and without a seed it is torch's initial seed (``torch.initial_seed()``); the
+    orders are the reference's for the same seed and epoch.
+
         sampler = SeedableRandomSampler(ds, seed=0); sampler.set_epoch(1); order = list(sampler)
     """
 
-    def __init__(self, data_source: Any, seed: int = 0, replacement: bool = False, num_samples: int | None = None) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
-        self.seed = int(seed)
+    def __init__(
+        self,
+        data_source: Any,
+        seed: int | None = None,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        data_seed: int | None = None,
+    ) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        if data_seed is not None:
+            seed = data_seed
+        self.seed = int(seed if seed is not None else torch.initial_seed())
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:

@@ -456,3 +456,16 @@ def test_set_epoch_reaches_the_sampler_inside_a_given_batch_sampler(world, batch
     loader.set_epoch(3)
     assert sampler.epoch == 3
     assert _ids(loader) == ([[0, 1], [2, 3], [4, 5], [6, 7]] if world == 1 else [[0, 1], [4, 5]])
+
+
+def test_seedable_random_sampler_takes_the_reference_keywords_and_gives_its_orders():
+    reference = pytest.importorskip("accelerate.data_loader").SeedableRandomSampler
+    data = list(range(11))
+    for kwargs in ({"data_seed": 5}, {"data_seed": 5, "generator": torch.Generator().manual_seed(3)}, {}):
+        ours, theirs = SeedableRandomSampler(data, **kwargs), reference(data, **kwargs)
+        orders = []
+        for sampler in (ours, theirs):
+            sampler.set_epoch(2)
+            orders.append(list(sampler))
+        assert orders[0] == orders[1], kwargs
+    assert SeedableRandomSampler(data, seed=4).seed == 4 and SeedableRandomSampler(data).seed == torch.initial_seed()
