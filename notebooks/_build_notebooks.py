@@ -555,7 +555,7 @@ mse = accelerator.reduce(errors.mean(), "mean").item()
 """),
     code("""
 %accelerate pull mse
-print(f"evaluation mse after one epoch: {mse:.4f} (below 1.0: {mse < 1.0})")
+print(f"evaluation mse after one epoch: {mse:.4f} (below 1.0: {mse < 1.0})")  # noqa: F821 - set by the pull
 """, "key-result"),
     md("""
 ## A failing cell leaves the workers alive
@@ -584,15 +584,16 @@ scaled = scale * accelerator.process_index
 """),
     code("""
 %accelerate pull scaled --rank 1
-print(f"rank 1 computed scaled = {scaled}")
+print(f"rank 1 computed scaled = {scaled}")  # noqa: F821 - set by the pull
 """, "key-result"),
     md("## Status, then stop (no worker process is left)"),
     code("""
 %accelerate status
 """),
     code("""
-%accelerate stop
 import psutil
+
+%accelerate stop
 print(f"worker processes left: {len(psutil.Process().children(recursive=True))}")
 """, "key-result"),
 ]
