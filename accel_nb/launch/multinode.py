@@ -19,7 +19,7 @@ from typing import Any
 from ..elastic import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
 from .errors import LaunchSetupError
 
-__all__ = ["MachineSeat", "NOTEBOOK_NAMES"]
+__all__ = ["MachineSeat", "NOTEBOOK_NAMES", "check_machine_options", "take_reference_options", "plan_seat"]
 
 # the notebook_launcher arguments named in rendezvous errors
 NOTEBOOK_NAMES = {"ip": "master_addr=", "port": "use_port=", "rank": "node_rank=",
@@ -96,6 +96,11 @@ class MachineSeat:
             **gloo_interface_env(self.addr),
         }
 
+    def describe(self) -> str:
+        """``machine 1 of 2, static rendezvous at 10.0.0.1:29500``."""
+        return (f"machine {self.machine_rank} of {self.num_machines}, {self.backend} rendezvous at "
+                f"{self.addr}:{self.port}")  # fmt: skip
+
     @property
     def global_ranks(self) -> list[int]:
         """The global rank of each local rank."""
@@ -111,3 +116,56 @@ class MachineSeat:
                 agent._exit_barrier()  # logs and returns when another machine failed
         finally:
             agent._worker_group.spec.rdzv_handler.shutdown()
+
+
+def check_machine_options(options: Any) -> None:
+    """``LaunchOptions``' machine fields: ``LaunchSetupError`` naming the option and the fix.
+
+    num_nodes >= 1, 0 <= node_rank < num_nodes, rdzv_backend static or c10d, rdzv_timeout > 0.
+    """
+    for name, low in (("num_nodes", 1), ("node_rank", 0)):
+        value = getattr(options, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise LaunchSetupError(f"{name}={value!r} must be a whole number of at least {low}")
+    if options.node_rank >= options.num_nodes:
+        raise LaunchSetupError(
+            f"node_rank={options.node_rank} must be smaller than num_nodes={options.num_nodes} "
+            f"(machines are numbered 0 to {options.num_nodes - 1}; 0 is the one at master_addr)"
+        )
+    if options.rdzv_backend not in ("static", "c10d"):
+        raise LaunchSetupError(f"rdzv_backend={options.rdzv_backend!r} is not one of 'static', 'c10d'")
+    timeout = options.rdzv_timeout
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise LaunchSetupError(f"rdzv_timeout={timeout!r} must be a number of seconds above 0 (None: 600)")
+
+
+def take_reference_options(options: dict[str, Any]) -> None:
+    """The reference's ``rdzv_conf={"timeout": s}`` (or ``join_timeout``) becomes ``rdzv_timeout``, in place."""
+    conf = options.pop("rdzv_conf", None)
+    if not conf:
+        return
+    if not isinstance(conf, dict) or set(conf) - {"timeout", "join_timeout"}:
+        raise LaunchSetupError(
+            f"rdzv_conf={conf!r}: a notebook launch reads only 'timeout' (or 'join_timeout'), the seconds to "
+            "wait for the other machines; run `accel-nb launch` for other rendezvous settings"
+        )
+    options["rdzv_timeout"] = float(conf.get("timeout", conf.get("join_timeout")))
+
+
+def plan_seat(options: Any, nproc: int) -> MachineSeat:
+    """This machine's seat for a launch of ``options.num_nodes`` machines (checked, not joined yet).
+
+    The port is ``use_port`` (29500 when None, as ``accel-nb launch``); machine 0 must own
+    ``master_addr`` and find the port free.
+    """
+    from ..elastic import DEFAULT_PORT, endpoint_problem
+
+    port = options.use_port or DEFAULT_PORT
+    problem = endpoint_problem(options.num_nodes, options.node_rank, options.master_addr, port)
+    if problem is not None:
+        which, reason = problem
+        fix = ("give machine 0's address as master_addr=" if which == "ip"
+               else "pick another use_port=, the same on every machine")  # fmt: skip
+        raise LaunchSetupError(f"{NOTEBOOK_NAMES[which]}: {reason}; {fix}")
+    return MachineSeat(options.num_nodes, options.node_rank, nproc, options.master_addr, port,
+                       options.rdzv_backend, options.rdzv_timeout)  # fmt: skip
