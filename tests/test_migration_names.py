@@ -38,8 +38,9 @@ TYPICAL_IMPORTS = {
         "synchronize_rng_state", "RNGType", "wait_for_everyone", "set_module_tensor_to_device",
         "find_tied_parameters", "named_module_tensors", "load_state_dict", "compute_module_sizes",
         "get_balanced_memory", "get_max_memory", "infer_auto_device_map", "load_checkpoint_in_model",
-        "check_device_map", "is_compiled_module", "write_basic_config",
+        "check_device_map", "is_compiled_module", "write_basic_config", "LoggerType",
     ],
+    ".tracking": ["GeneralTracker", "TensorBoardTracker", "MLflowTracker", "WandBTracker"],
     ".logging": ["get_logger", "MultiProcessAdapter"],
     ".big_modeling": [
         "init_empty_weights", "init_on_device", "cpu_offload", "cpu_offload_with_hook", "disk_offload",

@@ -255,6 +255,8 @@ def test_all_means_every_installed_tracker_and_names_are_checked(tmp_path):
         Accelerator(cpu=True, log_with="tensorboard")
     with pytest.raises(ValueError, match="ships no aim tracker; wrap its client in a GeneralTracker"):
         Accelerator(cpu=True, log_with="aim")
+    with pytest.raises(ValueError, match="ships no comet_ml tracker"):
+        Accelerator(cpu=True, log_with=[LoggerType.COMETML])
     with pytest.raises(ValueError, match="'tensorbord' names no tracker"):
         Accelerator(cpu=True, log_with="tensorbord")
     with pytest.raises(ValueError, match="init_kwargs has options for 'wandb'"):

@@ -33,12 +33,22 @@ __all__ = [
 
 
 class LoggerType(str, enum.Enum):
-    """The tracker names ``log_with`` accepts (plain strings work too)."""
+    """The tracker names the reference library knows (plain strings work too).
+
+    TENSORBOARD, MLFLOW, WANDB and ALL are built in; the others are an error that says how to
+    connect them with a GeneralTracker.
+    """
 
     ALL = "all"
     TENSORBOARD = "tensorboard"
     MLFLOW = "mlflow"
     WANDB = "wandb"
+    AIM = "aim"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
 
     def __str__(self) -> str:
         return self.value
