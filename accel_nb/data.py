@@ -47,7 +47,7 @@ class DataLoaderConfiguration:
     By default a shuffled loader keeps its ``RandomSampler`` and generator (the order plain PyTorch
     gives), copied from rank 0 at each pass. ``use_seedable_sampler=True`` or a ``data_seed`` uses
     a ``SeedableRandomSampler`` (order = f(seed, epoch)); without ``data_seed`` its seed is
-    drawn on rank 0 (after your ``set_seed``) and shared with every rank.
+    rank 0's ``torch.initial_seed()`` (your ``set_seed``), shared with every rank.
     """
 
     split_batches: bool = False

@@ -32,11 +32,12 @@ __all__ = ["resolve_sampler", "random_sampler", "give_generator", "shared_seed",
 
 
 def resolve_sampler(sampler: Any, seed: int | None, seedable: bool) -> Any:
-    """``sampler``, or a SeedableRandomSampler in its place when ``seedable`` and it is a RandomSampler."""
+    """``sampler``, or a SeedableRandomSampler in its place when ``seedable`` and it is a RandomSampler.
+
+    Its seed is ``seed`` (``data_seed``), else process 0's ``torch.initial_seed()`` (what
+    ``set_seed`` set), as in the reference library, which reads each process's own.
+    """
     if seedable and type(sampler) is RandomSampler:
-        gen = getattr(sampler, "generator", None)
-        if seed is None and gen is not None:
-            seed = gen.initial_seed()
         if seed is None:
             seed = shared_seed()
         return SeedableRandomSampler(
@@ -69,11 +70,10 @@ def give_generator(sampler: RandomSampler | None) -> torch.Generator | None:
 
 
 def shared_seed() -> int:
-    """A shuffle seed drawn from rank 0's torch RNG and sent to every rank."""
+    """Process 0's ``torch.initial_seed()``, sent to every process (no random number is drawn)."""
     from .ops import broadcast_object_list
 
-    seed = [int(torch.randint(0, 2**31 - 1, (1,)).item())]
-    return int(broadcast_object_list(seed, from_process=0)[0])
+    return int(broadcast_object_list([torch.initial_seed()], from_process=0)[0])
 
 
 def _nth_draw(rng_state: torch.Tensor, n: int) -> int:

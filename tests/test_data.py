@@ -469,3 +469,28 @@ def test_seedable_random_sampler_takes_the_reference_keywords_and_gives_its_orde
             orders.append(list(sampler))
         assert orders[0] == orders[1], kwargs
     assert SeedableRandomSampler(data, seed=4).seed == 4 and SeedableRandomSampler(data).seed == torch.initial_seed()
+
+
+def _seedable_passes(library, seeded_generator):
+    import importlib
+
+    module, utils = importlib.import_module(library), importlib.import_module(f"{library}.utils")
+    config = utils.DataLoaderConfiguration(use_seedable_sampler=True)
+    accelerator = module.Accelerator(cpu=True, dataloader_config=config)
+    utils.set_seed(3)
+    gen = torch.Generator().manual_seed(42) if seeded_generator else None
+    loader = accelerator.prepare(DataLoader(list(range(16)), batch_size=2, shuffle=True, generator=gen))
+    passes = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        passes.append([b.tolist() for b in loader])
+    return passes, torch.rand(1).item()  # and the global RNG afterwards
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("seeded_generator", [False, True])
+def test_the_seedable_sampler_shuffles_as_the_reference(seeded_generator):
+    pytest.importorskip("accelerate")
+    ours, theirs = (run_ranks(_seedable_passes, 2, args=(lib, seeded_generator)) for lib in ("accel_nb", "accelerate"))
+    assert ours == theirs
+    assert ours[0][0][0] != ours[0][0][1]  # a new order each epoch
