@@ -92,6 +92,15 @@ def test_launch_options_reach_the_ranks():
         assert s.run(code) == [("bf16", "x"), ("bf16", "x")]
 
 
+def test_the_hang_watchdog_interrupts_a_silent_cell_and_the_session_stays_usable(session):
+    session.run("import time\nalive = 'still here'")
+    with pytest.raises(LaunchError) as info:
+        session.run_cell("time.sleep(60)", "<accelerate-cell-99>", timeout=1.0)  # what %%accelerate --timeout 1 does
+    text = str(info.value)
+    assert "hung: no rank made progress" in text and "interrupted" in text, text
+    assert session.run("alive") == ["still here", "still here"]
+
+
 def test_spawned_session_keeps_state_too():
     with Session(num_processes=2, cpu=True, start_method="spawn", progress="text") as s:
         assert s.plan.start_method == "spawn"
