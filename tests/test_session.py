@@ -109,3 +109,23 @@ def test_spawned_session_keeps_state_too():
         pids = [r["pid"] for r in s.status()]
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_start_flags_become_launch_options_and_gpu_ids_are_checked():
+    from IPython.core.error import UsageError
+
+    from accel_nb import hardware
+    from accel_nb.notebook.session_magics import start_options
+
+    options = start_options("-n 3 --cpu --mixed_precision bf16 --start_method spawn --timeout 30")
+    assert (options.num_processes, options.cpu, options.mixed_precision, options.start_method, options.timeout) == (
+        3, True, "bf16", "spawn", 30.0,
+    )
+    found = hardware.cuda_device_count()
+    with pytest.raises(UsageError, match=f"names GPU {found}, but this machine has {found} GPU"):
+        start_options(f"--gpu_ids {found}")
+    with pytest.raises(UsageError, match="exclude each other"):
+        start_options("--gpu_ids 0 --cpu")
+    with pytest.raises(UsageError, match="distinct GPU numbers"):
+        start_options("--gpu_ids 0,0")
+
