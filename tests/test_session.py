@@ -75,6 +75,7 @@ def test_bad_requests_name_the_cause(session):
 
 
 def test_a_rank_that_dies_breaks_the_session_and_restart_recovers(session):
+    session.run("import torch.distributed as dist\nrank = dist.get_rank()")
     with pytest.raises(LaunchError) as info:
         session.run("import os\nif rank == 1:\n    os._exit(3)\n")
     assert "rank 1" in str(info.value) and "session is broken" in str(info.value)
@@ -84,6 +85,20 @@ def test_a_rank_that_dies_breaks_the_session_and_restart_recovers(session):
     session.restart()
     assert session.run("import torch.distributed as dist\ndist.get_rank()") == [0, 1]
     assert session.run("'rank' in globals()") == [False, False]  # a fresh namespace after a restart
+    # a rank killed while the session is idle: the next command names it and the signal
+    import os
+    import signal
+    import time
+
+    victim = session.status()[0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while session.status()[0]["state"] != "dead" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(SessionError, match="rank 0 died from SIGKILL.*restart"):
+        session.run("1")
+    session.restart()
+    assert session.run("1") == [1, 1]
 
 
 def test_launch_options_reach_the_ranks():
