@@ -7,10 +7,13 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 from .base import GeneralTracker
+
+FLUSH_EVERY = 1.0  # seconds: TensorBoard's files are flushed at most this often while logging (and at the end)
 
 __all__ = ["MLflowTracker", "TensorBoardTracker", "WandBTracker"]
 
@@ -19,7 +22,9 @@ class TensorBoardTracker(GeneralTracker):
     """Event files under ``<logging_dir>/<run_name>`` (torch's SummaryWriter; extra ``accel_nb[tensorboard]``).
 
     Numbers become scalars, strings text; ``step=None`` uses the number of earlier ``log`` calls.
-    The config is stored as the run's hyper-parameters (TensorBoard's HParams tab).
+    The config is stored as the run's hyper-parameters (TensorBoard's HParams tab). The files are
+    flushed at most once a second while logging (a flush waits for the writer's thread) and when
+    the run finishes.
 
         TensorBoardTracker("mnist", "runs", flush_secs=10)
     """
@@ -33,6 +38,7 @@ class TensorBoardTracker(GeneralTracker):
         self.writer_kwargs = writer_kwargs
         self.writer: Any = None
         self._calls = 0
+        self._flushed = 0.0
 
     @property
     def tracker(self) -> Any:
@@ -59,7 +65,10 @@ class TensorBoardTracker(GeneralTracker):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
             else:
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
-        self.writer.flush()
+        now = time.monotonic()
+        if now - self._flushed >= FLUSH_EVERY:
+            self._flushed = now
+            self.writer.flush()
 
     def finish(self) -> None:
         if self.writer is not None:
