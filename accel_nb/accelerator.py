@@ -119,6 +119,7 @@ class Accelerator(StateViews):
         self._custom_objects: list[Any] = []
         self.step = 0
         self.trackers: list[Any] = []
+        self._tracking_started = False  # init_trackers ran (on every process)
 
     # -- prepare -------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -405,7 +406,7 @@ class Accelerator(StateViews):
 
             accelerator.log({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
         """
-        clean = log_to_trackers(self.trackers, self.log_with, values, step, log_kwargs)
+        clean = log_to_trackers(self.trackers, self.log_with, values, step, log_kwargs, self._tracking_started)
         return self.log_metrics({k: v for k, v in clean.items() if not isinstance(v, str)}, step=step)
 
     def init_trackers(
@@ -432,13 +433,14 @@ class Accelerator(StateViews):
             self.log_with, project_name, getattr(self.project_configuration, "logging_dir", None),
             config, init_kwargs, self.is_main_process,
         )
+        self._tracking_started = True
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` (its run object with ``unwrap=True``); a do-nothing stand-in on other processes.
 
             writer = accelerator.get_tracker("tensorboard", unwrap=True)   # a SummaryWriter on process 0
         """
-        return find_tracker(self.trackers, self.log_with, name, unwrap)
+        return find_tracker(self.trackers, self.log_with, name, unwrap, self._tracking_started)
 
     def end_training(self) -> None:
         """Finish every tracker's run (main process), then wait for every process."""

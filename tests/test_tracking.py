@@ -363,3 +363,14 @@ def test_the_tracking_example_reads_its_runs_back(tmp_path):
     assert "steps per rank: [24, 24]" in done.stdout
     assert "tensorboard: 24 loss points, steps 0..23, each once: True" in done.stdout
     assert "mlflow: 24 loss points, params ['epochs', 'lr', 'model/hidden']" in done.stdout
+
+
+def test_log_or_get_tracker_before_init_trackers_says_so(tmp_path):
+    import accel_nb.tracking as tracking
+
+    tracking._warned.discard("log_before_init")
+    acc = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match=r"log\(\) before init_trackers\(\): nothing goes to \['tensorboard'\]"):
+        acc.log({"loss": 1.0})
+    with pytest.raises(ValueError, match=r"call accelerator.init_trackers\(project_name\) first"):
+        acc.get_tracker("tensorboard")

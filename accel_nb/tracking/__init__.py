@@ -64,6 +64,9 @@ _BUILTIN: dict[str, tuple[type[GeneralTracker], str, str]] = {
 _NOT_SHIPPED = ("aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab")
 
 
+_warned: set[str] = set()  # warnings given once per process
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -168,16 +171,17 @@ def start_trackers(
     return trackers
 
 
-def find_tracker(trackers: list[GeneralTracker], wanted: list[Any], name: str, unwrap: bool) -> Any:
+def find_tracker(trackers: list[GeneralTracker], wanted: list[Any], name: str, unwrap: bool, started: bool) -> Any:
     """The tracker called ``name`` (its run object with ``unwrap``); a no-op stand-in where this process does not log."""
     for tracker in trackers:
         if tracker.name == name:
             return tracker.tracker if unwrap else tracker
     names = [w if isinstance(w, str) else w.name for w in wanted]
-    if name in names:
-        return InactiveTracker(name)
-    raise ValueError(f"get_tracker({name!r}): no such tracker; log_with gave {names or 'none'}"
-                     + ("" if trackers or not names else " (call init_trackers first)"))
+    if name not in names:
+        raise ValueError(f"get_tracker({name!r}): no such tracker; log_with gave {names or 'none'}")
+    if not started:
+        raise ValueError(f"get_tracker({name!r}): call accelerator.init_trackers(project_name) first")
+    return InactiveTracker(name)
 
 
 def log_to_trackers(
@@ -186,9 +190,15 @@ def log_to_trackers(
     values: dict[str, Any],
     step: int | None,
     log_kwargs: dict[str, dict[str, Any]] | None,
+    started: bool = True,
 ) -> dict[str, Any]:
     """Send ``values`` to each tracker (with its ``log_kwargs``); returns the cleaned values."""
     clean = scalar_values(values, "accelerator.log")
+    if wanted and not started and "log_before_init" not in _warned:
+        _warned.add("log_before_init")
+        names = [w if isinstance(w, str) else w.name for w in wanted]
+        warnings.warn(f"accelerator.log() before init_trackers(): nothing goes to {names}; call "
+                      "accelerator.init_trackers(project_name) first", UserWarning, stacklevel=3)
     if log_kwargs:
         names = [w if isinstance(w, str) else w.name for w in wanted]
         unknown = sorted(set(log_kwargs) - set(names))
