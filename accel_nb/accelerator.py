@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -360,21 +359,7 @@ class Accelerator(StateViews):
 
         preds, labels = accelerator.gather_for_metrics((logits.argmax(-1), labels))
         """
-        flat = _flatten(input_data)
-        all_tensors = bool(flat) and all(isinstance(x, torch.Tensor) for x in flat)
-        if use_gather_object or not all_tensors:
-            data = ops.gather_object(input_data)
-        else:
-            data = ops.gather(input_data)
-        if self.num_processes == 1 or not self.gradient_state.end_of_dataloader:
-            return data
-        dl = self.gradient_state.active_dataloader
-        real = getattr(dl, "last_round_real", None)
-        if real is None:
-            return data
-        if use_gather_object or not all_tensors:
-            return data[:real]
-        return ops.recursively_apply(lambda t: t[:real], data)
+        return ops.gather_for_metrics(input_data, use_gather_object, self.gradient_state)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Combine ``tensor`` over the processes: "sum" (default), "mean", "max", "min" or "product"."""
@@ -485,10 +470,6 @@ class Accelerator(StateViews):
 
             accelerator.save(unwrapped.state_dict(), "weights.pt")
         """
-        if not isinstance(f, (str, os.PathLike)):  # a buffer: nothing to make atomic
-            if self.is_main_process:
-                torch.save(obj, f)
-            return
         from .checkpoint import save_object
 
         save_object(self, obj, f, safe_serialization)
@@ -517,11 +498,3 @@ class Accelerator(StateViews):
             f"Accelerator(num_processes={self.num_processes}, device={self.device}, "
             f"mixed_precision={self.mixed_precision!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
-
-
-def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, (list, tuple)):
-        return [x for item in data for x in _flatten(item)]
-    if isinstance(data, dict):
-        return [x for item in data.values() for x in _flatten(item)]
-    return [data]

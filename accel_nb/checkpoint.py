@@ -89,12 +89,16 @@ def save_model(
     )
 
 
-def save_object(accelerator: Any, obj: Any, f: str, safe_serialization: bool = False) -> None:
-    """``accelerator.save(obj, f)``: write ``obj`` once (main process), atomically.
+def save_object(accelerator: Any, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+    """``accelerator.save(obj, f)``: write ``obj`` once (main process), atomically to a path.
 
-    ``safe_serialization=True`` writes a dict of tensors as safetensors; otherwise ``torch.save``.
+    ``safe_serialization=True`` writes a dict of tensors as safetensors; otherwise ``torch.save``
+    (into ``f`` itself when it is a buffer: nothing to make atomic).
     """
     if not getattr(accelerator, "is_main_process", True):
+        return
+    if not isinstance(f, (str, os.PathLike)):
+        torch.save(obj, f)
         return
     from .serialization.files import atomic_save_file, atomic_torch_save
 

@@ -230,6 +230,31 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     return object_list
 
 
+def gather_for_metrics(input_data: Any, use_gather_object: bool = False, gradient_state: Any = None) -> Any:
+    """``Accelerator.gather_for_metrics``: gather, then drop the samples ``even_batches`` repeated.
+
+    On the last batch of the prepared loader that ``gradient_state`` says is active, only its
+    ``last_round_real`` samples are kept. Non-tensor data goes through ``gather_object``.
+    """
+    flat = _nested_values(input_data)
+    as_objects = use_gather_object or not flat or not all(isinstance(x, torch.Tensor) for x in flat)
+    data = gather_object(input_data) if as_objects else gather(input_data)
+    if _world() == 1 or gradient_state is None or not gradient_state.end_of_dataloader:
+        return data
+    real = getattr(gradient_state.active_dataloader, "last_round_real", None)
+    if real is None:
+        return data
+    return data[:real] if as_objects else recursively_apply(lambda t: t[:real], data)
+
+
+def _nested_values(data: Any) -> list[Any]:
+    if isinstance(data, (list, tuple)):
+        return [x for item in data for x in _nested_values(item)]
+    if isinstance(data, dict):
+        return [x for item in data.values() for x in _nested_values(item)]
+    return [data]
+
+
 # -- reduce -----------------------------------------------------------------------------------------
 _REDUCE_OPS = {  # reduction -> torch.distributed.ReduceOp member ("mean" is divided afterwards)
     "sum": "SUM",
