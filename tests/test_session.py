@@ -144,3 +144,44 @@ def test_start_flags_become_launch_options_and_gpu_ids_are_checked():
     with pytest.raises(UsageError, match="distinct GPU numbers"):
         start_options("--gpu_ids 0,0")
 
+
+
+RESTART_AFTER_A_FAILED_START = """
+import os
+from accel_nb import LaunchError, Session
+from accel_nb.launch import session_worker
+
+serve = session_worker.SessionLoop.serve
+def rank_1_dies_at_once(self, runtime):
+    if runtime.rank == 1:
+        os._exit(7)
+    return serve(self, runtime)
+
+session_worker.SessionLoop.serve = rank_1_dies_at_once
+s = Session(num_processes=2, cpu=True, progress="text")
+try:
+    s.start()
+except LaunchError as err:
+    print("FIRST", err.failures[0].summary(), "| logs kept:", os.path.isdir(err.log_dir))
+session_worker.SessionLoop.serve = serve
+s.start()  # at once: the notebook process is still importing torch in the background (warm)
+print("VALUES", s.run("1"))
+s.stop()
+"""
+
+
+def test_a_failed_start_names_the_rank_keeps_the_logs_and_the_next_start_works():
+    """The first fork starts a background import of torch in the parent: the next start waits for it."""
+    import os
+    import subprocess
+    import sys
+
+    from accel_nb.launch.pythonpath import with_package_on_path
+
+    env = with_package_on_path(dict(os.environ))
+    res = subprocess.run(
+        [sys.executable, "-c", RESTART_AFTER_A_FAILED_START], capture_output=True, text=True, timeout=300, env=env
+    )
+    out = res.stdout + res.stderr
+    assert "FIRST rank 1 exited with code 7" in out and "logs kept: True" in out, out
+    assert res.returncode == 0 and "VALUES [1, 1]" in res.stdout, out

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import cuda_guard, warm
 from .errors import LaunchError, RankFailure
 from .options import LaunchOptions
 from .plan import LaunchPlan, make_plan
@@ -119,6 +120,8 @@ class WarmSession:
         """
         if self.running:
             raise SessionError("the session is already running; stop() or restart() it first")
+        warm.wait_until_warm()  # the background import of a first launch is over: torch is whole
+        cuda_guard.install_cuda_init_recorder()
         plan = make_plan(self.options)
         self.plan, self.broken, self.group_broken, self.cell = plan, None, None, 0
         self.log_dir = tempfile.mkdtemp(prefix="accel_nb-session-")
@@ -138,6 +141,7 @@ class WarmSession:
             self.states = {p.rank: "starting" for p in procs}
             results = self._command(FormGroup(), None, title="session start", label="start")
         except BaseException:
+            self.broken = self.broken or "it failed to start"  # keeps the logs the error points to
             self._teardown()
             raise
         self.devices = {r: v["value"]["device"] for r, v in results.items()}
