@@ -22,7 +22,7 @@ from .errors import LaunchSetupError
 __all__ = ["MachineSeat", "NOTEBOOK_NAMES", "check_machine_options", "take_reference_options", "plan_seat"]
 
 # the notebook_launcher arguments named in rendezvous errors
-NOTEBOOK_NAMES = {"ip": "master_addr=", "port": "use_port=", "rank": "node_rank=",
+NOTEBOOK_NAMES = {"ip": "master_addr", "port": "use_port", "rank": "node_rank",
                   "timeout": "rdzv_conf={'timeout': seconds}"}  # fmt: skip
 
 
@@ -166,6 +166,7 @@ def plan_seat(options: Any, nproc: int) -> MachineSeat:
         which, reason = problem
         fix = ("give machine 0's address as master_addr=" if which == "ip"
                else "pick another use_port=, the same on every machine")  # fmt: skip
-        raise LaunchSetupError(f"{NOTEBOOK_NAMES[which]}: {reason}; {fix}")
+        value = options.master_addr if which == "ip" else port
+        raise LaunchSetupError(f"{NOTEBOOK_NAMES[which]}={value!r}: {reason}; {fix}")
     return MachineSeat(options.num_nodes, options.node_rank, nproc, options.master_addr, port,
                        options.rdzv_backend, options.rdzv_timeout)  # fmt: skip
