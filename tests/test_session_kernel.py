@@ -283,3 +283,15 @@ def test_widget_progress_and_no_leak_across_warm_cells():
         assert after == before, f"(fds, threads) before {before}, after 6 more cells {after}"
         _ok(k.run("%accelerate stop"))
         assert_no_descendants(psutil.Process(k.pid), within=5)
+
+
+def test_spawned_session_in_a_kernel_and_sigkill_leaves_no_orphan():
+    """With spawn the ranks are children of the warm spawn server: they and the server die with the kernel."""
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+        _ok(k.run("%load_ext accel_nb\n%accelerate start -n 2 --cpu --start_method spawn", timeout=180))
+        text = _ok(k.run("%%accelerate\nimport os, torch.distributed as dist\n(dist.get_rank(), os.getppid() != 0)"))
+        assert "[rank 0] (0, True)" in text and "[rank 1] (1, True)" in text, text
+        everything = [p.pid for p in psutil.Process(k.pid).children(recursive=True)]
+        assert len(everything) >= 3  # the spawn server and its two ranks
+        os.kill(k.pid, signal.SIGKILL)
+        assert _gone(everything), [p for p in everything if psutil.pid_exists(p)]
