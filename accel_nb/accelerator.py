@@ -16,7 +16,6 @@ grad scaling), ``ops`` (collectives) and ``checkpoint`` (save/load). Everything 
 from __future__ import annotations
 
 import contextlib
-import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,11 +24,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from . import ops
+from .accelerator_extras import AcceleratorExtras
 from .accelerator_options import handler_options, project_configuration
 from .accelerator_views import StateViews
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
-from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap, unwrap
+from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
 from .precision import PrecisionPolicy
 from .rng import check_rng_types
@@ -40,11 +40,12 @@ from .state import (
     env_value,
 )
 from .tracking import find_tracker, log_to_trackers, resolve_log_with, start_trackers
+from .unwrap import extract_model_from_parallel
 
 __all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
 
 
-class Accelerator(StateViews):
+class Accelerator(StateViews, AcceleratorExtras):
     """Run one training loop unchanged on a CPU, one GPU, many GPUs or many machines.
 
         accelerator = Accelerator(mixed_precision="fp16")
@@ -79,6 +80,7 @@ class Accelerator(StateViews):
         dataloader_config: DataLoaderConfiguration | None = None,
         ddp_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
+        gradient_accumulation_plugin: Any = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -86,14 +88,20 @@ class Accelerator(StateViews):
                 f"Accelerator() got an unexpected keyword argument {sorted(kwargs)[0]!r}; accel_nb supports the "
                 "arguments listed in help(Accelerator)"
             )
-        handlers = handler_options(kwargs_handlers)
+        handlers = handler_options(kwargs_handlers, gradient_accumulation_plugin, gradient_accumulation_steps)
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, **handlers.init_process_group)
-        if gradient_accumulation_steps == 1:
+        plugin = handlers.gradient_accumulation
+        if plugin is not None:
+            gradient_accumulation_steps = plugin.num_steps or 1
+        elif gradient_accumulation_steps == 1:
             gradient_accumulation_steps = int(env_value(ENV_GRADIENT_ACCUMULATION_STEPS, "1"))
         if int(gradient_accumulation_steps) < 1:
             raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be at least 1")
         self.gradient_state = GradientState(gradient_accumulation_steps=int(gradient_accumulation_steps))
-        self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device)
+        self.gradient_state.sync_with_dataloader = plugin.sync_with_dataloader if plugin else True
+        self.gradient_state.sync_each_batch = bool(plugin and plugin.sync_each_batch)
+        self.profile_handler = handlers.profile  # accelerator.profile()'s settings
+        self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device, handlers.autocast)
         self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler(**handlers.scaler)
 
         config = dataloader_config if dataloader_config is not None else DataLoaderConfiguration()
@@ -273,8 +281,12 @@ class Accelerator(StateViews):
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
-    def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
-        """The autocast context of this run's mixed precision (nothing for ``no``)."""
+    def autocast(self, autocast_handler: Any = None, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+        """The autocast context of this run's mixed precision (nothing for ``no``); an
+        ``AutocastKwargs`` given here replaces the Accelerator's for this block."""
+        if autocast_handler is not None:
+            handler_options([autocast_handler])  # checks it is an AutocastKwargs; all its fields apply
+            kwargs = {**{k: v for k, v in autocast_handler.to_dict().items() if v is not None}, **kwargs}
         return self.precision.autocast(**kwargs)
 
     def _do_sync(self) -> None:
@@ -296,7 +308,7 @@ class Accelerator(StateViews):
         """
         self._do_sync()
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients:
+            if not (self.sync_gradients or getattr(self.gradient_state, "sync_each_batch", False)):
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
@@ -345,9 +357,12 @@ class Accelerator(StateViews):
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # -- models --------------------------------------------------------------------------------------
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-        """The user's model inside the DDP/compile wrappers (without the autocast forward if asked)."""
-        return unwrap(model, keep_fp32_wrapper)
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
+        """The user's model inside the DDP wrapper (without the autocast forward if asked; the
+        compiled module around it unless ``keep_torch_compile=False``)."""
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)
 
     # -- collectives ---------------------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
@@ -473,25 +488,6 @@ class Accelerator(StateViews):
         from .checkpoint import save_object
 
         save_object(self, obj, f, safe_serialization)
-
-    # -- memory --------------------------------------------------------------------------------------
-    def free_memory(self, *objects: Any) -> list[None]:
-        """Drop every prepared object's reference here, collect garbage and empty the CUDA cache.
-
-        model, optimizer = accelerator.free_memory(model, optimizer)
-        """
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self._custom_objects.clear()
-        self.step = 0
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return [None] * len(objects)
-
-    clear = free_memory
 
     def __repr__(self) -> str:
         return (

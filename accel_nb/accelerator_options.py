@@ -25,15 +25,36 @@ def warn_once(key: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def handler_options(handlers: list[Any] | None) -> HandlerArguments:
-    """The kwargs handlers' options that accel_nb acts on; a clear error for the ones it would ignore."""
+def handler_options(
+    handlers: list[Any] | None, gradient_accumulation_plugin: Any = None, gradient_accumulation_steps: int = 1
+) -> HandlerArguments:
+    """The kwargs handlers' options that accel_nb acts on; a clear error for the ones it would ignore.
+
+    ``AutocastKwargs`` sets the autocast arguments, ``ProfileKwargs`` is kept for
+    ``accelerator.profile()``, and a ``GradientAccumulationPlugin`` (the ``gradient_accumulation_plugin``
+    argument, or among the handlers) sets the accumulation.
+
+        handler_options([AutocastKwargs(cache_enabled=False)]).autocast   # {'cache_enabled': False}
+    """
     found = read_kwargs_handlers(handlers)
-    for slot, what in (("autocast", "AutocastKwargs"), ("profile", "ProfileKwargs"),
-                       ("gradient_accumulation", "GradientAccumulationPlugin")):  # fmt: skip
-        if getattr(found, slot):
+    if gradient_accumulation_plugin is not None:
+        if found.gradient_accumulation is not None:
             raise ValueError(
-                f"kwargs_handlers: {what} is not wired into Accelerator yet; remove it "
-                "(gradient accumulation: pass gradient_accumulation_steps=...)"
+                "a GradientAccumulationPlugin is both in kwargs_handlers and gradient_accumulation_plugin=; pass one"
+            )
+        found.gradient_accumulation = read_kwargs_handlers([gradient_accumulation_plugin]).gradient_accumulation
+    plugin = found.gradient_accumulation
+    if plugin is not None:
+        if gradient_accumulation_steps != 1:
+            raise ValueError(
+                "pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both: put the steps "
+                "in GradientAccumulationPlugin(num_steps=...)"
+            )
+        if not plugin.adjust_scheduler:
+            warn_once(
+                "adjust_scheduler",
+                "GradientAccumulationPlugin(adjust_scheduler=False) changes nothing in accel_nb: a prepared "
+                "scheduler already steps only when the optimizer does (the learning rates are the same)",
             )
     extra = sorted(set(found.init_process_group) - {"backend", "timeout"})
     if extra:

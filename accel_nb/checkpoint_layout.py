@@ -68,7 +68,10 @@ def unwrapped(accelerator: Any, model: torch.nn.Module) -> torch.nn.Module:
     """The user's module inside ``model`` (through the accelerator's ``unwrap_model`` when it has one)."""
     unwrap = getattr(accelerator, "unwrap_model", None)
     if unwrap is not None:
-        return unwrap(model)
+        try:
+            return unwrap(model, keep_torch_compile=False)  # plain parameter names, not "_orig_mod."
+        except TypeError:  # an unwrap_model without that keyword
+            return unwrap(model)
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return getattr(model, "_orig_mod", model)

@@ -123,8 +123,9 @@ def save_accelerator_state(
     counts: dict[str, int] = {}
     error = None
     try:
+        weights = _weights_after_hooks(accelerator, tmp)
         if writer:
-            counts = _write_shared(accelerator, tmp, safe_serialization)
+            counts = _write_shared(accelerator, tmp, safe_serialization, weights)
         _torch_save(
             {"rng": rng_state(), "dataloaders": _loader_states(accelerator)},
             os.path.join(tmp, f"rank_{rank}.pt"),
@@ -174,10 +175,13 @@ def _agree_on_folder(accelerator: Any, output_dir: str | None) -> tuple[str, boo
 def _publish(accelerator: Any, tmp: str, final: str, counts: dict[str, int], safe_serialization: bool) -> None:
     """Fsync every file, write the manifest (sizes and digests) last, then rename the folder into place."""
     files = {}
-    for entry in sorted(os.listdir(tmp)):
-        path = os.path.join(tmp, entry)
-        fsync_path(path)
-        files[entry] = {"size": os.path.getsize(path), "digest": file_digest(path)}
+    for root, dirs, names in os.walk(tmp):  # a save pre-hook may have written sub-folders
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            fsync_path(path)
+            entry = os.path.relpath(path, tmp).replace(os.sep, "/")
+            files[entry] = {"size": os.path.getsize(path), "digest": file_digest(path)}
     manifest = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -196,10 +200,25 @@ def _publish(accelerator: Any, tmp: str, final: str, counts: dict[str, int], saf
     commit_dir(tmp, final)
 
 
-def _write_shared(accelerator: Any, tmp: str, safe_serialization: bool) -> dict[str, int]:
+def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
+    """Each prepared model's state dict, after the save pre-hooks (which may pop the ones they save).
+
+    Called on every process, like the hooks; they get the folder being written (``tmp``, renamed
+    into place when the save completes), so what they write there is part of the checkpoint.
+    """
+    from .accelerator_extras import run_save_hooks
+
     models = list(getattr(accelerator, "_models", []))
-    for i, model in enumerate(models):
-        state = unwrapped(accelerator, model).state_dict()
+    weights = [unwrapped(accelerator, model).state_dict() for model in models]
+    run_save_hooks(accelerator, models, weights, tmp)
+    return weights
+
+
+def _write_shared(
+    accelerator: Any, tmp: str, safe_serialization: bool, weights: list[dict[str, Any]]
+) -> dict[str, int]:
+    models = weights
+    for i, state in enumerate(weights):
         if safe_serialization:
             save_sharded_safetensors(state, tmp, weights_name=f"model{file_suffix(i)}.safetensors")
         else:

@@ -1,11 +1,11 @@
-"""What ``Accelerator.prepare`` does to a model, and how ``unwrap_model`` undoes it.
+"""What ``Accelerator.prepare`` does to a model.
 
+``Accelerator.unwrap_model`` undoes it with ``accel_nb.unwrap.extract_model_from_parallel``.
 A prepared model is moved to the process's device, runs its forward under the run's autocast
 (outputs back in fp32), and is wrapped in ``DistributedDataParallel`` when several processes
 train it. Nothing here keeps state: the Accelerator remembers what it prepared.
 
     model = place_and_wrap(model, device, policy, distributed=True, ddp_kwargs={})
-    inner = unwrap(model)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-__all__ = ["adopt_prepared", "mark_prepared", "place_and_wrap", "unwrap"]
+__all__ = ["adopt_prepared", "mark_prepared", "place_and_wrap"]
 
 _PREPARED = "_accel_nb_prepared"  # set on every object Accelerator.prepare() returns
 
@@ -73,24 +73,4 @@ def place_and_wrap(
             kwargs.setdefault("device_ids", [device.index])
             kwargs.setdefault("output_device", device.index)
         model = DistributedDataParallel(model, **kwargs)
-    return model
-
-
-def unwrap(model: torch.nn.Module, keep_fp32_wrapper: bool = True) -> torch.nn.Module:
-    """The user's model inside the DDP/compile wrappers (without the autocast forward if asked)."""
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(
-            model._orig_mod, torch.nn.Module
-        ):  # torch.compile
-            model = model._orig_mod
-        else:
-            break
-    if not keep_fp32_wrapper and "_accel_nb_original_forward" in model.__dict__:
-        original = model.__dict__.pop("_accel_nb_original_forward")
-        if getattr(original, "__func__", None) is getattr(type(model), "forward", None):
-            model.__dict__.pop("forward", None)  # back to the class's own forward
-        else:
-            model.forward = original
     return model

@@ -42,8 +42,11 @@ def check_mixed_precision_supported(mixed_precision: str, device: torch.device) 
 class PrecisionPolicy:
     """Autocast and gradient scaling for one run: ``no``, ``fp16`` or ``bf16`` on one device type."""
 
-    def __init__(self, mixed_precision: Any, device: torch.device) -> None:
+    def __init__(
+        self, mixed_precision: Any, device: torch.device, autocast_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.mixed_precision = validate_mixed_precision(mixed_precision)
+        self.autocast_kwargs = dict(autocast_kwargs or {})  # AutocastKwargs' enabled / cache_enabled
         self.device = torch.device(device)
         check_mixed_precision_supported(self.mixed_precision, self.device)
         self.dtype = _DTYPES.get(self.mixed_precision)
@@ -53,9 +56,11 @@ class PrecisionPolicy:
         return self.dtype is not None
 
     def autocast(self, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
-        """``torch.autocast`` for this device and dtype (a null context for ``no``)."""
+        """``torch.autocast`` for this device and dtype (a null context for ``no``), with the run's
+        ``AutocastKwargs`` unless ``kwargs`` say otherwise."""
         if not self.enabled:
             return contextlib.nullcontext()
+        kwargs = {**self.autocast_kwargs, **kwargs}
         kwargs.setdefault("dtype", self.dtype)
         return torch.autocast(device_type=self.device.type, **kwargs)
 
