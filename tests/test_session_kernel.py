@@ -280,7 +280,8 @@ def test_widget_progress_and_no_leak_across_warm_cells():
         for _ in range(6):
             _ok(k.run("%%accelerate\nx = x + 1"))
         after = counts()
-        assert after == before, f"(fds, threads) before {before}, after 6 more cells {after}"
+        # nothing grows with the cells (a descriptor the kernel itself closes meanwhile may make it smaller)
+        assert after[0] <= before[0] and after[1] <= before[1], f"(fds, threads) before {before}, after 6 cells {after}"
         _ok(k.run("%accelerate stop"))
         assert_no_descendants(psutil.Process(k.pid), within=5)
 
