@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .utils import human_bytes
+from .utils import human_bytes, imported_module
 
 _NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
 _NVML_SUCCESS = 0
@@ -288,7 +288,7 @@ def _mps_available() -> bool:
 
 def _torch_versions() -> tuple[str | None, str | None]:
     """torch's version and the CUDA it was built for, read without importing torch (it is slow)."""
-    torch = sys.modules.get("torch")
+    torch = imported_module("torch")
     if torch is not None and hasattr(torch, "version"):
         return str(torch.__version__), getattr(torch.version, "cuda", None)
     try:

@@ -29,7 +29,10 @@ def lazy_exports(
         source = exports.get(name)
         if source is None:
             raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(source, package), name)
+        try:
+            value = getattr(importlib.import_module(source, package), name)
+        except AttributeError as exc:  # ``from pkg import name`` would turn it into "cannot import name"
+            raise ImportError(f"{module_name}.{name} could not be loaded from {source}: {exc}") from exc
         namespace[name] = value  # cache: the next lookup is a plain dict hit
         return value
 

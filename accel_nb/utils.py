@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import random
 import re
+import sys
+from types import ModuleType
 
 from .lazy_exports import lazy_exports
 
@@ -37,6 +40,20 @@ def set_seed(seed: int, device_specific: bool = False) -> None:
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
+
+
+def imported_module(name: str) -> ModuleType | None:
+    """The module ``name`` if this process has imported it, else None; never starts an import.
+
+    A module another thread is still importing (accel_nb warms torch in the background after
+    the first launch) is waited for, so callers never see a half-initialised torch.
+
+        torch = imported_module("torch")
+    """
+    module = sys.modules.get(name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+        module = importlib.import_module(name)  # blocks until the other thread's import is done
+    return module
 
 
 def human_bytes(n: float) -> str:

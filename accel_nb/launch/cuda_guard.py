@@ -17,6 +17,8 @@ import threading
 import traceback
 from typing import Any
 
+from ..utils import imported_module
+
 _first_init_stack: list[traceback.FrameSummary] | None = None
 _recorder_lock = threading.Lock()
 _recorder_installed = False
@@ -50,7 +52,7 @@ def _driver_initialised() -> bool:
 
 def cuda_initialized() -> bool:
     """Has this process initialised CUDA (torch or any other library)?"""
-    torch = sys.modules.get("torch")
+    torch = imported_module("torch")
     if torch is not None and torch.cuda.is_initialized():
         return True
     return _driver_initialised()
@@ -104,7 +106,7 @@ def install_cuda_init_recorder() -> None:
     Only when torch is already imported (it never imports torch itself); installing twice is a no-op.
     """
     global _recorder_installed
-    torch = sys.modules.get("torch")
+    torch = imported_module("torch")
     if torch is None:
         return
     with _recorder_lock:

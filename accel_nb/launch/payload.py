@@ -14,13 +14,13 @@ from __future__ import annotations
 import io
 import linecache
 import os
-import sys
 import types
 from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 
+from ..utils import imported_module
 from .errors import PayloadError
 
 # names IPython puts in the user namespace that never travel to the workers
@@ -252,7 +252,7 @@ class _ProbePickler(cloudpickle.Pickler):
     def __init__(self, file: Any) -> None:
         super().__init__(file, protocol=cloudpickle.DEFAULT_PROTOCOL)
         self.tensor_bytes = 0
-        torch = sys.modules.get("torch")
+        torch = imported_module("torch")
         self._tensor_type = torch.Tensor if torch is not None else None
 
     def reducer_override(self, obj: Any) -> Any:

@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from ..utils import human_bytes
+from ..utils import human_bytes, imported_module
 from .errors import LaunchError
 from .payload import PayloadCheck, check_picklable, notebook_sources
 from .plan import LaunchPlan
@@ -79,7 +79,7 @@ def run_launch(
     say(plan.headline())
     if plan.spawn_reason:
         say(f"[accel_nb] using spawn instead of fork: {plan.spawn_reason}.")
-    torch = sys.modules.get("torch")
+    torch = imported_module("torch")
     if (
         plan.fork_threads == 1
         and plan.num_processes == 1

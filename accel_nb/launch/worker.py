@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
 from .. import events
+from ..utils import imported_module
 from . import tqdm_bridge
 from .capture import OutputCapture
 from .channel import ChannelClosed, EventWriter, encode_event
@@ -79,7 +80,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 def to_cpu(value: Any, _depth: int = 0) -> Any:
     """Move tensors and modules inside ``value`` to the CPU so the notebook can load them anywhere."""
-    torch = sys.modules.get("torch")
+    torch = imported_module("torch")
     if torch is None or _depth > 20:
         return value
     if isinstance(value, torch.Tensor):
@@ -146,7 +147,7 @@ def native_threads_running() -> bool:
 
 
 def _set_torch_threads(forced: int | None) -> None:
-    torch = sys.modules.get("torch")
+    torch = imported_module("torch")
     if torch is None:
         return
     wanted = forced
@@ -307,7 +308,7 @@ class WorkerRuntime:
     def shutdown(self, succeeded: bool = True) -> None:
         """Leave the process group, send the last output, close the channel."""
         self._stop.set()
-        torch = sys.modules.get("torch")
+        torch = imported_module("torch")
         if torch is not None:
             # teardown: a group a dead peer broke raises here; that must not hide the rank's own result
             with contextlib.suppress(Exception):
