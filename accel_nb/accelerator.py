@@ -255,6 +255,8 @@ class Accelerator(StateViews, AcceleratorExtras):
             data_seed=cfg.data_seed,
             non_blocking=cfg.non_blocking,
             rng_types=self.rng_types,
+            dispatch_batches=cfg.dispatch_batches,
+            use_stateful_dataloader=cfg.use_stateful_dataloader,
         )
         self._dataloaders.append(prepared)
         return mark_prepared(prepared)

@@ -35,6 +35,7 @@ __all__ = [
     "SkipBatchSampler",
     "IterableDatasetShard",
     "DataLoaderShard",
+    "SkipDataLoader",
     "prepare_data_loader",
     "skip_first_batches",
 ]
@@ -48,13 +49,20 @@ class DataLoaderConfiguration:
     gives), copied from rank 0 at each pass. ``use_seedable_sampler=True`` or a ``data_seed`` uses
     a ``SeedableRandomSampler`` (order = f(seed, epoch)); without ``data_seed`` its seed is
     rank 0's ``torch.initial_seed()`` (your ``set_seed``), shared with every rank.
+
+    ``dispatch_batches=True`` has process 0 read every batch and send each process its slice
+    (``accel_nb.data_dispatch``); ``None`` (the default) does so for iterable datasets only.
+    ``use_stateful_dataloader`` is refused with a clear error (prepared loaders already resume
+    mid-epoch through ``state_dict()``).
     """
 
     split_batches: bool = False
+    dispatch_batches: bool | None = None
     even_batches: bool = True
     use_seedable_sampler: bool = False
     data_seed: int | None = None
     non_blocking: bool = False
+    use_stateful_dataloader: bool = False
 
 
 # -- the loader -------------------------------------------------------------------------------------
@@ -328,8 +336,13 @@ def prepare_data_loader(
     data_seed: int | None = None,
     non_blocking: bool = False,
     rng_types: list[str] | None = None,
+    dispatch_batches: bool | None = None,
+    use_stateful_dataloader: bool = False,
 ) -> DataLoader:
     """Shard ``dataloader`` for this process and place its batches on ``device``.
+
+    ``dispatch_batches`` (``None``: for iterable datasets) makes process 0 read the batches and
+    send each process its slice (:class:`accel_nb.data_dispatch.DataLoaderDispatcher`).
 
     ``rng_types`` (e.g. ``["torch", "generator"]``) are synchronised from process 0 at the start
     of every pass, so random draws agree across processes; a shuffle's generator always is
@@ -349,6 +362,17 @@ def prepare_data_loader(
             "this data loader was already prepared; pass the original DataLoader to prepare() once "
             "and keep the object it returns"
         )
+    if use_stateful_dataloader:
+        _refuse_stateful_dataloader()
+    if dispatch_batches is None:
+        dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
+    if dispatch_batches:
+        if not put_on_device:
+            raise ValueError("dispatch_batches=True needs put_on_device=True (batches are sent to each device)")
+        from .data_dispatch import prepare_dispatcher
+
+        return prepare_dispatcher(dataloader, device, num_processes, process_index, split_batches, non_blocking,
+                                  rng_types)  # fmt: skip
     if not put_on_device:
         device = None
     kwargs = _loader_kwargs(dataloader)
@@ -392,6 +416,35 @@ def prepare_data_loader(
         dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
         batch_sampler=SkipBatchSampler(batch_sampler, 0), rng_types=rng_types,
         synchronized_generator=synchronized, **kwargs,
+    )
+
+
+class SkipDataLoader(DataLoaderShard):
+    """A ``DataLoader`` whose every pass leaves out its first ``skip_batches`` batches (they are still loaded).
+
+        loader = SkipDataLoader(dataset, skip_batches=3, batch_size=8)   # prefer skip_first_batches
+    """
+
+    def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any) -> None:
+        if use_stateful_dataloader:
+            _refuse_stateful_dataloader()
+        super().__init__(dataset, device=None, skip_batches=skip_batches, **kwargs)
+
+    def __len__(self) -> int:
+        return max(DataLoader.__len__(self) - self.skip_batches, 0)
+
+
+def _refuse_stateful_dataloader() -> None:
+    try:
+        import torchdata.stateful_dataloader  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install torchdata "
+            "(or drop the option: accel_nb's prepared loaders resume mid-epoch through state_dict())"
+        ) from None
+    raise NotImplementedError(
+        "use_stateful_dataloader=True is not wired into accel_nb yet; drop it -- prepared loaders already "
+        "resume mid-epoch through state_dict()/load_state_dict() and save_state/load_state"
     )
 
 

@@ -255,7 +255,9 @@ def test_skip_does_not_load_skipped_samples():
 
 def test_iterable_loader_resume_and_len():
     def make(rank):
-        return prepare_data_loader(DataLoader(Stream(13), batch_size=2), num_processes=2, process_index=rank)
+        return prepare_data_loader(  # every process reads its slice (no group here to dispatch over)
+            DataLoader(Stream(13), batch_size=2), num_processes=2, process_index=rank, dispatch_batches=False
+        )
 
     full = [b.tolist() for b in make(0)]
     run = make(0)

@@ -1,0 +1,211 @@
+"""A data loader that only process 0 reads: it sends each process its slice of every batch.
+
+``DataLoaderConfiguration(dispatch_batches=True)`` (the default for iterable datasets, as in the
+reference library) prepares a :class:`DataLoaderDispatcher`: process 0 iterates the original
+loader, joins ``num_processes`` batches into one round (or takes one batch with
+``split_batches``) and scatters slice ``i`` of the round to process ``i``. Use it when the data
+source can only be read once (a stream, a queue) or only on one machine.
+
+    loader = prepare_dispatcher(DataLoader(stream, batch_size=8), device, num_processes=2, process_index=rank)
+    for batch in loader:     # 8 samples per process, all read by process 0
+        ...
+
+The last, short round is completed with the first samples of the pass so every process gets a
+batch of the same size; ``gather_for_metrics`` drops the copies again (``last_round_real``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from .data import DataLoaderShard, _loader_kwargs
+
+__all__ = ["DataLoaderDispatcher", "prepare_dispatcher"]
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in ``batch``: the length of its first tensor (or list) leaf."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        return _batch_size(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, dict, list, tuple)):
+        return _batch_size(batch[0])
+    return len(batch)
+
+
+def _is_container(batch: Any) -> bool:
+    return isinstance(batch, dict) or (
+        isinstance(batch, (list, tuple)) and bool(batch) and isinstance(batch[0], (torch.Tensor, dict, list, tuple))
+    )
+
+
+def _join(batches: list[Any]) -> Any:
+    """The batches' samples as one batch, leaf by leaf (tensors concatenated, lists chained)."""
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(batches)
+    if isinstance(first, dict):
+        return type(first)({k: _join([b[k] for b in batches]) for k in first})
+    if _is_container(first):
+        joined = [_join([b[i] for b in batches]) for i in range(len(first))]
+        return type(first)(*joined) if hasattr(first, "_fields") else type(first)(joined)
+    return [x for b in batches for x in b]
+
+
+def _slice(batch: Any, lo: int, hi: int) -> Any:
+    """Samples ``lo:hi`` of ``batch``, leaf by leaf."""
+    if isinstance(batch, torch.Tensor):
+        return batch[lo:hi]
+    if isinstance(batch, dict):
+        return type(batch)({k: _slice(v, lo, hi) for k, v in batch.items()})
+    if _is_container(batch):
+        parts = [_slice(v, lo, hi) for v in batch]
+        return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
+    return batch[lo:hi]
+
+
+class DataLoaderDispatcher(DataLoaderShard):
+    """A prepared loader whose batches process 0 reads and scatters (see the module docstring).
+
+    Like :class:`DataLoaderShard` it places batches on the device, reports ``end_of_dataloader``
+    and ``last_round_real``, and takes ``set_epoch``; ``len()`` is the number of rounds.
+    """
+
+    def __init__(self, *args: Any, num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
+                 **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self._last_round_real: int | None = None
+
+    @property
+    def last_round_real(self) -> int | None:
+        """Real samples of the last round while it is out (the rest are copies of the first samples)."""
+        return self._last_round_real if self.end_of_dataloader else None
+
+    @property
+    def remainder(self) -> int:
+        value = self.last_round_real
+        return -1 if value is None else value
+
+    def __len__(self) -> int:
+        n = DataLoader.__len__(self)
+        if self.split_batches:
+            return n
+        return n // self.num_processes if self.drop_last else math.ceil(n / self.num_processes)
+
+    def _rounds(self) -> Iterator[Any]:
+        """Process 0: the rounds of the original loader, each one batch (split) or ``num_processes`` joined."""
+        it = DataLoader.__iter__(self)
+        per_round = 1 if self.split_batches else self.num_processes
+        while True:
+            batches = []
+            for _ in range(per_round):
+                try:
+                    batches.append(next(it))
+                except StopIteration:
+                    break
+            if not batches or (len(batches) < per_round and self.drop_last):
+                return
+            yield _join(batches) if len(batches) > 1 else batches[0]
+            if len(batches) < per_round:
+                return
+
+    def _plans(self) -> Iterator[list[Any]]:
+        """Process 0: for each round, what each process gets -- ``(slice, is_last, real samples)``."""
+        rounds = self._rounds()
+        current = next(rounds, None)
+        first = current
+        while current is not None:
+            upcoming = next(rounds, None)
+            real = _batch_size(current)
+            per = math.ceil(real / self.num_processes)
+            batch = current
+            if per * self.num_processes > real:  # complete the round with the pass's first samples
+                pool, need = first, per * self.num_processes - real
+                copies = [_slice(pool, 0, min(need, _batch_size(pool)))]
+                while sum(_batch_size(c) for c in copies) < need:
+                    copies.append(_slice(pool, 0, need - sum(_batch_size(c) for c in copies)))
+                batch = _join([current, *copies])
+            last = upcoming is None
+            yield [(_slice(batch, r * per, (r + 1) * per), last, real) for r in range(self.num_processes)]
+            current = upcoming
+
+    def _receive(self, plans: Iterator[list[Any]] | None) -> Any:
+        """This process's ``(slice, is_last, real)`` of the next round, or None when the pass is over."""
+        import torch.distributed as dist
+
+        plan = next(plans, None) if plans is not None else None
+        if self.num_processes == 1:
+            return None if plan is None else plan[0]
+        inbox: list[Any] = [None]
+        dist.scatter_object_list(inbox, [None] * self.num_processes if plan is None else plan, src=0)
+        return inbox[0]
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.rng_types:
+            self._synchronize_rngs()
+        self._apply_epoch()
+        resume, self._resume_skip = self._resume_skip, 0
+        self.batches_yielded = 0
+        self.end_of_dataloader = False
+        self._last_round_real = None
+        self.gradient_state._add_dataloader(self)
+        plans = self._plans() if self.process_index == 0 else None
+        try:
+            while True:
+                mine = self._receive(plans)
+                if mine is None:
+                    break
+                part, last, real = mine
+                self.end_of_dataloader = bool(last)
+                self._last_round_real = int(real) if last else None
+                self.gradient_state.remainder = self.remainder
+                self.batches_yielded += 1
+                if self.batches_yielded <= resume + self.skip_batches:
+                    continue
+                yield self._place(part)
+                if last:
+                    break
+            self._finish_pass()
+        finally:
+            self.gradient_state._remove_dataloader(self)
+
+
+def prepare_dispatcher(
+    dataloader: DataLoader,
+    device: torch.device | None,
+    num_processes: int,
+    process_index: int,
+    split_batches: bool = False,
+    non_blocking: bool = False,
+    rng_types: list[str] | None = None,
+) -> DataLoaderDispatcher:
+    """``dataloader`` read by process 0 only, each process getting its slice of every round.
+
+        loader = prepare_dispatcher(DataLoader(stream, batch_size=8), device, 2, rank)
+    """
+    if dataloader.batch_size is None and dataloader.batch_sampler is None:
+        raise ValueError("dispatch_batches=True needs a DataLoader that makes batches (batch_size is None)")
+    kwargs = _loader_kwargs(dataloader)
+    info = {"num_processes": num_processes, "process_index": process_index, "split_batches": split_batches,
+            "even_batches": True, "batch_size": dataloader.batch_size}  # fmt: skip
+    if isinstance(dataloader.dataset, torch.utils.data.IterableDataset):
+        batching: dict[str, Any] = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
+    elif type(dataloader.batch_sampler) is torch.utils.data.BatchSampler:
+        batching = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last,
+                    "sampler": dataloader.sampler}  # fmt: skip
+    else:
+        batching = {"batch_sampler": dataloader.batch_sampler}
+    return DataLoaderDispatcher(
+        dataloader.dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
+        rng_types=rng_types, num_processes=num_processes, process_index=process_index,
+        split_batches=split_batches, **batching, **kwargs,
+    )
