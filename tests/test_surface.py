@@ -164,7 +164,7 @@ def test_kwargs_handlers_are_applied_or_refused_never_ignored():
     assert acc.state.collective_timeout == 42  # what the process group would be given
     with pytest.raises(RuntimeError, match="timeout=7 s must be given to the first PartialState"):
         PartialState(timeout=7)
-    with pytest.raises(ValueError, match="AutocastKwargs is not wired"):
-        Accelerator(cpu=True, kwargs_handlers=[AutocastKwargs(enabled=False)])
+    acc = Accelerator(cpu=True, kwargs_handlers=[AutocastKwargs(enabled=False)])
+    assert acc.precision.autocast_kwargs == {"enabled": False}  # applied to every autocast of the run
     with pytest.raises(ValueError, match=r"InitProcessGroupKwargs\(init_method=...\) is not supported"):
         Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(init_method="tcp://10.0.0.1:1")])
