@@ -94,6 +94,7 @@ def _hooks(library, folder):
     load_handle = acc.register_load_state_pre_hook(load_hook)
     saved = [p.detach().clone() for p in (*first.parameters(), *second.parameters())]
     acc.save_state(folder)
+    acc.wait_for_everyone()  # the reference's save_state returns before process 0's hook has written
     with torch.no_grad():
         for p in (*first.parameters(), *second.parameters()):
             p.zero_()
@@ -102,6 +103,7 @@ def _hooks(library, folder):
     save_handle.remove()
     load_handle.remove()
     acc.save_state(folder + "_again")
+    acc.wait_for_everyone()
     acc.load_state(folder + "_again")
     return calls, restored
 
@@ -259,3 +261,27 @@ def test_unwrap_model_keep_torch_compile():
     compiled = torch.compile(acc.prepare(model))
     assert acc.unwrap_model(compiled, keep_torch_compile=False) is model
     assert acc.unwrap_model(compiled)._orig_mod is model
+
+
+def _window_across_epochs(library):
+    """sync_gradients per batch over two passes of a 3-batch loader with num_steps=2."""
+    from torch.utils.data import DataLoader
+
+    utils = _utils(library)
+    plugin = utils.GradientAccumulationPlugin(num_steps=2, sync_with_dataloader=False)
+    acc = _accelerator(library, gradient_accumulation_plugin=plugin)
+    model, loader = acc.prepare(torch.nn.Linear(1, 1), DataLoader(torch.ones(6, 1), batch_size=1))
+    flags = []
+    for _ in range(2):
+        for x in loader:
+            with acc.accumulate(model):
+                acc.backward(model(x).sum())
+                flags.append(acc.sync_gradients)
+    return flags
+
+
+def test_sync_with_dataloader_false_runs_the_window_across_epochs():
+    ours = run_ranks(_window_across_epochs, world_size=2, args=("accel_nb",))
+    theirs = run_ranks(_window_across_epochs, world_size=2, args=("accelerate",))
+    assert ours == theirs
+    assert ours[0] == [False, True, False, True, False, True]
