@@ -183,7 +183,7 @@ class Accelerator(StateViews, AcceleratorExtras):
         if adopt_prepared(model, self._models):
             return model
         inner = model.module if isinstance(model, DistributedDataParallel) else model
-        if any(inner is self.unwrap_model(m) for m in self._models) or isinstance(
+        if any(inner is self.unwrap_model(m, keep_torch_compile=False) for m in self._models) or isinstance(
             model, DistributedDataParallel
         ):
             raise ValueError(
