@@ -188,6 +188,11 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(run_dir)):
         assert time.monotonic() < deadline, "the offline run never got its exit record"
         time.sleep(0.2)
+    # wandb keeps its service process (wandb-core) for the life of this process; end it so later
+    # tests that count this process's children find none
+    import wandb
+
+    wandb.teardown()
     history, config = [], {}
     for record in wandb_records(run_dir):
         kind = record.WhichOneof("record_type")
