@@ -459,8 +459,8 @@ def test_the_references_single_machine_arguments_are_accepted_and_inert_ones_war
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second time: no warning
         assert notebook_launcher(_trivial, num_processes=1, cpu=True, reporter=rep, monitor_interval=0.1) == [0]
-    with pytest.raises(LaunchSetupError, match="num_nodes=2.*accel-nb launch"):
-        notebook_launcher(_trivial, num_processes=2, num_nodes=2)
+    with pytest.raises(LaunchSetupError, match="max_restarts=1.*accel-nb launch"):
+        notebook_launcher(_trivial, num_processes=2, num_nodes=2, max_restarts=1)  # several machines: test_multinode
 
 
 def test_an_unknown_keyword_is_a_clear_error_naming_what_is_accepted():

@@ -198,3 +198,100 @@ def test_restart_across_two_machines_resumes_like_an_uninterrupted_run(tmp_path)
                 assert code == 0, f"machine {machine} failed:\n{out}\n{err}"
     assert "rank 3: killing myself after step 7" in results[1][1]
     _check_resumed_like_uninterrupted(straight, killed, exact=False)
+
+
+NOTEBOOK_SIDE = """
+import json, sys
+import torch
+from accel_nb import PartialState, gather, notebook_launcher, reduce
+
+def job():  # the collectives of examples/allreduce_script.py, which the other machine runs
+    state = PartialState()
+    mine = torch.tensor([state.process_index + 1.0])
+    total = reduce(mine, reduction="sum").item()
+    everyone = gather(mine).tolist()
+    state.wait_for_everyone()
+    return [state.process_index, state.num_processes, state.local_process_index, total, everyone]
+
+rank, addr, port, backend = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+results = notebook_launcher(job, num_processes=2, cpu=True, num_nodes=2, node_rank=rank, master_addr=addr,
+                            use_port=port, rdzv_backend=backend, rdzv_conf={"timeout": 120}, progress="text")
+print("RESULTS", json.dumps(results), flush=True)
+"""
+
+
+@pytest.mark.parametrize("backend, notebook_machine", [("static", 0), ("c10d", 1)])
+def test_notebook_launcher_on_one_machine_joins_accel_nb_launch_on_the_other(tmp_path, backend, notebook_machine):
+    import json
+
+    cfg = str(tmp_path / "default_config.yaml")
+    side = tmp_path / "notebook_side.py"
+    side.write_text(NOTEBOOK_SIDE)
+    with two_hosts() as hosts:
+        main = hosts[0]
+        nb_host, cli_host = hosts[notebook_machine], hosts[1 - notebook_machine]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, ACCEL_NB_CONFIG_FILE=cfg)
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        notebook = subprocess.Popen(
+            nb_host.command(sys.executable, str(side), str(notebook_machine), main.ip, "29400", backend),
+            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        cli = launch_on(cli_host, 1 - notebook_machine, main, 29400, "--num_processes", "4", "--rdzv_backend",
+                        backend, "--rdzv_timeout", "120", EXAMPLE, cfg=cfg)  # fmt: skip
+        (nb_code, nb_out, nb_err), (cli_code, cli_out, cli_err) = finish(notebook, cli)
+    assert nb_code == 0, nb_out + nb_err
+    assert cli_code == 0, cli_out + cli_err
+    results = json.loads(nb_out.split("RESULTS", 1)[1])
+    mine = [r[0] for r in results]
+    everyone = [1.0, 2.0, 3.0, 4.0]
+    assert [r[1:] for r in results] == [[4, 0, 10.0, everyone], [4, 1, 10.0, everyone]], results
+    theirs = sorted(int(m.group(1)) for m in re.finditer(r"rank (\d)/4: sum=10 gathered=\[1.0, 2.0, 3.0, 4.0\]",
+                                                         cli_out))  # fmt: skip
+    assert sorted(mine + theirs) == [0, 1, 2, 3], (results, cli_out)
+    if backend == "static":  # machine_rank decides: the notebook's machine 0 holds ranks 0 and 1
+        assert mine == [0, 1]
+
+
+def test_notebook_machine_options_bad_input_is_one_clear_error():
+    import socket
+
+    from accel_nb import notebook_launcher
+    from accel_nb.launch.errors import LaunchSetupError
+    from accel_nb.launch.ports import pick_free_port
+
+    def launch(**options):
+        return notebook_launcher(print, num_processes=1, cpu=True, num_nodes=2, progress="text", **options)
+
+    with pytest.raises(LaunchSetupError, match="node_rank=2 must be smaller than num_nodes=2"):
+        launch(node_rank=2, master_addr="127.0.0.1")
+    with pytest.raises(LaunchSetupError, match="master_addr='192.0.2.7': 192.0.2.7 is not an address of this machine"):
+        launch(node_rank=0, master_addr="192.0.2.7")
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchSetupError, match=f"use_port={port}: port {port} on 127.0.0.1 is already in use"):
+            launch(node_rank=0, master_addr="127.0.0.1", use_port=port)
+    with pytest.raises(LaunchSetupError, match="elastic restarts"):
+        launch(node_rank=0, master_addr="127.0.0.1", max_restarts=1)
+    with pytest.raises(LaunchSetupError, match="reads only 'timeout'"):
+        launch(node_rank=0, master_addr="127.0.0.1", rdzv_conf={"read_timeout": 5})
+    port = pick_free_port()
+    with pytest.raises(LaunchSetupError) as never:
+        launch(node_rank=0, master_addr="127.0.0.1", use_port=port, rdzv_conf={"timeout": 2})
+    assert f"did not join the rendezvous at 127.0.0.1:{port} within 2s: start them with node_rank 1" in str(never.value)
+    port = pick_free_port()
+    with pytest.raises(LaunchSetupError) as unreachable:
+        launch(node_rank=1, master_addr="127.0.0.1", use_port=port, rdzv_conf={"timeout": 2})
+    assert f"could not join the main machine at 127.0.0.1:{port} within 2s" in str(unreachable.value)
+
+
+def test_accelerate_magic_flags_for_several_machines():
+    from accel_nb.notebook.magics import launch_options, parse_accelerate_line
+
+    line = "-n 2 --cpu --num_nodes 2 --node_rank 1 --master_addr 10.0.0.1 --rdzv_backend c10d --rdzv_timeout 30"
+    options = launch_options(parse_accelerate_line(line), None)
+    assert (options.num_nodes, options.node_rank, options.master_addr) == (2, 1, "10.0.0.1")
+    assert (options.rdzv_backend, options.rdzv_timeout, options.num_processes) == ("c10d", 30.0, 2)
+    plain = launch_options(parse_accelerate_line("-n 2 --cpu"), None)
+    assert (plain.num_nodes, plain.node_rank, plain.rdzv_backend, plain.rdzv_timeout) == (1, 0, "static", None)

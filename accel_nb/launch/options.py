@@ -69,6 +69,10 @@ class LaunchOptions:
     show_ranks: Any = "all"
     keep_logs: bool | None = None
     progress: Any = None
+    num_nodes: int = 1  # machines of the job; node_rank is this one (0: the one at master_addr)
+    node_rank: int = 0
+    rdzv_backend: str = "static"
+    rdzv_timeout: float | None = None  # seconds to wait for the other machines (None: 600)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -108,6 +112,9 @@ class LaunchOptions:
         except ValueError as exc:
             raise LaunchSetupError(str(exc)) from None
         set_(self, "cpu", bool(self.cpu))
+        from .multinode import check_machine_options
+
+        check_machine_options(self)
 
     @property
     def show(self) -> set[int] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from .. import hardware
 from ..precision_setting import bf16_gpu_problem
@@ -30,6 +31,7 @@ class LaunchPlan:
     spawn_reason: str | None  # why "auto" chose spawn (None when it chose fork or the user asked)
     master_port: int
     fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
+    seat: Any = None  # launch.multinode.MachineSeat when the job spans several machines
 
     @property
     def master_addr(self) -> str:
@@ -89,6 +91,8 @@ class LaunchPlan:
             env["ACCEL_NB_FORKED"] = "1"
         if self.num_processes > 1 and not self.use_gpu and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks must not each use every core
+        if self.seat is not None:  # global ranks, world size and store from the machines' rendezvous
+            env.update(self.seat.rank_env(rank))
         env.update(self.options.env)
         return env
 
@@ -126,7 +130,13 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
     else:
         method = options.start_method
 
-    if options.use_port is None:
+    seat = None
+    if options.num_nodes > 1:
+        from .multinode import plan_seat
+
+        seat = plan_seat(options, num_processes)
+        port = seat.port
+    elif options.use_port is None:
         port = pick_free_port(options.master_addr)
     else:
         port = options.use_port
@@ -145,4 +155,5 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
         start_method=method,
         spawn_reason=spawn_reason,
         master_port=port,
+        seat=seat,
     )

@@ -97,6 +97,10 @@ def run_launch(
         "master_port": plan.master_port,
     }
     details.update(info or {})
+    if plan.seat is not None:
+        say(f"[accel_nb] {plan.seat.describe()}: waiting for every machine...")
+        plan.seat.join()
+        say(f"[accel_nb] this machine runs global ranks {', '.join(map(str, plan.seat.global_ranks))}")
     reporter = _start_reporter(reporter, plan.num_processes, details)
     ok = False
     procs: list[RankProcess] = []
@@ -131,6 +135,8 @@ def run_launch(
         ok = True
         return [outcome.results[r] for r in range(plan.num_processes)]
     finally:
+        if plan.seat is not None:
+            plan.seat.leave(succeeded=ok)
         if ok and not keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
 

@@ -44,11 +44,7 @@ def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -
 
 # the reference's multi-node / elastic arguments: accepted at their single-machine values
 _REFERENCE_DEFAULTS: dict[str, Any] = {
-    "num_nodes": 1,
-    "node_rank": 0,
-    "rdzv_backend": "static",
     "rdzv_endpoint": "",
-    "rdzv_conf": None,
     "rdzv_id": "none",
     "max_restarts": 0,
     "monitor_interval": None,
@@ -60,8 +56,12 @@ _warned: set[str] = set()
 
 
 def _accept_reference_options(options: dict[str, Any]) -> None:
-    """Take the reference's multi-machine arguments out of ``options``: fine at their one-machine values,
-    a warning (once) for the two that change nothing here, a clear error for more than one machine."""
+    """Take the reference's multi-machine arguments out of ``options``: num_nodes, node_rank, rdzv_backend
+    and rdzv_conf's timeout are launch options; the rest are fine at their defaults, a warning (once) for the
+    two that change nothing here, a clear error for restarts and other rendezvous settings."""
+    from ..launch.multinode import take_reference_options
+
+    take_reference_options(options)  # num_nodes, node_rank, rdzv_backend pass on; rdzv_conf's timeout too
     for key in list(options):
         if key not in _REFERENCE_DEFAULTS:
             continue
@@ -78,8 +78,9 @@ def _accept_reference_options(options: dict[str, Any]) -> None:
         if value in (_REFERENCE_DEFAULTS[key], None, "", 1 if key == "num_nodes" else 0):
             continue
         raise LaunchSetupError(
-            f"notebook_launcher({key}={value!r}): launches across machines or with elastic restarts are not "
-            "supported from a notebook; run a script with `accel-nb launch --num_machines ...` instead"
+            f"notebook_launcher({key}={value!r}): elastic restarts and other rendezvous settings are not "
+            "supported from a notebook (give machine 0's address as master_addr= and the port as use_port=); "
+            "run a script with `accel-nb launch --max_restarts ...` for restarts"
         )
 
 
@@ -114,6 +115,9 @@ def notebook_launcher(
     whose output is shown ("all", a rank, or a list); every rank's full log is kept in a file.
     Extra ``options``: ``cpu=True``, ``gradient_accumulation_steps=K``, ``env={...}``, ``keep_logs=True``,
     ``progress="widget"|"text"`` (how the launch shows itself; default: a widget in Jupyter).
+    ``num_nodes=M, node_rank=R`` (``master_addr`` and ``use_port`` of machine 0, ``rdzv_backend``,
+    ``rdzv_conf={"timeout": s}``): these ``num_processes`` ranks are machine R's share of a job that
+    ``accel-nb launch`` or other notebooks run on the other machines.
 
         results = notebook_launcher(train, args=(config,), num_processes=2)
     """

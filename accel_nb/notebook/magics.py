@@ -35,7 +35,8 @@ from ..precision_setting import MIXED_PRECISION_CHOICES
 
 USAGE = (
     "%%accelerate [-n/--num_processes N] [--mixed_precision no|fp16|bf16] [--gradient_accumulation_steps K] "
-    "[--start_method auto|fork|spawn] [--timeout S] [--rank R|all] [--return NAME[,NAME...]] [--use_port P] [--cpu]"
+    "[--start_method auto|fork|spawn] [--timeout S] [--rank R|all] [--return NAME[,NAME...]] [--use_port P] [--cpu] "
+    "[--num_nodes M --node_rank R --master_addr IP [--rdzv_backend static|c10d] [--rdzv_timeout S]]"
 )
 
 
@@ -90,7 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--return", dest="return_names", type=_names, default=())
     p.add_argument("--use_port", "--use-port", type=_positive_int, default=None)
     p.add_argument("--cpu", action="store_true", default=False)
+    p.add_argument("--num_nodes", "--num-nodes", type=_positive_int, default=None)
+    p.add_argument("--node_rank", "--node-rank", type=_rank_number, default=None)
+    p.add_argument("--master_addr", "--master-addr", default=None)
+    p.add_argument("--rdzv_backend", "--rdzv-backend", choices=("static", "c10d"), default=None)
+    p.add_argument("--rdzv_timeout", "--rdzv-timeout", type=positive_seconds, default=None)
     return p
+
+
+def _rank_number(text: str) -> int:
+    value = _rank(text)
+    if value == "all":
+        raise argparse.ArgumentTypeError("--node_rank takes one machine number")
+    return value
 
 
 def parse_accelerate_line(line: str) -> argparse.Namespace:
@@ -134,7 +147,14 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
         use_port=args.use_port,
         cpu=cpu,
         gradient_accumulation_steps=grad_steps,
+        **machine_flags(args),
     )
+
+
+def machine_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch options of ``--num_nodes/--node_rank/--master_addr/--rdzv_backend/--rdzv_timeout`` that were given."""
+    names = ("num_nodes", "node_rank", "master_addr", "rdzv_backend", "rdzv_timeout")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 @magics_class
