@@ -185,22 +185,11 @@ class CellSupervisor(Supervisor):
             raise KeyboardInterrupt
         return self.outcome
 
+    def _done_while_alive(self, rank: int) -> bool:
+        return rank in self.answered  # a session rank answers and stays alive for the next command
+
     def _loop_once(self, sel: selectors.BaseSelector, waiting: dict[int, RankProcess]) -> None:
-        for key, _ in sel.select(timeout=0.05):
-            proc: RankProcess = key.data
-            for event in proc.reader.read_available():
-                self._handle(event)
-            if proc.reader.eof:
-                sel.unregister(key.fd)
-        for rank, proc in list(waiting.items()):
-            if proc.poll() is not None:
-                del waiting[rank]
-                if not proc.reader.eof:
-                    with contextlib.suppress(KeyError, ValueError):
-                        sel.unregister(proc.reader.fd)
-                self._on_exit(proc)
-            elif rank in self.answered:
-                del waiting[rank]
+        self._read_and_reap(sel, waiting)
         now = time.monotonic()
         self._settle_peer_lost(now, final=not waiting)
         self._advance(now)

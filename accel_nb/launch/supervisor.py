@@ -295,6 +295,28 @@ class Supervisor:
                 continue
 
     # -- the loop -----------------------------------------------------------------------------
+    def _read_and_reap(self, sel: selectors.BaseSelector, waiting: dict[int, RankProcess]) -> None:
+        """One pass: handle what the ranks sent, then take ranks that are over out of ``waiting``."""
+        for key, _ in sel.select(timeout=0.05):
+            proc: RankProcess = key.data
+            for event in proc.reader.read_available():
+                self._handle(event)
+            if proc.reader.eof:
+                sel.unregister(key.fd)
+        for rank, proc in list(waiting.items()):
+            if proc.poll() is not None:
+                del waiting[rank]
+                if not proc.reader.eof:
+                    with contextlib.suppress(KeyError, ValueError):
+                        sel.unregister(proc.reader.fd)
+                self._on_exit(proc)
+            elif self._done_while_alive(rank):
+                del waiting[rank]
+
+    def _done_while_alive(self, rank: int) -> bool:
+        """Whether ``rank`` is over although its process lives on (never, in a one-shot launch)."""
+        return False
+
     def run(self) -> Outcome:
         """Supervise until every rank has ended; KeyboardInterrupt shows the stacks, stops every rank and propagates."""
         sel = selectors.DefaultSelector()
@@ -303,19 +325,7 @@ class Supervisor:
         try:
             waiting = {p.rank: p for p in self.procs}
             while waiting:
-                for key, _ in sel.select(timeout=0.05):
-                    proc: RankProcess = key.data
-                    for event in proc.reader.read_available():
-                        self._handle(event)
-                    if proc.reader.eof:
-                        sel.unregister(key.fd)
-                for rank, proc in list(waiting.items()):
-                    if proc.poll() is not None:
-                        del waiting[rank]
-                        if not proc.reader.eof:
-                            with contextlib.suppress(KeyError, ValueError):
-                                sel.unregister(proc.reader.fd)
-                        self._on_exit(proc)
+                self._read_and_reap(sel, waiting)
                 now = time.monotonic()
                 self._settle_peer_lost(now, final=not waiting)
                 self._escalate(now)
