@@ -52,8 +52,10 @@ class DataLoaderConfiguration:
 
     ``dispatch_batches=True`` has process 0 read every batch and send each process its slice
     (``accel_nb.data_dispatch``); ``None`` (the default) does so for iterable datasets only.
-    ``use_stateful_dataloader`` is refused with a clear error (prepared loaders already resume
-    mid-epoch through ``state_dict()``).
+    ``use_stateful_dataloader=True`` (needs ``torchdata``) makes the prepared loader iterate a
+    ``torchdata.stateful_dataloader.StatefulDataLoader`` underneath (``loader.base_dataloader``);
+    ``state_dict()`` / ``load_state_dict()`` and ``save_state`` / ``load_state`` resume it mid-epoch
+    exactly as they do the plain loader.
     """
 
     split_batches: bool = False
@@ -116,9 +118,12 @@ class DataLoaderShard(DataLoader):
         _shard_info: dict[str, Any] | None = None,
         rng_types: list[str] | None = None,
         synchronized_generator: torch.Generator | None = None,
+        use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        self.use_stateful_dataloader = bool(use_stateful_dataloader)
+        self.base_dataloader = _stateful_twin(self) if use_stateful_dataloader else None
         self.rng_types = rng_types  # synchronised from process 0 at the start of every pass
         self.synchronized_generator = synchronized_generator  # the shuffle's, copied from process 0 per pass
         self._shuffle = PassShuffle()
@@ -261,7 +266,8 @@ class DataLoaderShard(DataLoader):
         if self.rng_types or self.synchronized_generator is not None:
             self._synchronize_rngs()
         shuffler = random_sampler(self.batch_sampler)
-        self._shuffle.begin(shuffler, self.generator, new_iterator=not (self.persistent_workers and self._iterator))
+        reused = self.persistent_workers and (self.base_dataloader or self)._iterator is not None
+        self._shuffle.begin(shuffler, self.generator, new_iterator=not reused)
         self._apply_epoch()
         resume = self._resume_skip
         self._resume_skip = 0
@@ -280,12 +286,12 @@ class DataLoaderShard(DataLoader):
                 # epoch began, before its RNG state was saved: the resumed pass must not draw again
                 rng = torch.get_rng_state()
                 try:
-                    with self._shuffle.loader_generator_hidden(self):
-                        it = super().__iter__()
+                    with self._shuffle.loader_generator_hidden(self.base_dataloader or self):
+                        it = self._base_iter()
                 finally:
                     torch.set_rng_state(rng)
             else:
-                it = super().__iter__()
+                it = self._base_iter()
             try:
                 for _ in range(to_drop):
                     next(it)
@@ -312,6 +318,12 @@ class DataLoaderShard(DataLoader):
                 self.batch_sampler.skip_batches = self.skip_batches
             self._shuffle.end(shuffler)
             self.gradient_state._remove_dataloader(self)
+
+    def _base_iter(self) -> Iterator[Any]:
+        """A fresh pass of the underlying loader: torchdata's StatefulDataLoader when asked for, else this one."""
+        if self.base_dataloader is not None:
+            return iter(self.base_dataloader)
+        return DataLoader.__iter__(self)
 
     def _finish_pass(self) -> None:
         self.epoch += 1
@@ -363,7 +375,7 @@ def prepare_data_loader(
             "and keep the object it returns"
         )
     if use_stateful_dataloader:
-        _refuse_stateful_dataloader()
+        _require_torchdata()
     if dispatch_batches is None:
         dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches:
@@ -372,7 +384,7 @@ def prepare_data_loader(
         from .data_dispatch import prepare_dispatcher
 
         return prepare_dispatcher(dataloader, device, num_processes, process_index, split_batches, non_blocking,
-                                  rng_types)  # fmt: skip
+                                  rng_types, use_stateful_dataloader)  # fmt: skip
     if not put_on_device:
         device = None
     kwargs = _loader_kwargs(dataloader)
@@ -392,7 +404,8 @@ def prepare_data_loader(
         per_rank = batch_size // num_processes if split_batches else batch_size
         return DataLoaderShard(
             shard, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-            batch_size=per_rank, drop_last=dataloader.drop_last, rng_types=rng_types, **kwargs,
+            batch_size=per_rank, drop_last=dataloader.drop_last, rng_types=rng_types,
+            use_stateful_dataloader=use_stateful_dataloader, **kwargs,
         )
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:
@@ -415,7 +428,7 @@ def prepare_data_loader(
     return DataLoaderShard(
         dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
         batch_sampler=SkipBatchSampler(batch_sampler, 0), rng_types=rng_types,
-        synchronized_generator=synchronized, **kwargs,
+        synchronized_generator=synchronized, use_stateful_dataloader=use_stateful_dataloader, **kwargs,
     )
 
 
@@ -427,25 +440,39 @@ class SkipDataLoader(DataLoaderShard):
 
     def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any) -> None:
         if use_stateful_dataloader:
-            _refuse_stateful_dataloader()
-        super().__init__(dataset, device=None, skip_batches=skip_batches, **kwargs)
+            _require_torchdata()
+        super().__init__(dataset, device=None, skip_batches=skip_batches,
+                         use_stateful_dataloader=use_stateful_dataloader, **kwargs)  # fmt: skip
 
     def __len__(self) -> int:
         return max(DataLoader.__len__(self) - self.skip_batches, 0)
 
 
-def _refuse_stateful_dataloader() -> None:
+def _require_torchdata() -> None:
+    """Raise a clear ImportError when torchdata's StatefulDataLoader is not installed."""
     try:
         import torchdata.stateful_dataloader  # noqa: F401
     except ImportError:
         raise ImportError(
             "use_stateful_dataloader=True needs torchdata's StatefulDataLoader: pip install torchdata "
-            "(or drop the option: accel_nb's prepared loaders resume mid-epoch through state_dict())"
+            "(or pip install 'accel_nb[stateful]'), or drop the option -- accel_nb's prepared loaders "
+            "resume mid-epoch through state_dict() without it"
         ) from None
-    raise NotImplementedError(
-        "use_stateful_dataloader=True is not wired into accel_nb yet; drop it -- prepared loaders already "
-        "resume mid-epoch through state_dict()/load_state_dict() and save_state/load_state"
-    )
+
+
+def _stateful_twin(loader: DataLoader) -> Any:
+    """A torchdata ``StatefulDataLoader`` reading what ``loader`` reads, the same way (same batch sampler)."""
+    _require_torchdata()
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    kwargs = _loader_kwargs(loader)
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+        batching: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    else:  # the very batch sampler object: skips set on it reach the twin too
+        batching = {"batch_sampler": loader.batch_sampler}
+    with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in newer torch
+        warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
+        return StatefulDataLoader(loader.dataset, **batching, **kwargs)
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
@@ -466,7 +493,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             DataLoaderShard.__init__(
                 new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
                 skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
-                rng_types=dataloader.rng_types,
+                rng_types=dataloader.rng_types, use_stateful_dataloader=dataloader.use_stateful_dataloader,
                 batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs,
             )
         else:
@@ -476,6 +503,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
                 new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
                 skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
                 rng_types=dataloader.rng_types, synchronized_generator=dataloader.synchronized_generator,
+                use_stateful_dataloader=dataloader.use_stateful_dataloader,
                 batch_sampler=SkipBatchSampler(inner, num_batches), **kwargs,
             )
         new.epoch = dataloader.epoch

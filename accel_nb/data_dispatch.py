@@ -103,7 +103,7 @@ class DataLoaderDispatcher(DataLoaderShard):
 
     def _rounds(self) -> Iterator[Any]:
         """Process 0: the rounds of the original loader, each one batch (split) or ``num_processes`` joined."""
-        it = DataLoader.__iter__(self)
+        it = self._base_iter()
         per_round = 1 if self.split_batches else self.num_processes
         while True:
             batches = []
@@ -187,6 +187,7 @@ def prepare_dispatcher(
     split_batches: bool = False,
     non_blocking: bool = False,
     rng_types: list[str] | None = None,
+    use_stateful_dataloader: bool = False,
 ) -> DataLoaderDispatcher:
     """``dataloader`` read by process 0 only, each process getting its slice of every round.
 
@@ -207,5 +208,5 @@ def prepare_dispatcher(
     return DataLoaderDispatcher(
         dataloader.dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
         rng_types=rng_types, num_processes=num_processes, process_index=process_index,
-        split_batches=split_batches, **batching, **kwargs,
+        split_batches=split_batches, use_stateful_dataloader=use_stateful_dataloader, **batching, **kwargs,
     )
