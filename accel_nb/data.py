@@ -360,6 +360,9 @@ def prepare_data_loader(
     of every pass, so random draws agree across processes; a shuffle's generator always is
     (``accel_nb.shuffling``). ``data_seed`` implies ``use_seedable_sampler``.
 
+    ``use_stateful_dataloader=True`` (needs ``torchdata``) reads through a torchdata
+    ``StatefulDataLoader`` (``loader.base_dataloader``); batches and resumption are unchanged.
+
         loader = prepare_data_loader(DataLoader(ds, batch_size=16, shuffle=True))
     """
     if num_processes is None or process_index is None:
