@@ -238,7 +238,8 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     base = base or default_config(hw)
     print(f"Detected: {hw.cpu_logical_cores} CPU cores, {hw.num_gpus} GPU(s)"
           + (f" ({', '.join(g.name for g in hw.gpus)})" if hw.gpus else "")
-          + (", TPU" if hw.tpu_detected else ""), file=out)  # fmt: skip
+          + (f", TPU ({hw.tpu_chips} chips)" if hw.tpu_detected else "")
+          + (f"; {hw.xla_runtime.describe()}" if hw.xla_runtime is not None else ""), file=out)  # fmt: skip
     print("Press Enter to keep the value in [brackets].", file=out, flush=True)
 
     choices = ["cpu"] + (["gpu"] if hw.num_gpus else []) + (["xla"] if hw.xla_available else [])
@@ -264,7 +265,8 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
               _yes_no("same_network"))  # fmt: skip
     else:
         cfg = _checked(cfg, compute, machine_rank=0)
-    per_machine = {"gpu": max(hw.num_gpus, 1), "cpu": 1, "xla": 1}[compute]
+    xla_devices = hw.xla_runtime.num_devices if hw.xla_runtime is not None else 1
+    per_machine = {"gpu": max(hw.num_gpus, 1), "cpu": 1, "xla": xla_devices}[compute]
     default_n = cfg.num_processes if cfg.num_processes is not None else per_machine * cfg.num_machines
     if compute == "gpu" and base.use_cpu:
         default_n = per_machine * cfg.num_machines

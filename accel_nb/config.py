@@ -67,7 +67,8 @@ def default_config(hw: HardwareInfo | None = None) -> LaunchConfig:
         dt = "MULTI_GPU" if hw.num_gpus > 1 else "NO"
         return LaunchConfig(distributed_type=dt, num_processes=hw.num_gpus, mixed_precision=mp).validate()
     if hw.tpu_detected and hw.xla_available:
-        return LaunchConfig(distributed_type="XLA", num_processes=None, mixed_precision="bf16").validate()
+        n = hw.xla_runtime.num_devices if hw.xla_runtime is not None else None  # one process per TPU device
+        return LaunchConfig(distributed_type="XLA", num_processes=n, mixed_precision="bf16").validate()
     return LaunchConfig(distributed_type="NO", num_processes=1, mixed_precision="no", use_cpu=True).validate()
 
 

@@ -14,7 +14,6 @@ This module knows nothing of the launch config; ``accel_nb.env_report`` puts the
 from __future__ import annotations
 
 import ctypes
-import glob
 import importlib.util
 import os
 import platform
@@ -23,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import xla_detect
 from .utils import human_bytes, imported_module
 
 _NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
@@ -60,8 +60,12 @@ class HardwareInfo:
     nvml_available: bool = False
     cuda_visible_devices: str | None = None
     xla_available: bool = False  # torch_xla can be imported
-    tpu_detected: bool = False  # evidence of a TPU runtime (PJRT_DEVICE=TPU, device files, TPU env)
-    tpu_hints: list[str] = field(default_factory=list)
+    tpu_detected: bool = False  # evidence of TPU chips (Google PCI devices, device files, TPU VM variables)
+    tpu_hints: list[str] = field(default_factory=list)  # the evidence, then mere hints
+    tpu_chips: int = 0
+    xla_runtime: Any = None  # xla_detect.XlaRuntime: what an XLA launch would run on (None: no XLA runtime)
+    device_backends: list[Any] = field(default_factory=list)  # xla_detect.DeviceBackend: auto-loaded by torch
+    backend_autoload: bool = True  # TORCH_DEVICE_BACKEND_AUTOLOAD is not 0
     mps_available: bool = False
     python_version: str = ""
     torch_version: str | None = None
@@ -241,29 +245,6 @@ def bf16_supported(index: int = 0) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
-def _tpu_evidence() -> tuple[bool, list[str]]:
-    """Runtime evidence of a TPU, plus hints that are only environment names (Colab/Kaggle)."""
-    evidence: list[str] = []
-    pjrt = os.environ.get("PJRT_DEVICE", "")
-    if pjrt.upper() == "TPU":
-        evidence.append("PJRT_DEVICE=TPU")
-    accel_files = sorted(glob.glob("/dev/accel*"))
-    if accel_files:
-        evidence.append(f"device files {', '.join(accel_files[:4])}{' ...' if len(accel_files) > 4 else ''}")
-    vfio = [p for p in glob.glob("/dev/vfio/*") if os.path.basename(p).isdigit()]
-    if vfio and (pjrt.upper() == "TPU" or os.environ.get("TPU_ACCELERATOR_TYPE")):
-        evidence.append(f"vfio devices {', '.join(sorted(vfio)[:4])}")
-    if os.environ.get("TPU_ACCELERATOR_TYPE"):
-        evidence.append(f"TPU_ACCELERATOR_TYPE={os.environ['TPU_ACCELERATOR_TYPE']}")
-    hints = []
-    for name in ("COLAB_TPU_ADDR", "TPU_NAME", "XRT_TPU_CONFIG"):
-        if os.environ.get(name):
-            hints.append(f"{name} is set")
-    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and os.environ.get("TPU_WORKER_ID") is not None:
-        hints.append("Kaggle TPU worker variables are set")
-    return bool(evidence), evidence + hints
-
-
 def _notebook_host() -> str | None:
     if (
         os.environ.get("COLAB_RELEASE_TAG")
@@ -312,6 +293,24 @@ def _torch_versions() -> tuple[str | None, str | None]:
     return version, cuda
 
 
+def tpu_report_lines(hw: HardwareInfo) -> list[str]:
+    """The TPU/XLA lines of the report: chips and their evidence, the XLA runtime, auto-loaded backends."""
+    xla = "torch_xla installed" if hw.xla_available else "torch_xla not installed"
+    if hw.tpu_detected:
+        chips = f"{hw.tpu_chips} chip{'s' if hw.tpu_chips != 1 else ''}" if hw.tpu_chips else "chips not counted"
+        tpu = f"TPU detected, {chips} ({'; '.join(hw.tpu_hints)})"
+    else:
+        tpu = f"no TPU runtime (hints: {'; '.join(hw.tpu_hints)})" if hw.tpu_hints else "no TPU"
+    lines = [f"- TPU/XLA: {tpu}, {xla}"]
+    if hw.xla_runtime is not None:
+        lines.append(f"- XLA launch: {hw.xla_runtime.describe()}")
+    elif hw.tpu_detected and not hw.xla_available:
+        lines.append("- XLA launch: not possible: torch_xla is not installed (pip install 'accel_nb[xla]')")
+    lines += [f"- {line}" for line in xla_detect.backend_lines(hw.device_backends, {
+        xla_detect.AUTOLOAD_SWITCH: "1" if hw.backend_autoload else "0"})]  # fmt: skip
+    return lines
+
+
 def detect() -> HardwareInfo:
     """Describe this machine without touching any accelerator.
 
@@ -331,7 +330,8 @@ def detect() -> HardwareInfo:
         gpus, nvml_ok = _describe_visible(_nvml_devices()), True
     except (NvmlUnavailable, AttributeError, OSError):
         gpus, nvml_ok = [], False
-    tpu, tpu_hints = _tpu_evidence()
+    tpu = xla_detect.detect_tpu()
+    xla_installed = xla_detect.torch_xla_installed()
     torch_version, torch_cuda = _torch_versions()
     return HardwareInfo(
         cpu_physical_cores=psutil.cpu_count(logical=False),
@@ -341,9 +341,13 @@ def detect() -> HardwareInfo:
         gpus=gpus,
         nvml_available=nvml_ok,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        xla_available=importlib.util.find_spec("torch_xla") is not None,
-        tpu_detected=tpu,
-        tpu_hints=tpu_hints,
+        xla_available=xla_installed,
+        tpu_detected=tpu.detected,
+        tpu_hints=tpu.evidence + tpu.hints,
+        tpu_chips=tpu.chips,
+        xla_runtime=xla_detect.xla_runtime(tpu=tpu, installed=xla_installed),
+        device_backends=xla_detect.device_backends(),
+        backend_autoload=xla_detect.autoload_enabled(),
         mps_available=_mps_available(),
         python_version=platform.python_version(),
         torch_version=torch_version,
@@ -394,13 +398,7 @@ def hardware_report(hw: HardwareInfo | None = None) -> str:
         lines.append(f"- GPUs: none visible (NVML works; CUDA_VISIBLE_DEVICES={hw.cuda_visible_devices!r})")
     else:
         lines.append("- GPUs: none (no NVIDIA driver found)")
-    xla = "torch_xla installed" if hw.xla_available else "torch_xla not installed"
-    tpu = (
-        f"TPU detected ({'; '.join(hw.tpu_hints)})"
-        if hw.tpu_detected
-        else (f"no TPU runtime (hints: {'; '.join(hw.tpu_hints)})" if hw.tpu_hints else "no TPU")
-    )
-    lines.append(f"- TPU/XLA: {tpu}, {xla}")
+    lines += tpu_report_lines(hw)
     lines.append(f"- MPS (Apple GPU): {'available' if hw.mps_available else 'no'}")
     if hw.notebook_host:
         lines.append(f"- Notebook host: {hw.notebook_host}")

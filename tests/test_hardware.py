@@ -219,20 +219,104 @@ def test_detect_describes_cpu_memory_and_versions():
     assert hw.os
 
 
-def test_tpu_runtime_evidence_versus_name_hints(monkeypatch):
-    for name in ("PJRT_DEVICE", "TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR", "TPU_NAME", "XRT_TPU_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    if hardware._tpu_evidence()[0]:
-        pytest.skip("this machine has TPU device files")
-    monkeypatch.setenv("COLAB_TPU_ADDR", "10.0.0.2:8470")
+def _tpu_tree(root, google_devices=0, accel=0, vfio=0, other_vendor=False):
+    """A /dev and /sys of a machine under ``root``: Google PCI devices, /dev/accelN, /dev/vfio/N."""
+    dev, sysfs = root / "dev", root / "sys"
+    (dev / "vfio").mkdir(parents=True)
+    pci = sysfs / "bus" / "pci" / "devices"
+    pci.mkdir(parents=True)
+    for i in range(google_devices):
+        (pci / f"0000:00:0{i + 4}.0").mkdir()
+        (pci / f"0000:00:0{i + 4}.0" / "vendor").write_text("0x1ae0\n")
+    if other_vendor:  # an NVIDIA GPU
+        (pci / "0000:00:1e.0").mkdir()
+        (pci / "0000:00:1e.0" / "vendor").write_text("0x10de\n")
+    for i in range(accel):
+        (dev / f"accel{i}").write_text("")
+    for i in range(vfio):
+        (dev / "vfio" / str(i)).write_text("")
+    (dev / "vfio" / "vfio").write_text("")  # the control file is not a chip
+    return str(dev), str(sysfs)
+
+
+def test_tpu_chips_from_google_pci_devices_and_device_files(tmp_path):
+    from accel_nb.xla_detect import detect_tpu
+
+    dev, sysfs = _tpu_tree(tmp_path / "v5e", google_devices=8, vfio=8)
+    tpu = detect_tpu({}, dev_root=dev, sys_root=sysfs)  # a v5e-8 (Kaggle), no variables at all
+    assert tpu.detected and tpu.chips == 8 and tpu.devices == 8
+    assert "8 Google PCI devices" in tpu.evidence[0] and any("vfio/0" in e for e in tpu.evidence)
+    dev, sysfs = _tpu_tree(tmp_path / "v3", accel=4)
+    tpu = detect_tpu({"TPU_ACCELERATOR_TYPE": "v3-8"}, dev_root=dev, sys_root=sysfs)
+    assert tpu.detected and tpu.chips == 4 and tpu.devices == 8  # two cores per v3 chip
+    assert "TPU_ACCELERATOR_TYPE=v3-8" in tpu.evidence
+
+
+def test_nvidia_accel_files_or_host_names_are_not_a_tpu(tmp_path):
+    from accel_nb.xla_detect import detect_tpu
+
+    # NVIDIA's driver (570+) makes /dev/accel* too: without a Google device or TPU variables, a hint only
+    dev, sysfs = _tpu_tree(tmp_path / "gpu", accel=2, other_vendor=True)
+    env = {"COLAB_TPU_ADDR": "10.0.0.2:8470", "KAGGLE_KERNEL_RUN_TYPE": "Interactive", "COLAB_GPU": "0"}
+    tpu = detect_tpu(env, dev_root=dev, sys_root=sysfs)
+    assert not tpu.detected and tpu.chips == 0 and tpu.evidence == []
+    assert any("without a Google device" in h for h in tpu.hints)
+    assert "COLAB_TPU_ADDR is set" in tpu.hints
+    tpu = detect_tpu({"PJRT_DEVICE": "TPU"}, dev_root=dev, sys_root=sysfs)
+    assert tpu.detected and tpu.evidence == ["PJRT_DEVICE=TPU"]
+
+
+def test_xla_runtime_needs_torch_xla_and_pjrt_or_chips(tmp_path):
+    from accel_nb.xla_detect import TpuInfo, detect_tpu, xla_runtime
+
+    none = TpuInfo()
+    assert xla_runtime({"PJRT_DEVICE": "CPU"}, tpu=none, installed=False) is None
+    assert xla_runtime({}, tpu=none, installed=True) is None
+    cpu = xla_runtime({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}, tpu=none, installed=True)
+    assert (cpu.device, cpu.num_devices) == ("CPU", 2)
+    assert xla_runtime({"PJRT_DEVICE": "cpu"}, tpu=none, installed=True).num_devices == 1
+    dev, sysfs = _tpu_tree(tmp_path, google_devices=1, vfio=1)  # Colab's v5e-1
+    tpu = detect_tpu({}, dev_root=dev, sys_root=sysfs)
+    runtime = xla_runtime({}, tpu=tpu, installed=True)
+    assert (runtime.device, runtime.num_devices) == ("TPU", 1)
+    assert "TPU runtime, 1 device" in runtime.describe()
+
+
+def test_report_shows_tpu_runtime_and_no_gpus(tmp_path):
+    from accel_nb.xla_detect import detect_tpu, xla_runtime
+
+    dev, sysfs = _tpu_tree(tmp_path, google_devices=8, vfio=8)
+    tpu = detect_tpu({"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, dev_root=dev, sys_root=sysfs)
     hw = hardware.detect()
-    assert hw.tpu_detected is False  # an environment name alone is only a hint
-    assert any("COLAB_TPU_ADDR" in h for h in hw.tpu_hints)
-    assert "no TPU runtime (hints: COLAB_TPU_ADDR is set)" in hardware.hardware_report(hw)
-    monkeypatch.setenv("PJRT_DEVICE", "TPU")
-    hw = hardware.detect()
-    assert hw.tpu_detected is True
-    assert "TPU detected (PJRT_DEVICE=TPU" in hardware.hardware_report(hw)
+    hw.tpu_detected, hw.tpu_hints, hw.tpu_chips = tpu.detected, tpu.evidence + tpu.hints, tpu.chips
+    hw.xla_available, hw.xla_runtime = True, xla_runtime({}, tpu=tpu, installed=True)
+    text = hardware.hardware_report(hw)
+    assert "TPU detected, 8 chips (8 Google PCI devices" in text
+    assert "- XLA launch: TPU runtime, 8 devices" in text
+    if not hw.nvml_available:
+        assert "- GPUs: none (no NVIDIA driver found)" in text
+
+
+def test_device_backends_read_from_entry_points(tmp_path):
+    from accel_nb.xla_detect import backend_lines, device_backends
+
+    info = tmp_path / "torch_tpu-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-tpu\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\ntpu = torch_tpu:_autoload\n")
+    other = tmp_path / "plain-1.0.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: plain\nVersion: 1.0\n")
+    found = device_backends([str(tmp_path)])
+    assert [(b.distribution, b.name, b.value, b.is_torch_tpu) for b in found] == [
+        ("torch-tpu", "tpu", "torch_tpu:_autoload", True)
+    ]
+    (line,) = backend_lines(found, {})
+    assert line.startswith("TorchTPU torch-tpu") and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in line
+    assert "auto-loaded" in line
+    (line,) = backend_lines(found, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert "not loaded" in line
+    assert device_backends([str(tmp_path / "empty")]) == []
 
 
 def test_report_names_the_saved_config_and_survives_a_broken_one(monkeypatch, tmp_path):

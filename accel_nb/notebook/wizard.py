@@ -84,9 +84,10 @@ def hardware_summary(hw: HardwareInfo) -> str:
         lines += [g.describe() for g in hw.gpus]
     else:
         lines.append("GPUs: none" + (" visible" if hw.nvml_available else " (no NVIDIA driver)"))
-    if hw.tpu_detected or hw.xla_available:
-        lines.append(f"TPU/XLA: {'TPU detected' if hw.tpu_detected else 'no TPU'}, "
-                     f"torch_xla {'installed' if hw.xla_available else 'not installed'}")  # fmt: skip
+    if hw.tpu_detected or hw.xla_available or hw.device_backends:
+        from ..hardware import tpu_report_lines
+
+        lines += [line[2:] for line in tpu_report_lines(hw)]  # the report's lines without their "- "
     if hw.mps_available:
         lines.append("Apple MPS: available")
     lines.append(f"torch {hw.torch_version}, accel_nb {hw.accel_nb_version}, Python {hw.python_version}")
@@ -289,6 +290,8 @@ class ConfigWizard:
                 )
                 if self.proposed.mixed_precision != "no":
                     self.controls["mixed_precision"].value = self.proposed.mixed_precision
+            elif change["new"] == "xla" and self.hw.xla_runtime is not None:
+                self.controls["num_processes"].value = self.hw.xla_runtime.num_devices
             elif change["new"] == "cpu" and self.controls["mixed_precision"].value == "fp16":
                 self.controls["mixed_precision"].value = "no"
         finally:
