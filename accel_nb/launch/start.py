@@ -181,7 +181,7 @@ def start_served(
         env.update(plan.rank_env(rank))
         log_fd = os.open(log_path(log_dir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            pid = server.start_rank(spec_file, rank, env, w, log_fd)
+            pid = server.start_rank(spec_file, rank, env, w, log_fd, last=rank == plan.num_processes - 1)
         except BaseException:
             os.close(r)
             raise

@@ -2,14 +2,16 @@
 
 A rank imports torch when the notebook has not, and building ``DistributedDataParallel`` (or an
 optimizer) imports ``torch._dynamo`` (with sympy: some 800 modules, seconds of CPU) lazily, in
-every rank, at every launch. After the first fork launch of a session the notebook process
-imports them once, in a background thread, so later forked ranks inherit them.
+every rank, at every launch. The notebook process imports them once, in a background thread, so
+forked ranks inherit them: in a kernel as soon as the launcher is imported (the user is still
+writing the training function), elsewhere after the first fork launch started its ranks. The
+warm spawn server does the same after the first launch's last rank is forked.
 The imports touch no GPU and leave ``os.environ`` as it was. While they run, a half-imported torch
 is in ``sys.modules`` and the thread may hold import locks (a forked child would inherit locks
 nobody releases), so a launch first calls ``wait_until_warm()``, and so does every fork of the
 process (``os.register_at_fork``), the launcher's or anyone else's.
 
-    start_warming()        # after a fork launch started its ranks
+    start_warming()        # the launcher was imported in a kernel, or a fork launch started its ranks
     wait_until_warm()      # before the next fork
 """
 

@@ -115,9 +115,15 @@ class SpawnServer:
             return -signal.SIGKILL
         return None
 
-    def start_rank(self, spec_file: str, rank: int, env: dict[str, str], event_fd: int, log_fd: int) -> int:
-        """Fork a rank in the server; returns its pid (the rank is in its own process group)."""
-        request = pickle.dumps({"spec_file": spec_file, "rank": rank, "env": env})
+    def start_rank(
+        self, spec_file: str, rank: int, env: dict[str, str], event_fd: int, log_fd: int, last: bool = True
+    ) -> int:
+        """Fork a rank in the server; returns its pid (the rank is in its own process group).
+
+        ``last`` says no more ranks of this launch follow: only then may the server start its
+        background warm-up (a fork waits for it, so warming between two ranks would hold back the rest).
+        """
+        request = pickle.dumps({"spec_file": spec_file, "rank": rank, "env": env, "last": last})
         with self._lock:
             socket.send_fds(self.sock, [request], [event_fd, log_fd])
             deadline = time.monotonic() + 30
@@ -198,9 +204,10 @@ def serve(argv: list[str] | None = None) -> None:
 
     sock.send(pickle.dumps(("ready", os.getpid())))
     children: set[int] = set()
+    launch_started = False  # every rank of a launch is forked: warming can no longer hold one back
     while True:
         ready, _, _ = select.select([sock], [], [], 0.02)
-        if children:  # the first ranks run: import what their first DDP step imports, once, for later ranks
+        if launch_started:  # the first ranks run: import what their first DDP step imports, once, for later ranks
             warm.start_warming()
         if ready:
             try:
@@ -217,6 +224,7 @@ def serve(argv: list[str] | None = None) -> None:
             for f in fds:
                 os.close(f)
             children.add(pid)
+            launch_started = launch_started or request.get("last", True)
             sock.send(pickle.dumps(("started", request["rank"], pid)))
         while children:
             try:

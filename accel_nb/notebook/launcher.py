@@ -20,10 +20,17 @@ from ..launch.options import LaunchOptions
 from ..launch.payload import FunctionPayload
 from ..launch.plan import make_plan
 from ..launch.run import run_launch
+from ..utils import in_ipython_kernel
 from .display import make_reporter
 
 # Remember where CUDA is first initialised from now on (names the line when spawn must be used).
 cuda_guard.install_cuda_init_recorder()
+
+# In a kernel, importing the launcher means a launch will follow: import what the ranks need (torch,
+# what a first DDP step imports) now, in the background, while the user writes the training function;
+# the first fork launch waits for what is left and its ranks inherit it instead of importing it each.
+if in_ipython_kernel():
+    warm.start_warming()
 
 
 def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -> list[Any]:
