@@ -27,6 +27,7 @@ from . import ops
 from .accelerator_extras import AcceleratorExtras
 from .accelerator_options import handler_options, project_configuration
 from .accelerator_views import StateViews
+from .compile_options import resolve_compile_options
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
 from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
@@ -40,7 +41,7 @@ from .state import (
     env_value,
 )
 from .tracking import find_tracker, log_to_trackers, resolve_log_with, start_trackers
-from .unwrap import extract_model_from_parallel
+from .unwrap import extract_model_from_parallel, is_compiled_module
 
 __all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
 
@@ -81,6 +82,9 @@ class Accelerator(StateViews, AcceleratorExtras):
         ddp_kwargs: dict[str, Any] | None = None,
         kwargs_handlers: list[Any] | None = None,
         gradient_accumulation_plugin: Any = None,
+        compile: Any = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: Any = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -117,6 +121,10 @@ class Accelerator(StateViews, AcceleratorExtras):
         self._ddp_handler = handlers.ddp_handler  # registers its communication hook on each DDP model
         self.project_configuration = project_configuration(project_dir, project_config)
         self.log_with = resolve_log_with(log_with, getattr(self.project_configuration, "logging_dir", None))
+        # torch.compile for prepared models: compile=/dynamo_backend=/dynamo_plugin=, else the launch config
+        self.compile_options = resolve_compile_options(compile, dynamo_backend, dynamo_plugin)
+        if self.compile_options is not None:
+            self.compile_options.check_backend()  # an unknown backend fails here, not at the first forward
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
         self._models: list[torch.nn.Module] = []
@@ -194,10 +202,11 @@ class Accelerator(StateViews, AcceleratorExtras):
             device_placement = self.device_placement
         model = place_and_wrap(
             model, self.device, self.precision, self.use_distributed, self.num_processes, self.ddp_kwargs,
-            device_placement, evaluation_mode,
+            device_placement, evaluation_mode, self.compile_options,
         )  # fmt: skip
-        if isinstance(model, DistributedDataParallel) and self._ddp_handler is not None:
-            self._ddp_handler.register_comm_hook(model)
+        ddp = model._orig_mod if is_compiled_module(model) else model  # compile wraps DDP
+        if isinstance(ddp, DistributedDataParallel) and self._ddp_handler is not None:
+            self._ddp_handler.register_comm_hook(ddp)
         self._models.append(model)
         return mark_prepared(model)
 
@@ -317,10 +326,13 @@ class Accelerator(StateViews, AcceleratorExtras):
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
+        if is_compiled_module(model):  # prepare(compile=...) wraps the DDP model
+            model = model._orig_mod
         if not isinstance(model, DistributedDataParallel):
             # the user may hold the inner module: find the DDP wrapper prepare() made for it
+            wrappers = (m._orig_mod if is_compiled_module(m) else m for m in self._models)
             model = next(
-                (m for m in self._models if isinstance(m, DistributedDataParallel) and m.module is model),
+                (m for m in wrappers if isinstance(m, DistributedDataParallel) and m.module is model),
                 model,
             )
         if isinstance(model, DistributedDataParallel):

@@ -133,6 +133,7 @@ class AcceleratorExtras:
 
         Nothing happens for a model that is not wrapped in DDP (one process).
         """
+        model = getattr(model, "_orig_mod", model)  # a compiled DDP model: the DDP wrapper inside
         if not isinstance(model, DistributedDataParallel):
             yield
             return

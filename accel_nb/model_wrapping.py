@@ -48,11 +48,13 @@ def place_and_wrap(
     ddp_kwargs: dict[str, Any],
     device_placement: bool,
     evaluation_mode: bool = False,
+    compile_options: Any = None,
 ) -> torch.nn.Module:
     """``model`` on ``device``, with the autocast forward of ``precision``, in DDP when ``distributed``.
 
     A model dispatched over several devices (``hf_device_map``) stays where it is, and cannot be
-    trained by several processes (a clear error).
+    trained by several processes (a clear error). ``compile_options`` (a CompileOptions) compiles
+    it last, around the DDP wrapper as torch recommends (accel_nb.compiling).
     """
     device_map = getattr(model, "hf_device_map", None)
     if device_map and len(set(device_map.values())) > 1:
@@ -73,4 +75,8 @@ def place_and_wrap(
             kwargs.setdefault("device_ids", [device.index])
             kwargs.setdefault("output_device", device.index)
         model = DistributedDataParallel(model, **kwargs)
+    if compile_options is not None:
+        from .compiling import compile_model
+
+        model = compile_model(model, compile_options)
     return model
