@@ -49,8 +49,15 @@ def place_and_wrap(
     device_placement: bool,
     evaluation_mode: bool = False,
     compile_options: Any = None,
+    fsdp: Any = None,
+    fsdp_swap: dict[int, Any] | None = None,
+    local_processes: int = 1,
 ) -> torch.nn.Module:
     """``model`` on ``device``, with the autocast forward of ``precision``, in DDP when ``distributed``.
+
+    With ``fsdp`` (an ``FSDPOptions``) the model is sharded in place with torch's ``fully_shard``
+    instead of DDP (even in evaluation mode: sharding is about memory); ``fsdp_swap`` receives what
+    each original parameter became, for the optimizer (accel_nb.fsdp.sharding).
 
     A model dispatched over several devices (``hf_device_map``) stays where it is, and cannot be
     trained by several processes (a clear error). ``compile_options`` (a CompileOptions) compiles
@@ -69,7 +76,13 @@ def place_and_wrap(
     if precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
         model._accel_nb_original_forward = model.forward
         model.forward = precision.wrap_forward(model.forward)
-    if distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+    if fsdp is not None:
+        from .fsdp.sharding import shard_model
+
+        swap = shard_model(model, fsdp, precision.mixed_precision, device, num_processes, local_processes)
+        if fsdp_swap is not None:
+            fsdp_swap.update(swap)
+    elif distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
         kwargs = dict(ddp_kwargs)
         if device.type == "cuda":
             kwargs.setdefault("device_ids", [device.index])
