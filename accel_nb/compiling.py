@@ -175,7 +175,15 @@ def compile_model(model: nn.Module, options: CompileOptions) -> nn.Module:
         )  # fmt: skip
         return model
     if options.regional:
-        return compile_regions(model, options)
+        inner = _strip_parallel(model)
+        if options.block_class is not None or find_repeated_blocks(inner):
+            return compile_regions(model, options)
+        warnings.warn(
+            f"regional compilation: {type(inner).__name__} has no block class repeated in an nn.ModuleList, so "
+            "the whole model is compiled (name its block with CompileOptions(block_class=...))",
+            UserWarning,
+            stacklevel=3,
+        )
     options.check_backend()
     compiled = torch.compile(model, **options.torch_compile_kwargs())
     eager = model.__call__

@@ -34,12 +34,14 @@ from .config_values import (
     check_int,
     check_mixed_precision,
     is_whole_number,
-    warn_once,
 )
 from .hardware import HardwareInfo, cuda_device_count, detect
 from .precision_setting import bf16_gpu_problem
 
 __all__ = ["LaunchConfig"]
+
+# the dynamo_config switches (reference key names)
+DYNAMO_FLAGS = ("dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
 
 
 @dataclass
@@ -70,6 +72,7 @@ class LaunchConfig:
     dynamo_mode: str = "default"
     dynamo_use_fullgraph: bool = False
     dynamo_use_dynamic: bool = False
+    dynamo_use_regional_compilation: bool = False
     extras: dict[str, Any] = field(default_factory=dict)  # reference keys kept as they were
     source: str | None = field(default=None, compare=False)  # the file it was read from
 
@@ -114,19 +117,18 @@ class LaunchConfig:
         )
         self.main_process_ip = check_host(self.main_process_ip, path)
         self.gpu_ids = check_gpu_ids(self.gpu_ids, path)
-        for name in ("use_cpu", "same_network", "dynamo_use_fullgraph", "dynamo_use_dynamic"):
+        for name in ("use_cpu", "same_network", *DYNAMO_FLAGS):
             setattr(self, name, check_bool(self, name, path))
         self.start_method = check_choice(self, "start_method", START_METHODS, path)
         self.rdzv_backend = check_choice(self, "rdzv_backend", RDZV_BACKENDS, path)
         self.dynamo_backend = check_choice(self, "dynamo_backend", DYNAMO_BACKENDS, path)
         self.dynamo_mode = check_choice(self, "dynamo_mode", DYNAMO_MODES, path)
         self._validate_consistency(path)
-        if self.dynamo_backend != "no":
-            warn_once(
-                "dynamo_backend",
-                f"dynamo_backend={self.dynamo_backend!r} has no effect yet: accel_nb does not apply torch.compile "
-                "from the launch config (it is kept in the file). Call torch.compile(model) in your code.",
-            )
+        if self.dynamo_backend not in ("no", "inductor") and self.dynamo_mode != "default":
+            raise ConfigError(
+                "dynamo_mode", self.dynamo_mode, "default with this backend", path,
+                f"a torch.compile mode is for the inductor backend; dynamo_backend={self.dynamo_backend!r} takes none",
+            )  # fmt: skip
         return self
 
     def _validate_consistency(self, path: str | None) -> None:
@@ -231,7 +233,7 @@ class LaunchConfig:
             key = str(key)
             if key == "dynamo_config":
                 for sub, subval in (value or {}).items():
-                    if sub in ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic"):
+                    if sub in ("dynamo_backend", "dynamo_mode", *DYNAMO_FLAGS):
                         kwargs[sub] = subval.lower() if isinstance(subval, str) else subval
                     elif warn:
                         warnings.warn(f"unknown key dynamo_config.{sub} in {path or 'the config'} is ignored",
@@ -255,7 +257,7 @@ class LaunchConfig:
         for key in ("rdzv_backend", "dynamo_backend", "dynamo_mode", "start_method", "compute_environment"):
             if key in kwargs and kwargs[key] is None:
                 del kwargs[key]
-        for key in ("same_network", "use_cpu", "dynamo_use_fullgraph", "dynamo_use_dynamic"):
+        for key in ("same_network", "use_cpu", *DYNAMO_FLAGS):
             if key in kwargs and kwargs[key] is None:
                 del kwargs[key]
         cfg = cls(**kwargs, extras=extras, source=path)
@@ -279,6 +281,7 @@ class LaunchConfig:
                 "dynamo_mode": self.dynamo_mode,
                 "dynamo_use_fullgraph": self.dynamo_use_fullgraph,
                 "dynamo_use_dynamic": self.dynamo_use_dynamic,
+                "dynamo_use_regional_compilation": self.dynamo_use_regional_compilation,
             }
         out.update(self.extras)
         return out
@@ -317,6 +320,26 @@ class LaunchConfig:
             env.update({"ACCEL_NB_USE_CPU": "1", "ACCELERATE_USE_CPU": "true"})
         if self.gpu_ids != "all" and not self.use_cpu:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
+        env.update(self.compile_env())
+        return env
+
+    def compile_env(self) -> dict[str, str]:
+        """The ``dynamo_config`` as the environment each rank's Accelerator reads (accel_nb's and the reference's names).
+
+        LaunchConfig(dynamo_backend="eager").compile_env()["ACCEL_NB_DYNAMO_BACKEND"]   # 'eager'
+        """
+        from .compile_options import DYNAMO_ENV
+
+        values = {
+            "backend": self.dynamo_backend, "mode": self.dynamo_mode,
+            "fullgraph": self.dynamo_use_fullgraph, "dynamic": self.dynamo_use_dynamic,
+            "regional": self.dynamo_use_regional_compilation,
+        }  # fmt: skip
+        env: dict[str, str] = {}
+        for option, (ours, reference) in DYNAMO_ENV.items():
+            value = values[option]
+            env[ours] = str(value).lower()
+            env[reference] = value.upper() if option == "backend" else str(value).lower()
         return env
 
     def processes_here(self, hw: HardwareInfo | None = None) -> int:

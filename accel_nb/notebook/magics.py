@@ -147,6 +147,7 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
         use_port=args.use_port,
         cpu=cpu,
         gradient_accumulation_steps=grad_steps,
+        env=cfg.compile_env() if cfg is not None else {},  # the config's dynamo_config reaches each rank
         **machine_flags(args),
     )
 
