@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .config import (
+    DYNAMO_BACKENDS,
     MIXED_PRECISIONS,
     START_METHODS,
     ConfigError,
@@ -279,6 +280,11 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
     field("start_method", f"Start method for notebook launches ({'/'.join(START_METHODS)})", cfg.start_method,
           _one_of(START_METHODS, "start_method"))  # fmt: skip
+    field("dynamo_backend", "torch.compile backend (no/inductor/aot_eager/eager)", cfg.dynamo_backend,
+          _one_of(DYNAMO_BACKENDS, "dynamo_backend"))  # fmt: skip
+    if cfg.dynamo_backend != "no":
+        field("dynamo_use_regional_compilation", "Compile only the repeated blocks (regional) (yes/no)",
+              cfg.dynamo_use_regional_compilation, _yes_no("dynamo_use_regional_compilation"))  # fmt: skip
     cfg.validate()
     try:
         for note in cfg.check_hardware(hw):

@@ -201,6 +201,7 @@ def test_questionnaire_through_stdin_validates_and_reasks(cfg):
             "0",  # gradient accumulation: invalid
             "4",
             "",  # start method: default (auto)
+            "",  # torch.compile backend: default (no)
         ]
     )
     out = accel_nb("config", cfg=cfg, stdin=answers + "\n", console=True)

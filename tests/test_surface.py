@@ -109,26 +109,22 @@ def test_rng_types_are_checked():
         Accelerator(cpu=True, rng_types=["dice"])
 
 
-def test_a_dynamo_backend_in_the_config_warns_once_that_it_has_no_effect():
-    from accel_nb import config_values
-    from accel_nb.config import ConfigWarning
-
-    config_values._warned_once.discard("dynamo_backend")
-    with pytest.warns(ConfigWarning, match="dynamo_backend='inductor' has no effect yet"):
-        cfg = LaunchConfig(dynamo_backend="inductor").validate()
-    assert "ACCELERATE_DYNAMO_BACKEND" not in cfg.to_env()  # nothing pretends to compile
-    assert cfg.to_dict()["dynamo_config"]["dynamo_backend"] == "INDUCTOR"  # the user's file is kept
+def test_a_dynamo_backend_in_the_config_reaches_the_ranks_environment():
+    # issue 20: the config's dynamo_config is applied now (tests/test_compile.py runs it on ranks)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        LaunchConfig(dynamo_backend="inductor").validate()
+        cfg = LaunchConfig(dynamo_backend="inductor").validate()
+    env = cfg.to_env()
+    assert env["ACCEL_NB_DYNAMO_BACKEND"] == "inductor" and env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
+    assert cfg.to_dict()["dynamo_config"]["dynamo_backend"] == "INDUCTOR"  # the user's file is kept
 
 
-def test_the_questionnaire_no_longer_asks_for_a_compile_backend():
+def test_the_questionnaire_asks_for_a_compile_backend_now_that_it_works():
     import inspect
 
     from accel_nb import cli
 
-    assert "dynamo" not in inspect.getsource(cli.questionnaire)
+    assert "dynamo_backend" in inspect.getsource(cli.questionnaire)
 
 
 def test_monitor_interval_reaches_torchrun():

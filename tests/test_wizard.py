@@ -174,5 +174,6 @@ def test_wizard_issue15_details_button_label_empty_address_and_cpu_flag(tmp_path
     w.set_values(num_machines=2, main_process_ip="")
     assert w.error.key == "main_process_ip"
     assert "main_process_ip is empty" in str(w.error) and "None" not in w.error_label.value
-    # the compile backend is not offered while it does nothing (issue 20)
-    assert "dynamo_backend" not in w.controls
+    # the compile backend is offered now that prepare() applies it (issue 20)
+    w.set_values(num_machines=1, dynamo_backend="aot_eager")
+    assert w.config.dynamo_backend == "aot_eager" and "Accelerator(dynamo_backend=" in w.commands.value

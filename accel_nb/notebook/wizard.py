@@ -34,8 +34,10 @@ from ..utils import human_bytes
 
 _CONTROL_ORDER = (
     "compute", "num_processes", "mixed_precision", "gradient_accumulation_steps", "gpu_ids", "start_method",
-    "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend",
+    "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend", "dynamo_backend",
 )  # fmt: skip
+# torch.compile backends the wizard offers (a config's other valid backend is kept in the list)
+_COMPILE_BACKENDS = ("no", "inductor", "aot_eager", "eager")
 
 
 def magic_line(cfg: LaunchConfig) -> str:
@@ -68,6 +70,8 @@ def notebook_launcher_call(cfg: LaunchConfig, function: str = "training_function
     if cfg.use_cpu:
         args.append("cpu=True")
     call = f"notebook_launcher({', '.join(args)})"
+    if cfg.dynamo_backend != "no":  # notebook_launcher reads no config file: the function asks for it
+        call += f"  # with Accelerator(dynamo_backend={cfg.dynamo_backend!r}) in {function}"
     return call + (
         "  # this machine's share; notebook launches use one machine" if cfg.num_machines > 1 else ""
     )
@@ -172,6 +176,8 @@ class ConfigWizard:
                                         placeholder="empty: a free port", **text),
             "rdzv_backend": w.Dropdown(options=list(RDZV_BACKENDS), value=b.rdzv_backend,
                                        description="Rendezvous backend"),
+            "dynamo_backend": w.Dropdown(options=list(dict.fromkeys([*_COMPILE_BACKENDS, b.dynamo_backend])),
+                                         value=b.dynamo_backend, description="torch.compile backend"),
         }  # fmt: skip
         for control in c.values():
             control.style = {"description_width": "190px"}
@@ -199,7 +205,7 @@ class ConfigWizard:
                 w.HTML("<b>accel_nb launch config</b> &mdash; this machine:"),
                 self.hardware_box,
                 c["compute"], c["num_processes"], c["gpu_ids"], c["mixed_precision"],
-                c["gradient_accumulation_steps"], c["start_method"], c["num_machines"],
+                c["gradient_accumulation_steps"], c["start_method"], c["dynamo_backend"], c["num_machines"],
                 self._multi,
                 self.error_label,
                 self.notes_label,
@@ -269,7 +275,7 @@ class ConfigWizard:
         )
         self.set_values(compute=compute, num_processes=p.num_processes or 1, mixed_precision=p.mixed_precision,
                         gradient_accumulation_steps=1, gpu_ids="all", start_method="auto", num_machines=1, machine_rank=0,
-                        main_process_ip="", main_process_port="")  # fmt: skip
+                        main_process_ip="", main_process_port="", dynamo_backend="no")  # fmt: skip
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.widget._repr_mimebundle_(**kwargs)
