@@ -82,7 +82,8 @@ def place_and_wrap(
         swap = shard_model(model, fsdp, precision.mixed_precision, device, num_processes, local_processes)
         if fsdp_swap is not None:
             fsdp_swap.update(swap)
-    elif distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+    # no DDP on XLA devices: the prepared optimizer all-reduces the gradients (accel_nb.xla.training)
+    elif distributed and device.type != "xla" and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
         kwargs = dict(ddp_kwargs)
         if device.type == "cuda":
             kwargs.setdefault("device_ids", [device.index])
