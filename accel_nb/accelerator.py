@@ -30,6 +30,8 @@ from .accelerator_views import StateViews
 from .compile_options import resolve_compile_options
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
+from .fsdp.options import resolve_fsdp_options
+from .fsdp.sharding import is_fsdp_model, no_gradient_sync
 from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
 from .precision import PrecisionPolicy
@@ -37,7 +39,9 @@ from .rng import check_rng_types
 from .state import (
     ENV_GRADIENT_ACCUMULATION_STEPS,
     AcceleratorState,
+    DistributedType,
     GradientState,
+    PartialState,
     env_value,
 )
 from .tracking import find_tracker, log_to_trackers, resolve_log_with, start_trackers
@@ -85,6 +89,8 @@ class Accelerator(StateViews, AcceleratorExtras):
         compile: Any = None,
         dynamo_backend: Any = None,
         dynamo_plugin: Any = None,
+        fsdp: Any = None,
+        fsdp_plugin: Any = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -125,6 +131,12 @@ class Accelerator(StateViews, AcceleratorExtras):
         self.compile_options = resolve_compile_options(compile, dynamo_backend, dynamo_plugin)
         if self.compile_options is not None:
             self.compile_options.check_backend()  # an unknown backend fails here, not at the first forward
+        # FSDP2 sharding of prepared models: fsdp=/fsdp_plugin=, else the launch config (accel_nb.fsdp)
+        self.fsdp_options = resolve_fsdp_options(fsdp, fsdp_plugin, self.state.num_processes)
+        self.state.distributed_type = (
+            DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
+        )
+        self._fsdp_swap: dict[int, Any] = {}  # id(original parameter) -> (weakref to it, its sharded parameter)
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
         self._models: list[torch.nn.Module] = []
@@ -202,8 +214,14 @@ class Accelerator(StateViews, AcceleratorExtras):
             device_placement = self.device_placement
         model = place_and_wrap(
             model, self.device, self.precision, self.use_distributed, self.num_processes, self.ddp_kwargs,
-            device_placement, evaluation_mode, self.compile_options,
+            device_placement, evaluation_mode, self.compile_options, self.fsdp_options, self._fsdp_swap,
+            self.state.num_local_processes,
         )  # fmt: skip
+        if self.fsdp_options is not None:  # optimizers prepared before the model follow its new parameters
+            from .fsdp.sharding import repoint_optimizer
+
+            for opt in self._optimizers:
+                repoint_optimizer(opt.optimizer, self._fsdp_swap)
         ddp = model._orig_mod if is_compiled_module(model) else model  # compile wraps DDP
         if isinstance(ddp, DistributedDataParallel) and self._ddp_handler is not None:
             self._ddp_handler.register_comm_hook(ddp)
@@ -218,6 +236,12 @@ class Accelerator(StateViews, AcceleratorExtras):
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
+        if self.fsdp_options is not None:  # point it at the sharded parameters of the models prepared before
+            from .fsdp.sharding import check_optimizer_params, repoint_optimizer
+
+            repoint_optimizer(optimizer, self._fsdp_swap)
+            if self._models:
+                check_optimizer_params(optimizer)
         if device_placement and optimizer.state:
             # reloading the state moves it onto the devices of the (already moved) parameters
             optimizer.load_state_dict(optimizer.state_dict())
@@ -337,6 +361,8 @@ class Accelerator(StateViews, AcceleratorExtras):
             )
         if isinstance(model, DistributedDataParallel):
             return model.no_sync()
+        if self.fsdp_options is not None and is_fsdp_model(model):  # no reduce-scatter, no resharding
+            return no_gradient_sync(model)
         return contextlib.nullcontext()
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
@@ -354,19 +380,21 @@ class Accelerator(StateViews, AcceleratorExtras):
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor | None:
         """``torch.nn.utils.clip_grad_norm_`` after unscaling fp16 gradients; returns the total norm.
 
-        With fp16 it returns None on accumulation steps (the gradients are partial and still scaled).
+        With fp16 it returns None on accumulation steps (the gradients are partial and still scaled);
+        so it does with FSDP (each rank holds its own unreduced gradients until the sync step).
         """
+        if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
+            return None
         if self.scaler is not None:
-            if not self.sync_gradients:
-                return None
             self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor of the global norm
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients."""
+        """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients (sync steps only with fp16 or FSDP)."""
+        if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
+            return
         if self.scaler is not None:
-            if not self.sync_gradients:
-                return
             self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 

@@ -88,6 +88,12 @@ class AcceleratorExtras:
         """
         if unwrap:
             model = self.unwrap_model(model)  # type: ignore[attr-defined]
+        from .fsdp.sharding import is_fsdp_model
+
+        if is_fsdp_model(model):  # gathered from every rank (call it on all): the full weights on the main process
+            from .fsdp.state_dicts import full_model_state
+
+            return full_model_state(model)
         return model.state_dict()
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:

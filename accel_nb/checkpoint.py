@@ -76,10 +76,18 @@ def save_model(
     """
     if os.path.isfile(save_directory):
         raise CheckpointError(f"save_model needs a folder, but {save_directory} is a file")
+    inner = unwrapped(accelerator, model)
+    from .fsdp.sharding import is_fsdp_model
+
+    sharded = is_fsdp_model(inner)  # FSDP: every rank takes part in gathering the full weights
+    if sharded:
+        from .fsdp.state_dicts import full_model_state
+
+        state = full_model_state(inner)
     if not getattr(accelerator, "is_main_process", True):
         return []
-    inner = unwrapped(accelerator, model)
-    state = inner.state_dict()
+    if not sharded:
+        state = inner.state_dict()
     if any(t.device.type == "meta" for t in state.values()):
         from .modeling import get_state_dict_offloaded_model
 

@@ -163,10 +163,14 @@ def _read_checkpoint(
         _count_check(path, "scheduler(s)", counts["schedulers"], len(schedulers))
         _count_check(path, "registered object(s)", counts["custom_objects"], len(customs))
 
+    from .fsdp.checkpointing import SHARDED, sharded_folder
+
     model_sources = []
     for i, model in enumerate(models):
         module = unwrapped(accelerator, model)
-        if manifest.get("safe_serialization", True):
+        if os.path.isdir(sharded_folder(path, "model", i)):  # FSDP shards: read in load_state's collective phase
+            model_sources.append((module, (SHARDED, sharded_folder(path, "model", i))))
+        elif manifest.get("safe_serialization", True):
             index_file = os.path.join(path, f"model{file_suffix(i)}.safetensors.index.json")
             index = index_checkpoint(
                 index_file
@@ -185,7 +189,9 @@ def _read_checkpoint(
                 (module, _torch_load(os.path.join(path, f"pytorch_model{file_suffix(i)}.bin"), weights_only))
             )
     opt_states = [
-        _torch_load(os.path.join(path, f"optimizer{file_suffix(i)}.bin"), weights_only)
+        (SHARDED, sharded_folder(path, "optimizer", i))
+        if os.path.isdir(sharded_folder(path, "optimizer", i))
+        else _torch_load(os.path.join(path, f"optimizer{file_suffix(i)}.bin"), weights_only)
         for i in range(len(optimizers))
     ]
     sched_states = [
@@ -249,16 +255,24 @@ def load_accelerator_state(
             )
     elif failure is not None:
         raise failure
+    _read_fsdp_shards(accelerator, plan)
     path, manifest = plan["path"], plan["manifest"]
     model_sources = plan["models"]
     scaler, scaler_state = plan["scaler"]
 
+    from .fsdp.checkpointing import apply_optimizer, load_model
+
+    fsdp_models = [module for module, _ in model_sources]
     for module, source in model_sources:
+        if load_model(module, source, strict):
+            continue  # an FSDP-sharded model: its shards, or the full weights re-sharded
         if isinstance(source, dict):
             module.load_state_dict(source, strict=strict)
         else:
             load_safetensors_into(module, source, strict=strict)
     for i, (opt, state) in enumerate(plan["optimizers"]):
+        if apply_optimizer(opt, state, fsdp_models):
+            continue
         _apply(opt.load_state_dict, state, os.path.join(path, f"optimizer{file_suffix(i)}.bin"), f"optimizer {i}")
     for i, (sched, state) in enumerate(plan["schedulers"]):
         _apply(
@@ -292,6 +306,26 @@ def load_accelerator_state(
         config.iteration = max(config.iteration, int(m.group(1)) + 1)
     set_rng_state(plan["rng"])  # last: nothing above may consume randomness afterwards
     return path
+
+
+def _read_fsdp_shards(accelerator: Any, plan: dict[str, Any]) -> None:
+    """FSDP: every rank reads its shards (a collective, so only after every rank's checks passed); all or nothing."""
+    if getattr(accelerator, "fsdp_options", None) is None:
+        return
+    from .fsdp.checkpointing import read_sharded_parts
+    from .ops import gather_object
+
+    error = None
+    try:
+        read_sharded_parts(plan, [module for module, _ in plan["models"]])
+    except Exception as exc:  # noqa: BLE001 - shared with the other ranks below
+        error = f"{type(exc).__name__}: {exc}"
+    bad = [(r, e) for r, e in enumerate(gather_object([error])) if e]
+    if bad:
+        raise CheckpointError(
+            "load_state changed nothing: "
+            + "; ".join(f"rank {r} could not read its FSDP shards: {e}" for r, e in bad)
+        )
 
 
 def _apply(load: Any, state: Any, file: str, what: str) -> None:

@@ -124,8 +124,9 @@ def save_accelerator_state(
     error = None
     try:
         weights = _weights_after_hooks(accelerator, tmp)
+        overrides = _fsdp_parts(accelerator, tmp, weights)
         if writer:
-            counts = _write_shared(accelerator, tmp, safe_serialization, weights)
+            counts = _write_shared(accelerator, tmp, safe_serialization, weights, overrides)
         _torch_save(
             {"rng": rng_state(), "dataloaders": _loader_states(accelerator)},
             os.path.join(tmp, f"rank_{rank}.pt"),
@@ -207,25 +208,45 @@ def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
     into place when the save completes), so what they write there is part of the checkpoint.
     """
     from .accelerator_extras import run_save_hooks
+    from .fsdp.checkpointing import model_weights
 
     models = list(getattr(accelerator, "_models", []))
-    weights = [unwrapped(accelerator, model).state_dict() for model in models]
+    weights = [model_weights(accelerator, unwrapped(accelerator, model)) for model in models]
     run_save_hooks(accelerator, models, weights, tmp)
     return weights
 
 
+def _fsdp_parts(accelerator: Any, tmp: str, weights: list[Any]) -> dict[int, Any]:
+    """FSDP (every rank): sharded parts written with torch.distributed.checkpoint, full optimizer states gathered.
+
+    Returns the optimizer states the writer saves instead of ``state_dict()`` (accel_nb.fsdp.checkpointing).
+    """
+    if getattr(accelerator, "fsdp_options", None) is None:
+        return {}
+    from .fsdp.checkpointing import save_sharded_parts
+
+    models = [unwrapped(accelerator, m) for m in getattr(accelerator, "_models", [])]
+    return save_sharded_parts(accelerator, tmp, weights, models)
+
+
 def _write_shared(
-    accelerator: Any, tmp: str, safe_serialization: bool, weights: list[dict[str, Any]]
+    accelerator: Any, tmp: str, safe_serialization: bool, weights: list[Any], overrides: dict[int, Any] | None = None
 ) -> dict[str, int]:
     models = weights
+    overrides = overrides or {}
     for i, state in enumerate(weights):
+        if state is None:  # an FSDP model's shards, already written by every rank
+            continue
         if safe_serialization:
             save_sharded_safetensors(state, tmp, weights_name=f"model{file_suffix(i)}.safetensors")
         else:
             _torch_save(state, os.path.join(tmp, f"pytorch_model{file_suffix(i)}.bin"))
     optimizers = list(getattr(accelerator, "_optimizers", []))
     for i, opt in enumerate(optimizers):
-        _torch_save(opt.state_dict(), os.path.join(tmp, f"optimizer{file_suffix(i)}.bin"))
+        if i in overrides and overrides[i] is None:
+            continue  # its shards are in fsdp_optimizer<i>/
+        state = overrides[i] if i in overrides else opt.state_dict()
+        _torch_save(state, os.path.join(tmp, f"optimizer{file_suffix(i)}.bin"))
     schedulers = list(getattr(accelerator, "_schedulers", []))
     for i, sched in enumerate(schedulers):
         _torch_save(sched.state_dict(), os.path.join(tmp, f"scheduler{file_suffix(i)}.bin"))

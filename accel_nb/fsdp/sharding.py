@@ -26,6 +26,7 @@ ParamSwap = dict[int, tuple[Any, torch.nn.Parameter]]  # id(old) -> (weakref to 
 def is_fsdp_model(model: Any) -> bool:
     """True when ``model`` (or its root) was sharded with ``fully_shard``; never imports FSDP itself."""
     fsdp = sys.modules.get("torch.distributed.fsdp")
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     return bool(fsdp is not None and isinstance(model, fsdp.FSDPModule))
 
 
@@ -183,9 +184,9 @@ def check_optimizer_params(optimizer: torch.optim.Optimizer) -> None:
     if any(isinstance(p, DTensor) for p in params) or not params:
         return
     raise ValueError(
-        "this optimizer holds the model's unsharded parameters, but the model was sharded with FSDP in an earlier "
-        "prepare() call; prepare the model and optimizer together (accelerator.prepare(model, optimizer)), or "
-        "create the optimizer after prepare(model) from model.parameters()"
+        "this optimizer holds no sharded parameter of a model prepared with FSDP (it was created over other "
+        "tensors, or over a copy of the model); create it from model.parameters() of the model you prepare, and "
+        "pass both to accelerator.prepare(model, optimizer)"
     )
 
 
