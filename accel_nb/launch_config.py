@@ -34,6 +34,7 @@ from .config_values import (
     check_int,
     check_mixed_precision,
     is_whole_number,
+    warn_once,
 )
 from .hardware import HardwareInfo, cuda_device_count, detect
 from .precision_setting import bf16_gpu_problem
@@ -124,12 +125,33 @@ class LaunchConfig:
         self.dynamo_backend = check_choice(self, "dynamo_backend", DYNAMO_BACKENDS, path)
         self.dynamo_mode = check_choice(self, "dynamo_mode", DYNAMO_MODES, path)
         self._validate_consistency(path)
+        self._validate_fsdp(path)
         if self.dynamo_backend not in ("no", "inductor") and self.dynamo_mode != "default":
             raise ConfigError(
                 "dynamo_mode", self.dynamo_mode, "default with this backend", path,
                 f"a torch.compile mode is for the inductor backend; dynamo_backend={self.dynamo_backend!r} takes none",
             )  # fmt: skip
         return self
+
+    def _validate_fsdp(self, path: str | None) -> None:
+        """``fsdp_config`` is read (accel_nb.fsdp) with ``distributed_type: FSDP``; elsewhere it is inert: a warning."""
+        if self.distributed_type != "FSDP":
+            if self.extras.get("fsdp_config"):
+                warn_once("fsdp_config", f"fsdp_config in {path or 'the config'} has no effect with distributed_type="
+                                         f"{self.distributed_type}; set distributed_type: FSDP to shard the model")  # fmt: skip
+            return
+        if self.num_processes is not None and self.num_processes < 2:
+            raise ConfigError("num_processes", self.num_processes, "2 or more with distributed_type FSDP", path,
+                              "FSDP shards the model over several processes")  # fmt: skip
+        from .fsdp.options import options_from_config
+
+        config = self.extras.get("fsdp_config") or {}
+        if not isinstance(config, dict):
+            raise ConfigError("fsdp_config", config, "a mapping of fsdp_* keys", path)
+        try:
+            options_from_config(config)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("fsdp_config", config, "the fsdp_* keys of docs/configuration.md", path, str(exc)) from None
 
     def _validate_consistency(self, path: str | None) -> None:
         n, dt = self.num_processes, self.distributed_type
@@ -321,7 +343,21 @@ class LaunchConfig:
         if self.gpu_ids != "all" and not self.use_cpu:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
         env.update(self.compile_env())
+        env.update(self.fsdp_env())
         return env
+
+    def fsdp_env(self) -> dict[str, str]:
+        """With ``distributed_type: FSDP``, the ``fsdp_config`` each rank's Accelerator reads (as JSON).
+
+        LaunchConfig(distributed_type="FSDP", num_processes=2).fsdp_env()["ACCEL_NB_FSDP_CONFIG"]   # '{}'
+        """
+        if self.distributed_type != "FSDP":
+            return {}
+        import json
+
+        from .fsdp.options import ENV_FSDP_CONFIG
+
+        return {ENV_FSDP_CONFIG: json.dumps(self.extras.get("fsdp_config") or {}), "ACCELERATE_USE_FSDP": "true"}
 
     def compile_env(self) -> dict[str, str]:
         """The ``dynamo_config`` as the environment each rank's Accelerator reads (accel_nb's and the reference's names).

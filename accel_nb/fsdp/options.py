@@ -150,8 +150,7 @@ class FSDPOptions:
 _FSDP1_ONLY = {"backward_prefetch": None, "forward_prefetch": False, "limit_all_gathers": True,
                "use_orig_params": None, "sync_module_states": None}  # fmt: skip
 # fields accel_nb does not implement: anything but the default is an error
-_NOT_SUPPORTED = {"ignored_modules": None, "param_init_fn": None, "cpu_ram_efficient_loading": False,
-                  "activation_checkpointing_offload": False, "state_dict_config": None,
+_NOT_SUPPORTED = {"ignored_modules": None, "param_init_fn": None, "activation_checkpointing_offload": False, "state_dict_config": None,
                   "optim_state_dict_config": None, "mixed_precision_policy": None}  # fmt: skip
 
 
@@ -200,6 +199,9 @@ class FullyShardedDataParallelPlugin:
             if getattr(self, name) not in (default, None):
                 _warn_once(name, f"FullyShardedDataParallelPlugin({name}=...) applies to FSDP1 only; accel_nb runs "
                                  "FSDP2 (fully_shard), which has no such setting: it is ignored")  # fmt: skip
+        if self.cpu_ram_efficient_loading:
+            _warn_once("cpu_ram_efficient_loading", "cpu_ram_efficient_loading=True is not applied by accel_nb: every "
+                       "process builds the whole model, and fully_shard then frees what each process does not own")  # fmt: skip
         version = int(self.fsdp_version or 2)
         if version not in (1, 2):
             raise ValueError(f"fsdp_version={self.fsdp_version!r} must be 1 or 2")
