@@ -217,7 +217,9 @@ BAD_VALUES = [
     # (changes, key, fragment of the allowed text)
     ({"compute_environment": "AMAZON_SAGEMAKER"}, "compute_environment", "LOCAL_MACHINE"),
     ({"distributed_type": "DEEPSPEED"}, "distributed_type", "does not run DeepSpeed"),
-    ({"distributed_type": "FSDP"}, "distributed_type", "does not run FSDP"),
+    ({"distributed_type": "FSDP"}, "num_processes", "2 or more with distributed_type FSDP"),
+    ({"distributed_type": "FSDP", "num_processes": 2, "extras": {"fsdp_config": {"fsdp_bogus": 1}}}, "fsdp_config",
+     "fsdp_* keys"),
     ({"distributed_type": "MULTI_TPU"}, "distributed_type", "NO, MULTI_CPU, MULTI_GPU, XLA"),
     ({"distributed_type": 3}, "distributed_type", "NO, MULTI_CPU"),
     ({"num_processes": 0}, "num_processes", "whole number >= 1"),
