@@ -73,6 +73,7 @@ class LaunchOptions:
     node_rank: int = 0
     rdzv_backend: str = "static"
     rdzv_timeout: float | None = None  # seconds to wait for the other machines (None: 600)
+    xla: bool | None = None  # XLA devices: None when an XLA runtime is present and cpu is not asked
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen: normalise once, here
@@ -112,6 +113,8 @@ class LaunchOptions:
         except ValueError as exc:
             raise LaunchSetupError(str(exc)) from None
         set_(self, "cpu", bool(self.cpu))
+        if self.xla is not None and not isinstance(self.xla, bool):
+            raise LaunchSetupError(f"xla={self.xla!r} must be True, False or None (None: XLA when an XLA runtime is present)")
         from .multinode import check_machine_options
 
         check_machine_options(self)

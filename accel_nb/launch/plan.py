@@ -32,6 +32,7 @@ class LaunchPlan:
     master_port: int
     fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
     seat: Any = None  # launch.multinode.MachineSeat when the job spans several machines
+    xla: Any = None  # xla_detect.XlaRuntime when the ranks are XLA devices (see launch.xla_launch)
 
     @property
     def master_addr(self) -> str:
@@ -47,9 +48,15 @@ class LaunchPlan:
 
     @property
     def backend(self) -> str:
+        if self.xla is not None:
+            return "xla"
         return "nccl" if self.use_gpu else "gloo"
 
     def headline(self) -> str:
+        if self.xla is not None:
+            from .xla_launch import xla_headline
+
+            return xla_headline(self)
         what = (
             f"{self.num_processes} GPU process{'es' if self.num_processes != 1 else ''} (nccl)"
             if self.use_gpu
@@ -62,6 +69,10 @@ class LaunchPlan:
 
     def rank_env(self, rank: int) -> dict[str, str]:
         """The torchrun environment of ``rank`` plus accel_nb's own settings."""
+        if self.xla is not None:
+            from .xla_launch import xla_rank_env
+
+            return xla_rank_env(self)
         n = str(self.num_processes)
         env = {
             "RANK": str(rank),
@@ -109,6 +120,11 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
 
     plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
     """
+    from .xla_launch import choose_xla
+
+    xla = choose_xla(options)
+    if xla is not None:  # TPU cores or XLA's CPU devices: one host process runs torch_xla.launch
+        return LaunchPlan(options, xla.num_devices, False, "spawn", None, 0, xla=xla)
     gpus = 0 if options.cpu else hardware.cuda_device_count()
     num_processes = options.num_processes
     if num_processes is None:

@@ -106,7 +106,12 @@ def run_launch(
     procs: list[RankProcess] = []
     try:
         try:
-            start_ranks(plan, payload, log_dir, procs)
+            if plan.xla is None:
+                start_ranks(plan, payload, log_dir, procs)
+            else:  # one host process runs torch_xla.launch; its ordinals report as ranks 0..N-1
+                from .xla_launch import host_start
+
+                start_ranks(*host_start(plan, payload), log_dir, procs)
         except BaseException:  # interrupted or failed half-way: take down what was started
             Supervisor(procs, reporter, log_dir).cleanup()
             raise

@@ -131,6 +131,7 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
     grad_steps = args.gradient_accumulation_steps
     start_method = args.start_method
     cpu = args.cpu
+    xla = None  # XLA devices when a runtime is present (and --cpu is not given)
     if cfg is not None:
         num_processes = num_processes if num_processes is not None else cfg.num_processes
         mixed_precision = mixed_precision or cfg.mixed_precision
@@ -138,6 +139,8 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
             grad_steps = cfg.gradient_accumulation_steps
         start_method = start_method or cfg.start_method
         cpu = cpu or bool(cfg.use_cpu)
+        if cfg.distributed_type == "XLA" and not args.cpu:
+            xla, cpu = True, False
     return LaunchOptions(
         num_processes=num_processes,
         mixed_precision=mixed_precision,
@@ -146,6 +149,7 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
         show_ranks=args.rank if args.rank is not None else "all",
         use_port=args.use_port,
         cpu=cpu,
+        xla=xla,
         gradient_accumulation_steps=grad_steps,
         env=cfg.compile_env() if cfg is not None else {},  # the config's dynamo_config reaches each rank
         **machine_flags(args),

@@ -1,0 +1,230 @@
+"""Launching on XLA devices (TPU cores, or XLA's CPU backend): one host process that runs ``torch_xla.launch``.
+
+torch_xla starts its own processes (one per TPU chip; one process with a thread per device on the
+CPU backend), so the launch machinery starts ONE rank process, the *host*, the usual way (a
+spawned interpreter: never a fork of a notebook that may hold XLA state). The host calls
+``torch_xla.launch`` with :func:`accel_nb.launch.xla_ordinal.ordinal_main`; every ordinal, in
+whichever process or thread torch_xla puts it, connects back to a relay socket of the host and
+sends its events (output, progress, its result or failure) under its own ordinal as rank. So the
+notebook sees N ranks as in a CPU or GPU launch: results by ordinal, the first failure raised in
+the cell with the user's traceback, every process of the host's group stopped after a failure.
+
+A single-device runtime (Colab's v5e-1) goes the same way, not in the notebook's process: the
+notebook never opens the TPU, so a failed or interrupted run cannot leave the chip held by the
+kernel, and the next launch starts clean.
+
+    rt = choose_xla(LaunchOptions())            # XlaRuntime(device='CPU', num_devices=2, ...) or None
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .. import xla_detect
+from .channel import _HEADER
+from .errors import LaunchSetupError
+from .options import LaunchOptions
+
+RELAY_NAME = "xla-relay.sock"
+RELAY_DRAIN_S = 10.0  # after torch_xla.launch returns, how long the host waits for the ordinals' last events
+
+
+def choose_xla(
+    options: LaunchOptions, env: Any = None, installed: bool | None = None
+) -> xla_detect.XlaRuntime | None:
+    """The XLA runtime this launch runs on, or None for a CPU/GPU launch; ``LaunchSetupError`` for a bad mix.
+
+    XLA when ``options.xla`` is True (the config's ``distributed_type: XLA``), or when it is None
+    (auto), ``cpu`` was not asked and an XLA runtime is present (torch_xla + ``PJRT_DEVICE`` or TPU chips).
+    """
+    if options.cpu or options.xla is False:
+        if options.cpu and options.xla:
+            raise LaunchSetupError("cpu=True and xla=True ask for two different launches; pick one")
+        return None
+    installed = xla_detect.torch_xla_installed() if installed is None else installed
+    runtime = xla_detect.xla_runtime(env, installed=installed)
+    if runtime is None:
+        if options.xla:
+            why = (
+                "torch_xla is installed but no XLA device is configured (no TPU here and PJRT_DEVICE is not set)"
+                if installed
+                else "torch_xla is not installed in this environment"
+            )
+            raise LaunchSetupError(
+                f"an XLA launch was asked (distributed_type XLA / xla=True) but {why}. On a TPU runtime: "
+                "pip install 'accel_nb[xla]'; elsewhere: run `accel-nb config` again or pass cpu=True"
+            )
+        return None
+    n = runtime.num_devices
+    if options.num_processes is not None and options.num_processes != n:
+        raise LaunchSetupError(
+            f"num_processes={options.num_processes} but this XLA runtime has {n} device{'s' if n != 1 else ''} "
+            f"({runtime.why}); torch_xla runs one rank per device: leave num_processes out or give {n}"
+            + (", or pass cpu=True for CPU processes" if runtime.device == "CPU" else "")
+        )
+    if options.start_method == "fork":
+        raise LaunchSetupError(
+            "start_method='fork' cannot start an XLA launch: torch_xla starts its own processes from a "
+            "clean host process; use start_method='auto' or 'spawn'"
+        )
+    if options.num_nodes > 1:
+        raise LaunchSetupError(
+            "num_nodes > 1 with XLA devices: a TPU pod slice of several hosts is not supported from a "
+            "notebook; run on one TPU host"
+        )
+    return runtime
+
+
+def xla_rank_env(plan: Any) -> dict[str, str]:
+    """The host's environment: accel_nb's settings only (torch_xla gives each ordinal its rank, not RANK=)."""
+    env = {"ACCEL_NB_XLA_LAUNCH": "1", "PJRT_DEVICE": plan.xla.device}
+    if plan.xla.device == "CPU":
+        env["CPU_NUM_DEVICES"] = str(plan.xla.num_devices)
+    if plan.mixed_precision is not None:
+        env["ACCEL_NB_MIXED_PRECISION"] = plan.mixed_precision
+        env["ACCELERATE_MIXED_PRECISION"] = plan.mixed_precision
+    if plan.gradient_accumulation_steps is not None:
+        env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] = str(plan.gradient_accumulation_steps)
+        env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(plan.gradient_accumulation_steps)
+    env.update(plan.options.env)
+    return env
+
+
+def xla_headline(plan: Any) -> str:
+    n = plan.num_processes
+    devices = f"{n} {'TPU' if plan.xla.device == 'TPU' else 'XLA ' + plan.xla.device} device{'s' if n != 1 else ''}"
+    how = "threads of one process" if plan.xla.device == "CPU" else "torch_xla's processes"
+    extra = f", mixed_precision={plan.mixed_precision}" if plan.mixed_precision not in (None, "no") else ""
+    return f"Launching on {devices} through torch_xla.launch ({how}, started by one host process){extra}..."
+
+
+def host_start(plan: Any, payload: Any) -> tuple[Any, Any]:
+    """What the start step starts for an XLA plan: one rank (the host) running an ``XlaHostPayload``."""
+    return dataclasses.replace(plan, num_processes=1), XlaHostPayload(payload, plan.num_processes, plan.xla.why)
+
+
+@dataclass(frozen=True)
+class OrdinalInfo:
+    """What every ordinal needs from the host (pickled by torch_xla into its processes)."""
+
+    relay_path: str
+    log_dir: str
+    host_pid: int
+    world_size: int
+    why: str  # what the plan's device count came from, for a mismatch error
+
+
+class XlaHostPayload:
+    """The host's work: ``torch_xla.launch`` the user's payload on every ordinal, relaying their events."""
+
+    kind = "xla-host"
+
+    def __init__(self, payload: Any, world_size: int, why: str) -> None:
+        self.payload = payload
+        self.world_size = world_size
+        self.why = why
+
+    def describe(self) -> str:
+        return self.payload.describe()
+
+    def serve(self, runtime: Any) -> bool:
+        """Run every ordinal; True when torch_xla ran them all (each reported its own result or failure)."""
+        import cloudpickle
+
+        from .xla_ordinal import ordinal_main
+
+        log_dir = runtime.spec.log_dir
+        relay = Relay(os.path.join(log_dir, RELAY_NAME), runtime.writer)
+        info = OrdinalInfo(relay.path, log_dir, os.getpid(), self.world_size, self.why)
+        try:
+            blob = cloudpickle.dumps(self.payload)
+            import torch_xla
+
+            torch_xla.launch(ordinal_main, args=(blob, info))
+        except BaseException as exc:  # noqa: BLE001 - torch_xla itself failed (not the user's function)
+            relay.close(RELAY_DRAIN_S)
+            return runtime.report_failure(exc)
+        relay.close(RELAY_DRAIN_S)
+        return True
+
+
+class Relay:
+    """A Unix socket in the launch's log folder: each ordinal connects and sends event frames; they go out on ``writer``."""
+
+    def __init__(self, path: str, writer: Any) -> None:
+        self.path = path
+        self.writer = writer
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(path)
+        self._sock.listen(64)
+        self._sock.settimeout(0.2)
+        self._closing = threading.Event()
+        self._readers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._acceptor = threading.Thread(target=self._accept, name="accel_nb-xla-relay", daemon=True)
+        self._acceptor.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._start_pump(conn)
+
+    def _start_pump(self, conn: socket.socket) -> None:
+        conn.settimeout(None)
+        reader = threading.Thread(target=self._pump, args=(conn,), name="accel_nb-xla-pump", daemon=True)
+        with self._lock:
+            self._readers.append(reader)
+        reader.start()
+
+    def _pump(self, conn: socket.socket) -> None:
+        """Forward whole frames only, so frames of different ordinals never interleave on the host's pipe."""
+        buf = bytearray()
+        with conn:
+            while True:
+                try:
+                    chunk = conn.recv(1 << 16)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                buf += chunk
+                while len(buf) >= _HEADER.size:
+                    (size,) = _HEADER.unpack_from(buf, 0)
+                    end = _HEADER.size + size
+                    if len(buf) < end:
+                        break
+                    frame = bytes(buf[:end])
+                    del buf[:end]
+                    with contextlib.suppress(OSError):  # the notebook is gone: nothing to tell
+                        self.writer.send_frame(frame)
+
+    def close(self, wait: float) -> None:
+        """Stop accepting; wait up to ``wait`` seconds for connected ordinals to finish sending."""
+        self._closing.set()
+        self._acceptor.join(timeout=1.0)
+        self._sock.setblocking(False)
+        while True:  # an ordinal that connected and ended between two accepts
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                break
+            self._start_pump(conn)
+        with self._lock:
+            readers = list(self._readers)
+        for reader in readers:
+            reader.join(timeout=wait)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
