@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "RankFailure": ".launch.errors",
     # config / hardware
     "LaunchConfig": ".config",
+    "FSDPOptions": ".fsdp",
     "config_wizard": ".notebook.wizard",
     # big-model inference
     "init_empty_weights": ".big_model",
@@ -113,6 +114,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .checkpoint import ProjectConfiguration
     from .config import LaunchConfig
     from .data import DataLoaderConfiguration, skip_first_batches
+    from .fsdp import FSDPOptions
     from .launch.errors import LaunchError, RankFailure
     from .notebook.device_map_view import show_device_map
     from .notebook.launcher import debug_launcher, notebook_launcher

@@ -147,6 +147,7 @@ _REFERENCE_PATHS: dict[str, str] = {
     ),
     **dict.fromkeys(["patch_environment", "clear_environment"], ".environment"),
     "write_basic_config": ".basic_config",
+    **dict.fromkeys(["FSDPOptions", "FullyShardedDataParallelPlugin"], ".fsdp"),
     "LoggerType": ".tracking",
     **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], ".random_sync"),
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], ".unwrap"),
