@@ -116,8 +116,8 @@ def shard_model(
         raise ValueError(f"this {type(model).__name__} is already sharded with fully_shard; pass it unsharded")
     kwargs = _policies(options, mixed_precision, device)
     targets = _targets(model, options)
+    _checkpoint_activations(model, options)  # checks (like the two calls above) come before the first collective
     kwargs["mesh"] = _mesh(options, device, num_processes, local_processes)
-    _checkpoint_activations(model, options)
     before = [(module, name, param) for module in model.modules() for name, param in module._parameters.items()
               if param is not None]  # fmt: skip
     for module in targets:
