@@ -1,0 +1,161 @@
+"""notebook_launcher and %%accelerate on XLA devices: XLA's CPU backend with 2 devices (threads of one process).
+
+Runs only in the XLA environment (``bash scripts/setup-xla-env.sh``, then
+``.venv-xla/bin/python -m pytest -q -p no:cacheprovider tests/xla``); the main environment
+skips this file. The launch contract is the one of CPU and GPU launches: each ordinal's result in
+ordinal order, output and progress labelled by ordinal, the first failure raised with the
+user's traceback, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import textwrap
+
+import pytest
+
+if importlib.util.find_spec("torch_xla") is None:
+    pytest.skip("torch_xla is not installed here (run in .venv-xla)", allow_module_level=True)
+
+from accel_nb import notebook_launcher  # noqa: E402
+from accel_nb.events import Progress  # noqa: E402
+from accel_nb.launch.errors import LaunchError, LaunchSetupError  # noqa: E402
+from accel_nb.launch.reporting import ListReporter  # noqa: E402
+
+XLA_CPU_2 = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
+
+
+@pytest.fixture
+def two_xla_devices(monkeypatch):
+    for name, value in XLA_CPU_2.items():
+        monkeypatch.setenv(name, value)
+
+
+def train_linear(steps: int = 4) -> dict:
+    """A tiny data-parallel regression on the XLA device; every ordinal starts from the same weights."""
+    import torch
+    from torch import nn
+
+    from accel_nb import Accelerator
+    from accel_nb.progress_bar import progress
+
+    accelerator = Accelerator()
+    model = nn.Linear(4, 1)
+    with torch.no_grad():  # devices may be threads sharing one RNG: initialise explicitly
+        model.weight.copy_(torch.linspace(-0.5, 0.5, 4).view(1, 4))
+        model.bias.zero_()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    x = torch.arange(32.0).view(8, 4) / 32
+    y = x.sum(1, keepdim=True)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    for _ in progress(range(steps), desc="train"):
+        xb, yb = x[rank::world].to(accelerator.device), y[rank::world].to(accelerator.device)
+        loss = ((model(xb) - yb) ** 2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    print(f"ordinal {rank} of {world} on {accelerator.device}")
+    weight = accelerator.unwrap_model(model).weight.detach().cpu()
+    return {"rank": rank, "world": world, "type": str(accelerator.distributed_type), "weight": weight.tolist()}
+
+
+@pytest.mark.multiproc
+def test_notebook_launcher_trains_on_every_xla_device_and_returns_each_result(two_xla_devices):
+    reporter = ListReporter()
+    results = notebook_launcher(train_linear, args=(4,), reporter=reporter)
+    assert [r["rank"] for r in results] == [0, 1] and {r["world"] for r in results} == {2}
+    assert {r["type"] for r in results} == {"DistributedType.XLA"}
+    assert results[0]["weight"] == results[1]["weight"]  # gradients were reduced across the devices
+    assert results[0]["weight"] != [[-0.5, -0.5 + 1 / 3, 0.5 - 1 / 3, 0.5]]  # and the model did train
+    assert reporter.started[0] == 2 and reporter.finished == (True, None)
+    for rank in (0, 1):  # what each ordinal printed and its progress came back under its own rank
+        assert f"ordinal {rank} of 2 on xla:" in reporter.output(rank)
+    finished = {e.rank for e in reporter.of_type(Progress) if e.done and e.n == 4}
+    assert finished == {0, 1}
+
+
+def fails_on_ordinal_1() -> None:
+    import time
+
+    import torch_xla.runtime as xr
+
+    if xr.global_ordinal() == 1:
+        raise ValueError("boom on ordinal 1")
+    time.sleep(600)  # ordinal 0 would wait forever: the launch must stop it
+
+
+@pytest.mark.multiproc
+def test_a_failing_ordinal_raises_its_traceback_and_nothing_is_left_running(two_xla_devices):
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(fails_on_ordinal_1, reporter=ListReporter())
+    text = str(info.value)
+    assert "rank 1 (first to fail) failed: ValueError: boom on ordinal 1" in text
+    assert 'raise ValueError("boom on ordinal 1")' in text and "in fails_on_ordinal_1" in text
+    assert "rank 0 was stopped" in text
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    left = [p for p in left if "zygote" not in " ".join(p.cmdline())]  # the warm spawn server stays, by design
+    assert left == []
+
+
+def test_a_process_count_other_than_the_device_count_is_refused(two_xla_devices):
+    with pytest.raises(LaunchSetupError, match=r"num_processes=3 but this XLA runtime has 2 devices"):
+        notebook_launcher(train_linear, num_processes=3)
+    assert notebook_launcher(os.getpid, cpu=True, num_processes=1)[0] != os.getpid()  # cpu=True: a CPU launch
+
+
+@pytest.mark.kernel
+def test_in_a_real_kernel_launcher_and_magic_run_on_xla_devices():
+    from tests.kernel_helpers import KernelSession
+
+    with KernelSession(env=XLA_CPU_2) as k:
+        out = k.run(
+            textwrap.dedent("""
+            from accel_nb import notebook_launcher
+
+            def where(scale):
+                import torch, torch_xla
+                import torch_xla.runtime as xr
+                t = torch.ones(2, device=torch_xla.device()) * (xr.global_ordinal() + 1) * scale
+                print("hello from ordinal", xr.global_ordinal())
+                return t.cpu().tolist()
+
+            print("results:", notebook_launcher(where, args=(3,)))
+            """),
+            timeout=240,
+        )
+        assert out.error is None, out.traceback
+        assert "results: [[3.0, 3.0], [6.0, 6.0]]" in out.stdout
+        out = k.run(
+            textwrap.dedent("""
+            def fails(n):
+                import torch_xla.runtime as xr
+                if xr.global_ordinal() == n:
+                    raise KeyError(f"no key on ordinal {n}")
+                import time; time.sleep(600)
+
+            notebook_launcher(fails, args=(1,))
+            """),
+            timeout=240,
+        )
+        assert out.error is not None and out.error["ename"] == "LaunchError"
+        assert "KeyError: 'no key on ordinal 1'" in out.traceback
+        assert 'raise KeyError(f"no key on ordinal {n}")' in out.traceback  # the cell's own line
+        assert k.children() == [] or all("zygote" in " ".join(p.cmdline()) for p in k.children())
+        assert k.run("%load_ext accel_nb").error is None
+        out = k.run(
+            textwrap.dedent("""
+            %%accelerate --return total
+            import torch, torch_xla
+            import torch_xla.runtime as xr
+            total = float((torch.ones(3, device=torch_xla.device()) * xr.world_size()).sum().cpu())
+            """).strip(),
+            timeout=240,
+        )
+        assert out.error is None, out.traceback
+        out = k.run("print('total in the notebook:', total)")
+        assert "total in the notebook: 6.0" in out.stdout
