@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "ProjectConfiguration": ".checkpoint",
     "CheckpointError": ".serialization",
     "DataLoaderConfiguration": ".data",
+    "CompileOptions": ".compile_options",
     "set_seed": ".utils",
     # progress inside a launch
     "progress": ".progress_bar",
@@ -112,6 +113,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_checkpoint_in_model,
     )
     from .checkpoint import ProjectConfiguration
+    from .compile_options import CompileOptions
     from .config import LaunchConfig
     from .data import DataLoaderConfiguration, skip_first_batches
     from .fsdp import FSDPOptions

@@ -100,6 +100,19 @@ def _is_graph_break(exc: BaseException) -> bool:
     return isinstance(exc, (dynamo_exc.Unsupported, dynamo_exc.UserError))
 
 
+def _traced_entry(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` behind a frame of accel_nb's, which dynamo traces (inlining ``call``).
+
+    ``block.compile()`` hands dynamo ``Module._call_impl`` itself, a frame of torch.nn that dynamo
+    skips for torch's own classes: an ``nn.TransformerEncoderLayer`` block would run uncompiled.
+    """
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    return entry
+
+
 def find_repeated_blocks(model: nn.Module, block_class: type | str | None = None) -> list[nn.Module]:
     """The instances of the block class regional compilation compiles (empty when there is none).
 
@@ -130,7 +143,7 @@ def has_compiled_regions(model: nn.Module) -> bool:
 
 
 def compile_regions(model: nn.Module, options: CompileOptions | None = None, **compile_kwargs: Any) -> nn.Module:
-    """Compile each repeated block of ``model`` in place (``block.compile()``) and return ``model``.
+    """Compile each repeated block of ``model`` in place (as ``block.compile()`` does) and return ``model``.
 
     Every block runs the same code, so torch compiles it once and reuses it for the others.
     Parameter names do not change (checkpoints stay plain). ``compile_kwargs`` (the reference's
@@ -154,8 +167,8 @@ def compile_regions(model: nn.Module, options: CompileOptions | None = None, **c
     fallback = _EagerFallback(f"{type(inner).__name__} (its {type(blocks[0]).__name__} blocks)", options)
     kwargs = options.torch_compile_kwargs()
     for block in blocks:
-        block.compile(**kwargs)
-        block._compiled_call_impl = fallback.guard(block._compiled_call_impl, block._call_impl)
+        compiled = torch.compile(_traced_entry(block._call_impl), **kwargs)
+        block._compiled_call_impl = fallback.guard(compiled, block._call_impl)
         fallback.undo.append(lambda b=block: setattr(b, "_compiled_call_impl", None))
     setattr(inner, _REGIONS, True)
     return model
@@ -164,6 +177,8 @@ def compile_regions(model: nn.Module, options: CompileOptions | None = None, **c
 def compile_model(model: nn.Module, options: CompileOptions) -> nn.Module:
     """``model`` compiled as ``options`` say: the whole (an OptimizedModule around it) or its blocks in place.
 
+    Call it before DDP wraps the model: torch recommends compiling the module inside the wrapper
+    (dynamo skips DDP's forward, and with it the forward of torch's own container classes).
     A model that is compiled already (by the user) is returned as it is.
 
         compiled = compile_model(ddp_model, CompileOptions(backend="eager"))

@@ -61,7 +61,7 @@ def place_and_wrap(
 
     A model dispatched over several devices (``hf_device_map``) stays where it is, and cannot be
     trained by several processes (a clear error). ``compile_options`` (a CompileOptions) compiles
-    it last, around the DDP wrapper as torch recommends (accel_nb.compiling).
+    it before the DDP wrapping, as torch recommends (accel_nb.compiling).
     """
     device_map = getattr(model, "hf_device_map", None)
     if device_map and len(set(device_map.values())) > 1:
@@ -76,6 +76,10 @@ def place_and_wrap(
     if precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
         model._accel_nb_original_forward = model.forward
         model.forward = precision.wrap_forward(model.forward)
+    if compile_options is not None:  # inside DDP's wrapper, around the autocast forward
+        from .compiling import compile_model
+
+        model = compile_model(model, compile_options)
     if fsdp is not None:
         from .fsdp.sharding import shard_model
 
@@ -89,8 +93,4 @@ def place_and_wrap(
             kwargs.setdefault("device_ids", [device.index])
             kwargs.setdefault("output_device", device.index)
         model = DistributedDataParallel(model, **kwargs)
-    if compile_options is not None:
-        from .compiling import compile_model
-
-        model = compile_model(model, compile_options)
     return model

@@ -75,6 +75,9 @@ def extract_model_from_parallel(
     if recursive:
         _strip_children(model)
     if compiled is not None and keep_torch_compile:
-        compiled._orig_mod = model
-        return compiled
+        if compiled._orig_mod is model:
+            return compiled
+        # a compiled view of the unwrapped model with the same settings: the prepared model keeps
+        # its DDP wrapper (re-pointing its _orig_mod would detach its parameters from the wrapper)
+        return type(compiled)(model, compiled.dynamo_ctx)
     return model

@@ -151,6 +151,8 @@ _REFERENCE_PATHS: dict[str, str] = {
     "LoggerType": ".tracking",
     **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], ".random_sync"),
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], ".unwrap"),
+    **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], ".compile_options"),
+    **dict.fromkeys(["compile_regions", "has_compiled_regions"], ".compiling"),
     **dict.fromkeys(
         [
             "find_tied_parameters", "get_state_dict_offloaded_model", "load_state_dict", "named_module_tensors",
