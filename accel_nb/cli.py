@@ -405,7 +405,9 @@ def cmd_launch(ns: argparse.Namespace) -> int:
     print(f"{PROG} launch: {nproc} {device} process(es) on this machine"
           + (f" (machine {cfg.machine_rank} of {cfg.num_machines}, meeting at {endpoint[0]}:{endpoint[1]}, "
              f"{cfg.rdzv_backend} rendezvous)" if cfg.num_machines > 1 else "")
-          + f", mixed_precision={cfg.mixed_precision}", file=sys.stderr, flush=True)  # fmt: skip
+          + f", mixed_precision={cfg.mixed_precision}"
+          + (f", torch.compile backend={cfg.dynamo_backend}" if cfg.dynamo_backend != "no" else ""),
+          file=sys.stderr, flush=True)  # fmt: skip
     code = run_elastic(args, ns.script, log_dir,
                        lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint,
                                                      ns.rdzv_timeout))  # fmt: skip

@@ -412,7 +412,8 @@ _LAUNCHED_SCRIPT = textwrap.dedent(
     acc = Accelerator()
     model = acc.prepare(torch.nn.Linear(4, 4))
     opts = acc.compile_options
-    print(f"rank {acc.process_index}: {type(model).__name__} backend={opts.backend} regional={opts.regional}")
+    inner = type(model.module).__name__
+    print(f"rank {acc.process_index}: {type(model).__name__}({inner}) backend={opts.backend} regional={opts.regional}")
     """
 )
 
@@ -433,4 +434,5 @@ def test_accel_nb_launch_applies_the_config_files_dynamo_backend(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     for rank in (0, 1):
-        assert f"rank {rank}: OptimizedModule backend=aot_eager regional=False" in out.stdout + out.stderr
+        assert f"rank {rank}: DistributedDataParallel(OptimizedModule) backend=aot_eager regional=False" in out.stdout
+    assert "torch.compile backend=aot_eager" in out.stderr  # the launch line says so
