@@ -43,8 +43,11 @@ def _data(n: int = 64) -> TensorDataset:
     return TensorDataset(x, x @ torch.linspace(-1, 1, 6).unsqueeze(1) + 0.1 * torch.randn(n, 1, generator=g))
 
 
-def _train(batch_size, accumulation=1, fsdp=None, epochs=2):
-    """The same loop on one plain process or on FSDP ranks; full weights (main process) and byte counts come back."""
+def _train(batch_size, accumulation=1, fsdp=None, epochs=2, optimizer_first=False):
+    """The same loop on one plain process or on FSDP ranks; full weights (main process) and byte counts come back.
+
+    ``optimizer_first`` prepares the optimizer in its own, earlier prepare() call.
+    """
     from accel_nb import Accelerator
     from accel_nb.fsdp.sharding import local_shard_bytes
 
@@ -52,7 +55,11 @@ def _train(batch_size, accumulation=1, fsdp=None, epochs=2):
     model = _model()
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    model, opt, dl = acc.prepare(model, opt, DataLoader(_data(), batch_size=batch_size))
+    if optimizer_first:
+        opt = acc.prepare(opt)
+        model, dl = acc.prepare(model, DataLoader(_data(), batch_size=batch_size))
+    else:
+        model, opt, dl = acc.prepare(model, opt, DataLoader(_data(), batch_size=batch_size))
     norms = []
     for _ in range(epochs):
         for x, y in dl:
@@ -115,6 +122,14 @@ def test_fsdp_with_gradient_accumulation_matches_one_process():
     _assert_same(out[0]["weights"], reference["weights"])
     # under FSDP clip_grad_norm_ acts on sync steps only (None in between); plain training measures both
     np.testing.assert_allclose(out[0]["norms"], reference["norms"][1::2], rtol=1e-5)
+
+
+@pytest.mark.multiproc
+def test_an_optimizer_prepared_before_the_model_follows_the_sharded_parameters():
+    reference = _train(batch_size=16, epochs=1)
+    out = run_ranks(_train, world_size=2, args=(8, 1, FSDPOptions(auto_wrap_classes=["Block"]), 1, True))
+    _assert_same(out[0]["weights"], reference["weights"])
+    assert out[1]["optimizer_bytes"] < reference["optimizer_bytes"]  # its state is sharded too
 
 
 @pytest.mark.multiproc
