@@ -378,3 +378,44 @@ def test_accel_nb_launch_with_an_fsdp_config_file(tmp_path):
     finally:
         sys.path.remove(root)
     TinyGPT().load_state_dict(load_file(str(tmp_path / "run" / "weights" / "model.safetensors")))
+
+
+# ------------------------------------------------------------------ mixed precision from the Accelerator
+
+
+def _mixed(precision):
+    """Three steps in ``precision``: the dtype the blocks compute in, the dtype of the kept shards, the losses."""
+    from accel_nb import Accelerator
+
+    acc = Accelerator(mixed_precision=precision, fsdp=FSDPOptions(auto_wrap_classes=["Block"]))
+    model = _model()
+    seen = []
+    model[1].lin.register_forward_hook(lambda module, args, out: seen.append(module.weight.dtype))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, opt, dl = acc.prepare(model, opt, DataLoader(_data(), batch_size=8))
+    losses = []
+    for x, y in dl:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        acc.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {
+        "compute": {str(d) for d in seen},
+        "kept": {str(p.dtype) for p in model.parameters()},
+        "output": str(model(x).dtype),
+        "losses": losses,
+        "scaler": acc.scaler is not None,
+    }
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("precision, dtype", [("bf16", "torch.bfloat16"), ("fp16", "torch.float16")])
+def test_mixed_precision_follows_the_accelerator(precision, dtype):
+    out = run_ranks(_mixed, world_size=2, args=(precision,))[0]
+    assert out["compute"] == {dtype}  # the gathered parameters, cast for compute (MixedPrecisionPolicy)
+    assert out["kept"] == {"torch.float32"}  # the sharded master weights stay fp32
+    assert out["output"] == "torch.float32"  # outputs back in fp32, as without FSDP
+    assert out["scaler"] == (precision == "fp16")
+    assert all(np.isfinite(out["losses"])) and out["losses"][-1] < out["losses"][0]
