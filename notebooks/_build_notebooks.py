@@ -599,11 +599,167 @@ print(f"worker processes left: {len(psutil.Process().children(recursive=True))}"
 ]
 
 
+# ----------------------------------------------------------------------------- TPU (Kaggle, Colab)
+TPU = [
+    md("""
+# Training on TPU cores from a notebook (Kaggle, Colab)
+
+This notebook trains a small model on **every TPU core of the session** with
+`notebook_launcher`: accel_nb detects the XLA runtime, starts one host process that calls
+`torch_xla.launch`, and brings each core's result, output and failure back to the cell.
+
+- **Kaggle** (TPU v5e-8 runtime, 8 chips): torch 2.8 and torch_xla 2.8 are preinstalled.
+- **Colab** (TPU v5e-1 runtime, 1 chip): torch_xla 2.9.0 works only with exactly torch 2.9.0.
+- **Anywhere else** with torch_xla installed, the notebook runs on XLA's CPU backend with two
+  devices (threads of one process). That is how accel_nb's tests run it; it has not been run on
+  a real TPU by accel_nb's tests.
+"""),
+    md("""
+## 1. Install (Kaggle or Colab only)
+
+The cell installs what the platform lacks and nothing elsewhere. On Colab, if pip replaced torch,
+restart the session once (Runtime > Restart session) before going on.
+"""),
+    code("""
+import os
+
+if os.environ.get("KAGGLE_KERNEL_RUN_TYPE"):  # Kaggle: torch 2.8 + torch_xla 2.8 are already there
+    %pip install -q accel_nb
+elif os.environ.get("COLAB_RELEASE_TAG"):  # Colab: torch_xla 2.9.0 needs exactly torch 2.9.0
+    %pip install -q torch==2.9.0 'torch_xla[tpu]==2.9.0' accel_nb
+else:
+    print("not on Kaggle or Colab: nothing installed (torch_xla and accel_nb must be installed already)")
+"""),
+    md("""
+## 2. What this runtime has
+
+Without TPU chips, the next cell asks torch_xla for its CPU backend with two devices, so the rest
+of the notebook runs anywhere torch_xla is installed. On a TPU runtime it changes nothing.
+"""),
+    code("""
+from accel_nb.xla_detect import detect_tpu, xla_runtime
+
+if not detect_tpu().detected:
+    os.environ.setdefault("PJRT_DEVICE", "CPU")
+    os.environ.setdefault("CPU_NUM_DEVICES", "2")
+runtime = xla_runtime()
+print("XLA runtime:", runtime.describe() if runtime else "none (install torch_xla)")
+""", "key-result"),
+    code("""
+%load_ext accel_nb
+%accelerate_env
+"""),
+    md("""
+## 3. A training function
+
+The usual accel_nb loop: `prepare` puts the model on this core's XLA device and feeds it its
+shard of every batch; the optimizer step reduces the gradients across cores. The weights are
+initialised explicitly (on the CPU backend the devices are threads that share one random
+generator).
+"""),
+    code("""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_dataset(n=512, seed=0):
+    \"\"\"Synthetic regression data: y = x @ w + noise.\"\"\"
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    w = torch.linspace(-1.0, 1.0, 8)
+    return TensorDataset(x, x @ w + 0.05 * torch.randn(n, generator=g))
+
+
+def make_model():
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def train(epochs=4, lr=0.1):
+    from accel_nb import Accelerator
+    from accel_nb.progress_bar import progress
+
+    accelerator = Accelerator()
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    loader = DataLoader(make_dataset(), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    history = []
+    for epoch in range(epochs):
+        total, steps = 0.0, 0
+        for x, y in progress(loader, desc=f"epoch {epoch}"):
+            loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            total, steps = total + loss.detach(), steps + 1
+        history.append(round(accelerator.reduce(total / steps, reduction="mean").item(), 4))
+        accelerator.print(f"epoch {epoch}: mean loss {history[-1]}")
+    state = accelerator.unwrap_model(model).state_dict()  # moved to the CPU on the way back
+    return {"rank": accelerator.process_index, "cores": accelerator.num_processes,
+            "device": str(accelerator.device), "history": history, "state": state}
+"""),
+    md("""
+## 4. Launch on every core
+
+`num_processes` may be left out: on XLA it is the number of devices (a different number is
+refused with the count it should be).
+"""),
+    code("""
+from accel_nb import notebook_launcher
+
+results = notebook_launcher(train)
+for r in results:
+    print(f"rank {r['rank']} of {r['cores']} on {r['device']}: loss per epoch {r['history']}")
+print("loss fell:", results[0]["history"][-1] < results[0]["history"][0])
+print("every core ends with the same weights:",
+      all(torch.equal(results[0]["state"][k], r["state"][k]) for r in results for k in r["state"]))
+""", "key-result"),
+    md("## 5. Use the trained weights in this notebook"),
+    code("""
+model = make_model()
+model.load_state_dict(results[0]["state"])
+x, y = make_dataset(n=256, seed=1).tensors
+with torch.no_grad():
+    print(f"held-out mse of the trained model: {nn.functional.mse_loss(model(x).squeeze(-1), y).item():.4f}")
+""", "key-result"),
+    md("""
+## 6. A failing core
+
+An exception on one core stops the others and is raised here with that core's traceback.
+"""),
+    code("""
+from accel_nb.launch import LaunchError
+
+
+def fails_on_the_last_core():
+    from accel_nb import PartialState
+
+    state = PartialState()
+    if state.process_index == state.num_processes - 1:
+        raise ValueError(f"boom on core {state.process_index}")
+    return state.process_index
+
+
+try:
+    notebook_launcher(fails_on_the_last_core)
+except LaunchError as exc:
+    print("caught:", str(exc).splitlines()[0])
+""", "key-result"),
+]
+
+
 NOTEBOOKS = {
     "quickstart.ipynb": QUICKSTART,
     "big_model_inference.ipynb": BIG_MODEL,
     "config_wizard.ipynb": WIZARD,
     "interactive_session.ipynb": SESSION,
+    "tpu_kaggle_colab.ipynb": TPU,
 }
 
 

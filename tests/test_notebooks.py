@@ -66,7 +66,22 @@ def test_every_notebook_is_covered_here():
         "config_wizard.ipynb",
         "interactive_session.ipynb",
         "quickstart.ipynb",
+        "tpu_kaggle_colab.ipynb",
     ]
+
+
+def test_tpu_notebook_installs_per_platform_and_launches_on_every_core():
+    """Its run needs torch_xla (tests/xla/test_xla_notebook.py runs it); here: what it tells each platform."""
+    import nbformat
+
+    nb = nbformat.read(os.path.join(NOTEBOOKS, "tpu_kaggle_colab.ipynb"), as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    install = code[0]
+    assert "KAGGLE_KERNEL_RUN_TYPE" in install and "%pip install -q accel_nb\n" in install
+    assert "COLAB_RELEASE_TAG" in install and "%pip install -q torch==2.9.0 'torch_xla[tpu]==2.9.0' accel_nb" in install
+    assert any("os.environ.setdefault(\"PJRT_DEVICE\", \"CPU\")" in c and "detect_tpu().detected" in c for c in code)
+    assert any("results = notebook_launcher(train)" in c for c in code)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
 
 
 @pytest.mark.notebooks

@@ -68,7 +68,10 @@ def test_notebook_launcher_trains_on_every_xla_device_and_returns_each_result(tw
     assert [r["rank"] for r in results] == [0, 1] and {r["world"] for r in results} == {2}
     assert {r["type"] for r in results} == {"DistributedType.XLA"}
     assert results[0]["weight"] == results[1]["weight"]  # gradients were reduced across the devices
-    assert results[0]["weight"] != [[-0.5, -0.5 + 1 / 3, 0.5 - 1 / 3, 0.5]]  # and the model did train
+    import torch
+
+    start = [torch.linspace(-0.5, 0.5, 4).tolist()]
+    assert all(abs(a - b) > 1e-4 for a, b in zip(results[0]["weight"][0], start[0]))  # and the model did train
     assert reporter.started[0] == 2 and reporter.finished == (True, None)
     for rank in (0, 1):  # what each ordinal printed and its progress came back under its own rank
         assert f"ordinal {rank} of 2 on xla:" in reporter.output(rank)
