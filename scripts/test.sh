@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite: set up the environment (venv, packages, Chromium for the browser tests),
 # then run every test, fast unit tests first, then multi-process, real-kernel, notebook and
-# browser tests (conftest.py orders them).
+# browser tests (conftest.py orders them), then the XLA job (tests/xla in its own venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
@@ -10,4 +10,18 @@ if ! command -v chromium >/dev/null 2>&1; then
   ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null) \
     || echo "warning: could not install chromium; browser tests will be skipped"
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+status=0
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+# The XLA job, after the whole main suite (not when a selection of tests was given): tests/xla in
+# ./.venv-xla (torch 2.9.0 + torch-xla 2.9.0, built once by setup-xla-env.sh and reused), on
+# XLA's CPU backend. ACCEL_NB_SKIP_XLA=1 skips it.
+if [ "$#" -eq 0 ] && [ "${ACCEL_NB_SKIP_XLA:-0}" != "1" ]; then
+  echo "== XLA job: tests/xla on XLA's CPU backend (ACCEL_NB_SKIP_XLA=1 skips it) =="
+  if bash scripts/setup-xla-env.sh; then
+    PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -q -p no:cacheprovider tests/xla || status=$?
+  else
+    echo "error: ./.venv-xla could not be built (bash scripts/setup-xla-env.sh); ACCEL_NB_SKIP_XLA=1 skips the XLA job"
+    status=1
+  fi
+fi
+exit "$status"
