@@ -58,3 +58,23 @@ def test_an_accelerate_cell_trains_a_notebook_model_with_fsdp(tmp_path):
         )
         assert out.error is None, out.traceback
         assert "RESULT FSDP 0.5 True" in out.stdout
+        # the saved config's distributed_type: FSDP reaches the cell's ranks, as it does accel-nb launch's
+        (tmp_path / "none.yaml").write_text(
+            "distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\nfsdp_config:\n"
+            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: Block\n"
+        )
+        out = kernel.run(
+            "%%accelerate --return kind,share\n"
+            "from accel_nb import Accelerator\n"
+            "from accel_nb.fsdp.sharding import local_shard_bytes\n"
+            "accelerator = Accelerator()\n"
+            "model = torch.nn.Sequential(Block(), Block())\n"
+            "full = sum(p.numel() * p.element_size() for p in model.parameters())\n"
+            "model = accelerator.prepare(model)\n"
+            "share = local_shard_bytes(model.parameters()) / full\n"
+            "kind = accelerator.distributed_type.value\n",
+            timeout=240,
+        )
+        assert out.error is None, out.traceback
+        assert "Launching 2 CPU processes" in out.stdout
+        assert "RESULT FSDP 0.5" in kernel.run("print('RESULT', kind, share)").stdout

@@ -151,7 +151,7 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
         cpu=cpu,
         xla=xla,
         gradient_accumulation_steps=grad_steps,
-        env=cfg.compile_env() if cfg is not None else {},  # the config's dynamo_config reaches each rank
+        env={**cfg.compile_env(), **cfg.fsdp_env()} if cfg is not None else {},  # dynamo_config, fsdp_config
         **machine_flags(args),
     )
 
