@@ -12,7 +12,8 @@
 # Steps: 1. GPU and Python (.venv/bin/python, else the python3 whose torch sees CUDA)
 #        2. missing packages only        3. pytest -m gpu (every GPU-marked test)
 #        4. python -m benchmarks run big_model training (GPU load ratio, offload streaming
-#           fraction of pinned H2D bandwidth, GPT-2-small bf16 train step vs plain PyTorch)
+#           fraction of pinned H2D bandwidth, GPT-2-small bf16 train step vs plain PyTorch;
+#           with 2+ GPUs, GPT-2-small bf16 step time with FSDP vs DDP)
 #        5. a one-GPU notebook_launcher run in a real Jupyter kernel
 #        6. docs/benchmarks.md: a "GPU run" section with those figures (the rest is kept)
 set -uo pipefail
@@ -64,8 +65,8 @@ echo "gpu_check: pytest -m gpu"
 pytest_rc=${PIPESTATUS[0]}
 [ "$pytest_rc" -eq 0 ] || status=1
 # -- 4. the GPU benchmarks (their CPU rows come along) ----------------------------------------------
-echo "gpu_check: python -m benchmarks run big_model training"
-"$PY" -m benchmarks run big_model training --json "$OUT/bench.json" || status=1
+echo "gpu_check: python -m benchmarks run big_model training fsdp"
+"$PY" -m benchmarks run big_model training fsdp --json "$OUT/bench.json" || status=1
 # -- 5. one-GPU notebook_launcher in a real kernel --------------------------------------------------
 echo "gpu_check: notebook_launcher on one GPU in a real kernel"
 "$PY" scripts/gpu_check_report.py kernel-launch "$OUT/kernel.json" || status=1
