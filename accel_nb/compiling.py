@@ -164,22 +164,28 @@ def compile_regions(model: nn.Module, options: CompileOptions | None = None, **c
             f"regional compilation: {type(inner).__name__} has no block class repeated in an nn.ModuleList; name "
             "its block class (CompileOptions(block_class=...)) or compile the whole model (regional=False)"
         )
-    fallback = _EagerFallback(f"{type(inner).__name__} (its {type(blocks[0]).__name__} blocks)", options)
-    kwargs = options.torch_compile_kwargs()
-    for block in blocks:
-        compiled = torch.compile(_traced_entry(block._call_impl), **kwargs)
-        block._compiled_call_impl = fallback.guard(compiled, block._call_impl)
-        fallback.undo.append(lambda b=block: setattr(b, "_compiled_call_impl", None))
+    _compile_in_place(blocks, options, f"{type(inner).__name__} (its {type(blocks[0]).__name__} blocks)")
     setattr(inner, _REGIONS, True)
     return model
 
 
-def compile_model(model: nn.Module, options: CompileOptions) -> nn.Module:
+def _compile_in_place(modules: list[nn.Module], options: CompileOptions, what: str) -> None:
+    """Compile each module's call in place (its ``_compiled_call_impl``, as ``module.compile()`` does), guarded."""
+    fallback = _EagerFallback(what, options)
+    kwargs = options.torch_compile_kwargs()
+    for module in modules:
+        compiled = torch.compile(_traced_entry(module._call_impl), **kwargs)
+        module._compiled_call_impl = fallback.guard(compiled, module._call_impl)
+        fallback.undo.append(lambda m=module: setattr(m, "_compiled_call_impl", None))
+
+
+def compile_model(model: nn.Module, options: CompileOptions, in_place: bool = False) -> nn.Module:
     """``model`` compiled as ``options`` say: the whole (an OptimizedModule around it) or its blocks in place.
 
     Call it before DDP wraps the model: torch recommends compiling the module inside the wrapper
     (dynamo skips DDP's forward, and with it the forward of torch's own container classes).
-    A model that is compiled already (by the user) is returned as it is.
+    ``in_place=True`` compiles the whole model in place instead (FSDP: the prepared model stays
+    the sharded module). A model that is compiled already (by the user) is returned as it is.
 
         compiled = compile_model(ddp_model, CompileOptions(backend="eager"))
     """
@@ -200,6 +206,9 @@ def compile_model(model: nn.Module, options: CompileOptions) -> nn.Module:
             stacklevel=3,
         )
     options.check_backend()
+    if in_place:
+        _compile_in_place([model], options, type(model).__name__)
+        return model
     compiled = torch.compile(model, **options.torch_compile_kwargs())
     eager = model.__call__
     fallback = _EagerFallback(type(_strip_parallel(model)).__name__, options)

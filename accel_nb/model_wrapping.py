@@ -76,10 +76,10 @@ def place_and_wrap(
     if precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
         model._accel_nb_original_forward = model.forward
         model.forward = precision.wrap_forward(model.forward)
-    if compile_options is not None:  # inside DDP's wrapper, around the autocast forward
+    if compile_options is not None:  # inside DDP's wrapper, around the autocast forward; FSDP: in place
         from .compiling import compile_model
 
-        model = compile_model(model, compile_options)
+        model = compile_model(model, compile_options, in_place=fsdp is not None)
     if fsdp is not None:
         from .fsdp.sharding import shard_model
 

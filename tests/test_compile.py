@@ -436,3 +436,31 @@ def test_accel_nb_launch_applies_the_config_files_dynamo_backend(tmp_path):
     for rank in (0, 1):
         assert f"rank {rank}: DistributedDataParallel(OptimizedModule) backend=aot_eager regional=False" in out.stdout
     assert "torch.compile backend=aot_eager" in out.stderr  # the launch line says so
+
+
+def _train_fsdp_compiled(batch_size, options, epochs=2):
+    """FSDP (blocks sharded with fully_shard) and compile together; full weights gathered on the main process."""
+    from accel_nb.fsdp import FSDPOptions
+
+    torch._dynamo.reset()
+    GRAPHS.clear()
+    acc = Accelerator(fsdp=FSDPOptions(auto_wrap_classes=["Block"]), compile=options)
+    model = _block_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, opt, dl = acc.prepare(model, opt, DataLoader(_data(64), batch_size=batch_size))
+    for _ in range(epochs):
+        for x, y in dl:
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+    weights = {k: v.detach().cpu().numpy().copy() for k, v in acc.get_state_dict(model).items()}
+    return {"w": weights, "graphs": len(GRAPHS), "type": type(model).__name__}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("regional", [False, True], ids=["whole-in-place", "regional"])
+def test_compile_with_fsdp_ends_with_the_weights_of_plain_training(regional):
+    out = run_ranks(_train_fsdp_compiled, 2, args=(4, CompileOptions(backend=counting_aot_eager, regional=regional)))
+    assert out[0]["type"] == "FSDPBlockNet"  # compiled in place: the prepared model stays the sharded module
+    assert out[0]["graphs"] >= 1
+    _assert_close(out[0]["w"], _train_plain_blocks(8))
