@@ -52,6 +52,8 @@ def test_a_bad_mix_is_one_clear_error(options, installed, expected):
         choose_xla(LaunchOptions(xla=True), env={}, installed=True)
     with pytest.raises(LaunchSetupError, match="must be True, False or None"):
         LaunchOptions(xla="yes")
+    with pytest.raises(LaunchSetupError, match="ACCEL_NB_XLA_START_METHOD='forkserver' is not 'fork' or 'spawn'"):
+        choose_xla(LaunchOptions(), env={**CPU2, "ACCEL_NB_XLA_START_METHOD": "forkserver"}, installed=True)
 
 
 def test_the_host_gets_accel_nb_settings_not_torchrun_ranks():

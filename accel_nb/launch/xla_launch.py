@@ -23,6 +23,7 @@ import dataclasses
 import os
 import socket
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from .errors import LaunchSetupError
 from .options import LaunchOptions
 
 RELAY_NAME = "xla-relay.sock"
+START_METHOD_ENV = "ACCEL_NB_XLA_START_METHOD"
 RELAY_DRAIN_S = 10.0  # after torch_xla.launch returns, how long the host waits for the ordinals' last events
 
 
@@ -73,6 +75,10 @@ def choose_xla(
             "start_method='fork' cannot start an XLA launch: torch_xla starts its own processes from a "
             "clean host process; use start_method='auto' or 'spawn'"
         )
+    try:
+        ordinal_start_method(env)
+    except ValueError as exc:
+        raise LaunchSetupError(f"{exc}; unset it or give one of the two") from None
     if options.num_nodes > 1:
         raise LaunchSetupError(
             "num_nodes > 1 with XLA devices: a TPU pod slice of several hosts is not supported from a "
@@ -146,12 +152,28 @@ class XlaHostPayload:
             blob = cloudpickle.dumps(self.payload)
             import torch_xla
 
-            torch_xla.launch(ordinal_main, args=(blob, info))
+            with warnings.catch_warnings():  # Python 3.12 warns about forking a process with threads
+                warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+                torch_xla.launch(ordinal_main, args=(blob, info), start_method=ordinal_start_method())
         except BaseException as exc:  # noqa: BLE001 - torch_xla itself failed (not the user's function)
             relay.close(RELAY_DRAIN_S)
             return runtime.report_failure(exc)
         relay.close(RELAY_DRAIN_S)
         return True
+
+
+def ordinal_start_method(env: Any = None) -> str:
+    """How torch_xla starts its processes from the host: ``fork`` (default) or ``spawn`` (``ACCEL_NB_XLA_START_METHOD``).
+
+    The host is a clean interpreter that imported torch and torch_xla but never started the XLA
+    runtime or ran a torch operation, so forking it is safe, and it saves every ordinal process
+    a fresh interpreter importing torch and torch_xla again (seconds per launch).
+    """
+    env = os.environ if env is None else env
+    method = env.get(START_METHOD_ENV, "").strip() or "fork"
+    if method not in ("fork", "spawn"):
+        raise ValueError(f"{START_METHOD_ENV}={method!r} is not 'fork' or 'spawn'")
+    return method
 
 
 class Relay:

@@ -79,6 +79,23 @@ def test_notebook_launcher_trains_on_every_xla_device_and_returns_each_result(tw
     assert finished == {0, 1}
 
 
+def ordinal_and_pid() -> tuple:
+    import torch_xla.runtime as xr
+
+    print(f"ordinal {xr.global_ordinal()} here")
+    return xr.global_ordinal(), os.getpid()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_torch_xla_may_fork_or_spawn_its_processes_from_the_host(two_xla_devices, monkeypatch, method):
+    monkeypatch.setenv("ACCEL_NB_XLA_START_METHOD", method)
+    reporter = ListReporter()
+    results = notebook_launcher(ordinal_and_pid, reporter=reporter)
+    assert [r[0] for r in results] == [0, 1] and results[0][1] == results[1][1] != os.getpid()
+    assert "ordinal 0 here" in reporter.output(0) and "ordinal 1 here" in reporter.output(1)
+
+
 def fails_on_ordinal_1() -> None:
     import time
 
