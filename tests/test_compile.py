@@ -464,3 +464,17 @@ def test_compile_with_fsdp_ends_with_the_weights_of_plain_training(regional):
     assert out[0]["type"] == "FSDPBlockNet"  # compiled in place: the prepared model stays the sharded module
     assert out[0]["graphs"] >= 1
     _assert_close(out[0]["w"], _train_plain_blocks(8))
+
+
+@pytest.mark.multiproc
+def test_the_example_trains_compiled_from_notebook_launcher_like_eager():
+    from accel_nb import notebook_launcher
+    from examples.compile_blocks import train
+
+    compiled = notebook_launcher(train, args=(CompileOptions(backend="aot_eager", regional=True),), num_processes=2,
+                                 cpu=True, progress="text")  # fmt: skip
+    eager = notebook_launcher(train, args=(False,), num_processes=2, cpu=True, progress="text")
+    assert compiled[0]["regional"] and compiled[0]["compiled_blocks"] == 4 and eager[0]["compiled_blocks"] == 0
+    assert compiled[0]["losses"] == compiled[1]["losses"]  # reduced over the ranks
+    assert compiled[0]["losses"][-1] < compiled[0]["losses"][0]  # it learns
+    assert torch.allclose(torch.tensor(compiled[0]["losses"]), torch.tensor(eager[0]["losses"]), atol=1e-4)
