@@ -374,3 +374,19 @@ def test_a_machine_that_never_arrives_is_a_timeout_naming_the_endpoint(cfg, tmp_
     else:
         assert "could not join the main machine" in last
     assert "never" not in out.stdout
+
+
+def test_env_names_an_auto_loaded_torchtpu_backend_and_its_switch(cfg, tmp_path):
+    site = tmp_path / "site"  # an installed package of torch's device-backend entry point group
+    info = site / "torch_tpu-0.0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch-tpu\nVersion: 0.0.1\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\ntpu = torch_tpu:_autoload\n")
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"}
+    out = accel_nb("env", cfg=cfg, env=env)
+    assert out.returncode == 0, out.stderr
+    assert ("- TorchTPU torch-tpu (tpu = torch_tpu:_autoload): auto-loaded by `import torch` "
+            "(disable: TORCH_DEVICE_BACKEND_AUTOLOAD=0)") in out.stdout  # fmt: skip
+    out = accel_nb("env", cfg=cfg, env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert "installed, not loaded (TORCH_DEVICE_BACKEND_AUTOLOAD=0)" in out.stdout
+    assert "TorchTPU" not in accel_nb("env", cfg=cfg).stdout

@@ -177,3 +177,24 @@ def test_wizard_issue15_details_button_label_empty_address_and_cpu_flag(tmp_path
     # the compile backend is offered now that prepare() applies it (issue 20)
     w.set_values(num_machines=1, dynamo_backend="aot_eager")
     assert w.config.dynamo_backend == "aot_eager" and "Accelerator(dynamo_backend=" in w.commands.value
+
+
+def test_wizard_on_a_tpu_host_proposes_one_process_per_xla_device_and_names_torchtpu(tmp_path):
+    from accel_nb.notebook.wizard import ConfigWizard, hardware_summary
+    from accel_nb.xla_detect import DeviceBackend, XlaRuntime
+
+    hw = _hw()
+    hw.xla_available, hw.tpu_detected, hw.tpu_chips = True, True, 8
+    hw.tpu_hints = ["8 Google PCI devices (0000:00:04.0, ...)"]
+    hw.xla_runtime = XlaRuntime("TPU", 8, "8 Google PCI devices")
+    hw.device_backends = [DeviceBackend("tpu", "torch_tpu:_autoload", "torch-tpu")]
+    text = hardware_summary(hw)
+    assert "GPUs: none (no NVIDIA driver)" in text and "TPU detected, 8 chips" in text
+    assert "XLA launch: TPU runtime, 8 devices" in text
+    assert "TorchTPU torch-tpu" in text and "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in text
+    wizard = ConfigWizard(str(tmp_path / "x.yaml"), hw=hw)
+    assert wizard.controls["compute"].value == "xla" and wizard.controls["num_processes"].value == 8
+    assert wizard.config.distributed_type == "XLA" and wizard.config.mixed_precision == "bf16"
+    wizard.set_values(compute="cpu", num_processes=1)
+    wizard.controls["compute"].value = "xla"  # as a click does: the device count is proposed again
+    assert wizard.controls["num_processes"].value == 8 and wizard.config.distributed_type == "XLA"

@@ -179,3 +179,15 @@ def test_in_a_real_kernel_launcher_and_magic_run_on_xla_devices():
         assert out.error is None, out.traceback
         out = k.run("print('total in the notebook:', total)")
         assert "total in the notebook: 6.0" in out.stdout
+
+
+def test_accel_nb_env_shows_the_xla_runtime_it_would_launch_on():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **XLA_CPU_2)
+    out = subprocess.run([sys.executable, "-m", "accel_nb.cli", "env"], env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "- TPU/XLA: no TPU, torch_xla installed" in out.stdout
+    assert "- XLA launch: XLA CPU runtime, 2 devices (PJRT_DEVICE=CPU, CPU_NUM_DEVICES=2)" in out.stdout
