@@ -71,7 +71,7 @@ def place_and_wrap(
                 f"{num_processes} processes; load it on one device per process, or use one process"
             )
         device_placement = False  # its layers already sit where the device map put them
-    if device_placement:
+    if device_placement and fsdp is None:  # fully_shard moves each unit itself: never the whole model at once
         model = model.to(device)
     if precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
         model._accel_nb_original_forward = model.forward
