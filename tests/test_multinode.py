@@ -277,13 +277,14 @@ def test_notebook_machine_options_bad_input_is_one_clear_error():
     with pytest.raises(LaunchSetupError, match="reads only 'timeout'"):
         launch(node_rank=0, master_addr="127.0.0.1", rdzv_conf={"read_timeout": 5})
     port = pick_free_port()
-    with pytest.raises(LaunchSetupError) as never:
+    loopback = pytest.warns(UserWarning, match="loopback address, but num_nodes=2: machines other than this one")
+    with loopback, pytest.raises(LaunchSetupError) as never:
         launch(node_rank=0, master_addr="127.0.0.1", use_port=port, rdzv_conf={"timeout": 2})
     assert f"did not join the rendezvous at 127.0.0.1:{port} within 2s: start them with node_rank 1" in str(never.value)
     port = pick_free_port()
-    with pytest.raises(LaunchSetupError) as unreachable:
-        launch(node_rank=1, master_addr="127.0.0.1", use_port=port, rdzv_conf={"timeout": 2})
-    assert f"could not join the main machine at 127.0.0.1:{port} within 2s" in str(unreachable.value)
+    with pytest.warns(UserWarning, match="loopback"), pytest.raises(LaunchSetupError) as unreachable:
+        launch(node_rank=1, master_addr="localhost", use_port=port, rdzv_conf={"timeout": 2})
+    assert f"could not join the main machine at localhost:{port} within 2s" in str(unreachable.value)
 
 
 def test_accelerate_magic_flags_for_several_machines():

@@ -14,6 +14,9 @@ started and watched by the notebook launcher as usual.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
+import warnings
 from typing import Any
 
 from .elastic import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
@@ -168,5 +171,25 @@ def plan_seat(options: Any, nproc: int) -> MachineSeat:
                else "pick another use_port=, the same on every machine")  # fmt: skip
         value = options.master_addr if which == "ip" else port
         raise LaunchSetupError(f"{NOTEBOOK_NAMES[which]}={value!r}: {reason}; {fix}")
+    _warn_if_loopback(options.master_addr, options.num_nodes)
     return MachineSeat(options.num_nodes, options.node_rank, nproc, options.master_addr, port,
                        options.rdzv_backend, options.rdzv_timeout)  # fmt: skip
+
+
+def _warn_if_loopback(addr: str, num_nodes: int) -> None:
+    """Warn when ``num_nodes > 1`` machines are told to meet at a loopback address (e.g. the default 127.0.0.1).
+
+    Only processes on this machine reach such an address, so the other machines would wait until the
+    rendezvous times out; it is right only for "machines" that share one host (a test), hence a warning.
+    """
+    try:
+        loopback = ipaddress.ip_address(socket.gethostbyname(addr)).is_loopback
+    except (OSError, ValueError):  # unresolvable: endpoint_problem already said so
+        return
+    if loopback:
+        warnings.warn(
+            f"master_addr={addr!r} is a loopback address, but num_nodes={num_nodes}: machines other than "
+            "this one cannot reach it and would wait for the rendezvous timeout; give machine 0's address "
+            "that every machine reaches as master_addr= (the same on every machine)",
+            stacklevel=4,
+        )
