@@ -14,9 +14,14 @@ started and watched by the notebook launcher as usual.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import os
 import socket
+import sys
+import tempfile
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from .elastic import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
@@ -64,14 +69,23 @@ class MachineSeat:
     def join(self) -> None:
         """Meet the other machines; ``LaunchSetupError`` naming the endpoint when one never comes."""
         agent = self._make_agent()
+        # torch's C++ store prints every failed connect try with a C++ stack to fd 2, which a kernel
+        # shows in the cell above our one-line error: it goes to a file, named when the join fails
+        fd, torch_log = tempfile.mkstemp(prefix="accel_nb-rendezvous-", suffix=".log")
         try:
-            agent._rendezvous(agent._worker_group)  # torch's own rendezvous and rank assignment
+            with _fd2_to(fd):
+                agent._rendezvous(agent._worker_group)  # torch's own rendezvous and rank assignment
         except Exception as exc:
             said = rendezvous_failure(exc, self.num_machines, self.machine_rank, self.addr, self.port,
                                       self.timeout, NOTEBOOK_NAMES)  # fmt: skip
             if said is None:
                 raise
+            if os.path.getsize(torch_log):
+                said += f" (torch's own messages: {torch_log})"
             raise LaunchSetupError(said) from None
+        finally:
+            os.close(fd)
+        os.unlink(torch_log)  # joined: its retry messages are noise
         self._agent = agent
 
     def rank_env(self, local_rank: int) -> dict[str, str]:
@@ -193,3 +207,18 @@ def _warn_if_loopback(addr: str, num_nodes: int) -> None:
             "that every machine reaches as master_addr= (the same on every machine)",
             stacklevel=4,
         )
+
+
+@contextlib.contextmanager
+def _fd2_to(fd: int) -> Iterator[None]:
+    """File descriptor 2 (what C/C++ code writes as stderr) goes to ``fd`` inside the block; Python's
+    ``sys.stderr`` in a kernel is not fd 2 and still reaches the cell."""
+    with contextlib.suppress(Exception):  # a closed or broken stream: nothing to flush
+        sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
