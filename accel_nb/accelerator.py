@@ -67,6 +67,9 @@ class Accelerator(StateViews, AcceleratorExtras):
     process at the start of each pass over a prepared loader. ``log_with`` ("tensorboard",
     "mlflow", "wandb", "all", a GeneralTracker or a list) picks the experiment trackers that
     ``init_trackers``/``log``/``end_training`` drive on the main process (docs/tracking.md).
+    ``compile=True`` or ``CompileOptions(...)`` (also the reference's ``dynamo_backend=`` /
+    ``dynamo_plugin=``; default: the launch config's ``dynamo_config``) makes ``prepare`` compile
+    each model with torch.compile, whole or its repeated blocks (docs/compile.md).
     """
 
     def __init__(
