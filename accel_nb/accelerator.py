@@ -225,7 +225,7 @@ class Accelerator(StateViews, AcceleratorExtras):
 
             for opt in self._optimizers:
                 repoint_optimizer(opt.optimizer, self._fsdp_swap)
-        ddp = model._orig_mod if is_compiled_module(model) else model  # compile wraps DDP
+        ddp = model._orig_mod if is_compiled_module(model) else model  # torch.compile(DDP(...)) seen through
         if isinstance(ddp, DistributedDataParallel) and self._ddp_handler is not None:
             self._ddp_handler.register_comm_hook(ddp)
         self._models.append(model)
@@ -353,7 +353,7 @@ class Accelerator(StateViews, AcceleratorExtras):
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
-        if is_compiled_module(model):  # prepare(compile=...) wraps the DDP model
+        if is_compiled_module(model):  # torch.compile(DDP(...)): the DDP wrapper inside (prepare compiles inside DDP)
             model = model._orig_mod
         if not isinstance(model, DistributedDataParallel):
             # the user may hold the inner module: find the DDP wrapper prepare() made for it
