@@ -75,6 +75,12 @@ def choose_xla(
             "start_method='fork' cannot start an XLA launch: torch_xla starts its own processes from a "
             "clean host process; use start_method='auto' or 'spawn'"
         )
+    if runtime.device == "TPU" and runtime_started_here():
+        raise LaunchSetupError(
+            "this notebook's process already opened the TPU (torch_xla's runtime was started here, e.g. by "
+            "torch_xla.device() in a cell), so the launched cores cannot use it; restart the kernel and "
+            "launch before touching the XLA device in the notebook"
+        )
     try:
         ordinal_start_method(env)
     except ValueError as exc:
@@ -85,6 +91,16 @@ def choose_xla(
             "notebook; run on one TPU host"
         )
     return runtime
+
+
+def runtime_started_here() -> bool:
+    """Whether this process started torch_xla's runtime (a TPU is then held by it); never imports torch_xla."""
+    import sys
+
+    torch_xla = sys.modules.get("torch_xla")
+    xlac = getattr(torch_xla, "_XLAC", None)
+    started = getattr(xlac, "_xla_runtime_is_initialized", None)
+    return bool(started()) if started is not None else False
 
 
 def xla_rank_env(plan: Any) -> dict[str, str]:

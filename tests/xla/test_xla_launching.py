@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import textwrap
+import time
 
 import pytest
 
@@ -166,6 +167,25 @@ def test_in_a_real_kernel_launcher_and_magic_run_on_xla_devices():
         assert "KeyError: 'no key on ordinal 1'" in out.traceback
         assert 'raise KeyError(f"no key on ordinal {n}")' in out.traceback  # the cell's own line
         assert k.children() == [] or all("zygote" in " ".join(p.cmdline()) for p in k.children())
+        msg_id = k.kc.execute(
+            textwrap.dedent("""
+            def forever():
+                import time
+                import torch_xla.runtime as xr
+                print("waiting on ordinal", xr.global_ordinal(), flush=True)
+                time.sleep(600)
+
+            notebook_launcher(forever, progress="text")
+            """)
+        )
+        seen = k.wait_for_text(msg_id, "waiting on ordinal", count=2, timeout=180)
+        assert "waiting on ordinal 0" in seen and "waiting on ordinal 1" in seen
+        k.interrupt()  # the stop button
+        out = k.collect(msg_id, timeout=60)
+        assert out.error is not None and out.error["ename"] == "KeyboardInterrupt"
+        assert "interrupted: every rank was stopped" in out.stderr
+        time.sleep(2)
+        assert k.children() == [] or all("zygote" in " ".join(p.cmdline()) for p in k.children())
         assert k.run("%load_ext accel_nb").error is None
         out = k.run(
             textwrap.dedent("""
@@ -191,3 +211,28 @@ def test_accel_nb_env_shows_the_xla_runtime_it_would_launch_on():
     assert out.returncode == 0, out.stderr
     assert "- TPU/XLA: no TPU, torch_xla installed" in out.stdout
     assert "- XLA launch: XLA CPU runtime, 2 devices (PJRT_DEVICE=CPU, CPU_NUM_DEVICES=2)" in out.stdout
+
+
+def test_a_notebook_that_opened_the_tpu_itself_is_told_to_restart():
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import torch_xla
+        from accel_nb.launch.errors import LaunchSetupError
+        from accel_nb.launch.options import LaunchOptions
+        from accel_nb.launch.xla_launch import choose_xla, runtime_started_here
+
+        assert not runtime_started_here()
+        torch_xla.device()  # starts the runtime in this process, as a notebook cell would
+        assert runtime_started_here()
+        assert choose_xla(LaunchOptions()) is not None  # the CPU backend: a runtime here holds no chip
+        try:
+            choose_xla(LaunchOptions(), env={"PJRT_DEVICE": "TPU", "TPU_ACCELERATOR_TYPE": "v5litepod-1"}, installed=True)
+        except LaunchSetupError as exc:
+            print("refused:", exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **XLA_CPU_2), capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "refused: this notebook's process already opened the TPU" in out.stdout and "restart the kernel" in out.stdout
