@@ -139,7 +139,7 @@ class Accelerator(StateViews, AcceleratorExtras):
         self.state.distributed_type = (
             DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
         )
-        self._fsdp_swap: dict[int, Any] = {}  # id(original parameter) -> (weakref to it, its sharded parameter)
+        self._fsdp_swap: dict[int, Any] = {}  # id(original parameter) -> weakrefs to it and its sharded parameter
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
         self._models: list[torch.nn.Module] = []

@@ -20,7 +20,8 @@ from .options import FSDPOptions
 
 __all__ = ["is_fsdp_model", "no_gradient_sync", "repoint_optimizer", "shard_model", "local_shard_bytes"]
 
-ParamSwap = dict[int, tuple[Any, torch.nn.Parameter]]  # id(old) -> (weakref to old, new parameter)
+# id(old) -> (weakref to old, weakref to new): held by the Accelerator, it keeps neither parameter alive
+ParamSwap = dict[int, tuple[Any, Any]]
 
 
 def is_fsdp_model(model: Any) -> bool:
@@ -127,7 +128,7 @@ def shard_model(
     for module, name, old in before:
         new = module._parameters.get(name)
         if new is not None and new is not old:
-            swap[id(old)] = (weakref.ref(old), new)
+            swap[id(old)] = (weakref.ref(old), weakref.ref(new))
     return swap
 
 
@@ -163,8 +164,9 @@ def repoint_optimizer(optimizer: torch.optim.Optimizer, swap: ParamSwap) -> int:
         params = list(group["params"])
         for i, p in enumerate(params):
             entry = swap.get(id(p))
-            if entry is not None and entry[0]() is p:
-                params[i] = entry[1]
+            new = entry[1]() if entry is not None and entry[0]() is p else None
+            if new is not None:
+                params[i] = new
                 hits += 1
         group["params"] = params
     if hits and optimizer.state:
