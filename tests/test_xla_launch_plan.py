@@ -52,6 +52,9 @@ def test_a_bad_mix_is_one_clear_error(options, installed, expected):
         choose_xla(LaunchOptions(xla=True), env={}, installed=True)
     with pytest.raises(LaunchSetupError, match="must be True, False or None"):
         LaunchOptions(xla="yes")
+    with pytest.raises(LaunchSetupError, match="PJRT_DEVICE=CUDA: accel_nb launches on XLA's TPU and CPU devices only"):
+        choose_xla(LaunchOptions(), env={"PJRT_DEVICE": "CUDA"}, installed=True)
+    assert choose_xla(LaunchOptions(xla=False), env={"PJRT_DEVICE": "CUDA"}, installed=True) is None
     with pytest.raises(LaunchSetupError, match="ACCEL_NB_XLA_START_METHOD='forkserver' is not 'fork' or 'spawn'"):
         choose_xla(LaunchOptions(), env={**CPU2, "ACCEL_NB_XLA_START_METHOD": "forkserver"}, installed=True)
 

@@ -63,6 +63,11 @@ def choose_xla(
                 "pip install 'accel_nb[xla]'; elsewhere: run `accel-nb config` again or pass cpu=True"
             )
         return None
+    if runtime.device not in ("TPU", "CPU"):
+        raise LaunchSetupError(
+            f"PJRT_DEVICE={runtime.device}: accel_nb launches on XLA's TPU and CPU devices only; unset "
+            "PJRT_DEVICE for a GPU launch (or pass xla=False)"
+        )
     n = runtime.num_devices
     if options.num_processes is not None and options.num_processes != n:
         raise LaunchSetupError(
