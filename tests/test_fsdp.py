@@ -222,8 +222,8 @@ def test_a_damaged_sharded_checkpoint_changes_nothing(tmp_path):
 # ------------------------------------------------------------------ bad input
 
 
-def _bad_inputs():
-    from accel_nb import Accelerator
+def _bad_inputs(folder):
+    from accel_nb import Accelerator, ProjectConfiguration
 
     acc = Accelerator(fsdp=FSDPOptions(auto_wrap_classes=["GPT2Block"]))
     messages = {}
@@ -249,17 +249,38 @@ def _bad_inputs():
         messages["stepped_optimizer"] = None
     except ValueError as exc:
         messages["stepped_optimizer"] = str(exc)
+    # save_state refuses what it cannot write: full weights on each node, one optimizer over two models
+    node_local = ProjectConfiguration(save_on_each_node=True)
+    acc = Accelerator(fsdp=FSDPOptions(state_dict_type="full"), project_config=node_local)
+    acc.prepare(_model())
+    try:
+        acc.save_state(os.path.join(folder, "a"))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        messages["save_on_each_node"] = str(exc)
+    acc = Accelerator(fsdp=FSDPOptions())
+    first, second = acc.prepare(_model(), _model())
+    acc.prepare(torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1))
+    try:
+        acc.save_state(os.path.join(folder, "b"))
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        messages["two_models_one_optimizer"] = str(exc)
+    messages["left_behind"] = sorted(os.listdir(folder))
     return messages
 
 
 @pytest.mark.multiproc
-def test_bad_options_on_two_ranks_are_clear_errors_naming_the_option():
-    messages = run_ranks(_bad_inputs, world_size=2)[0]
+def test_bad_options_on_two_ranks_are_clear_errors_naming_the_option(tmp_path):
+    messages = run_ranks(_bad_inputs, world_size=2, args=(str(tmp_path),))[0]
     assert "auto_wrap_classes: 'GPT2Block' is not a class in this Sequential" in messages["missing_class"]
     assert "Block, Linear, Sequential" in messages["missing_class"]  # what the model has
     assert "activation_checkpointing: 'Nope'" in messages["missing_checkpoint_class"]
     assert "FSDPOptions(cpu_offload=True) needs a GPU run" in messages["cpu_offload"]
     assert "already has state" in messages["stepped_optimizer"] and "load_state" in messages["stepped_optimizer"]
+    assert "save_on_each_node=True with FSDPOptions(state_dict_type='full') is not supported" in messages[
+        "save_on_each_node"
+    ]
+    assert "several FSDP-sharded models" in messages["two_models_one_optimizer"]
+    assert messages["left_behind"] == []  # no half-written checkpoint
 
 
 def test_fsdp_with_one_process_is_a_clear_error():
