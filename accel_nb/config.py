@@ -76,6 +76,8 @@ def derive_distributed_type(cfg: LaunchConfig, compute: str) -> str:
     """The ``distributed_type`` for ``cfg``'s process and machine counts on ``compute`` (cpu, gpu or xla).
 
     derive_distributed_type(LaunchConfig(num_processes=2), "gpu")   # 'MULTI_GPU'
+
+    A config that shards with FSDP keeps ``FSDP`` while it has several processes.
     """
     if compute not in COMPUTE_KINDS:
         raise ValueError(f"compute={compute!r} is not one of {', '.join(COMPUTE_KINDS)}")
@@ -84,4 +86,6 @@ def derive_distributed_type(cfg: LaunchConfig, compute: str) -> str:
     several = int(cfg.num_processes or 1) > 1 or int(cfg.num_machines) > 1
     if not several:
         return "NO"
+    if cfg.distributed_type == "FSDP":  # sharding chosen earlier (its fsdp_config stays with it)
+        return "FSDP"
     return "MULTI_GPU" if compute == "gpu" else "MULTI_CPU"

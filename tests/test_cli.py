@@ -219,6 +219,19 @@ def test_questionnaire_through_stdin_validates_and_reasks(cfg):
     )
 
 
+def test_questionnaire_keeps_fsdp_and_its_config(cfg):
+    os.makedirs(os.path.dirname(cfg), exist_ok=True)
+    with open(cfg, "w") as f:
+        f.write("distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\n"
+                "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n")  # fmt: skip
+    out = accel_nb("config", cfg=cfg, stdin="\n" * 12)  # Enter on every question: keep what the file says
+    assert out.returncode == 0, out.stdout + out.stderr
+    saved = load_config(cfg)
+    assert (saved.distributed_type, saved.num_processes) == ("FSDP", 2)
+    assert saved.extras["fsdp_config"] == {"fsdp_sharding_strategy": "FULL_SHARD"}
+    assert "no effect" not in out.stdout + out.stderr
+
+
 def test_questionnaire_for_several_machines(cfg):
     answers = ["cpu", "2", "5", "1", "", "not a host!", "10.0.0.1", "", "c10d", "", "3", "4", "", "", "", ""]
     out = accel_nb("config", cfg=cfg, stdin="\n".join(answers) + "\n")
