@@ -320,10 +320,17 @@ class DataLoaderShard(DataLoader):
             self.gradient_state._remove_dataloader(self)
 
     def _base_iter(self) -> Iterator[Any]:
-        """A fresh pass of the underlying loader: torchdata's StatefulDataLoader when asked for, else this one."""
-        if self.base_dataloader is not None:
-            return iter(self.base_dataloader)
-        return DataLoader.__iter__(self)
+        """A fresh pass of the underlying loader: torchdata's StatefulDataLoader when asked for, else this one.
+
+        On an XLA device the pass goes through torch_xla's parallel loader (``accel_nb.xla.loader``),
+        which uploads the next batches in the background.
+        """
+        it = iter(self.base_dataloader) if self.base_dataloader is not None else DataLoader.__iter__(self)
+        if self.device is not None and self.device.type == "xla":
+            from .xla.loader import device_feed
+
+            return device_feed(it, self.device)
+        return it
 
     def _finish_pass(self) -> None:
         self.epoch += 1

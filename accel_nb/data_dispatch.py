@@ -145,6 +145,13 @@ class DataLoaderDispatcher(DataLoaderShard):
         plan = next(plans, None) if plans is not None else None
         if self.num_processes == 1:
             return None if plan is None else plan[0]
+        from .xla import runtime as xla_runtime
+
+        if xla_runtime.in_use():  # no scatter on XLA devices: each one receives the plan, keeps its part
+            from .ops import broadcast_object_list
+
+            everyone = broadcast_object_list([plan], from_process=0)[0]
+            return None if everyone is None else everyone[self.process_index]
         inbox: list[Any] = [None]
         dist.scatter_object_list(inbox, [None] * self.num_processes if plan is None else plan, src=0)
         return inbox[0]

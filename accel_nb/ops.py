@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .xla import runtime as _xla_runtime
+
 __all__ = [
     "gather",
     "gather_object",
@@ -86,11 +88,25 @@ def _leaves(data: Any) -> list[torch.Tensor]:
     return found
 
 
+def _xla() -> Any:
+    """``accel_nb.xla.collectives`` when this run is on XLA devices (their collectives replace
+    torch.distributed's), else None."""
+    if not _xla_runtime.in_use():
+        return None
+    from .xla import collectives
+
+    return collectives
+
+
 def _world() -> int:
+    if _xla_runtime.in_use():
+        return _xla_runtime.world_size()
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _rank() -> int:
+    if _xla_runtime.in_use():
+        return _xla_runtime.ordinal()
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
@@ -122,6 +138,8 @@ def _exchange_meta(tensors: list[torch.Tensor]) -> torch.Tensor:
         meta[i, 0] = t.dim()
         meta[i, 1] = _dtype_code(t.dtype)
         meta[i, 2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
+    if _xla() is not None:
+        return _xla().all_gather(meta.unsqueeze(0))
     device = _comm_device(tensors[0]) if tensors else torch.device("cpu")
     meta = meta.to(device)
     out = [torch.empty_like(meta) for _ in range(_world())]
@@ -178,6 +196,8 @@ def gather(tensor: Any) -> Any:
     def _one(t: torch.Tensor) -> torch.Tensor:
         if t.dim() == 0:
             t = t.unsqueeze(0)
+        if _xla() is not None:
+            return _xla().all_gather(t)
         src = t.contiguous().to(_comm_device(t))
         out = [torch.empty_like(src) for _ in range(_world())]
         dist.all_gather(out, src)
@@ -195,7 +215,10 @@ def gather_object(obj: Any) -> list[Any]:
     if _world() == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
     out: list[Any] = [None] * _world()
-    dist.all_gather_object(out, obj)
+    if _xla() is not None:
+        out = _xla().gather_objects(obj)
+    else:
+        dist.all_gather_object(out, obj)
     if isinstance(obj, (list, tuple)):
         return [x for part in out for x in part]
     return out
@@ -211,6 +234,8 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
         _check_same(_exchange_meta(leaves), "broadcast")
 
     def _one(t: torch.Tensor) -> torch.Tensor:
+        if _xla() is not None:
+            return _xla().broadcast_(t, from_process)
         dev = _comm_device(t)
         if dev == t.device and t.is_contiguous():
             dist.broadcast(t, src=from_process)
@@ -225,7 +250,9 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replace the contents of ``object_list`` on every rank with ``from_process``'s (in place)."""
-    if _world() > 1:
+    if _world() > 1 and _xla() is not None:
+        object_list[:] = _xla().gather_objects(list(object_list))[from_process]
+    elif _world() > 1:
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -285,7 +312,11 @@ def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
     def _one(t: torch.Tensor) -> torch.Tensor:
         out = t.clone()
-        if world > 1 and reduction not in ("none", None):
+        if world > 1 and reduction not in ("none", None) and _xla() is not None:
+            out = _xla().all_reduce(out, reduction)
+            if reduction == "mean":
+                out = out / world if out.is_floating_point() or out.is_complex() else out // world
+        elif world > 1 and reduction not in ("none", None):
             buf = out.to(_comm_device(out))
             dist.all_reduce(buf, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
             out = buf.to(t.device)

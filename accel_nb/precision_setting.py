@@ -56,3 +56,15 @@ def bf16_gpu_problem(gpus: Iterable[Any]) -> str | None:
                 "it needs compute capability 8.0 or newer"
             )
     return None
+
+
+def check_xla_mixed_precision(mixed_precision: str) -> None:
+    """Raise a clear error for a mixed precision XLA devices cannot run (fp16); 'no' and 'bf16' pass.
+
+    check_xla_mixed_precision("bf16")    # fine: autocast to bf16 on the XLA device
+    """
+    if mixed_precision == "fp16":
+        raise ValueError(
+            "mixed_precision='fp16' is not supported on XLA devices (TPUs compute in bf16, and accel_nb has "
+            "no fp16 loss scaling for XLA); use mixed_precision='bf16' (same range as fp32, no scaler) or 'no'"
+        )

@@ -33,7 +33,7 @@ class RNGType(str, enum.Enum):
     GENERATOR = "generator"
 
 
-_SUPPORTED = (RNGType.TORCH, RNGType.CUDA, RNGType.GENERATOR)
+_SUPPORTED = (RNGType.TORCH, RNGType.CUDA, RNGType.GENERATOR, RNGType.XLA)
 
 
 def _rng_type(value: Any) -> RNGType:
@@ -54,6 +54,10 @@ def _read(kind: RNGType, generator: torch.Generator | None) -> torch.Tensor | No
         return torch.get_rng_state()
     if kind is RNGType.CUDA:
         return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    if kind is RNGType.XLA:  # the device's seed state, an integer
+        from .xla import runtime
+
+        return torch.tensor(runtime.rng_state(), dtype=torch.int64)
     return generator.get_state()
 
 
@@ -62,6 +66,10 @@ def _write(kind: RNGType, state: torch.Tensor, generator: torch.Generator | None
         torch.set_rng_state(state)
     elif kind is RNGType.CUDA:
         torch.cuda.set_rng_state_all([state] * torch.cuda.device_count())
+    elif kind is RNGType.XLA:
+        from .xla import runtime
+
+        runtime.set_rng_state(int(state))
     else:
         generator.set_state(state)
 
@@ -74,19 +82,21 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
 
         synchronize_rng_state("torch")
     """
-    import torch.distributed as dist
+    from .ops import _rank, _world, broadcast_object_list
+    from .xla import runtime
 
     kind = _rng_type(rng_type if rng_type is not None else RNGType.TORCH)
     if kind is RNGType.GENERATOR and generator is None:
         return
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if kind is RNGType.XLA and not runtime.in_use():
+        raise ValueError("synchronizing the 'xla' generator needs a run on XLA devices (torch_xla, PJRT_DEVICE)")
+    if _world() == 1:  # one process (also outside a process group)
         return
     if kind is RNGType.CUDA and not torch.cuda.is_available():
         return
-    from .ops import broadcast_object_list
 
     state = _read(kind, generator)
-    payload = [state.cpu() if dist.get_rank() == 0 else None]
+    payload = [state.cpu() if _rank() == 0 else None]
     broadcast_object_list(payload, from_process=0)
     _write(kind, payload[0], generator)
 

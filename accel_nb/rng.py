@@ -1,4 +1,4 @@
-"""Every random-number generator's state (python, numpy, torch, CUDA), saved and restored for exact resumes.
+"""Every random-number generator's state (python, numpy, torch, CUDA, XLA), saved and restored for exact resumes.
 
     state = rng_state()
     ...                      # draws
@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .xla import runtime as xla_runtime
 
 
 def rng_state() -> dict[str, Any]:
@@ -30,6 +32,8 @@ def rng_state() -> dict[str, Any]:
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    if xla_runtime.in_use():
+        state["xla"] = xla_runtime.rng_state()
     return state
 
 
@@ -43,6 +47,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if "xla" in state and xla_runtime.in_use():
+        xla_runtime.set_rng_state(state["xla"])
 
 
 def _as_tuple(value: Any) -> Any:
@@ -66,8 +72,11 @@ def check_rng_types(rng_types: Any, device: torch.device) -> list[str] | None:
     unknown = [t for t in chosen if t not in RNG_TYPES]
     if unknown:
         raise ValueError(f"rng_types: {unknown[0]!r} is not one of {', '.join(RNG_TYPES)}")
-    if "xla" in chosen:
-        raise ValueError("rng_types: 'xla' needs the XLA (TPU) path, which accel_nb does not have yet")
+    if "xla" in chosen and torch.device(device).type != "xla":
+        raise ValueError(
+            f"rng_types: 'xla' needs the XLA device path (torch_xla with PJRT_DEVICE=TPU or CPU), but this "
+            f"process runs on {device}; drop 'xla' (use 'torch' and 'generator')"
+        )
     if "cuda" in chosen and torch.device(device).type != "cuda":
         raise ValueError(
             f"rng_types: 'cuda' synchronises the CUDA generator, but this process runs on {device}; "

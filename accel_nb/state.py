@@ -19,13 +19,14 @@ import functools
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from .precision_setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
+from .precision_setting import MIXED_PRECISION_CHOICES, check_xla_mixed_precision, validate_mixed_precision
 from .process_group import (
     RendezvousError,
     check_backend,
@@ -33,6 +34,7 @@ from .process_group import (
     set_group_timeout,
     timeout_seconds,
 )
+from .xla import runtime as xla_runtime
 
 # Environment variables accel_nb's launcher sets (the reference library's names are read too, so
 # configs and scripts written for it keep working).
@@ -148,6 +150,14 @@ def _cuda_usable(cpu: bool) -> bool:
     return not cpu and torch.cuda.is_available()
 
 
+def _choose_state_scope(owner: Any, cpu: bool) -> bool:
+    """Before the first state of a run: start the XLA runtime when it is configured (which decides
+    whether the shared state is per thread). True when this run uses XLA devices."""
+    if owner._shared_state.get("initialized"):
+        return owner._shared_state.get("distributed_type") == DistributedType.XLA
+    return xla_runtime.use_xla(cpu or env_flag(ENV_USE_CPU))
+
+
 def _reject_unknown_keywords(owner: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
     if kwargs:
         name = sorted(kwargs)[0]
@@ -162,23 +172,29 @@ class PartialState:
     """Topology of this run: which process this is, how many there are, which device it uses.
 
     All instances share one state (created on first use). ``cpu=True`` forces the CPU even
-    when GPUs are present.
+    when GPUs (or XLA devices) are present. With torch_xla installed and a PJRT device configured
+    (``PJRT_DEVICE``, or TPU chips) the run is ``DistributedType.XLA``: device, rank and world size
+    come from torch_xla's runtime, and no process group is formed.
 
         state = PartialState()
         if state.is_main_process:
             print("world size", state.num_processes)
     """
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
 
     def __init__(self, cpu: bool = False, *, backend: str | None = None, timeout: Any = None, **kwargs: Any) -> None:
         _reject_unknown_keywords("PartialState", kwargs, ("cpu",) + PROCESS_GROUP_KEYWORDS)
+        use_xla = _choose_state_scope(PartialState, cpu)
         self.__dict__ = self._shared_state
         if self._shared_state.get("initialized"):
             self._check_same_settings(cpu, backend, timeout)
             return
         cpu = cpu or env_flag(ENV_USE_CPU)
         collective_timeout = timeout_seconds(timeout)
+        if use_xla:
+            self._init_xla(backend, collective_timeout)
+            return
         topo = read_topology()
         self.num_processes: int = topo["world_size"]
         self.process_index: int = topo["rank"]
@@ -205,6 +221,32 @@ class PartialState:
         else:
             self.backend = None  # one process: no group to form (a given backend was still checked)
             self.distributed_type = DistributedType.NO
+        self.fork_launched = os.environ.get("ACCEL_NB_FORKED") == "1"
+        self.initialized = True
+
+    def _init_xla(self, backend: str | None, collective_timeout: float | None) -> None:
+        """Topology from torch_xla's runtime: its device, ordinal and world size; no process group."""
+        if backend is not None:
+            raise ValueError(
+                f"PartialState(backend={backend!r}) does not apply on XLA devices: torch_xla's runtime "
+                "connects them; leave backend out (or pass cpu=True to train on the CPU with gloo)"
+            )
+        if collective_timeout is not None:
+            warnings.warn(
+                "timeout= has no effect on XLA devices (torch_xla's runtime sets its own collective "
+                "timeouts); it is ignored",
+                stacklevel=3,
+            )
+        topo = xla_runtime.topology()
+        self.num_processes = topo["world_size"]
+        self.process_index = topo["rank"]
+        self.local_process_index = topo["local_rank"]
+        self.num_local_processes = topo["local_world_size"]
+        self._owns_group = False
+        self.device = topo["device"]
+        self.collective_timeout = None
+        self.backend = None  # no torch.distributed group: XLA collectives
+        self.distributed_type = DistributedType.XLA
         self.fork_launched = os.environ.get("ACCEL_NB_FORKED") == "1"
         self.initialized = True
 
@@ -268,6 +310,9 @@ class PartialState:
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this line (a barrier; nothing with one process)."""
         if self.use_distributed:
+            if self.distributed_type == DistributedType.XLA:
+                xla_runtime.barrier()
+                return
             dist.barrier()
 
     @contextlib.contextmanager
@@ -421,19 +466,23 @@ def split_for_process(inputs: Any, index: int, parts: int, apply_padding: bool =
 class AcceleratorState(PartialState):
     """PartialState plus the training settings of this run (mixed precision, ...), shared too."""
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
         _reject_unknown_keywords(
             "AcceleratorState", {k: v for k, v in kwargs.items() if k not in PROCESS_GROUP_KEYWORDS},
             ("mixed_precision", "cpu") + PROCESS_GROUP_KEYWORDS,
         )  # fmt: skip
+        _choose_state_scope(AcceleratorState, cpu)
         self.__dict__ = self._shared_state
         if not self._shared_state.get("initialized"):
             partial = PartialState(cpu=cpu, **kwargs)
-            self._shared_state.update(partial.__dict__)
             mp = mixed_precision if mixed_precision is not None else env_value(ENV_MIXED_PRECISION, "no")
-            self.mixed_precision = validate_mixed_precision(mp)
+            mp = validate_mixed_precision(mp)
+            if partial.distributed_type == DistributedType.XLA:
+                check_xla_mixed_precision(mp)  # before this state exists: a retry with bf16 works
+            self._shared_state.update(partial.__dict__)
+            self.mixed_precision = mp
             self.initialized = True
         elif kwargs:
             PartialState(cpu=cpu, **kwargs)  # the same settings, or a clear error
@@ -452,7 +501,7 @@ class AcceleratorState(PartialState):
 class GradientState:
     """Shared state of gradient accumulation: whether this step syncs, where the loader is."""
 
-    _shared_state: dict[str, Any] = {}
+    _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
 
     def __init__(self, gradient_accumulation_steps: int | None = None) -> None:
         self.__dict__ = self._shared_state
