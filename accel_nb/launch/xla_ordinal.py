@@ -148,8 +148,8 @@ def _world_size_problem(info: Any) -> str | None:
     if actual == info.world_size:
         return None
     return (
-        f"torch_xla runs {actual} devices but the launch was planned for {info.world_size} ({info.why}); "
-        f"give num_processes={actual} or leave it out"
+        f"torch_xla runs {actual} devices but accel_nb counted {info.world_size} from {info.why}; "
+        "the per-device results cannot be matched: please report this with the output of `accel-nb env`"
     )
 
 
