@@ -49,6 +49,8 @@ def choose_xla(
         if options.cpu and options.xla:
             raise LaunchSetupError("cpu=True and xla=True ask for two different launches; pick one")
         return None
+    if env is None:  # the launch's env= reaches the host: PJRT_DEVICE / CPU_NUM_DEVICES given there count
+        env = {**os.environ, **options.env}
     installed = xla_detect.torch_xla_installed() if installed is None else installed
     runtime = xla_detect.xla_runtime(env, installed=installed)
     if runtime is None:

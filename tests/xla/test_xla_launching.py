@@ -126,6 +126,8 @@ def test_a_failing_ordinal_raises_its_traceback_and_nothing_is_left_running(two_
 def test_a_process_count_other_than_the_device_count_is_refused(two_xla_devices):
     with pytest.raises(LaunchSetupError, match=r"num_processes=3 but this XLA runtime has 2 devices"):
         notebook_launcher(train_linear, num_processes=3)
+    # the launch's env= is what the host gets: three devices there are three ranks here
+    assert notebook_launcher(ordinal_and_pid, env={"CPU_NUM_DEVICES": "3"}, reporter=ListReporter())[2][0] == 2
     assert notebook_launcher(os.getpid, cpu=True, num_processes=1)[0] != os.getpid()  # cpu=True: a CPU launch
 
 
