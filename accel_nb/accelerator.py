@@ -220,7 +220,8 @@ class Accelerator(StateViews, AcceleratorExtras):
             device_placement, evaluation_mode, self.compile_options, self.fsdp_options, self._fsdp_swap,
             self.state.num_local_processes,
         )  # fmt: skip
-        if self.fsdp_options is not None:  # optimizers prepared before the model follow its new parameters
+        if self.fsdp_options is not None or self.device.type == "xla":  # optimizers prepared before the model
+            # optimizers follow the new parameters (XLA: .to() made new ones)
             from .fsdp.sharding import repoint_optimizer
 
             for opt in self._optimizers:
@@ -245,6 +246,10 @@ class Accelerator(StateViews, AcceleratorExtras):
             repoint_optimizer(optimizer, self._fsdp_swap)
             if self._models:
                 check_optimizer_params(optimizer)
+        elif self.device.type == "xla":  # point it at the moved parameters of the models prepared before
+            from .fsdp.sharding import repoint_optimizer
+
+            repoint_optimizer(optimizer, self._fsdp_swap)
         if device_placement and optimizer.state:
             # reloading the state moves it onto the devices of the (already moved) parameters
             optimizer.load_state_dict(optimizer.state_dict())
@@ -390,6 +395,9 @@ class Accelerator(StateViews, AcceleratorExtras):
             return None
         if self.scaler is not None:
             self.unscale_gradients()
+        from .xla.training import reduce_before_clipping
+
+        reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor of the global norm
 
@@ -399,6 +407,9 @@ class Accelerator(StateViews, AcceleratorExtras):
             return
         if self.scaler is not None:
             self.unscale_gradients()
+        from .xla.training import reduce_before_clipping
+
+        reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # -- models --------------------------------------------------------------------------------------

@@ -87,7 +87,9 @@ def save_model(
     if not getattr(accelerator, "is_main_process", True):
         return []
     if not sharded:
-        state = inner.state_dict()
+        from .xla.training import host_copy  # XLA tensors are written as CPU tensors
+
+        state = host_copy(inner.state_dict())
     if any(t.device.type == "meta" for t in state.values()):
         from .modeling import get_state_dict_offloaded_model
 
@@ -105,6 +107,9 @@ def save_object(accelerator: Any, obj: Any, f: Any, safe_serialization: bool = F
     """
     if not getattr(accelerator, "is_main_process", True):
         return
+    from .xla.training import host_copy  # XLA tensors are written as CPU tensors
+
+    obj = host_copy(obj)
     if not isinstance(f, (str, os.PathLike)):
         torch.save(obj, f)
         return

@@ -48,7 +48,9 @@ def _is_writer(accelerator: Any) -> bool:
 
 
 def _torch_save(obj: Any, path: str) -> None:
-    torch.save(obj, path)  # fsynced with every other file before the manifest is written
+    from .xla.training import host_copy  # XLA tensors are written as CPU tensors (loadable anywhere)
+
+    torch.save(host_copy(obj), path)  # fsynced with every other file before the manifest is written
 
 
 def _rotate(config: ProjectConfiguration) -> None:
@@ -211,7 +213,9 @@ def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
     from .fsdp.checkpointing import model_weights
 
     models = list(getattr(accelerator, "_models", []))
-    weights = [model_weights(accelerator, unwrapped(accelerator, model)) for model in models]
+    from .xla.training import host_copy  # XLA tensors are written as CPU tensors (loadable anywhere)
+
+    weights = [host_copy(model_weights(accelerator, unwrapped(accelerator, model))) for model in models]
     run_save_hooks(accelerator, models, weights, tmp)
     return weights
 

@@ -72,7 +72,16 @@ def place_and_wrap(
             )
         device_placement = False  # its layers already sit where the device map put them
     if device_placement and fsdp is None:  # fully_shard moves each unit itself: never the whole model at once
+        before = None
+        if device.type == "xla":  # .to() makes new Parameter objects there: optimizers must follow them
+            from .xla.training import parameter_slots
+
+            before = parameter_slots(model)
         model = model.to(device)
+        if before is not None and fsdp_swap is not None:
+            from .xla.training import parameter_swap
+
+            fsdp_swap.update(parameter_swap(before))
     if precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
         model._accel_nb_original_forward = model.forward
         model.forward = precision.wrap_forward(model.forward)
