@@ -180,9 +180,28 @@ class XlaHostPayload:
                 torch_xla.launch(ordinal_main, args=(blob, info), start_method=ordinal_start_method())
         except BaseException as exc:  # noqa: BLE001 - torch_xla itself failed (not the user's function)
             relay.close(RELAY_DRAIN_S)
+            if type(exc).__name__ == "BrokenProcessPool":  # an ordinal's process died: say where it was
+                return runtime.report_failure(OrdinalProcessDied(_crash_stacks(log_dir)), with_traceback=False)
             return runtime.report_failure(exc)
         relay.close(RELAY_DRAIN_S)
         return True
+
+
+class OrdinalProcessDied(RuntimeError):
+    """A process torch_xla started for the devices ended abruptly (a crash in native code, or a kill)."""
+
+
+def _crash_stacks(log_dir: str) -> str:
+    """What the host's faulthandler file says about a crash (forked ordinal processes share it)."""
+    from .supervisor import _tail, clean_stacks
+    from .worker import crash_path
+
+    stacks = clean_stacks(_tail(crash_path(log_dir, 0), 200))
+    where = f"; Python stacks at the crash (faulthandler):\n{stacks}" if stacks else " (no Python stack was recorded)"
+    return (
+        "a process torch_xla started for the XLA devices ended abruptly (a crash in native code such as "
+        f"a segmentation fault, or a kill){where}"
+    )
 
 
 def ordinal_start_method(env: Any = None) -> str:

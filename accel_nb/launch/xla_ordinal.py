@@ -18,6 +18,7 @@ process must not share the model they move to their device) and sends its ``Resu
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 import socket
@@ -28,7 +29,7 @@ from typing import Any
 from .. import events
 from . import tqdm_bridge
 from .channel import ChannelClosed, EventWriter
-from .worker import RankSpec, WorkerRuntime, die_with_parent, log_path
+from .worker import RankSpec, WorkerRuntime, crash_path, die_with_parent, log_path
 
 _local = threading.local()  # .ordinal: the ordinal this thread runs; .partial: {stream: unfinished line}
 _process: _OrdinalProcess | None = None
@@ -90,6 +91,9 @@ class _OrdinalProcess:
         self.in_host = os.getpid() == info.host_pid
         if not self.in_host:
             die_with_parent(info.host_pid)
+            if not faulthandler.is_enabled():  # spawned by torch_xla: a crash's stacks go where the host's go
+                self._crash = open(crash_path(info.log_dir, 0), "a")  # noqa: SIM115 - lives as long as the process
+                faulthandler.enable(file=self._crash, all_threads=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(info.relay_path)
         self.writer = EventWriter(sock.detach())

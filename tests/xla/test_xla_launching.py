@@ -123,6 +123,23 @@ def test_a_failing_ordinal_raises_its_traceback_and_nothing_is_left_running(two_
     assert left == []
 
 
+def crashes_in_native_code() -> None:
+    import ctypes
+
+    ctypes.string_at(0)  # a segmentation fault in the ordinal's process
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_an_ordinal_process_that_crashes_is_reported_with_its_stack(two_xla_devices, monkeypatch, method):
+    monkeypatch.setenv("ACCEL_NB_XLA_START_METHOD", method)
+    with pytest.raises(LaunchError) as info:
+        notebook_launcher(crashes_in_native_code, reporter=ListReporter())
+    text = str(info.value)
+    assert "OrdinalProcessDied" in text and "ended abruptly" in text
+    assert "in crashes_in_native_code" in text  # where the process was when it crashed
+
+
 def test_a_process_count_other_than_the_device_count_is_refused(two_xla_devices):
     with pytest.raises(LaunchSetupError, match=r"num_processes=3 but this XLA runtime has 2 devices"):
         notebook_launcher(train_linear, num_processes=3)
