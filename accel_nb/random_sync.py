@@ -54,10 +54,11 @@ def _read(kind: RNGType, generator: torch.Generator | None) -> torch.Tensor | No
         return torch.get_rng_state()
     if kind is RNGType.CUDA:
         return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-    if kind is RNGType.XLA:  # the device's seed state, an integer
+    if kind is RNGType.XLA:  # the device's seed state, an unsigned 64-bit integer: two 32-bit halves
         from .xla import runtime
 
-        return torch.tensor(runtime.rng_state(), dtype=torch.int64)
+        seed = runtime.rng_state()
+        return torch.tensor([seed >> 32, seed & 0xFFFFFFFF], dtype=torch.int64)
     return generator.get_state()
 
 
@@ -69,7 +70,7 @@ def _write(kind: RNGType, state: torch.Tensor, generator: torch.Generator | None
     elif kind is RNGType.XLA:
         from .xla import runtime
 
-        runtime.set_rng_state(int(state))
+        runtime.set_rng_state((int(state[0]) << 32) | int(state[1]))
     else:
         generator.set_state(state)
 

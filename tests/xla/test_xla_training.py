@@ -72,6 +72,9 @@ def test_two_devices_train_like_one_device_with_the_double_batch(tmp_path):
     assert_weights_close(two[0]["weights"], two[1]["weights"], atol=0)  # the devices agree exactly
     assert_weights_close(two[0]["weights"], one[0]["weights"])  # and with one device, 8 samples a step
     assert two[0]["losses"] == pytest.approx(one[0]["losses"], abs=1e-5)
+    for res in two + one:  # gather_for_metrics over 30 samples: the padding of the last round is dropped
+        assert res["eval_rows"] == 30
+    assert two[0]["eval_loss"] == pytest.approx(one[0]["eval_loss"], abs=1e-6)
     losses = two[0]["losses"]  # two epochs of the same 4 batches: the second epoch's are lower (it trained)
     assert all(later < first for first, later in zip(losses[:4], losses[4:]))
 

@@ -73,7 +73,7 @@ def _model() -> torch.nn.Module:
     return model
 
 
-def _setup(batch_size: int, decay_every: int = 10**6) -> tuple[Any, Any, Any, Any, Any]:
+def _setup(batch_size: int, decay_every: int = 10**6, rng_types: Any = None) -> tuple[Any, Any, Any, Any, Any]:
     """Accelerator, model, SGD with momentum, loader and an LR schedule, all prepared.
 
     The prepared schedule advances once per process and step (it counts samples), so the equivalence
@@ -81,7 +81,7 @@ def _setup(batch_size: int, decay_every: int = 10**6) -> tuple[Any, Any, Any, An
     """
     from accel_nb import Accelerator
 
-    acc = Accelerator()
+    acc = Accelerator(rng_types=rng_types)
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=decay_every, gamma=0.5)
@@ -107,13 +107,22 @@ def _weights(acc: Any, model: Any) -> dict[str, Any]:
 def train_program(out_dir: str) -> None:
     """Two epochs over the dataset; the global batch is 8 samples whatever the number of devices."""
     world = int(os.environ.get("CPU_NUM_DEVICES", "1"))
-    acc, model, optimizer, loader, scheduler = _setup(batch_size=8 // world)
+    acc, model, optimizer, loader, scheduler = _setup(batch_size=8 // world, rng_types=["xla"])
     losses, batch_devices = [], set()
     for _epoch in range(2):
         for x, y in loader:
             batch_devices.add(str(x.device))
             losses.append(_step(acc, model, optimizer, scheduler, x, y))
+    # evaluation over 30 samples: the last round is padded to fill every device, gather_for_metrics drops it
+    x, y = _data().tensors
+    evaluation = acc.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:30], y[:30]), batch_size=4))
+    gathered = []
+    with torch.no_grad():
+        for xb, yb in evaluation:
+            gathered.append(acc.gather_for_metrics(torch.nn.functional.mse_loss(model(xb), yb, reduction="none")))
     result = {
+        "eval_rows": sum(int(g.shape[0]) for g in gathered),
+        "eval_loss": float(torch.cat(gathered).mean().item()),
         "losses": losses,
         "weights": _weights(acc, model),
         "batch_devices": sorted(batch_devices),
