@@ -34,7 +34,7 @@ def run_program(name: str, out_dir: str, devices: int, **env: str) -> list[dict]
     )  # fmt: skip
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
     assert proc.returncode == 0, f"{name} on {devices} XLA devices failed:\n{tail}"
-    prefix = f"{name}_{env['XLA_TEST_PHASE']}" if "XLA_TEST_PHASE" in env else name
+    prefix = f"{name}_{env['XLA_TEST_PHASE']}" if "XLA_TEST_PHASE" in env else name + env.get("XLA_TEST_ACCUMULATION", "")
     return [json.load(open(os.path.join(out_dir, f"{prefix}_rank{r}.json"))) for r in range(devices)]
 
 
@@ -62,16 +62,21 @@ def test_collectives_on_two_devices(tmp_path):
 
 
 def test_two_devices_train_like_one_device_with_the_double_batch(tmp_path):
-    (tmp_path / "two").mkdir()
-    (tmp_path / "one").mkdir()
+    for folder in ("two", "one", "accumulated"):
+        (tmp_path / folder).mkdir()
     two = run_program("train", tmp_path / "two", devices=2)  # 4 samples per device and step
     one = run_program("train", tmp_path / "one", devices=1)  # 8 samples per step
+    # 2 samples per device and micro-batch, 2 micro-batches accumulated per step: 8 samples a step again
+    accumulated = run_program("train", tmp_path / "accumulated", devices=2, XLA_TEST_ACCUMULATION="2")
     assert two[0]["batch_devices"] == ["xla:0"] and two[1]["batch_devices"] == ["xla:1"]  # the parallel loader's
     assert two[0]["model_class"] == "Sequential"  # no DDP wrapper on XLA devices
     assert two[0]["steps_per_epoch"] == one[0]["steps_per_epoch"] == 4
     assert_weights_close(two[0]["weights"], two[1]["weights"], atol=0)  # the devices agree exactly
     assert_weights_close(two[0]["weights"], one[0]["weights"])  # and with one device, 8 samples a step
     assert two[0]["losses"] == pytest.approx(one[0]["losses"], abs=1e-5)
+    assert accumulated[0]["steps_per_epoch"] == 8  # micro-batches
+    assert_weights_close(accumulated[0]["weights"], accumulated[1]["weights"], atol=0)
+    assert_weights_close(accumulated[0]["weights"], one[0]["weights"])
     for res in two + one:  # gather_for_metrics over 30 samples: the padding of the last round is dropped
         assert res["eval_rows"] == 30
     assert two[0]["eval_loss"] == pytest.approx(one[0]["eval_loss"], abs=1e-6)

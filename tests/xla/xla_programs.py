@@ -73,7 +73,9 @@ def _model() -> torch.nn.Module:
     return model
 
 
-def _setup(batch_size: int, decay_every: int = 10**6, rng_types: Any = None) -> tuple[Any, Any, Any, Any, Any]:
+def _setup(
+    batch_size: int, decay_every: int = 10**6, rng_types: Any = None, accumulation: int = 1
+) -> tuple[Any, Any, Any, Any, Any]:
     """Accelerator, model, SGD with momentum, loader and an LR schedule, all prepared.
 
     The prepared schedule advances once per process and step (it counts samples), so the equivalence
@@ -81,7 +83,7 @@ def _setup(batch_size: int, decay_every: int = 10**6, rng_types: Any = None) -> 
     """
     from accel_nb import Accelerator
 
-    acc = Accelerator(rng_types=rng_types)
+    acc = Accelerator(rng_types=rng_types, gradient_accumulation_steps=accumulation)
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=decay_every, gamma=0.5)
@@ -91,12 +93,14 @@ def _setup(batch_size: int, decay_every: int = 10**6, rng_types: Any = None) -> 
 
 
 def _step(acc: Any, model: Any, optimizer: Any, scheduler: Any, x: torch.Tensor, y: torch.Tensor) -> float:
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    acc.backward(loss)
-    acc.clip_grad_norm_(model.parameters(), max_norm=0.05)  # active: the norm is that of the averaged gradients
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad()
+    with acc.accumulate(model):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        if acc.sync_gradients:  # active: the norm is that of the averaged gradients
+            acc.clip_grad_norm_(model.parameters(), max_norm=0.05)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
     return float(acc.reduce(loss.detach(), "mean").item())
 
 
@@ -105,9 +109,11 @@ def _weights(acc: Any, model: Any) -> dict[str, Any]:
 
 
 def train_program(out_dir: str) -> None:
-    """Two epochs over the dataset; the global batch is 8 samples whatever the number of devices."""
+    """Two epochs over the dataset; 8 samples per optimizer step whatever the number of devices
+    (``XLA_TEST_ACCUMULATION=2``: in two accumulated micro-batches)."""
     world = int(os.environ.get("CPU_NUM_DEVICES", "1"))
-    acc, model, optimizer, loader, scheduler = _setup(batch_size=8 // world, rng_types=["xla"])
+    accumulation = int(os.environ.get("XLA_TEST_ACCUMULATION", "1"))
+    acc, model, optimizer, loader, scheduler = _setup(8 // world // accumulation, rng_types=["xla"], accumulation=accumulation)
     losses, batch_devices = [], set()
     for _epoch in range(2):
         for x, y in loader:
@@ -129,7 +135,7 @@ def train_program(out_dir: str) -> None:
         "model_class": type(model).__name__,
         "steps_per_epoch": len(loader),
     }
-    _write(out_dir, "train", acc.process_index, result)
+    _write(out_dir, f"train{accumulation if accumulation > 1 else ''}", acc.process_index, result)
 
 
 def checkpoint_program(out_dir: str) -> None:
