@@ -28,7 +28,10 @@ pip install -q --upgrade pip
 pip install -q "torch==$TORCH_VERSION" "torch-xla==$TORCH_XLA_VERSION"
 # accel_nb itself without its dependency list (that would pull the newest torch), then its
 # small dependencies and what tests/xla needs (pytest, a real Jupyter kernel).
-pip install -q --no-deps -e .
+if ! "$VENV/bin/python" -m pip install -q --no-deps -e . >"$VENV/.editable-install.log" 2>&1; then
+  cat "$VENV/.editable-install.log" >&2  # setuptools' deprecation notes stay in the log unless it fails
+  exit 1
+fi
 pip install -q numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
   "pytest>=8" pytest-timeout "ipykernel>=6" "jupyter_client>=8" "nbclient>=0.10" "nbformat>=5" \
   "ipywidgets>=8" "IPython>=8"
