@@ -149,9 +149,24 @@ def graph_lock() -> Iterator[None]:
 
 def devices_meet() -> None:
     """With devices as threads: wait until every device thread got here (after launching a collective,
-    before reading its result). Nothing on TPUs (one process per chip)."""
-    if _THREAD_BARRIER is not None:
-        _THREAD_BARRIER.wait()
+    before reading its result). Nothing on TPUs (one process per chip).
+
+    Waits at most ``ACCEL_NB_COLLECTIVE_TIMEOUT`` seconds (30 minutes by default), then raises a
+    ``RuntimeError`` naming the cause, in every device thread still waiting.
+    """
+    if _THREAD_BARRIER is None:
+        return
+    from ..process_group import DEFAULT_COLLECTIVE_TIMEOUT_S, ENV_COLLECTIVE_TIMEOUT, _float_env
+
+    seconds = _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    try:
+        _THREAD_BARRIER.wait(timeout=seconds)
+    except threading.BrokenBarrierError:
+        raise RuntimeError(
+            f"XLA device {ordinal()} waited for the other device threads at a collective, in vain (for "
+            f"{seconds:g} s, or another device gave up): a device failed or skipped this collective. Every "
+            f"rank must call the same collectives in the same order; {ENV_COLLECTIVE_TIMEOUT} sets the wait"
+        ) from None
 
 
 def sync() -> None:

@@ -127,3 +127,15 @@ def test_import_stays_light_and_cpu_true_stays_off_xla():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-2:] == ["NO", "False"]
+
+
+def test_a_device_that_skips_a_collective_gives_a_clear_error_not_a_hang(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
+    env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2", PYTHONPATH=ROOT, ACCEL_NB_COLLECTIVE_TIMEOUT="5")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.xla.xla_programs", "skipped_collective", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "XLA device 0 waited for the other device threads at a collective" in proc.stderr
+    assert "Every rank must call the same collectives in the same order" in proc.stderr

@@ -179,7 +179,17 @@ def precision_program(out_dir: str) -> None:
     _write(out_dir, "precision", acc.process_index, {"fp16_error": fp16_error, "inner": seen["inner"], "output": str(out.dtype)})
 
 
-PROGRAMS = {"ops": ops_program, "train": train_program, "checkpoint": checkpoint_program, "precision": precision_program}
+def skipped_collective_program(out_dir: str) -> None:
+    """Process 1 leaves out a gather that process 0 makes: process 0 must fail with a clear error, not hang."""
+    from accel_nb import Accelerator
+
+    acc = Accelerator()
+    if acc.process_index == 0:
+        acc.gather(torch.ones(1, device=acc.device))
+    _write(out_dir, "skipped_collective", acc.process_index, {"done": True})
+
+
+PROGRAMS = {"skipped_collective": skipped_collective_program, "ops": ops_program, "train": train_program, "checkpoint": checkpoint_program, "precision": precision_program}
 
 
 def _run(index: int, name: str, out_dir: str) -> None:
