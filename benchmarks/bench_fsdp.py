@@ -12,17 +12,13 @@ download) in bf16, one process per GPU (NCCL cannot put two ranks on one GPU).
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue as queue_mod
-import socket
 import statistics
 import sys
 import time
-import traceback
-from typing import Any
 
 import torch
+
+from .rank_pool import run_on_ranks
 
 WORLD = 2
 WIDTH, DEPTH, BATCH = 256, 4, 32
@@ -83,55 +79,18 @@ def _one_run(use_fsdp: bool, gpu: bool, steps: int) -> tuple[float, float]:
     return statistics.median(times[3:]), share
 
 
-def _worker(rank: int, world: int, port: int, gpu: bool, steps: int, reps: int, out: Any) -> None:  # pragma: no cover
-    os.environ.update({
-        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-    })  # fmt: skip
-    try:
-        torch.set_num_threads(1)
-        results: dict[str, list[tuple[float, float]]] = {"fsdp": [], "ddp": []}
-        for rep in range(reps):
-            for name in (("fsdp", "ddp") if rep % 2 == 0 else ("ddp", "fsdp")):  # alternate who goes first
-                results[name].append(_one_run(name == "fsdp", gpu, steps))
-        out.put((rank, True, results))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        out.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _fsdp_and_ddp(rank: int, gpu: bool, steps: int, reps: int) -> dict[str, list[tuple[float, float]]]:  # pragma: no cover
+    """One rank: FSDP and DDP runs, alternating which goes first."""
+    results: dict[str, list[tuple[float, float]]] = {"fsdp": [], "ddp": []}
+    for rep in range(reps):
+        for name in (("fsdp", "ddp") if rep % 2 == 0 else ("ddp", "fsdp")):  # alternate who goes first
+            results[name].append(_one_run(name == "fsdp", gpu, steps))
+    return results
 
 
 def _measure(gpu: bool, world: int, steps: int, reps: int) -> dict[str, list[tuple[float, float]]]:
-    ctx = mp.get_context("spawn" if gpu else "fork")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, gpu, steps, reps, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
-    try:
-        for _ in range(world):
-            rank, ok, value = out.get(timeout=900)
-            if not ok:
-                raise RuntimeError(f"benchmark rank {rank} failed: {value}")
-            got[rank] = value
-    except queue_mod.Empty:
-        raise RuntimeError("the FSDP benchmark did not finish within 900 s") from None
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    return got[0]
+    return run_on_ranks(_fsdp_and_ddp, (gpu, steps, reps), world, "the FSDP benchmark",
+                        start_method="spawn" if gpu else "fork")  # fmt: skip
 
 
 def _rows(bench: str, res: dict[str, list[tuple[float, float]]], note: str) -> list[dict]:

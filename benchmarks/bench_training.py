@@ -14,17 +14,14 @@ the reference library, one process. Goal: ratio <= 1.01.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
-import queue as queue_mod
-import socket
 import statistics
 import sys
 import time
-import traceback
 from typing import Any
 
 import torch
+
+from .rank_pool import run_on_ranks
 
 CPU_WORLD = 2
 CPU_BATCH = 64  # per process
@@ -162,65 +159,26 @@ def _has_reference() -> bool:
     return True
 
 
-def _cpu_worker(rank: int, port: int, steps: int, reps: int, out: Any) -> None:  # pragma: no cover - child
-    os.environ.update({
-        "RANK": str(rank), "WORLD_SIZE": str(CPU_WORLD), "LOCAL_RANK": str(rank),
-        "LOCAL_WORLD_SIZE": str(CPU_WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": "1",
-    })
-    try:
-        torch.set_num_threads(1)
-        from accel_nb.state import PartialState
+def _cpu_runs(rank: int, steps: int, reps: int) -> dict[str, list[float]]:  # pragma: no cover - child
+    """One rank: hand-written DDP, accel_nb and the reference on the same gloo group, alternating order."""
+    from accel_nb.state import PartialState
 
-        PartialState()  # joins the gloo group; the hand-written loop and the reference reuse it
-        dataset = _cpu_dataset(steps)
-        impls = {"ddp": _run_handwritten_ddp, "accel_nb": _run_accel_nb}
-        if _has_reference():
-            impls["reference"] = _run_reference
-        results: dict[str, list[float]] = {k: [] for k in impls}
-        for rep in range(reps):
-            names = list(impls) if rep % 2 == 0 else list(reversed(impls))  # alternate who goes first
-            for name in names:
-                results[name].append(impls[name](dataset, warmup=5))
-        out.put((rank, True, results))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        out.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    PartialState()  # joins the gloo group; the hand-written loop and the reference reuse it
+    dataset = _cpu_dataset(steps)
+    impls = {"ddp": _run_handwritten_ddp, "accel_nb": _run_accel_nb}
+    if _has_reference():
+        impls["reference"] = _run_reference
+    results: dict[str, list[float]] = {k: [] for k in impls}
+    for rep in range(reps):
+        names = list(impls) if rep % 2 == 0 else list(reversed(impls))  # alternate who goes first
+        for name in names:
+            results[name].append(impls[name](dataset, warmup=5))
+    return results
 
 
 def cpu_rows(quick: bool = False) -> list[dict]:
     steps, reps = (40, 3) if quick else (150, 7)
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_cpu_worker, args=(r, port, steps, reps, out)) for r in range(CPU_WORLD)]
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
-    try:
-        for _ in range(CPU_WORLD):
-            rank, ok, value = out.get(timeout=900)
-            if not ok:
-                raise RuntimeError(f"benchmark rank {rank} failed: {value}")
-            got[rank] = value
-    except queue_mod.Empty:
-        raise RuntimeError("the CPU training benchmark did not finish within 900 s") from None
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    res = got[0]
+    res = run_on_ranks(_cpu_runs, (steps, reps), CPU_WORLD, "the CPU training benchmark")
     note = (f"{CPU_WORLD} gloo processes x batch {CPU_BATCH}, MLP {CPU_FEATURES}-{CPU_HIDDEN}-{CPU_HIDDEN}-{CPU_CLASSES}, "
             f"AdamW, median step interval of {steps} steps per repetition, {reps} interleaved repetitions")
     rows = []
