@@ -8,6 +8,7 @@ timeout it may be given are checked here too, with errors that name the cause an
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import math
@@ -107,6 +108,9 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
             dist.barrier()
         # the rendezvous is over: collectives get the long timeout from here on
         set_group_timeout(coll_timeout)
+        if backend == "gloo":
+            atexit.unregister(_destroy_gloo_group_at_exit)  # once, however often this process re-forms a group
+            atexit.register(_destroy_gloo_group_at_exit)
     except Exception as exc:
         # teardown of the half-formed group: the RendezvousError below carries the cause, and a
         # second failure while leaving would only hide it
@@ -118,6 +122,19 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
             f"{rdzv_timeout:g} s ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
             f"are all {world} ranks started? Allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
         ) from exc
+
+
+def _destroy_gloo_group_at_exit() -> None:
+    """Destroy a gloo group the script left formed, while the interpreter is still whole.
+
+    Left to interpreter finalization, gloo's worker threads can still hold finished work with
+    tensors whose Python references die after the interpreter: the process then aborts with
+    "terminate called without an active exception" (SIGABRT) after its last line ran. Gloo's
+    teardown is local (no collective), so this cannot hang on a peer that is gone.
+    """
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):  # exiting anyway: a failed teardown must not mask the exit status
+            dist.destroy_process_group()
 
 
 def set_group_timeout(seconds: float) -> None:

@@ -243,6 +243,27 @@ def test_destroy_process_group_resets():
     assert run_ranks(_destroy_and_rejoin, 2) == [(2, False, True), (2, False, True)]
 
 
+_EXIT_SCRIPT = """
+import atexit, torch.distributed as dist
+atexit.register(lambda: print("group formed at exit:", dist.is_initialized(), flush=True))  # runs last
+from accel_nb import PartialState
+PartialState().wait_for_everyone()  # a script that never calls destroy_process_group
+"""
+
+
+@pytest.mark.multiproc
+def test_a_gloo_group_left_formed_is_destroyed_before_the_interpreter_ends(tmp_path):
+    """Left to finalization, gloo's threads can abort the process after its last line (SIGABRT)."""
+    script = tmp_path / "leave_group.py"
+    script.write_text(_EXIT_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(script)]  # fmt: skip
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONPATH=root))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("group formed at exit: False") == 2, res.stdout
+
+
 @pytest.mark.multiproc
 def test_unreachable_master_is_a_clear_timeout(clean_env):
     """A non-main rank whose MASTER_ADDR:PORT has nobody listening fails within the limit."""
