@@ -67,6 +67,17 @@ class LaunchPlan:
         )
         return f"Launching {what} with {self.start_method}{extra}..."
 
+    def training_env(self) -> dict[str, str]:
+        """The launch's training settings as the environment every rank's Accelerator reads (both names)."""
+        env = {}
+        if self.mixed_precision is not None:
+            env["ACCEL_NB_MIXED_PRECISION"] = self.mixed_precision
+            env["ACCELERATE_MIXED_PRECISION"] = self.mixed_precision
+        if self.gradient_accumulation_steps is not None:
+            env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] = str(self.gradient_accumulation_steps)
+            env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(self.gradient_accumulation_steps)
+        return env
+
     def rank_env(self, rank: int) -> dict[str, str]:
         """The torchrun environment of ``rank`` plus accel_nb's own settings."""
         if self.xla is not None:
@@ -89,12 +100,7 @@ class LaunchPlan:
             "MASTER_PORT": str(self.master_port),
             "TORCHELASTIC_RUN_ID": "accel_nb",
         }
-        if self.mixed_precision is not None:
-            env["ACCEL_NB_MIXED_PRECISION"] = self.mixed_precision
-            env["ACCELERATE_MIXED_PRECISION"] = self.mixed_precision
-        if self.gradient_accumulation_steps is not None:
-            env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] = str(self.gradient_accumulation_steps)
-            env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(self.gradient_accumulation_steps)
+        env.update(self.training_env())
         if not self.use_gpu:
             env["ACCEL_NB_USE_CPU"] = "1"
             env["ACCELERATE_USE_CPU"] = "true"

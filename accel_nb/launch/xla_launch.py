@@ -115,12 +115,7 @@ def xla_rank_env(plan: Any) -> dict[str, str]:
     env = {"ACCEL_NB_XLA_LAUNCH": "1", "PJRT_DEVICE": plan.xla.device}
     if plan.xla.device == "CPU":
         env["CPU_NUM_DEVICES"] = str(plan.xla.num_devices)
-    if plan.mixed_precision is not None:
-        env["ACCEL_NB_MIXED_PRECISION"] = plan.mixed_precision
-        env["ACCELERATE_MIXED_PRECISION"] = plan.mixed_precision
-    if plan.gradient_accumulation_steps is not None:
-        env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] = str(plan.gradient_accumulation_steps)
-        env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(plan.gradient_accumulation_steps)
+    env.update(plan.training_env())
     env.update(plan.options.env)
     return env
 
