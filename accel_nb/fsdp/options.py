@@ -39,28 +39,31 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def _strategy(value: Any, option: str) -> str:
+def _named_choice(value: Any, own: Any, reference: dict[str, str], error: str) -> str:
+    """``value`` (a name or an enum member) as one of ``own``'s lower-case names, or a reference
+    upper-case name mapped through ``reference``; ValueError(``error``) otherwise."""
     text = str(getattr(value, "name", value)).strip()
-    if text.lower() in SHARDING_STRATEGIES:
+    if text.lower() in own:
         return text.lower()
-    if text.upper() in _REFERENCE_STRATEGIES:
-        return _REFERENCE_STRATEGIES[text.upper()]
-    raise ValueError(
+    if text.upper() in reference:
+        return reference[text.upper()]
+    raise ValueError(error)
+
+
+def _strategy(value: Any, option: str) -> str:
+    return _named_choice(
+        value, SHARDING_STRATEGIES, _REFERENCE_STRATEGIES,
         f"{option}={value!r} is not a sharding strategy; use one of {', '.join(SHARDING_STRATEGIES)} "
-        "(or the reference names FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, NO_SHARD)"
-    )
+        "(or the reference names FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, NO_SHARD)",
+    )  # fmt: skip
 
 
 def _state_dict_type(value: Any, option: str) -> str:
-    text = str(getattr(value, "name", value)).strip()
-    if text.lower() in STATE_DICT_TYPES:
-        return text.lower()
-    if text.upper() in _REFERENCE_STATE_DICT:
-        return _REFERENCE_STATE_DICT[text.upper()]
-    raise ValueError(
+    return _named_choice(
+        value, STATE_DICT_TYPES, _REFERENCE_STATE_DICT,
         f"{option}={value!r} is not supported; use 'sharded' (SHARDED_STATE_DICT: each rank saves its shards "
-        "with torch.distributed.checkpoint) or 'full' (FULL_STATE_DICT: gathered on the main process)"
-    )
+        "with torch.distributed.checkpoint) or 'full' (FULL_STATE_DICT: gathered on the main process)",
+    )  # fmt: skip
 
 
 def _class_names(value: Any, option: str) -> list[str]:
