@@ -31,15 +31,19 @@ def _rank_log(log_dir: str, local_rank: int, stream: str = "stderr") -> str | No
     return found[-1] if found else None
 
 
-def _last_exception(log_path: str | None) -> str | None:
+def _log_tail(log_path: str | None, count: int = 60) -> list[str]:
     if not log_path:
-        return None
+        return []
     try:
         with open(log_path, errors="replace") as f:
             lines = [_PREFIX.sub("", line.rstrip()) for line in f]
     except OSError:
-        return None
-    for line in reversed(lines):
+        return []
+    return lines[-count:]
+
+
+def _last_exception(log_path: str | None) -> str | None:
+    for line in reversed(_log_tail(log_path)):
         if _EXC_LINE.match(line):
             return line.strip()
     return None
@@ -61,14 +65,19 @@ def order_failures(failures: dict[int, Any], log_dir: str) -> list[tuple[int, An
     """Failing ranks, the cause first: ranks that only saw a peer vanish come after the rest,
     then by failure time (torch records whole seconds) and by when each rank last wrote its log."""
 
-    def key(item: tuple[int, Any]) -> tuple[int, float, float, int]:
+    def key(item: tuple[int, Any]) -> tuple[int, float, int, float, int]:
         rank, failure = item
         log = _rank_log(log_dir, failure.local_rank)
+        tail = _log_tail(log)
         exc = _last_exception(log) or ""
-        # the agent stops the survivors with SIGTERM; a peer's death shows as a broken connection
-        symptom = any(s in exc for s in _SYMPTOMS) or failure.exitcode == -signal.SIGTERM
+        # the agent stops the survivors with SIGTERM; a peer's death shows as a broken connection,
+        # raised as an exception or printed by C++ ("terminate called ... Connection closed by peer")
+        symptom = failure.exitcode == -signal.SIGTERM or any(s in line for line in tail for s in _SYMPTOMS)
+        # in the same second, a rank that raised comes before one that died without a Python
+        # exception (gloo's threads abort a rank whose peer vanished: SIGABRT, nothing in its log)
+        bare_signal = failure.exitcode < 0 and not exc
         mtime = os.path.getmtime(log) if log else float("inf")
-        return (int(symptom), float(failure.timestamp), mtime, rank)
+        return (int(symptom), float(failure.timestamp), int(bare_signal), mtime, rank)
 
     return sorted(failures.items(), key=key)
 
