@@ -91,6 +91,7 @@ class _OrdinalProcess:
         self.in_host = os.getpid() == info.host_pid
         if not self.in_host:
             die_with_parent(info.host_pid)
+            _renew_intraop_pool()
             if not faulthandler.is_enabled():  # spawned by torch_xla: a crash's stacks go where the host's go
                 self._crash = open(crash_path(info.log_dir, 0), "a")  # noqa: SIM115 - lives as long as the process
                 faulthandler.enable(file=self._crash, all_threads=True)
@@ -120,6 +121,19 @@ class _OrdinalProcess:
             if log is None:
                 log = self._logs[ordinal] = open(log_path(self.info.log_dir, ordinal), "ab", buffering=0)  # noqa: SIM115
             log.write(text.encode("utf-8", "replace"))
+
+
+def _renew_intraop_pool() -> None:
+    """In a process torch_xla forked from the host: let one thread rebuild torch's intra-op thread pool.
+
+    The host set torch's thread count before forking, so the child inherits a pool marked
+    "rebuild after fork". Every device thread's first parallel operation would rebuild it, and
+    two threads doing that at once can see no pool at all ("Invalid thread pool!", seen in CI).
+    Called once, under the process lock, before any ordinal runs the user's code.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(torch.get_num_threads())
 
 
 def _process_side(info: Any) -> _OrdinalProcess:
