@@ -45,6 +45,11 @@ class StateViews:
         return self.state.distributed_type
 
     @property
+    def is_fsdp2(self) -> bool:
+        """True when prepared models are sharded with FSDP (accel_nb's FSDP is always torch's FSDP2)."""
+        return getattr(self, "fsdp_options", None) is not None
+
+    @property
     def use_distributed(self) -> bool:
         return self.state.num_processes > 1
 

@@ -74,6 +74,7 @@ def _train(batch_size, accumulation=1, fsdp=None, epochs=2, optimizer_first=Fals
     return {
         "weights": {k: v.detach().cpu().numpy().copy() for k, v in acc.get_state_dict(model).items()},
         "distributed_type": acc.distributed_type.value,
+        "is_fsdp2": acc.is_fsdp2,
         "param_bytes": local_shard_bytes(model.parameters()),
         "optimizer_bytes": local_shard_bytes(state),
         "full_bytes": full_bytes,
@@ -105,6 +106,7 @@ def test_two_fsdp_ranks_match_one_plain_process_with_the_doubled_batch(options):
     out = run_ranks(_train, world_size=2, args=(8, 1, options))
     main = out[0]
     assert main["distributed_type"] == "FSDP" and out[1]["weights"] == {}  # gathered on the main process only
+    assert main["is_fsdp2"] and not reference["is_fsdp2"]  # the reference library's flag for FSDP2 runs
     _assert_same(main["weights"], reference["weights"])
     np.testing.assert_allclose(main["norms"], reference["norms"], rtol=1e-5)  # the global norm, every step
     # memory: the ranks split the parameters and the optimizer state (dim 0 of each tensor: nothing held twice),
