@@ -132,10 +132,17 @@ class Accelerator(StateViews, AcceleratorExtras):
         self.log_with = resolve_log_with(log_with, getattr(self.project_configuration, "logging_dir", None))
         # torch.compile for prepared models: compile=/dynamo_backend=/dynamo_plugin=, else the launch config
         self.compile_options = resolve_compile_options(compile, dynamo_backend, dynamo_plugin)
+        on_xla = PartialState().distributed_type == DistributedType.XLA
+        if on_xla and self.compile_options is not None:
+            raise ValueError(
+                "torch.compile (compile=/dynamo_backend=/dynamo_plugin=/dynamo_config) is not supported on XLA "
+                "devices (TPU cores): torch_xla already compiles every step's graph; drop the compile setting "
+                "(or set dynamo_backend: 'no' in the launch config) for TPU runs"
+            )
         if self.compile_options is not None:
             self.compile_options.check_backend()  # an unknown backend fails here, not at the first forward
         # FSDP2 sharding of prepared models: fsdp=/fsdp_plugin=, else the launch config (accel_nb.fsdp)
-        self.fsdp_options = resolve_fsdp_options(fsdp, fsdp_plugin, self.state.num_processes)
+        self.fsdp_options = resolve_fsdp_options(fsdp, fsdp_plugin, self.state.num_processes, on_xla=on_xla)
         self.state.distributed_type = (
             DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
         )
@@ -550,3 +557,4 @@ class Accelerator(StateViews, AcceleratorExtras):
             f"Accelerator(num_processes={self.num_processes}, device={self.device}, "
             f"mixed_precision={self.mixed_precision!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
+

@@ -302,7 +302,7 @@ def options_from_env() -> FSDPOptions | None:
     return options_from_config(json.loads(raw))
 
 
-def resolve_fsdp_options(fsdp: Any, fsdp_plugin: Any, num_processes: int) -> FSDPOptions | None:
+def resolve_fsdp_options(fsdp: Any, fsdp_plugin: Any, num_processes: int, on_xla: bool = False) -> FSDPOptions | None:
     """The FSDP settings of an Accelerator: ``fsdp=``, ``fsdp_plugin=`` or the launcher's config; None without FSDP.
 
         resolve_fsdp_options(FSDPOptions(), None, num_processes=2)     # FSDPOptions(...)
@@ -321,6 +321,12 @@ def resolve_fsdp_options(fsdp: Any, fsdp_plugin: Any, num_processes: int) -> FSD
         return None
     if not isinstance(fsdp, FSDPOptions):
         raise TypeError(f"fsdp= takes FSDPOptions(...) (or True for the defaults), got {type(fsdp).__name__}")
+    if on_xla:
+        raise ValueError(
+            "FSDP (fsdp=/fsdp_plugin=/distributed_type: FSDP) is not supported on XLA devices (TPU cores): "
+            "accel_nb shards with torch's fully_shard, which does not run on torch_xla; train without "
+            "FSDP there (every core keeps the whole model), or use GPUs for sharded training"
+        )
     if num_processes < 2:
         raise ValueError(
             "fsdp= shards the model over several processes but this run has 1; launch 2 or more "

@@ -110,10 +110,12 @@ def test_checkpoint_round_trip_on_two_devices(tmp_path):
     assert_weights_close({k: v.tolist() for k, v in plain.state_dict().items()}, saved[0]["saved"], atol=0)
 
 
-def test_bf16_autocasts_on_the_xla_device_and_fp16_is_refused(tmp_path):
+def test_bf16_autocasts_on_the_xla_device_and_fp16_fsdp_compile_are_refused(tmp_path):
     (result,) = run_program("precision", tmp_path, devices=1)
     assert result["inner"] == "torch.bfloat16" and result["output"] == "torch.float32"
     assert "fp16" in result["fp16_error"] and "use mixed_precision='bf16'" in result["fp16_error"]
+    assert "FSDP" in result["fsdp"] and "not supported on XLA devices" in result["fsdp"]
+    assert "torch.compile" in result["compile"] and "not supported on XLA devices" in result["compile"]
 
 
 def test_import_stays_light_and_cpu_true_stays_off_xla():

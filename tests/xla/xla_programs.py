@@ -160,7 +160,7 @@ def checkpoint_program(out_dir: str) -> None:
 
 
 def precision_program(out_dir: str) -> None:
-    """bf16 autocasts the forward on the XLA device (outputs back in fp32); fp16 is refused."""
+    """bf16 autocasts the forward on the XLA device (outputs back in fp32); fp16, FSDP and torch.compile are refused."""
     from accel_nb import Accelerator
     from accel_nb.state import AcceleratorState
 
@@ -170,13 +170,21 @@ def precision_program(out_dir: str) -> None:
         fp16_error = None
     except ValueError as exc:
         fp16_error = str(exc)
+    refused = {}
+    for name, kwargs in {"fsdp": {"fsdp": True}, "compile": {"compile": True}}.items():
+        AcceleratorState._reset_state()
+        try:
+            Accelerator(**kwargs)
+            refused[name] = None
+        except ValueError as exc:
+            refused[name] = str(exc)
     AcceleratorState._reset_state()
     acc = Accelerator(mixed_precision="bf16")
     model = _model()
     model[0].register_forward_hook(lambda m, i, o: seen.update(inner=str(o.dtype)))  # returns None: output kept
     model = acc.prepare(model)
     out = model(torch.ones(2, DIM_IN, device=acc.device))
-    _write(out_dir, "precision", acc.process_index, {"fp16_error": fp16_error, "inner": seen["inner"], "output": str(out.dtype)})
+    _write(out_dir, "precision", acc.process_index, {"fp16_error": fp16_error, "inner": seen["inner"], "output": str(out.dtype), **refused})
 
 
 def skipped_collective_program(out_dir: str) -> None:
