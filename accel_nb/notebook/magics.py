@@ -78,8 +78,8 @@ def _names(text: str) -> tuple[str, ...]:
     return names
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="%%accelerate", add_help=False, allow_abbrev=False)
+def add_launch_flags(p: argparse.ArgumentParser) -> None:
+    """The flags ``%%accelerate`` and ``%accelerate start`` share (what ``launch_options`` reads)."""
     p.add_argument("-n", "--num_processes", "--num-processes", type=_positive_int, default=None)
     p.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None)
     p.add_argument(
@@ -87,10 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--start_method", "--start-method", choices=START_METHODS, default=None)
     p.add_argument("--timeout", type=positive_seconds, default=None)
-    p.add_argument("--rank", type=_rank, default=None)
-    p.add_argument("--return", dest="return_names", type=_names, default=())
     p.add_argument("--use_port", "--use-port", type=_positive_int, default=None)
     p.add_argument("--cpu", action="store_true", default=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="%%accelerate", add_help=False, allow_abbrev=False)
+    add_launch_flags(p)
+    p.add_argument("--rank", type=_rank, default=None)
+    p.add_argument("--return", dest="return_names", type=_names, default=())
     p.add_argument("--num_nodes", "--num-nodes", type=_positive_int, default=None)
     p.add_argument("--node_rank", "--node-rank", type=_rank_number, default=None)
     p.add_argument("--master_addr", "--master-addr", default=None)

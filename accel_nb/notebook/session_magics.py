@@ -22,8 +22,6 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from ..config import START_METHODS
-from ..precision_setting import MIXED_PRECISION_CHOICES
 from .session import Session, show_status
 
 VERBS_USAGE = (
@@ -60,18 +58,11 @@ def _gpu_ids(text: str) -> tuple[int, ...]:
 
 
 def _start_parser() -> argparse.ArgumentParser:
-    from ..cli import positive_seconds
-    from .magics import _positive_int
+    from .magics import add_launch_flags
 
     p = _Parser(prog="%accelerate start", add_help=False, allow_abbrev=False)
-    p.add_argument("-n", "--num_processes", "--num-processes", type=_positive_int, default=None)
-    p.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None)
-    p.add_argument("--gradient_accumulation_steps", "--gradient-accumulation-steps", type=_positive_int, default=None)
+    add_launch_flags(p)
     p.add_argument("--gpu_ids", "--gpu-ids", type=_gpu_ids, default=None)
-    p.add_argument("--start_method", "--start-method", choices=START_METHODS, default=None)
-    p.add_argument("--timeout", type=positive_seconds, default=None)
-    p.add_argument("--use_port", "--use-port", type=_positive_int, default=None)
-    p.add_argument("--cpu", action="store_true", default=False)
     return p
 
 
