@@ -244,8 +244,9 @@ def test_destroy_process_group_resets():
 
 
 _EXIT_SCRIPT = """
-import atexit, torch.distributed as dist
-atexit.register(lambda: print("group formed at exit:", dist.is_initialized(), flush=True))  # runs last
+import atexit, os, torch.distributed as dist
+# runs last; one write per rank (print's pieces from the two ranks interleaved once in CI)
+atexit.register(lambda: os.write(1, f"group formed at exit: {dist.is_initialized()}\\n".encode()))
 from accel_nb import PartialState
 PartialState().wait_for_everyone()  # a script that never calls destroy_process_group
 """
