@@ -38,7 +38,9 @@ def run_program(name: str, out_dir: str, devices: int, **env: str) -> list[dict]
     return [json.load(open(os.path.join(out_dir, f"{prefix}_rank{r}.json"))) for r in range(devices)]
 
 
-def assert_weights_close(a: dict, b: dict, atol: float = 1e-6) -> None:
+def assert_weights_close(a: dict, b: dict, atol: float = 1e-5) -> None:
+    """Same weights; by default to float32 rounding of a different summation order (CI saw 2.4e-6
+    between 2 devices and 1 after 8 steps; an unaveraged or doubled gradient differs by ~1e-2)."""
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(torch.tensor(a[k]), torch.tensor(b[k]), atol=atol, rtol=0, msg=k)
@@ -74,6 +76,10 @@ def test_two_devices_train_like_one_device_with_the_double_batch(tmp_path):
     assert_weights_close(two[0]["weights"], two[1]["weights"], atol=0)  # the devices agree exactly
     assert_weights_close(two[0]["weights"], one[0]["weights"])  # and with one device, 8 samples a step
     assert two[0]["losses"] == pytest.approx(one[0]["losses"], abs=1e-5)
+    # clip_grad_norm_ returns the norm of the averaged gradient: the one device's, step by step
+    assert len(two[0]["norms"]) == 8 and two[0]["norms"] == pytest.approx(one[0]["norms"], rel=1e-4)
+    assert any(n < 1.0 for n in one[0]["norms"]) and any(n > 1.0 for n in one[0]["norms"])  # some steps clipped
+    assert accumulated[0]["norms"] == pytest.approx(one[0]["norms"], rel=1e-4)
     assert accumulated[0]["steps_per_epoch"] == 8  # micro-batches
     assert_weights_close(accumulated[0]["weights"], accumulated[1]["weights"], atol=0)
     assert_weights_close(accumulated[0]["weights"], one[0]["weights"])

@@ -92,12 +92,16 @@ def _setup(
     return acc, model, optimizer, loader, scheduler
 
 
-def _step(acc: Any, model: Any, optimizer: Any, scheduler: Any, x: torch.Tensor, y: torch.Tensor) -> float:
+def _step(acc: Any, model: Any, optimizer: Any, scheduler: Any, x: torch.Tensor, y: torch.Tensor,
+          norms: list[float] | None = None) -> float:  # fmt: skip
     with acc.accumulate(model):
         loss = torch.nn.functional.mse_loss(model(x), y)
         acc.backward(loss)
-        if acc.sync_gradients:  # active: the norm is that of the averaged gradients
-            acc.clip_grad_norm_(model.parameters(), max_norm=0.05)
+        if acc.sync_gradients:  # the norm is that of the averaged gradients; it clips some steps, not
+            # all (clipping every step would hide a gradient summed instead of averaged)
+            norm = acc.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            if norms is not None:
+                norms.append(float(norm.item()))
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
@@ -114,11 +118,11 @@ def train_program(out_dir: str) -> None:
     world = int(os.environ.get("CPU_NUM_DEVICES", "1"))
     accumulation = int(os.environ.get("XLA_TEST_ACCUMULATION", "1"))
     acc, model, optimizer, loader, scheduler = _setup(8 // world // accumulation, rng_types=["xla"], accumulation=accumulation)
-    losses, batch_devices = [], set()
+    losses, batch_devices, norms = [], set(), []
     for _epoch in range(2):
         for x, y in loader:
             batch_devices.add(str(x.device))
-            losses.append(_step(acc, model, optimizer, scheduler, x, y))
+            losses.append(_step(acc, model, optimizer, scheduler, x, y, norms))
     # evaluation over 30 samples: the last round is padded to fill every device, gather_for_metrics drops it
     x, y = _data().tensors
     evaluation = acc.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:30], y[:30]), batch_size=4))
@@ -130,6 +134,7 @@ def train_program(out_dir: str) -> None:
         "eval_rows": sum(int(g.shape[0]) for g in gathered),
         "eval_loss": float(torch.cat(gathered).mean().item()),
         "losses": losses,
+        "norms": norms,
         "weights": _weights(acc, model),
         "batch_devices": sorted(batch_devices),
         "model_class": type(model).__name__,
