@@ -5,15 +5,16 @@
 # Idempotent: re-running with an unchanged pyproject.toml and this script installs nothing.
 # On success it touches .venv-xla/.ready.
 #   bash scripts/setup-xla-env.sh
+#   XLA_TORCH_VERSION=2.8.0 XLA_VENV=.venv-xla28 bash scripts/setup-xla-env.sh   # Kaggle's pairing, kept apart
 #   PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -q -p no:cacheprovider tests/xla
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VENV=.venv-xla
-TORCH_VERSION=2.9.0
-TORCH_XLA_VERSION=2.9.0
+VENV=${XLA_VENV:-.venv-xla}
+TORCH_VERSION=${XLA_TORCH_VERSION:-2.9.0}
+TORCH_XLA_VERSION=$TORCH_VERSION  # torch_xla's releases pair with the torch of the same number
 stamp=$VENV/.accel_nb-xla-installed
-want=$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml "$0"; echo "$TORCH_VERSION") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$VENV/.ready" ]; then
   exit 0
 fi
