@@ -85,7 +85,7 @@ def _setup(
 
     acc = Accelerator(rng_types=rng_types, gradient_accumulation_steps=accumulation)
     model = _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=decay_every, gamma=0.5)
     loader = torch.utils.data.DataLoader(_data(), batch_size=batch_size, shuffle=False)
     model, optimizer, loader, scheduler = acc.prepare(model, optimizer, loader, scheduler)
