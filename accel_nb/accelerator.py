@@ -402,11 +402,10 @@ class Accelerator(StateViews, AcceleratorExtras):
             return None
         if self.scaler is not None:
             self.unscale_gradients()
-        from .xla.training import launch_after_clipping, reduce_before_clipping
+        from .xla.training import reduce_before_clipping
 
         reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        launch_after_clipping()
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor of the global norm
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:

@@ -18,7 +18,22 @@ status=0
 if [ "$#" -eq 0 ] && [ "${ACCEL_NB_SKIP_XLA:-0}" != "1" ]; then
   echo "== XLA job: tests/xla on XLA's CPU backend (ACCEL_NB_SKIP_XLA=1 skips it) =="
   if bash scripts/setup-xla-env.sh; then
-    PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -q -p no:cacheprovider tests/xla || status=$?
+    # XLA's CPU backend runs the devices as threads and now and then aborts a run in its own
+    # collective rendezvous ("Termination timeout for `all reduce ...`", docs/tpu.md, known limit).
+    # When the output shows that abort, the tests that failed run once more, saying so.
+    xla_log=$(mktemp)
+    xla_status=0
+    PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -q -p no:cacheprovider -rf tests/xla 2>&1 | tee "$xla_log" || xla_status=$?
+    if [ "$xla_status" -ne 0 ] && grep -q "rendezvous.cc.*Termination timeout" "$xla_log"; then
+      mapfile -t failed < <(grep -o "^FAILED tests/xla/[^ ]*" "$xla_log" | cut -d' ' -f2 || true)
+      if [ "${#failed[@]}" -gt 0 ]; then
+        echo "== XLA job: ${#failed[@]} test(s) failed and XLA's CPU backend aborted a collective rendezvous: running them once more =="
+        xla_status=0
+        PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -q -p no:cacheprovider -rf "${failed[@]}" || xla_status=$?
+      fi
+    fi
+    [ "$xla_status" -eq 0 ] || status=$xla_status
+    rm -f "$xla_log"
   else
     echo "error: ./.venv-xla could not be built (bash scripts/setup-xla-env.sh); ACCEL_NB_SKIP_XLA=1 skips the XLA job"
     status=1

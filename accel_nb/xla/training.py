@@ -81,13 +81,6 @@ def reduce_before_clipping(optimizers: Iterable[Any]) -> None:
             setattr(opt, _REDUCED, True)
 
 
-def launch_after_clipping() -> None:
-    """With devices as threads: launch the clipped gradients' graph (it holds the all-reduce) with the
-    other device threads, so that reading the norm before the step does not run the collective alone."""
-    if runtime.in_use() and runtime.devices_are_threads() and runtime.world_size() > 1:
-        _launch_step()
-
-
 def tensors_to_cpu(obj: Any) -> Any:
     """``obj`` with every XLA tensor (in dicts, lists, tuples) replaced by a CPU copy; the rest unchanged.
 

@@ -32,7 +32,9 @@ def run_program(name: str, out_dir: str, devices: int, **env: str) -> list[dict]
         [sys.executable, "-m", "tests.xla.xla_programs", name, str(out_dir)],
         cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=280,
     )  # fmt: skip
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+    lines = (proc.stdout + proc.stderr).splitlines()
+    xla_abort = [line for line in lines[:-30] if "rendezvous.cc" in line]  # XLA's own abort (docs/tpu.md)
+    tail = "\n".join(xla_abort + lines[-30:])
     assert proc.returncode == 0, f"{name} on {devices} XLA devices failed:\n{tail}"
     prefix = f"{name}_{env['XLA_TEST_PHASE']}" if "XLA_TEST_PHASE" in env else name + env.get("XLA_TEST_ACCUMULATION", "")
     return [json.load(open(os.path.join(out_dir, f"{prefix}_rank{r}.json"))) for r in range(devices)]

@@ -93,15 +93,15 @@ def _setup(
 
 
 def _step(acc: Any, model: Any, optimizer: Any, scheduler: Any, x: torch.Tensor, y: torch.Tensor,
-          norms: list[float] | None = None) -> float:  # fmt: skip
+          norms: list[torch.Tensor] | None = None) -> float:  # fmt: skip
     with acc.accumulate(model):
         loss = torch.nn.functional.mse_loss(model(x), y)
         acc.backward(loss)
         if acc.sync_gradients:  # the norm is that of the averaged gradients; it clips some steps, not
             # all (clipping every step would hide a gradient summed instead of averaged)
             norm = acc.clip_grad_norm_(model.parameters(), max_norm=1.0)
-            if norms is not None:
-                norms.append(float(norm.item()))
+            if norms is not None:  # read after training: see docs/tpu.md, devices as threads
+                norms.append(norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
@@ -134,7 +134,7 @@ def train_program(out_dir: str) -> None:
         "eval_rows": sum(int(g.shape[0]) for g in gathered),
         "eval_loss": float(torch.cat(gathered).mean().item()),
         "losses": losses,
-        "norms": norms,
+        "norms": [float(n.cpu()) for n in norms],
         "weights": _weights(acc, model),
         "batch_devices": sorted(batch_devices),
         "model_class": type(model).__name__,
