@@ -557,4 +557,3 @@ class Accelerator(StateViews, AcceleratorExtras):
             f"Accelerator(num_processes={self.num_processes}, device={self.device}, "
             f"mixed_precision={self.mixed_precision!r}, gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
-

@@ -42,11 +42,16 @@ def _log_tail(log_path: str | None, count: int = 60) -> list[str]:
     return lines[-count:]
 
 
-def _last_exception(log_path: str | None) -> str | None:
-    for line in reversed(_log_tail(log_path)):
+def _exception_line(lines: list[str]) -> str | None:
+    """The last line of ``lines`` that reads like a Python exception (``ValueError: ...``)."""
+    for line in reversed(lines):
         if _EXC_LINE.match(line):
             return line.strip()
     return None
+
+
+def _last_exception(log_path: str | None) -> str | None:
+    return _exception_line(_log_tail(log_path))
 
 
 def _signal_text(code: int) -> str:
@@ -68,8 +73,8 @@ def order_failures(failures: dict[int, Any], log_dir: str) -> list[tuple[int, An
     def key(item: tuple[int, Any]) -> tuple[int, float, int, float, int]:
         rank, failure = item
         log = _rank_log(log_dir, failure.local_rank)
-        tail = _log_tail(log)
-        exc = _last_exception(log) or ""
+        tail = _log_tail(log)  # read once: the exception line and the symptoms come from it
+        exc = _exception_line(tail) or ""
         # the agent stops the survivors with SIGTERM; a peer's death shows as a broken connection,
         # raised as an exception or printed by C++ ("terminate called ... Connection closed by peer")
         symptom = failure.exitcode == -signal.SIGTERM or any(s in line for line in tail for s in _SYMPTOMS)
