@@ -57,19 +57,20 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${PIP[@]}" "${missing[@]}" || echo "gpu_check: could not install ${missing[*]} (offline?); the steps needing them will say so"
 fi
 
-OUT=$(mktemp -d)
+OUT=${GPU_CHECK_OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 status=0
 # -- 3. every GPU-marked test ---------------------------------------------------------------------
 echo "gpu_check: pytest -m gpu"
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest.txt"
+timeout "${GPU_CHECK_PYTEST_S:-300}" "$PY" -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/pytest.txt"
 pytest_rc=${PIPESTATUS[0]}
 [ "$pytest_rc" -eq 0 ] || status=1
 # -- 4. the GPU benchmarks (their CPU rows come along) ----------------------------------------------
 echo "gpu_check: python -m benchmarks run big_model training fsdp"
-"$PY" -m benchmarks run big_model training fsdp --json "$OUT/bench.json" || status=1
+timeout "${GPU_CHECK_BENCH_S:-300}" "$PY" -m benchmarks run big_model training fsdp --json "$OUT/bench.json" || status=1
 # -- 5. one-GPU notebook_launcher in a real kernel --------------------------------------------------
 echo "gpu_check: notebook_launcher on one GPU in a real kernel"
-"$PY" scripts/gpu_check_report.py kernel-launch "$OUT/kernel.json" || status=1
+timeout "${GPU_CHECK_KERNEL_S:-180}" "$PY" scripts/gpu_check_report.py kernel-launch "$OUT/kernel.json" || status=1
 # -- 6. docs/benchmarks.md ------------------------------------------------------------------------
 "$PY" scripts/gpu_check_report.py write docs/benchmarks.md "$OUT" "$pytest_rc" || status=1
 echo "gpu_check: figures written to docs/benchmarks.md (section 'GPU run'); raw results in $OUT"
