@@ -384,9 +384,20 @@ def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: 
 def cmd_launch(ns: argparse.Namespace) -> int:
     from .hardware import detect
     from .launch.elastic import check_endpoint, main_endpoint, rendezvous_failure
+    from .launch.errors import LaunchSetupError
+    from .launch.plan import CLI_CHOICES, check_one_gpu_per_rank
 
     cfg = config_for_launch(ns)
     hw = detect()
+    if not cfg.use_cpu and cfg.distributed_type != "MULTI_CPU":  # a GPU launch: one GPU per process, first
+        gpus = hw.num_gpus if cfg.gpu_ids == "all" else min(hw.num_gpus, len(cfg.gpu_ids.split(",")))
+        try:
+            check_one_gpu_per_rank(cfg.processes_here(hw), gpus, CLI_CHOICES)
+        except LaunchSetupError as exc:
+            from_file = ns.num_processes is None and cfg.source
+            source = f" (num_processes={cfg.num_processes} is from {cfg.source})" if from_file else ""
+            print(f"{PROG} launch: error: {exc}{source}", file=sys.stderr)
+            return 2
     for note in cfg.check_hardware(hw):
         print(f"{PROG} launch: note: {note}", file=sys.stderr)
     if not ns.module and not os.path.isfile(ns.script):

@@ -25,3 +25,29 @@ def pretend_cuda_initialised(monkeypatch: Any) -> None:
     from accel_nb.launch import cuda_guard
 
     monkeypatch.setattr(cuda_guard, "cuda_initialized", lambda: True)
+
+
+def _fake_nvml_devices(count: int) -> list[dict[str, Any]]:
+    return [
+        {"nvml_index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-00000000-0000-0000-0000-00000000000{i}",
+         "total_memory": 80 << 30, "compute_capability": (9, 0)}
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def pretend_gpus(monkeypatch: Any, count: int) -> None:
+    """From now until the test ends, NVML reports ``count`` H100s here (``CUDA_VISIBLE_DEVICES`` still applies).
+
+    Every GPU count of accel_nb (``hardware.gpu_info``, ``cuda_device_count``, ``detect``) reads NVML's list.
+    """
+    from accel_nb import hardware
+
+    monkeypatch.setattr(hardware, "_nvml_devices", lambda: _fake_nvml_devices(count))
+
+
+def kernel_pretend_gpus(count: int) -> str:
+    """Code for a kernel cell: NVML reports ``count`` H100s in that kernel from now on."""
+    return (
+        "import accel_nb.hardware as _hardware\n"
+        f"_hardware._nvml_devices = lambda: {_fake_nvml_devices(count)!r}\n"
+    )

@@ -121,6 +121,41 @@ def _check_bf16_hardware(num_gpus: int) -> None:
         raise LaunchSetupError(f"mixed_precision='bf16' cannot run here: {problem}. Use mixed_precision='fp16' or 'no'")
 
 
+# how each face spells the choices a refusal names (the notebook's keyword arguments by default)
+NOTEBOOK_CHOICES = {"one": "num_processes={n}", "cpu": "cpu=True"}
+MAGIC_CHOICES = {"one": "-n {n}", "cpu": "--cpu"}
+CLI_CHOICES = {"one": "--num_processes {n}", "cpu": "--cpu"}
+
+
+def check_one_gpu_per_rank(processes: int, gpus: int, choices: dict[str, str] = NOTEBOOK_CHOICES) -> None:
+    """Refuse, before anything starts, a GPU launch of more ranks on this machine than it has GPUs.
+
+    Each GPU rank takes its own device (``LOCAL_RANK``); NCCL refuses two ranks on one GPU ("Duplicate
+    GPU detected") only inside every rank's DDP constructor, after the launch has started.
+
+        check_one_gpu_per_rank(2, 1)   # LaunchSetupError: 2 GPU processes asked, 1 GPU here; ...
+    """
+    if gpus <= 0 or processes <= gpus:
+        return
+    one = choices["one"].format(n=gpus)
+    raise LaunchSetupError(
+        f"{processes} GPU processes asked, but this machine has {gpus} GPU{'s' if gpus != 1 else ''} and each "
+        f"GPU process needs a GPU of its own (NCCL refuses two ranks on one GPU). Use {one} (one process per "
+        f"GPU), {choices['cpu']} to run {processes} CPU processes (gloo) instead, or a machine with "
+        f"{processes} GPUs"
+    )
+
+
+def check_gpu_processes(options: LaunchOptions, choices: dict[str, str] = NOTEBOOK_CHOICES) -> None:
+    """``check_one_gpu_per_rank`` for ``options`` on this machine (a face calls it first to name its own flags).
+
+        check_gpu_processes(options, MAGIC_CHOICES)   # "-n 1", "--cpu" in the refusal
+    """
+    if options.cpu or options.num_processes is None:
+        return
+    check_one_gpu_per_rank(options.num_processes, hardware.cuda_device_count(), choices)
+
+
 def make_plan(options: LaunchOptions) -> LaunchPlan:
     """Decide the launch from checked ``options``; ``LaunchSetupError`` for anything that would fail on every rank.
 
@@ -136,6 +171,7 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
     if num_processes is None:
         num_processes = gpus if gpus > 0 else 1
     use_gpu = gpus > 0
+    check_one_gpu_per_rank(num_processes, gpus)
     if options.mixed_precision == "bf16" and use_gpu:
         _check_bf16_hardware(min(num_processes, gpus))
 

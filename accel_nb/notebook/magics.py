@@ -31,6 +31,7 @@ from ..config import START_METHODS
 from ..launch import cuda_guard
 from ..launch.options import LaunchOptions
 from ..launch.payload import CellPayload
+from ..launch.plan import MAGIC_CHOICES, check_gpu_processes
 from ..precision_setting import MIXED_PRECISION_CHOICES
 
 USAGE = (
@@ -187,6 +188,7 @@ class AccelerateMagics(Magics):
         from .launcher import launch_payload
 
         options = launch_options(args, saved_config())
+        check_gpu_processes(options, MAGIC_CHOICES)  # refused in the magic's own flags, before anything starts
         return_rank = args.rank if isinstance(args.rank, int) else 0
         payload = self._cell_payload(cell, args.return_names, return_rank)
         results = launch_payload(payload, options)

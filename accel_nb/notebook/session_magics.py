@@ -69,6 +69,7 @@ def _start_parser() -> argparse.ArgumentParser:
 def start_options(line: str) -> Any:
     """The ``LaunchOptions`` of ``%accelerate start <flags>`` (absent flags: the saved config, as ``%%accelerate``)."""
     from .. import hardware
+    from ..launch.plan import MAGIC_CHOICES, check_gpu_processes
     from .magics import launch_options, saved_config
 
     args = _start_parser().parse_args(shlex.split(line))
@@ -89,6 +90,8 @@ def start_options(line: str) -> Any:
             raise UsageError(f"%accelerate start: -n {n} but --gpu_ids lists {len(args.gpu_ids)} GPUs; give one per rank")
         env = dict(options.env, CUDA_VISIBLE_DEVICES=",".join(map(str, args.gpu_ids)))
         options = dataclasses.replace(options, num_processes=n, env=env)
+    else:
+        check_gpu_processes(options, MAGIC_CHOICES)  # before any worker starts, in the magic's own flags
     return options
 
 
