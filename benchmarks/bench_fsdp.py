@@ -51,7 +51,8 @@ def _one_run(use_fsdp: bool, gpu: bool, steps: int) -> tuple[float, float]:
     from accel_nb.fsdp.sharding import local_shard_bytes
 
     wrap = ["GPT2Block"] if gpu else ["_Block"]
-    acc = Accelerator(mixed_precision="bf16" if gpu else "no", fsdp=FSDPOptions(auto_wrap_classes=wrap) if use_fsdp else None)
+    acc = Accelerator(cpu=not gpu, mixed_precision="bf16" if gpu else "no",
+                      fsdp=FSDPOptions(auto_wrap_classes=wrap) if use_fsdp else None)  # CPU rows stay on CPU on a GPU machine
     model = _gpt2() if gpu else _cpu_model()
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -121,7 +121,7 @@ def _run_prepared(accelerator: Any, dataset: Any, warmup: int) -> tuple[float, f
 def _run_accel_nb(dataset: Any, warmup: int) -> tuple[float, float]:
     from accel_nb import Accelerator
 
-    return _run_prepared(Accelerator(), dataset, warmup)
+    return _run_prepared(Accelerator(cpu=True), dataset, warmup)
 
 
 def _run_reference(dataset: Any, warmup: int) -> tuple[float, float]:
@@ -163,7 +163,9 @@ def _cpu_runs(rank: int, steps: int, reps: int) -> dict[str, list[float]]:  # pr
     """One rank: hand-written DDP, accel_nb and the reference on the same gloo group, alternating order."""
     from accel_nb.state import PartialState
 
-    PartialState()  # joins the gloo group; the hand-written loop and the reference reuse it
+    # cpu=True: these are the CPU rows, also on a GPU machine (without it the group would be NCCL and
+    # the CPU model's DDP would fail: "No backend type associated with device type cpu")
+    PartialState(cpu=True)  # joins the gloo group; the hand-written loop and the reference reuse it
     dataset = _cpu_dataset(steps)
     impls = {"ddp": _run_handwritten_ddp, "accel_nb": _run_accel_nb}
     if _has_reference():
