@@ -71,6 +71,9 @@ timeout "${GPU_CHECK_BENCH_S:-300}" "$PY" -m benchmarks run big_model training f
 # -- 5. one-GPU notebook_launcher in a real kernel --------------------------------------------------
 echo "gpu_check: notebook_launcher on one GPU in a real kernel"
 timeout "${GPU_CHECK_KERNEL_S:-180}" "$PY" scripts/gpu_check_report.py kernel-launch "$OUT/kernel.json" || status=1
+# -- 5b. more GPU processes than GPUs: refused before any rank starts --------------------------------
+echo "gpu_check: more GPU processes than GPUs, refused before start"
+timeout 240 "$PY" scripts/gpu_check_report.py refusal "$OUT/refusal.json" || status=1
 # -- 6. docs/benchmarks.md ------------------------------------------------------------------------
 "$PY" scripts/gpu_check_report.py write docs/benchmarks.md "$OUT" "$pytest_rc" || status=1
 echo "gpu_check: figures written to docs/benchmarks.md (section 'GPU run'); raw results in $OUT"

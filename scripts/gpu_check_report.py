@@ -2,6 +2,7 @@
 "GPU run" section of docs/benchmarks.md.
 
     python scripts/gpu_check_report.py kernel-launch OUT.json
+    python scripts/gpu_check_report.py refusal OUT.json
     python scripts/gpu_check_report.py write docs/benchmarks.md OUT_DIR PYTEST_RC
 """
 
@@ -80,6 +81,60 @@ def kernel_launch(path: str) -> int:
     return 0 if "error" not in ours and ours["result"]["device"].startswith("cuda") else 1
 
 
+REFUSAL_NOTEBOOK = r"""
+import json, sys, torch
+from accel_nb import notebook_launcher
+n = torch.cuda.device_count() + 1
+try:
+    notebook_launcher(lambda: open(sys.argv[1], "w").close(), num_processes=n)
+    print(json.dumps({"refused": False}))
+except Exception as exc:
+    print(json.dumps({"refused": True, "error": f"{type(exc).__name__}: {exc}"}))
+"""
+
+
+def refusal(path: str) -> int:
+    """More GPU processes than GPUs, on a real GPU: refused before any rank starts (notebook and CLI faces)."""
+    import subprocess
+    import tempfile
+
+    import torch
+
+    n = torch.cuda.device_count() + 1
+    with tempfile.TemporaryDirectory() as tmp:
+        marker = os.path.join(tmp, "ran")
+        script = os.path.join(tmp, "train.py")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(f"open({marker!r}, 'w').close()\n")
+        nb = subprocess.run([sys.executable, "-c", REFUSAL_NOTEBOOK, marker], capture_output=True, text=True, timeout=120)
+        lines = [x for x in nb.stdout.splitlines() if x.startswith("{")]
+        notebook = json.loads(lines[-1]) if lines else {"refused": False, "error": nb.stderr[-500:]}
+        notebook["rank_ran"] = os.path.exists(marker)
+        cli = subprocess.run([sys.executable, "-m", "accel_nb.cli", "launch", "--num_processes", str(n), script],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        result = {"processes": n, "gpus": n - 1, "notebook_launcher": notebook,
+                  "cli": {"exit_code": cli.returncode, "stderr": cli.stderr.strip()[-600:], "rank_ran": os.path.exists(marker)}}  # fmt: skip
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result, indent=1))
+    ok = notebook["refused"] and not notebook["rank_ran"] and cli.returncode == 2 and not result["cli"]["rank_ran"]
+    return 0 if ok else 1
+
+
+def _refusal_line(out_dir: str) -> str:
+    path = os.path.join(out_dir, "refusal.json")
+    if not os.path.exists(path):
+        return ""
+    with open(path, encoding="utf-8") as f:
+        r = json.load(f)
+    nb, cli = r["notebook_launcher"], r["cli"]
+    ok = nb.get("refused") and not nb.get("rank_ran") and cli["exit_code"] == 2 and not cli["rank_ran"]
+    said = (nb.get("error") or "").splitlines()[0][:240] if nb.get("error") else "no error"
+    return (f"- **{r['processes']} GPU processes on {r['gpus']} GPU(s)**: "
+            f"{'refused before any rank started' if ok else 'NOT refused as it should be'} "
+            f"(notebook_launcher: `{said}`; `accel-nb launch`: exit code {cli['exit_code']})")  # fmt: skip
+
+
 def _kernel_rows(data: dict) -> list[dict]:
     ours, ref = data.get("accel_nb", {}), data.get("reference", {})
     if "error" in ours:
@@ -131,6 +186,7 @@ def write(doc: str, out_dir: str, pytest_rc: str) -> int:
         f"- **GPU**: {device} (x{torch.cuda.device_count()}), torch {torch.__version__}, CUDA {torch.version.cuda}",
         "- **Command**: `bash scripts/gpu_check.sh`",
         f"- **GPU-marked tests** (`pytest -m gpu`): {summary or 'no output'} (exit code {pytest_rc})",
+        *([_refusal_line(out_dir)] if _refusal_line(out_dir) else []),
         "",
         table(rows, markdown=True) if rows else "No benchmark rows were produced; see the script's output.",
         "",
@@ -152,6 +208,8 @@ def write(doc: str, out_dir: str, pytest_rc: str) -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["kernel-launch"] and len(argv) == 2:
         return kernel_launch(argv[1])
+    if argv[:1] == ["refusal"] and len(argv) == 2:
+        return refusal(argv[1])
     if argv[:1] == ["write"] and len(argv) == 4:
         return write(argv[1], argv[2], argv[3])
     print(__doc__, file=sys.stderr)
