@@ -114,7 +114,9 @@ def test_log_panes_hold_each_ranks_output_with_stderr_marked():
     assert "hello &lt;b&gt;0&lt;/b&gt;" in r.panes[0].value and "warning" not in r.panes[0].value
     assert "warning from 1" in r.panes[1].value and "color:#b71c1c" in r.panes[1].value
     assert "Python stacks" in r.panes[1].value
-    assert r.logs.titles[0] == "rank 0 output (1 line)"
+    from accel_nb.notebook.widget_compat import get_titles
+
+    assert get_titles(r.logs)[0] == "rank 0 output (1 line)"  # ipywidgets 7: set_title; 8: titles
 
 
 def test_metrics_events_show_latest_values_per_rank():
@@ -232,6 +234,75 @@ def test_show_ranks_limits_the_echo_but_every_rank_keeps_its_pane(capsys):
     r.finish(True)
     assert capsys.readouterr().out == "[rank 0] from zero\n"
     assert "from one" in r.panes[1].value
+
+
+def _fallback_lines(err):
+    return [line for line in err.splitlines() if "the progress widget could not" in line]
+
+
+def test_a_widget_that_fails_to_update_hands_over_to_the_text_view(capsys):
+    """The widget breaks mid-launch: one line says why, text progress and the final summary follow."""
+    import ipywidgets as W
+    from traitlets import validate
+
+    from accel_nb.notebook.progress_widget import WidgetReporter
+
+    class BrokenHTML(W.HTML):
+        @validate("value")
+        def _refuse(self, proposal):
+            raise RuntimeError("the front-end went away")
+
+    r = WidgetReporter(2, desc="train", display=False, min_interval=0.0)
+    r.start(2, {})
+    _run_loop(r, 0, 3)
+    assert r.text_view is None and capsys.readouterr().err == ""
+    r.aggregate = BrokenHTML()  # from now on every update of the widget raises
+    r.handle(Progress(0, "train", 4, 10, {}, "train", 100.0, False))
+    r.handle(Log(1, "stdout", "hello from one\n"))
+    for i in range(5, 11):
+        r.handle(Progress(0, "train", i, 10, {}, "train", 100.0, i == 10))
+    r.handle(Progress(1, "train", 10, 10, {}, "train", 100.0, True))
+    r.finish(True)
+    out = capsys.readouterr()
+    lines = _fallback_lines(out.err)
+    assert lines == [
+        "[accel_nb] the progress widget could not update (RuntimeError: the front-end went away); "
+        "showing text progress for the rest of this launch"
+    ], out.err
+    assert r.text_view is not None and r.fallback_reason == "RuntimeError: the front-end went away"
+    assert "[rank 1] hello from one" in out.out  # the ranks' output goes on, once
+    assert out.out.count("hello from one") == 1
+    assert "[rank 0] " in out.out and "10/10" in out.out  # text progress lines after the switch
+    summary = out.out[out.out.index("accel_nb launch finished"):]  # the final summary, printed
+    assert "rank 0 done" in summary and "rank 1 done" in summary and "10/10" in summary
+
+
+def test_a_widget_that_fails_to_render_leaves_the_text_view_and_the_failure(capsys, monkeypatch):
+    """The widgets cannot even be built (a missing widget feature): text from the start, failures included."""
+    import ipywidgets as W
+
+    from accel_nb.notebook.progress_widget import WidgetReporter
+
+    class NoAccordion(W.Accordion):
+        def __init__(self, *a, **kw):
+            raise AttributeError("'Accordion' object has no attribute 'titles'")
+
+    monkeypatch.setattr(W, "Accordion", NoAccordion)
+    r = WidgetReporter(2, desc="train", display=False)
+    r.start(2, {})
+    r.handle(Progress(0, "train", 1, 4, {}, "train", 100.0, False))
+    r.handle(Failure(1, "ValueError", "boom", "Traceback ...\nValueError: boom\n"))
+    r.tick()
+    r.finish(False, "rank 1 failed: ValueError: boom")
+    out = capsys.readouterr()
+    assert _fallback_lines(out.err) == [
+        "[accel_nb] the progress widget could not render (AttributeError: 'Accordion' object has no attribute "
+        "'titles'); showing text progress for the rest of this launch"
+    ], out.err
+    assert "[rank 1] failed: ValueError: boom" in out.err
+    assert "[rank 0] " in out.out and "1/4" in out.out
+    summary = out.out[out.out.index("accel_nb launch failed: 2 processes"):]  # the final summary, printed
+    assert "rank 0 stopped" in summary and "rank 1 failed   ValueError: boom" in summary
 
 
 # ------------------------------------------------------------------------------- text

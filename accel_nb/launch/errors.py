@@ -17,12 +17,24 @@ from typing import Any
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
+def _machinery(frame: types.FrameType) -> bool:
+    """A frame of accel_nb, or of IPython's magic dispatch (IPython 7 shows those: interactiveshell,
+    the ``decorator`` package, magic.py; IPython 8+ hides them itself)."""
+    filename = frame.f_code.co_filename
+    if os.path.abspath(filename).startswith(_PACKAGE_DIR) or filename.startswith("<decorator-gen-"):
+        return True
+    module = str(frame.f_globals.get("__name__", ""))
+    return module == "decorator" or module.startswith("IPython.core.")
+
+
 def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` without accel_nb's own frames (the user's cell and code stay, in order)."""
+    """``tb`` without accel_nb's own frames nor IPython's magic dispatch (the user's cell and code stay, in order)."""
     kept = []
+    outermost = True  # IPython's run_code: the shell's own tb_offset skips it, so it stays
     while tb is not None:
-        if not os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        if outermost or not _machinery(tb.tb_frame):
             kept.append(tb)
+        outermost = False
         tb = tb.tb_next
     out = None
     for entry in reversed(kept):

@@ -377,8 +377,9 @@ class DeviceMapView:
             return {"text/plain": repr(self)}
         bundle = {"text/plain": self.text_summary(), "text/html": self.to_html()}
         if self._interactive:
-            widget_bundle = self.widget()._repr_mimebundle_(include=include, exclude=exclude) or {}
-            bundle.update({k: v for k, v in widget_bundle.items() if k != "text/plain"})
+            from .widget_compat import WIDGET_VIEW_MIME, view_bundle
+
+            bundle[WIDGET_VIEW_MIME] = view_bundle(self.widget())[WIDGET_VIEW_MIME]  # ipywidgets 7 and 8 alike
         return bundle
 
     _interactive = False

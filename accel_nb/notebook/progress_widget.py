@@ -7,6 +7,8 @@ whatever the number of events; a failure shows at once, and ``finish`` always fl
 state. ``tick`` (a few times a second) keeps quiet ranks honest: "no progress for N s", a rate
 that decays, amber once ``stall_after`` passes. When the launch ends, the output's ``text/plain``
 becomes a per-rank summary, so executed and saved notebooks show the final state as text too.
+A widget that fails to render or update never leaves the cell with nothing: the launch goes on
+in the text view (``TextReporter``) from then on, after one line that says why.
 Logged metrics (``Accelerator.log``, ``set_postfix``) are drawn as small curves per rank under
 the bars (``metric_chart``), with the final picture kept in the output as ``image/png``.
 
@@ -27,9 +29,10 @@ from typing import Any
 from .. import events as ev
 from ..launch.launch_progress import QUIET_AFTER, LaunchProgress
 from ..launch.output_lines import OutputRelay
-from ..launch.reporting import parse_show_ranks
+from ..launch.reporting import TextReporter, parse_show_ranks
 from ..progress_format import format_duration, format_metrics, format_rate, one_line, plural
 from .metric_chart import MetricChart
+from .widget_compat import get_titles, set_titles, view_bundle
 
 STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "starting": ("", "#757575"),
@@ -87,6 +90,8 @@ class WidgetReporter:
         self._finished = False
         self._display_handle: Any = None
         self._shown_rows: dict[int, tuple[str, str]] = {}  # rank -> (status, info html) last synced
+        self.text_view: TextReporter | None = None  # set when the widget failed: the text view took over
+        self.fallback_reason: str | None = None  # why, as the one line said
         self.relay = OutputRelay(self.num_processes, parse_show_ranks(info.get("show_ranks", "all")))
 
     # -- Reporter protocol -------------------------------------------------------------------
@@ -101,8 +106,12 @@ class WidgetReporter:
             self.info.update({k: v for k, v in (info or {}).items() if v is not None})
             self.state = LaunchProgress(self.num_processes, self.stall_after)
             self.relay = OutputRelay(self.num_processes, parse_show_ranks(self.info.get("show_ranks", "all")))
-            self._build()
-            self._flush_locked(force=True)
+            try:
+                self._build()
+                self._flush_locked(force=True)
+            except Exception as exc:  # noqa: BLE001 - said in one line; the text view takes over
+                self._fall_back("render", exc)
+                return
         if self.display:
             self._show()
 
@@ -110,6 +119,9 @@ class WidgetReporter:
         """Fold one event in; sync the widgets if ``min_interval`` passed (a failure: at once)."""
         if not self._started:
             self.start(self.num_processes, None)
+        if self.text_view is not None:
+            self.text_view.handle(event)
+            return
         if self.echo_logs and isinstance(event, (ev.Log, ev.Dropped)):
             self.relay.add(event)
         if isinstance(event, ev.Heartbeat):
@@ -117,33 +129,64 @@ class WidgetReporter:
             return
         with self._lock:
             self.state.apply(event)
-            failure = isinstance(event, ev.Failure)
-            if failure:
-                self._show_failures()
-            now = time.monotonic()
-            if failure or now - self._last_flush >= self.min_interval:
-                self._flush_locked(now=now)
-            else:
-                self._dirty = True  # the ticker thread flushes it within min_interval
+            if self.text_view is not None:  # the widget failed on another thread meanwhile
+                return
+            try:
+                failure = isinstance(event, ev.Failure)
+                if failure:
+                    self._show_failures()
+                now = time.monotonic()
+                if failure or now - self._last_flush >= self.min_interval:
+                    self._flush_locked(now=now)
+                else:
+                    self._dirty = True  # the ticker thread flushes it within min_interval
+            except Exception as exc:  # noqa: BLE001 - said in one line; the text view takes over
+                self._fall_back("update", exc)
 
     def finish(self, ok: bool, summary: str | None = None) -> None:
         """Show the final state (always flushed) and leave a text summary in the output."""
         if not self._started:
             self.start(self.num_processes, None)
-        if self.echo_logs:
+        if self.echo_logs and self.text_view is None:
             self.relay.finish()
         with self._lock:
             if self._finished:
                 return
             self._finished = True
-            self.state.finish(ok)
             if summary:
                 self.info["summary"] = summary
-            self._show_failures()
-            if not ok and summary and not any(v.failed for v in self.state.ranks.values()):
-                self._show_launch_problem(summary)  # interrupted, hung: no rank raised
-            self._flush_locked(force=True)
+            if self.text_view is None:
+                self.state.finish(ok)
+                try:
+                    self._show_failures()
+                    if not ok and summary and not any(v.failed for v in self.state.ranks.values()):
+                        self._show_launch_problem(summary)  # interrupted, hung: no rank raised
+                    self._flush_locked(force=True)
+                except Exception as exc:  # noqa: BLE001 - said in one line; the text view takes over
+                    self._fall_back("show the final state", exc)
+            if self.text_view is not None:
+                self.text_view.finish(ok, summary)  # it shares self.state: finishes it too
         self._leave_text_summary(ok, summary)
+
+    def _fall_back(self, what: str, exc: BaseException) -> None:
+        """The widget failed: one line says why, and the text view shows the rest of this launch."""
+        with self._lock:
+            if self.text_view is not None:
+                return
+            self.fallback_reason = one_line(f"{type(exc).__name__}: {exc}")
+            print(
+                f"[accel_nb] the progress widget could not {what} ({self.fallback_reason}); "
+                "showing text progress for the rest of this launch",
+                file=sys.stderr,
+                flush=True,
+            )
+            if self.echo_logs:
+                self.relay.flush()  # what the ranks printed so far, before the text view's lines
+            text = TextReporter(show_ranks=self.info.get("show_ranks", "all"), stall_after=self.stall_after)
+            text.start(self.num_processes, dict(self.info))
+            text.state = self.state  # one state: the final summary counts every event, before and after
+            self.text_view = text
+            self._display_handle = None  # the widget's output may be stale: the summary is printed
 
     # -- building ------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -158,10 +201,8 @@ class WidgetReporter:
         self.chart = MetricChart()
         self.failure_box = W.HTML(value="", layout=W.Layout(display="none"))
         self.panes = {r: W.HTML(value=self._pane_html(r)) for r in range(self.num_processes)}
-        self.logs = W.Accordion(
-            children=[self.panes[r] for r in range(self.num_processes)],
-            titles=tuple(f"rank {r} output" for r in range(self.num_processes)),
-        )
+        self.logs = W.Accordion(children=[self.panes[r] for r in range(self.num_processes)])
+        set_titles(self.logs, [f"rank {r} output" for r in range(self.num_processes)])
         self.logs.selected_index = None
         self.widget = W.VBox(
             [self.title, self.rows_box, self.aggregate, self.chart.widget, self.failure_box, self.logs],
@@ -190,20 +231,18 @@ class WidgetReporter:
         order = sorted(self.rows)
         self.rows_box.children = tuple(self.rows[r] for r in order)
         self.logs.children = tuple(self.panes[r] for r in order)
-        self.logs.titles = tuple(f"rank {r} output" for r in order)
+        set_titles(self.logs, [f"rank {r} output" for r in order])
 
     def _show(self) -> None:
+        """Put the widget in the cell's output (IPython's public display API, both widget generations)."""
         try:
             from IPython.display import display
 
-            bundle = self.widget._repr_mimebundle_()
-            if bundle is None:
-                bundle = {}
-            bundle = dict(bundle)
-            bundle["text/plain"] = self._plain_running()
+            bundle = view_bundle(self.widget, self._plain_running())
             self._display_handle = display(bundle, raw=True, display_id=True)
-        except Exception:  # noqa: BLE001 - no display machinery: the widget still holds the state
+        except Exception as exc:  # noqa: BLE001 - said in one line; the text view takes over
             self._display_handle = None
+            self._fall_back("render", exc)
 
     # -- rendering -----------------------------------------------------------------------------
     def _title_html(self) -> str:
@@ -365,11 +404,11 @@ class WidgetReporter:
                     self._pane_seen[r] = seen
                     pane.value = self._pane_html(r)
                     if v is not None and count:
-                        titles = list(self.logs.titles)
+                        titles = get_titles(self.logs)
                         idx = sorted(self.panes).index(r)
                         if idx < len(titles):
                             titles[idx] = f"rank {r} output ({plural(count, 'line')})"
-                            self.logs.titles = tuple(titles)
+                            set_titles(self.logs, titles)
         # still dirty only if a log pane waits for its own (slower) refresh
         self._dirty = any(
             r in self.state.ranks and self._pane_seen.get(r) != (self.state.ranks[r].log_count, self._finished)
@@ -388,10 +427,13 @@ class WidgetReporter:
 
         Called by the supervisor a few times a second (and on heartbeats), from the launch's thread.
         """
+        if self.text_view is not None:
+            self.text_view.tick()
+            return
         if self.echo_logs:
             self.relay.tick()
         with self._lock:
-            if self._finished or self.widget is None:
+            if self._finished or self.widget is None or self.text_view is not None:
                 return
             now = time.monotonic()
             if now - self._last_flush < self.min_interval:
@@ -403,9 +445,8 @@ class WidgetReporter:
                     or any(self._shown_rows.get(r) != self._row_key(r, now) for r in self.state.ranks)
                 ):
                     self._flush_locked(now=now)
-            except Exception as exc:  # noqa: BLE001 - a display problem must never break the launch
-                self._dirty = False
-                print(f"[accel_nb] the progress widget could not update: {exc}", file=sys.stderr)
+            except Exception as exc:  # noqa: BLE001 - said in one line; the text view takes over
+                self._fall_back("update", exc)
 
     # -- text ----------------------------------------------------------------------------------
     def _plain_running(self) -> str:
@@ -419,15 +460,14 @@ class WidgetReporter:
 
     def _leave_text_summary(self, ok: bool, summary: str | None) -> None:
         text = self.summary_text(ok, summary)
-        if self._display_handle is not None:
+        if self._display_handle is not None and self.text_view is None:
             try:
-                bundle = dict(self.widget._repr_mimebundle_() or {})
+                bundle = view_bundle(self.widget, text)
                 bundle.update(self.chart.mime_png())  # the final curves, for viewers without the widget
-                bundle["text/plain"] = text
                 self._display_handle.update(bundle, raw=True)
                 return
-            except Exception:  # noqa: BLE001 - fall through to printing
-                pass
-        if self.display:
+            except Exception as exc:  # noqa: BLE001 - said in one line; the summary is printed instead
+                self._fall_back("show the final state", exc)
+        if self.display or self.text_view is not None:
             print(text)
 

@@ -278,7 +278,9 @@ class ConfigWizard:
                         main_process_ip="", main_process_port="", dynamo_backend="no")  # fmt: skip
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        from .widget_compat import view_bundle
+
+        return view_bundle(self.widget, repr(self))  # ipywidgets 7 and 8 alike
 
     def __repr__(self) -> str:
         return f"<ConfigWizard path={self.path!r} valid={self.valid} status={self._status!r}>"
