@@ -35,10 +35,14 @@ class Log(Event):
 
 @dataclass
 class Dropped(Event):
-    """``count`` lines of the rank's output were not sent so far (too fast to show); all are in ``log_path``."""
+    """``count`` lines of the rank's output were not sent so far (too fast to show); all are in ``log_path``.
+
+    ``held``: the next ``held`` lines of the rank are the last lines of the run that was not sent (a flood's tail).
+    """
 
     count: int
     log_path: str = ""
+    held: int = 0
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 fds 1 and 2 are pointed at pipes, so output from Python, C libraries (gloo, NCCL) and child
 processes is caught alike. Reader threads send whole lines and keep every byte in the rank's log
-file. Lines past a rate limit are not sent; a running count goes to the parent as a ``Dropped``
-event (at most once a second while a flood lasts, and a last time at the end), which the
-reporters show as one "N lines dropped" note per rank.
+file. Past a rate limit (``HEAD_LINES`` at once, ``LINES_PER_SECOND`` after) a flood begins: no line
+is sent until the rank pauses or its payload ends, then its last ``TAIL_LINES`` lines are, after a
+``Dropped`` event that counts the lines never sent (sent at most once a second while the flood lasts
+too). The reporters show a bounded head, one note per rank and the flood's final lines.
 
     capture = OutputCapture(rank=0, send=writer.send, log_path="/tmp/x/rank0.log")
     capture.start(); ...; capture.stop()
@@ -19,6 +20,7 @@ import select
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -26,29 +28,56 @@ from ..events import Dropped, Event, Log
 
 PARTIAL_FLUSH_S = 0.5  # a line without its newline is sent after this long
 DROPPED_NOTE_S = 1.0  # while lines are dropped, the running count is sent at most this often
+HEAD_LINES = 500  # lines a rank may print at once before its output counts as a flood
+LINES_PER_SECOND = 200.0  # ... and then per second, on average
+TAIL_LINES = 20  # the last lines of a flood, always shown (when the output pauses or the payload ends)
+FLOOD_QUIET_S = 0.5  # a flood is over when the rank has written nothing for this long
 
 
 class _RateLimit:
-    """Token bucket shared by a rank's streams: ``burst`` lines at once, then ``per_second``."""
+    """Token bucket shared by a rank's streams: ``burst`` lines at once, then ``per_second``.
 
-    def __init__(self, per_second: float, burst: float) -> None:
+    The first line over the limit starts a flood: from then on nothing is sent, the last ``tail``
+    lines are held, until the output pauses (or the payload ends); :meth:`end_flood` hands them over.
+    So a flood leaves a bounded head (what the bucket allowed) and its final lines, never a sample.
+    """
+
+    def __init__(self, per_second: float, burst: float, tail: int) -> None:
         self.per_second = per_second
         self.burst = burst
         self.tokens = burst
         self.last = time.monotonic()
-        self.dropped = 0  # lines dropped so far (never reset: the count shown is a running total)
+        self.dropped = 0  # lines never sent so far (never reset: the count shown is a running total)
+        self.flooding = False
+        self.held: deque[tuple[str, str]] = deque(maxlen=max(int(tail), 0))  # (stream, line): a flood's tail
+        self.last_input = self.last  # when the rank last wrote anything (a flood ends when it pauses)
         self.lock = threading.Lock()
 
-    def allow(self, n: int) -> int:
-        """How many of ``n`` lines may be sent now (the rest count as dropped)."""
+    def take(self, stream: str, lines: list[str]) -> list[str]:
+        """The lines to send now; in a flood none (the newest are held, the older ones dropped)."""
         with self.lock:
             now = time.monotonic()
             self.tokens = min(self.burst, self.tokens + (now - self.last) * self.per_second)
             self.last = now
-            ok = min(n, int(self.tokens))
+            ok = 0 if self.flooding else min(len(lines), int(self.tokens))
             self.tokens -= ok
-            self.dropped += n - ok
-            return ok
+            over = lines[ok:]
+            if over:
+                self.flooding = True
+                keep = over[-self.held.maxlen :] if self.held.maxlen else []
+                self.dropped += max(0, len(self.held) + len(keep) - (self.held.maxlen or 0)) + len(over) - len(keep)
+                self.held.extend((stream, line) for line in keep)
+            return lines[:ok]
+
+    def end_flood(self, quiet_s: float | None = None) -> list[tuple[str, str]] | None:
+        """End a flood (only if the rank wrote nothing for ``quiet_s`` seconds, when given): its held tail."""
+        with self.lock:
+            if not self.flooding or (quiet_s is not None and time.monotonic() - self.last_input < quiet_s):
+                return None
+            self.flooding = False
+            held = list(self.held)
+            self.held.clear()
+            return held
 
 
 class OutputCapture:
@@ -59,13 +88,14 @@ class OutputCapture:
         rank: int,
         send: Callable[[Event], None],
         log_path: str,
-        lines_per_second: float = 200.0,
-        burst: float = 2000.0,
+        lines_per_second: float = LINES_PER_SECOND,
+        burst: float = HEAD_LINES,
+        tail: int = TAIL_LINES,
     ) -> None:
         self.rank = rank
         self.send = send
         self.log_path = log_path
-        self.limit = _RateLimit(lines_per_second, burst)
+        self.limit = _RateLimit(lines_per_second, burst, tail)
         self._threads: list[threading.Thread] = []
         self._read_fds: list[int] = []
         self._busy = 0  # readers between a read and its events being sent
@@ -100,8 +130,9 @@ class OutputCapture:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._busy == 0 and all(_unread(fd) == 0 for fd in self._read_fds):
-                return
+                break
             time.sleep(0.002)
+        self._end_flood()  # the payload is over: a flood's last lines come before its result
 
     def stop(self, timeout: float = 2.0) -> None:
         """Flush, close the write ends (EOF for the readers), wait for them to send the rest."""
@@ -113,23 +144,38 @@ class OutputCapture:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self._end_flood()
         self._note_dropped(final=True)
         try:
             self._log.close()
         except OSError:  # teardown: the disk is full or gone; the rank is ending anyway
             pass
 
-    def _note_dropped(self, final: bool = False) -> None:
+    def _end_flood(self, quiet_s: float | None = None) -> None:
+        """A flood is over: send its final count, then the lines held as its tail (in order)."""
+        held = self.limit.end_flood(quiet_s)
+        if held is None:
+            return
+        self._note_dropped(final=True, held=len(held))
+        i = 0
+        while i < len(held):  # one event per run of lines on the same stream
+            j = i
+            while j < len(held) and held[j][0] == held[i][0]:
+                j += 1
+            self._send(held[i][0], "".join(line for _, line in held[i:j]))
+            i = j
+
+    def _note_dropped(self, final: bool = False, held: int = 0) -> None:
         """Send the running count of dropped lines: at most every ``DROPPED_NOTE_S``, and at the end."""
         with self.limit.lock:
             count = self.limit.dropped
             now = time.monotonic()
-            due = count != self._dropped_sent and (final or now - self._dropped_sent_at >= DROPPED_NOTE_S)
+            due = held > 0 or (count != self._dropped_sent and (final or now - self._dropped_sent_at >= DROPPED_NOTE_S))
             if due:
                 self._dropped_sent, self._dropped_sent_at = count, now
         if due:
             try:
-                self.send(Dropped(rank=self.rank, count=count, log_path=self.log_path))
+                self.send(Dropped(rank=self.rank, count=count, log_path=self.log_path, held=held))
             except Exception:  # noqa: BLE001 - the channel is gone: nothing left to tell
                 pass
 
@@ -142,9 +188,7 @@ class OutputCapture:
     def _emit_lines(self, stream: str, lines: list[str]) -> None:
         if not lines:
             return
-        ok = self.limit.allow(len(lines))
-        if ok < len(lines):
-            lines = lines[:ok]
+        lines = self.limit.take(stream, lines)
         if self.limit.dropped != self._dropped_sent:  # a flood is on (or just ended): update its count
             self._note_dropped()
         if lines:
@@ -161,7 +205,8 @@ class OutputCapture:
                     if pending and time.monotonic() - pending_since >= PARTIAL_FLUSH_S:
                         self._emit_lines(stream, [pending.rsplit("\r", 1)[-1] + "\n"])
                         pending = ""
-                    elif self.limit.dropped != self._dropped_sent:  # the flood is over: its final count
+                    self._end_flood(FLOOD_QUIET_S)  # the rank paused: a flood's tail and final count
+                    if self.limit.dropped != self._dropped_sent:
                         self._note_dropped()
                     continue
                 self._busy += 1
@@ -183,6 +228,7 @@ class OutputCapture:
     def _handle_chunk(
         self, stream: str, chunk: bytes, decoder: Any, pending: str, pending_since: float
     ) -> tuple[str, float]:
+        self.limit.last_input = time.monotonic()
         with self._log_lock:
             try:
                 self._log.write(chunk)

@@ -4,7 +4,8 @@ Lines that several ranks print identically (a library warning, "loading weights.
 once with the ranks that printed them: ``[ranks 0,1] text``. To see that, a line waits up to
 ``merge_window`` seconds for the other ranks (no wait once every rank printed it, none at all
 with one rank). A flood of output that the rank dropped (too fast to show) gets one note per
-rank when it begins and one total at the end, never a note per burst.
+rank when it begins, one before the flood's last lines (which are always shown) and one total at the
+end, never a note per burst.
 
     relay = OutputRelay(2)
     relay.add(Log(0, "stdout", "hello\n")); relay.add(Log(1, "stdout", "hello\n"))
@@ -42,6 +43,14 @@ def rank_label(ranks: Iterable[int]) -> str:
         if r is not None:
             start = prev = r
     return f"[ranks {','.join(spans)}]"
+
+
+def _tail_note(event: Dropped) -> str:
+    where = f" (all in {event.log_path})" if event.log_path else ""
+    return (
+        f"{rank_label([event.rank])} ... {plural(event.count, 'line')} not shown so far{where}; "
+        f"the last {plural(event.held, 'line')} of the flood:"
+    )
 
 
 class _Pending:
@@ -92,6 +101,10 @@ class OutputRelay:
             if first:
                 where = f"; all of it is in {event.log_path}" if event.log_path else ""
                 self._write("stderr", [f"{rank_label([event.rank])} output too fast to show: dropping lines{where}"])
+            if event.held:  # the flood's last lines follow: say so in their place, after the head
+                with self._lock:
+                    self._queue.append(_Pending("stderr", _tail_note(event), event.rank, now, whole=True))
+                self.tick(now)
             return
         if not isinstance(event, Log):
             return

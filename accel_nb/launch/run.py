@@ -6,6 +6,7 @@ results = run_launch(FunctionPayload(fn), plan, TextReporter())
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -75,6 +76,7 @@ def run_launch(
     if keep_logs is None:
         keep_logs = os.environ.get("ACCEL_NB_KEEP_LOGS", "") not in ("", "0")
     timeout = plan.options.timeout
+    _remove_kept_logs()  # the previous launch's notes pointed there until now
     log_dir = tempfile.mkdtemp(prefix="accel_nb-launch-")
     say(plan.headline())
     if plan.spawn_reason:
@@ -143,7 +145,31 @@ def run_launch(
         if plan.seat is not None:
             plan.seat.leave(succeeded=ok)
         if ok and not keep_logs:
-            shutil.rmtree(log_dir, ignore_errors=True)
+            if outcome.dropped_output:  # a note names a log in it: kept until the next launch or the kernel ends
+                keep_until_next_launch(log_dir)
+            else:
+                shutil.rmtree(log_dir, ignore_errors=True)
+
+
+_kept_log_dir: list[tuple[int, str]] = []  # (pid, folder): the last launch's logs a "dropped lines" note names
+_exit_hook: list[bool] = []
+
+
+def keep_until_next_launch(log_dir: str) -> None:
+    """Keep ``log_dir`` (its output was not all shown) until the next launch starts or this process ends."""
+    if not _exit_hook:
+        _exit_hook.append(True)
+        atexit.register(_remove_kept_logs)
+    _remove_kept_logs()
+    _kept_log_dir.append((os.getpid(), log_dir))
+
+
+def _remove_kept_logs() -> None:
+    """Remove the kept logs; only in the process that kept them (a forked rank inherits the list)."""
+    while _kept_log_dir:
+        pid, folder = _kept_log_dir.pop()
+        if pid == os.getpid():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) -> Any:

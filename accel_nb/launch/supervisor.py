@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Event, Failure, Heartbeat, Phase, Result, Stacks
+from ..events import Dropped, Event, Failure, Heartbeat, Phase, Result, Stacks
 from .errors import RankFailure, signal_name
 from .start import RankProcess
 from .worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
@@ -54,6 +54,7 @@ class Outcome:
     failures: dict[int, RankFailure] = field(default_factory=dict)
     stopped: list[int] = field(default_factory=list)
     hung_after: float | None = None
+    dropped_output: set[int] = field(default_factory=set)  # ranks whose output was not all shown (see the logs)
 
 
 def _tail(path: str, lines: int = 20) -> str:
@@ -115,6 +116,8 @@ class Supervisor:
             self._last_progress = time.monotonic()
         if isinstance(event, Phase) and event.phase == "running":
             self._running.add(event.rank)
+        if isinstance(event, Dropped):
+            self.outcome.dropped_output.add(event.rank)
         if isinstance(event, Result):
             self.outcome.results[event.rank] = event.value
         elif isinstance(event, Failure):
