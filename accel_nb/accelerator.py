@@ -30,6 +30,7 @@ from .accelerator_views import StateViews
 from .compile_options import resolve_compile_options
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
+from .deepspeed.plugin import resolve_deepspeed_plugin
 from .fsdp.options import resolve_fsdp_options
 from .fsdp.sharding import is_fsdp_model, no_gradient_sync
 from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
@@ -94,6 +95,7 @@ class Accelerator(StateViews, AcceleratorExtras):
         dynamo_plugin: Any = None,
         fsdp: Any = None,
         fsdp_plugin: Any = None,
+        deepspeed_plugin: Any = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -102,6 +104,14 @@ class Accelerator(StateViews, AcceleratorExtras):
                 "arguments listed in help(Accelerator)"
             )
         handlers = handler_options(kwargs_handlers, gradient_accumulation_plugin, gradient_accumulation_steps)
+        # DeepSpeed ZeRO: deepspeed_plugin=, else the launch environment (accel_nb.deepspeed)
+        self.deepspeed_plugin = resolve_deepspeed_plugin(deepspeed_plugin)
+        self.deepspeed_engine_wrapped: Any = None
+        explicit_steps = gradient_accumulation_steps != 1 or gradient_accumulation_plugin is not None
+        if self.deepspeed_plugin is not None:  # the config's fp16/bf16 and the argument agree, or an error
+            from .deepspeed.training import precision_for
+
+            mixed_precision = precision_for(self.deepspeed_plugin, mixed_precision)
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, **handlers.init_process_group)
         plugin = handlers.gradient_accumulation
         if plugin is not None:
@@ -147,6 +157,10 @@ class Accelerator(StateViews, AcceleratorExtras):
             DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
         )
         self._fsdp_swap: dict[int, Any] = {}  # id(original parameter) -> weakrefs to it and its sharded parameter
+        if self.deepspeed_plugin is not None:
+            from .deepspeed.training import configure
+
+            configure(self, explicit_steps)
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
         self._models: list[torch.nn.Module] = []
@@ -174,6 +188,11 @@ class Accelerator(StateViews, AcceleratorExtras):
             raise ValueError(
                 f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
             )
+        if self.deepspeed_plugin is not None:  # one DeepSpeed engine for the model, optimizer and scheduler
+            from .deepspeed.preparing import prepare_deepspeed
+
+            result = prepare_deepspeed(self, args, device_placement)
+            return result[0] if len(result) == 1 else tuple(result)
         result: list[Any] = list(args)
         kinds = [self._kind(obj) for obj in args]
         for kind in ("model", "optimizer", "dataloader", "scheduler"):
@@ -325,6 +344,10 @@ class Accelerator(StateViews, AcceleratorExtras):
                 f"backward() needs the loss tensor, got {type(loss).__name__}; pass the tensor your loss "
                 "function returned (not loss.item())"
             )
+        if self.deepspeed_plugin is not None:  # the engine scales for accumulation and steps on sync steps
+            from .deepspeed.training import backward
+
+            return backward(self, loss, **kwargs)
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
         if self.scaler is not None:
@@ -365,6 +388,8 @@ class Accelerator(StateViews, AcceleratorExtras):
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
+        if self.deepspeed_plugin is not None:  # the engine reduces only at the boundary backward() sets
+            return contextlib.nullcontext()
         if is_compiled_module(model):  # torch.compile(DDP(...)): the DDP wrapper inside (prepare compiles inside DDP)
             model = model._orig_mod
         if not isinstance(model, DistributedDataParallel):
@@ -397,7 +422,12 @@ class Accelerator(StateViews, AcceleratorExtras):
 
         With fp16 it returns None on accumulation steps (the gradients are partial and still scaled);
         so it does with FSDP (each rank holds its own unreduced gradients until the sync step).
+        With DeepSpeed the engine clipped in its step (config ``gradient_clipping``): its norm is returned.
         """
+        if self.deepspeed_plugin is not None:
+            from .deepspeed.training import clip_grad_norm
+
+            return clip_grad_norm(self, max_norm, norm_type)
         if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
             return None
         if self.scaler is not None:
@@ -410,6 +440,8 @@ class Accelerator(StateViews, AcceleratorExtras):
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients (sync steps only with fp16 or FSDP)."""
+        if self.deepspeed_plugin is not None:
+            raise ValueError("DeepSpeed clips by norm only (gradient_clipping in its config); use clip_grad_norm_")
         if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
             return
         if self.scaler is not None:

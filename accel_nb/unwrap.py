@@ -22,6 +22,8 @@ def is_compiled_module(module: object) -> bool:
 
 
 def _is_parallel(module: object) -> bool:
+    if type(module).__name__ == "DeepSpeedEngine":  # accel_nb.deepspeed: the engine holds the model as .module
+        return True
     return isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel))
 
 
