@@ -8,7 +8,9 @@ read a weights file, collect an offloaded model's state dict.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +20,18 @@ from torch import nn
 from .big_model.sizes import normalize_device, tied_parameter_groups, torch_device
 
 __all__ = [
+    "align_module_device",
+    "check_device_same",
+    "clean_device_map",
+    "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
+    "dtype_byte_size",
+    "get_module_leaves",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
+    "has_offloaded_params",
+    "id_tensor_storage",
+    "retie_parameters",
     "find_tied_parameters",
     "get_state_dict_offloaded_model",
     "load_state_dict",
@@ -252,3 +266,229 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
             "checkpoint into the model (load_checkpoint_in_model / load_checkpoint_and_dispatch) first"
         )
     return {name: state[name] for name in model.state_dict(keep_vars=True)}
+
+
+# -- sizes and names ---------------------------------------------------------------------------------
+_DECIMAL = {"GB": 10**9, "MB": 10**6, "KB": 10**3}
+_BINARY = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10}
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """Bytes in a size: an int as it is, '5GB' (10**9 based), '2GiB' (2**30 based); '8Gb' (bits) is an eighth.
+
+    convert_file_size_to_int("1MiB")   # 1048576
+    """
+    error = ValueError(
+        f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB')."
+    )
+    if isinstance(size, int):
+        result = size
+    else:
+        upper = size.upper()
+        unit = next((u for u in _BINARY if upper.endswith(u)), None) or next(
+            (u for u in _DECIMAL if upper.endswith(u)), None
+        )
+        if unit is None:
+            raise error
+        try:
+            number = float(size[: -len(unit)])
+        except ValueError:
+            raise error from None
+        if unit in _BINARY:
+            result = int(number * _BINARY[unit])
+        else:
+            result = int(number * _DECIMAL[unit])
+            if size.endswith("b"):  # bits
+                result //= 8
+    if result < 0:
+        raise error
+    return result
+
+
+def dtype_byte_size(dtype: torch.dtype) -> float:
+    """Bytes one element of ``dtype`` takes: 4 for float32, 1/8 for bool (one bit, as the reference counts).
+
+    dtype_byte_size(torch.bfloat16)   # 2
+    """
+    if dtype == torch.bool:
+        return 1 / 8
+    if "float8" in str(dtype):
+        return 1
+    bits = re.search(r"[^\d](\d+)$", str(dtype))
+    if bits is None:
+        raise ValueError(f"`dtype` is not a valid dtype: {dtype}.")
+    return int(bits.group(1)) // 8
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """(device, storage address, storage bytes): equal for tensors that share one storage."""
+    try:
+        storage = tensor.untyped_storage()
+        return tensor.device, storage.data_ptr(), storage.nbytes()
+    except (NotImplementedError, RuntimeError):
+        return tensor.device, 0, tensor.nelement() * tensor.element_size()
+
+
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """True when both name the same device, counting ``cuda`` and ``cuda:0`` as one."""
+    if first_device.type != second_device.type:
+        return False
+
+    def indexed(d: torch.device) -> torch.device:
+        return torch.device(d.type, 0) if d.type != "cpu" and d.index is None else d
+
+    return indexed(first_device) == indexed(second_device)
+
+
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers left out of the state dict (``persistent=False``).
+
+    With ``recurse`` submodules' too, by bare name, or by full dotted name with ``fqns``.
+    """
+    names = set(module._non_persistent_buffers_set)
+    if recurse:
+        for prefix, sub in module.named_modules():
+            names |= {f"{prefix}.{b}" for b in sub._non_persistent_buffers_set} if fqns else set(
+                sub._non_persistent_buffers_set
+            )
+    return names
+
+
+def compute_module_total_buffer_size(
+    model: nn.Module, dtype: str | torch.dtype | None = None, special_dtypes: Mapping[str, Any] | None = None
+) -> int:
+    """Bytes of all buffers of ``model`` (floating ones counted in ``dtype`` when given)."""
+    from .big_model.sizes import as_dtype, tensor_bytes
+
+    dtype = as_dtype(dtype)
+    special = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
+    return sum(tensor_bytes(b, dtype, special.get(name)) for name, b in model.named_buffers())
+
+
+def get_module_leaves(module_sizes: Mapping[str, int]) -> list[str]:
+    """The names in ``module_sizes`` (from ``compute_module_sizes``) that no other name extends."""
+    parents = {name.rsplit(".", 1)[0] for name in module_sizes if "." in name}
+    return [name for name in module_sizes if name and name not in parents]
+
+
+def get_module_size_with_ties(
+    tied_params: list[str],
+    module_size: int,
+    module_sizes: Mapping[str, int],
+    modules_to_treat: list[tuple[str, nn.Module]],
+) -> tuple[int, list[str], list[nn.Module]]:
+    """Size of a module together with the modules its ``tied_params`` live in, and those modules.
+
+    Each tied parameter adds its module's size less the parameter itself (counted once already).
+    """
+    names: list[str] = []
+    modules: list[nn.Module] = []
+    total = module_size
+    for param in tied_params:
+        name, module = next((n, m) for n, m in modules_to_treat if param.startswith(n + "."))
+        names.append(name)
+        modules.append(module)
+        total += module_sizes[name] - module_sizes[param]
+    return total, names, modules
+
+
+def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[str, Any]:
+    """Merge entries under one module that all go to the same device into one entry (in place; returned).
+
+    clean_device_map({"a.x": 0, "a.y": 0, "b": 1})   # {"b": 1, "a": 0}
+    """
+    prefix = f"{module_name}." if module_name else ""
+    under = [k for k in device_map if k.startswith(prefix)]
+    values = [device_map[k] for k in under]
+    if len(values) > 1 and len(set(values)) == 1:
+        for key in under:
+            del device_map[key]
+        device_map[module_name] = values[0]
+    depth = len(module_name.split(".")) + 1 if module_name else 1
+    children = {".".join(k.split(".")[:depth]) for k in device_map if k.startswith(prefix) and len(k) > len(module_name)}
+    for child in children:
+        clean_device_map(device_map, module_name=child)
+    return device_map
+
+
+def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Make each group of names (from ``find_tied_parameters``) share one parameter again: the first one
+    not on the meta device is set under every name of its group."""
+    def lookup(name: str) -> tuple[nn.Module, str]:
+        path, _, attr = name.rpartition(".")
+        return (model.get_submodule(path) if path else model), attr
+
+    for group in tied_params:
+        keep = None
+        for name in group:
+            owner, attr = lookup(name)
+            candidate = getattr(owner, attr)
+            if candidate.device.type != "meta":
+                keep = candidate
+                break
+        if keep is not None:
+            for name in group:
+                owner, attr = lookup(name)
+                setattr(owner, attr, keep)
+
+
+# -- offloaded modules -------------------------------------------------------------------------------
+def has_offloaded_params(module: nn.Module) -> bool:
+    """True when ``module``'s own weights live off it between forwards: an ``AlignDevicesHook(offload=True)``
+    or accel_nb's dispatch / ``cpu_offload`` / ``disk_offload`` streaming hook."""
+    from .big_model.hooks import _ATTR as DISPATCH_HOOK
+    from .hooks import AlignDevicesHook, iter_hooks
+
+    if getattr(getattr(module, DISPATCH_HOOK, None), "units", None):
+        return True
+    return any(isinstance(h, AlignDevicesHook) and h.offload for h in iter_hooks(module))
+
+
+@contextlib.contextmanager
+def align_module_device(module: nn.Module, execution_device: Any = None) -> Iterator[None]:
+    """Within the block the module's weights are real tensors: offloaded ones brought in as for a forward,
+    or, with ``execution_device``, its own parameters moved there (and back afterwards).
+
+        with align_module_device(layer):
+            print(layer.weight.sum())      # readable although layer is offloaded
+    """
+    from .big_model.hooks import _ATTR as DISPATCH_HOOK
+    from .hooks import AlignDevicesHook, iter_hooks
+
+    dispatch_hook = getattr(module, DISPATCH_HOOK, None)
+    if dispatch_hook is not None and dispatch_hook.units:
+        entered = []
+        try:
+            for unit in dispatch_hook.units:
+                dispatch_hook.engine.before_forward(unit)
+                entered.append(unit)
+            yield
+        finally:
+            for unit in reversed(entered):
+                dispatch_hook.engine.after_forward(unit)
+        return
+    hook = next((h for h in iter_hooks(module) if isinstance(h, AlignDevicesHook) and h.offload), None)
+    if hook is not None:
+        previous = hook.execution_device
+        if execution_device is not None:
+            hook.execution_device = torch.device(execution_device) if not isinstance(execution_device, int) else (
+                torch.device("cuda", execution_device)
+            )
+        try:
+            hook.pre_forward(module)
+            yield
+        finally:
+            hook.post_forward(module, None)
+            hook.execution_device = previous
+        return
+    if execution_device is None:
+        yield
+        return
+    devices = {name: p.device for name, p in module.named_parameters(recurse=False)}
+    try:
+        for name in devices:
+            set_module_tensor_to_device(module, name, execution_device)
+        yield
+    finally:
+        for name, device in devices.items():
+            set_module_tensor_to_device(module, name, device)

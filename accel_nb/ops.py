@@ -29,13 +29,23 @@ __all__ = [
     "send_to_device",
     "recursively_apply",
     "ShapeMismatchError",
+    "DistributedOperationException",
 ]
 
 _MAX_DIMS = 8
 
 
-class ShapeMismatchError(ValueError):
-    """Tensors passed to a collective differ across ranks where they must agree."""
+class DistributedOperationException(Exception):
+    """A collective cannot run as asked (the reference library's name; ``except`` it to catch every such error)."""
+
+
+class ShapeMismatchError(ValueError, DistributedOperationException):
+    """Tensors passed to a collective differ across ranks where they must agree.
+
+    Also a ``DistributedOperationException``: code written for the reference, which raises that
+    in its debug mode, catches it unchanged. accel_nb checks shapes on every call, not only in
+    debug mode.
+    """
 
 
 # -- structure walking ------------------------------------------------------------------------------

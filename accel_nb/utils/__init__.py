@@ -1,14 +1,22 @@
-"""Small helpers shared by the whole package: seeding, sizes, kernel detection. Imports nothing heavy at module level."""
+"""Small helpers shared by the whole package, and the reference library's ``accelerate.utils`` path.
+
+Defined here: seeding, sizes, kernel detection (nothing heavy is imported at module level).
+Every other name of the reference's ``utils`` resolves on first use, and each of its submodule
+paths is a shim here (``accel_nb.utils.operations``, ``accel_nb.utils.modeling``, ...).
+
+    from accel_nb.utils import set_seed, gather, find_executable_batch_size
+    from accel_nb.utils.operations import pad_across_processes
+"""
 
 from __future__ import annotations
 
 import importlib
-import random
+import random as _random
 import re
 import sys
 from types import ModuleType
 
-from .lazy_exports import lazy_exports
+from ..lazy_exports import lazy_exports
 
 _SIZE_UNITS = {
     "b": 1,
@@ -32,10 +40,10 @@ def set_seed(seed: int, device_specific: bool = False) -> None:
     import torch
 
     if device_specific:
-        from .state import PartialState
+        from ..state import PartialState
 
         seed += PartialState().process_index
-    random.seed(seed)
+    _random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
     if torch.cuda.is_available():
@@ -95,7 +103,9 @@ def parse_size(value: int | float | str, *, what: str = "size", positive: bool =
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
         unit = match.group(2).lower() if match else ""
         if not match or (unit and unit not in _SIZE_UNITS):
-            raise ValueError(f"cannot read {what} {value!r}; use bytes (int) or a size like '10GB', '500MB', '2GiB'")
+            raise ValueError(
+                f"cannot read {what} {value!r}; use bytes (int) or a size like '10GB', '500MB', '2GiB'"
+            )
         result = int(float(match.group(1)) * _SIZE_UNITS[unit or "b"])
     if result < 0 or (positive and result == 0):
         raise ValueError(f"{what} must be {'positive' if positive else 'zero or more'}, got {value!r}")
@@ -107,7 +117,7 @@ def wait_for_everyone() -> None:
 
     wait_for_everyone()
     """
-    from .state import PartialState
+    from ..state import PartialState
 
     PartialState().wait_for_everyone()
 
@@ -117,7 +127,7 @@ def reduce(tensor: object, reduction: str = "mean", scale: float = 1.0) -> objec
 
     loss = reduce(loss)            # mean; reduce(loss, "sum") sums, as Accelerator.reduce does by default
     """
-    from .ops import reduce as reduce_across_processes
+    from ..ops import reduce as reduce_across_processes
 
     return reduce_across_processes(tensor, reduction, scale)
 
@@ -125,49 +135,58 @@ def reduce(tensor: object, reduction: str = "mean", scale: float = 1.0) -> objec
 # The reference library's ``utils`` module path: each name is the one implementation elsewhere in
 # accel_nb, imported on first use (``import accel_nb.utils`` stays light).
 _REFERENCE_PATHS: dict[str, str] = {
-    **dict.fromkeys(["DistributedType", "PartialState", "AcceleratorState", "GradientState"], ".state"),
+    **dict.fromkeys(["DistributedType", "PartialState", "AcceleratorState", "GradientState"], "..state"),
     **dict.fromkeys(
         [
             "gather", "gather_object", "broadcast", "broadcast_object_list", "pad_across_processes",
             "send_to_device", "recursively_apply",
         ],
-        ".ops",
+        "..ops",
     ),
-    "ProjectConfiguration": ".checkpoint",
-    "DataLoaderConfiguration": ".data",
+    "ProjectConfiguration": "..checkpoint",
+    "DataLoaderConfiguration": "..data",
     **dict.fromkeys(
         [
             "AutocastKwargs", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "GradScalerKwargs",
             "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs",
         ],
-        ".kwargs_handlers",
+        "..kwargs_handlers",
     ),
     **dict.fromkeys(
-        ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"], ".memory"
+        ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"], "..memory"
     ),
-    **dict.fromkeys(["patch_environment", "clear_environment"], ".environment"),
-    "write_basic_config": ".basic_config",
-    **dict.fromkeys(["FSDPOptions", "FullyShardedDataParallelPlugin"], ".fsdp"),
-    "LoggerType": ".tracking",
-    **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], ".random_sync"),
-    **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], ".unwrap"),
-    **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], ".compile_options"),
-    **dict.fromkeys(["compile_regions", "has_compiled_regions"], ".compiling"),
+    **dict.fromkeys(["patch_environment", "clear_environment"], "..environment"),
+    "write_basic_config": "..basic_config",
+    **dict.fromkeys(["FSDPOptions", "FullyShardedDataParallelPlugin"], "..fsdp"),
+    "LoggerType": "..tracking",
+    **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], "..random_sync"),
+    **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "..unwrap"),
+    **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], "..compile_options"),
+    **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..compiling"),
     **dict.fromkeys(
         [
             "find_tied_parameters", "get_state_dict_offloaded_model", "load_state_dict", "named_module_tensors",
             "set_module_tensor_to_device",
         ],
-        ".modeling",
+        "..modeling",
     ),
     **dict.fromkeys(
         [
             "check_device_map", "compute_module_sizes", "get_balanced_memory", "get_max_memory",
             "infer_auto_device_map", "load_checkpoint_in_model",
         ],
-        ".big_model",
+        "..big_model",
     ),
 }  # fmt: skip
 
+
+# the reference's submodules of ``utils``: each a shim module here; their names resolve from this
+# package too (``accel_nb.utils.listify``), as in the reference
+_SHIMS = ("constants", "dataclasses", "environment", "imports", "memory", "modeling", "operations", "other",
+          "random", "versions")  # fmt: skip
+for _shim in _SHIMS:
+    for _name in importlib.import_module(f".{_shim}", __name__).__all__:
+        _REFERENCE_PATHS.setdefault(_name, f".{_shim}")
+del _shim, _name
 
 __getattr__, __dir__ = lazy_exports(globals(), _REFERENCE_PATHS)

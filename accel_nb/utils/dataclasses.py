@@ -1,0 +1,38 @@
+"""Shim at the reference's ``accelerate.utils.dataclasses`` path: option classes and enums.
+
+    from accel_nb.utils.dataclasses import DistributedType, ProjectConfiguration
+
+Nothing is defined here; each name is accel_nb's one implementation, imported on first use.
+"""
+
+from __future__ import annotations
+
+from ..lazy_exports import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(
+        [
+            "AutocastKwargs",
+            "DDPCommunicationHookType",
+            "DistributedDataParallelKwargs",
+            "GradScalerKwargs",
+            "GradientAccumulationPlugin",
+            "InitProcessGroupKwargs",
+            "KwargsHandler",
+            "ProfileKwargs",
+        ],
+        "accel_nb.kwargs_handlers",
+    ),
+    **dict.fromkeys(["DistributedType"], "accel_nb.state"),
+    **dict.fromkeys(["DynamoBackend", "TorchDynamoPlugin"], "accel_nb.compile_options"),
+    **dict.fromkeys(["LoggerType"], "accel_nb.tracking"),
+    **dict.fromkeys(["RNGType"], "accel_nb.random_sync"),
+    **dict.fromkeys(["DataLoaderConfiguration"], "accel_nb.data"),
+    **dict.fromkeys(["ProjectConfiguration"], "accel_nb.checkpoint"),
+    **dict.fromkeys(["FullyShardedDataParallelPlugin"], "accel_nb.fsdp"),
+    **dict.fromkeys(["TensorInformation"], "accel_nb.nested"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -1,0 +1,50 @@
+"""Shim at the reference's ``accelerate.utils.modeling`` path: a model's tensors, sizes, device maps.
+
+    from accel_nb.utils.modeling import set_module_tensor_to_device, infer_auto_device_map
+
+Nothing is defined here; each name is accel_nb's one implementation, imported on first use.
+"""
+
+from __future__ import annotations
+
+from ..lazy_exports import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(
+        [
+            "align_module_device",
+            "check_device_same",
+            "clean_device_map",
+            "compute_module_total_buffer_size",
+            "convert_file_size_to_int",
+            "dtype_byte_size",
+            "find_tied_parameters",
+            "get_module_leaves",
+            "get_module_size_with_ties",
+            "get_non_persistent_buffers",
+            "get_state_dict_offloaded_model",
+            "has_offloaded_params",
+            "id_tensor_storage",
+            "load_state_dict",
+            "named_module_tensors",
+            "retie_parameters",
+            "set_module_tensor_to_device",
+        ],
+        "accel_nb.modeling",
+    ),
+    **dict.fromkeys(
+        [
+            "check_device_map",
+            "compute_module_sizes",
+            "get_balanced_memory",
+            "get_max_memory",
+            "infer_auto_device_map",
+            "load_checkpoint_in_model",
+        ],
+        "accel_nb.big_model",
+    ),
+}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

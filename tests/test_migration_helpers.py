@@ -1,0 +1,350 @@
+"""The helpers added under the reference's ``utils`` paths behave like the reference's, side by side in
+this process: same outputs, same exceptions."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import platform
+import unittest
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("accelerate")
+import accelerate.utils as ref  # noqa: E402
+import accelerate.utils.modeling as ref_modeling  # noqa: E402
+import accelerate.utils.operations as ref_ops  # noqa: E402
+
+import accel_nb.utils as ours  # noqa: E402
+import accel_nb.utils.modeling as our_modeling  # noqa: E402
+import accel_nb.utils.operations as our_ops  # noqa: E402
+
+Point = collections.namedtuple("Point", "x y")
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _outcome(fn, *args, **kwargs):
+    try:
+        return ("ok", fn(*args, **kwargs))
+    except Exception as exc:  # the type and message are compared
+        return ("raised", type(exc).__name__, str(exc))
+
+
+NESTED = [
+    {"a": torch.arange(6).reshape(3, 2), "b": (torch.ones(3, dtype=torch.bfloat16), "text")},
+    Point(torch.zeros(2, 2, dtype=torch.float16), [torch.tensor([1.5, 2.5])]),
+    (torch.tensor(3), 7),
+]
+
+
+@pytest.mark.parametrize("name", ["listify", "convert_to_fp32", "get_shape", "find_device", "ignorant_find_batch_size"])
+@pytest.mark.parametrize("data", NESTED + [[], {}, "x"], ids=lambda d: type(d).__name__)
+def test_structure_helpers_match_the_reference(name, data):
+    mine, theirs = _outcome(getattr(our_ops, name), data), _outcome(getattr(ref_ops, name), data)
+    assert mine[0] == theirs[0] and _same(mine[1:], theirs[1:]), (mine, theirs)
+
+
+@pytest.mark.parametrize("data", NESTED + [[], {"k": []}, "x"], ids=lambda d: type(d).__name__)
+def test_find_batch_size_matches_including_its_errors(data):
+    assert _outcome(our_ops.find_batch_size, data) == _outcome(ref_ops.find_batch_size, data)
+
+
+def test_is_namedtuple_honor_type_and_data_structure():
+    for value in (Point(1, 2), (1, 2), [1], "ab"):
+        assert our_ops.is_namedtuple(value) == ref_ops.is_namedtuple(value)
+    assert our_ops.honor_type(Point(0, 0), iter([3, 4])) == ref_ops.honor_type(Point(0, 0), iter([3, 4]))
+    structure = our_ops.get_data_structure(NESTED[0])
+    theirs = ref_ops.get_data_structure(NESTED[0])
+    assert structure["a"].shape == theirs["a"].shape and structure["b"][0].dtype == theirs["b"][0].dtype
+    made = our_ops.initialize_tensors(structure)
+    assert made["a"].shape == (3, 2) and made["b"][0].dtype == torch.bfloat16 and made["b"][1] == "text"
+
+
+def test_concatenate_and_slice_tensors():
+    batches = [
+        {"x": torch.full((2, 3), float(i)), "y": (torch.tensor([i, i]), Point(torch.tensor([i]), torch.tensor([i])))}
+        for i in range(3)
+    ]
+    assert _same(our_ops.concatenate(batches), ref_ops.concatenate(batches))
+    assert _same(our_ops.concatenate([torch.ones(2, 2)] * 2, dim=1), ref_ops.concatenate([torch.ones(2, 2)] * 2, dim=1))
+    assert our_ops.concatenate(["only"]) == ref_ops.concatenate(["only"]) == "only"
+    assert _outcome(our_ops.concatenate, ["a", "b"]) == _outcome(ref_ops.concatenate, ["a", "b"])
+    assert _same(our_ops.slice_tensors(batches[1], slice(0, 1)), ref_ops.slice_tensors(batches[1], slice(0, 1)))
+
+
+@pytest.mark.parametrize("batch_size, num_processes", [(3, 4), (1, 2), (5, 2), (10, 4), (9, 4), (7, 3), (4, 8)])
+def test_pad_input_tensors_gives_the_reference_sizes_and_values(batch_size, num_processes):
+    data = {"ids": torch.arange(batch_size * 2).reshape(batch_size, 2), "mask": torch.ones(batch_size)}
+    assert _same(
+        our_ops.pad_input_tensors(data, batch_size, num_processes), ref_ops.pad_input_tensors(data, batch_size, num_processes)
+    )
+
+
+def test_convert_outputs_to_fp32_wraps_a_forward_like_the_reference():
+    import pickle
+
+    def forward(x):
+        return {"out": x.half(), "n": 1}
+
+    ours_fwd, ref_fwd = our_ops.convert_outputs_to_fp32(forward), ref_ops.convert_outputs_to_fp32(forward)
+    assert _same(ours_fwd(torch.ones(2)), ref_fwd(torch.ones(2)))
+    assert ours_fwd(torch.ones(2))["out"].dtype == torch.float32
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(our_ops.ConvertOutputsToFp32(forward))
+    assert issubclass(our_ops.CannotPadNestedTensorWarning, UserWarning)
+
+
+def test_shape_mismatch_is_a_distributed_operation_exception():
+    from accel_nb.ops import ShapeMismatchError
+
+    assert issubclass(ShapeMismatchError, our_ops.DistributedOperationException)
+    assert issubclass(ShapeMismatchError, ValueError)  # what accel_nb code already catches
+
+
+# -- modeling ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [1024, "1MiB", "2GIB", "3KiB", "5GB", "5Gb", "1.5MB", "7kb", "12", "xMB", -1, "-1KB"])
+def test_convert_file_size_to_int(size):
+    assert _outcome(our_modeling.convert_file_size_to_int, size) == _outcome(ref_modeling.convert_file_size_to_int, size)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int64, torch.bool, torch.float64,
+     torch.float8_e4m3fn, torch.complex64],
+)  # fmt: skip
+def test_dtype_byte_size(dtype):
+    assert our_modeling.dtype_byte_size(dtype) == ref_modeling.dtype_byte_size(dtype)
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.block = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("steps", torch.zeros(3), persistent=False)
+        self.block[0].register_buffer("scale", torch.ones(2))
+        self.block[0].register_buffer("cache", torch.ones(5), persistent=False)
+
+
+@pytest.mark.parametrize("recurse, fqns", [(False, False), (True, False), (True, True)])
+def test_non_persistent_buffers(recurse, fqns):
+    model = Tiny()
+    got = our_modeling.get_non_persistent_buffers(model, recurse=recurse, fqns=fqns)
+    assert got == ref_modeling.get_non_persistent_buffers(model, recurse=recurse, fqns=fqns)
+
+
+def test_buffer_size_leaves_and_sizes_with_ties():
+    model = Tiny()
+    for dtype in (None, torch.float16):
+        assert our_modeling.compute_module_total_buffer_size(
+            model, dtype=dtype
+        ) == ref_modeling.compute_module_total_buffer_size(model, dtype=dtype)
+    sizes = ref_modeling.compute_module_sizes(model)
+    assert sorted(our_modeling.get_module_leaves(sizes)) == sorted(ref_modeling.get_module_leaves(sizes))
+    modules = list(model.named_children())
+    args = (["head.weight"], sizes["embed"], sizes, modules)
+    mine, theirs = our_modeling.get_module_size_with_ties(*args), ref_modeling.get_module_size_with_ties(*args)
+    assert mine[0] == theirs[0] and mine[1] == theirs[1] and all(a is b for a, b in zip(mine[2], theirs[2]))
+    assert our_modeling.get_module_size_with_ties([], 5, sizes, modules) == (5, [], [])
+
+
+@pytest.mark.parametrize(
+    "device_map",
+    [
+        {"a.x": 0, "a.y": 0, "b": 1},
+        {"a.x.0": "cpu", "a.x.1": "cpu", "a.y": "disk", "b.c": 0, "b.d": 0},
+        {"": 0},
+        {"l.0": 0, "l.1": 1, "l.2": 1, "m": 0},
+    ],
+)
+def test_clean_device_map(device_map):
+    assert our_modeling.clean_device_map(dict(device_map)) == ref_modeling.clean_device_map(dict(device_map))
+
+
+def test_retie_parameters_and_tensor_storage_ids():
+    def broken():
+        model = Tiny()
+        model.head.weight = nn.Parameter(torch.empty_like(model.embed.weight, device="meta"))
+        return model
+
+    mine, theirs = broken(), broken()
+    our_modeling.retie_parameters(mine, [["embed.weight", "head.weight"]])
+    ref_modeling.retie_parameters(theirs, [["embed.weight", "head.weight"]])
+    assert mine.head.weight is mine.embed.weight and theirs.head.weight is theirs.embed.weight
+    t = torch.zeros(4)
+    assert our_modeling.id_tensor_storage(t[1:]) == ref_modeling.id_tensor_storage(t[1:])
+    for a, b in [("cpu", "cpu"), ("cuda", "cuda:0"), ("cuda:1", "cuda"), ("cpu", "meta")]:
+        assert our_modeling.check_device_same(torch.device(a), torch.device(b)) == ref_modeling.check_device_same(
+            torch.device(a), torch.device(b)
+        )
+
+
+def test_align_module_device_and_has_offloaded_params():
+    from accel_nb import cpu_offload
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2))
+    expected = model[0].weight.detach().clone()
+    assert not our_modeling.has_offloaded_params(model[0])
+    cpu_offload(model, execution_device="cpu")
+    assert our_modeling.has_offloaded_params(model[0])
+    assert model[0].weight.device.type == "meta"
+    with our_modeling.align_module_device(model[0]):
+        assert torch.equal(model[0].weight.detach().cpu(), expected)
+    assert model[0].weight.device.type == "meta"
+    plain = nn.Linear(2, 2)
+    weight = plain.weight
+    with our_modeling.align_module_device(plain), ref_modeling.align_module_device(plain):
+        assert plain.weight is weight  # nothing offloaded, no device asked: nothing moves
+    with our_modeling.align_module_device(plain, execution_device="cpu"):
+        assert plain.weight.device.type == "cpu" and torch.equal(plain.weight, weight)
+
+
+def test_align_device_hook_offload_side_by_side():
+    from accelerate.hooks import AlignDevicesHook as RefHook
+    from accelerate.hooks import add_hook_to_module as ref_add
+
+    from accel_nb.hooks import AlignDevicesHook, add_hook_to_module
+
+    for add, hook_cls, has, align in (
+        (add_hook_to_module, AlignDevicesHook, our_modeling.has_offloaded_params, our_modeling.align_module_device),
+        (ref_add, RefHook, ref_modeling.has_offloaded_params, ref_modeling.align_module_device),
+    ):
+        layer = nn.Linear(2, 2)
+        value = layer.weight.detach().clone()
+        add(layer, hook_cls(execution_device="cpu", offload=True, weights_map=layer.state_dict()))
+        assert has(layer) and layer.weight.device.type == "meta"
+        with align(layer):
+            assert torch.equal(layer.weight.detach(), value)
+        assert layer.weight.device.type == "meta"
+
+
+# -- environment, other, imports, versions --------------------------------------------------------
+def test_purge_accelerate_environment_on_a_test_class_and_its_subclass():
+    os.environ.pop("ACCELERATE_H33_PROBE", None)
+    for decorator in (ours.purge_accelerate_environment, ref.purge_accelerate_environment):
+
+        @decorator
+        class Base(unittest.TestCase):
+            def test_sets(self):
+                os.environ["ACCELERATE_H33_PROBE"] = "1"
+
+        class Child(Base):
+            def test_child_sets(self):
+                os.environ["ACCELERATE_H33_PROBE"] = "2"
+
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(Child).run(result)
+        assert result.wasSuccessful() and result.testsRun == 2
+        assert "ACCELERATE_H33_PROBE" not in os.environ
+
+    os.environ["ACCELERATE_H33_PROBE"] = "keep"
+    try:
+
+        @ours.purge_accelerate_environment
+        def change():
+            os.environ["ACCELERATE_H33_PROBE"] = "changed"
+            return 5
+
+        assert change() == 5 and os.environ["ACCELERATE_H33_PROBE"] == "keep"
+    finally:
+        del os.environ["ACCELERATE_H33_PROBE"]
+
+
+def test_env_parsing_helpers(monkeypatch, caplog):
+    for value in ("YES", "off", "1", "maybe"):
+        assert _outcome(ours.str_to_bool, value) == _outcome(ref.str_to_bool, value)
+        assert _outcome(ours.str_to_bool, value, True) == _outcome(ref.str_to_bool, value, True)
+    monkeypatch.setenv("H33_FLAG", "true")
+    monkeypatch.setenv("H33_INT", "3")
+    assert ours.parse_flag_from_env("H33_FLAG") == ref.parse_flag_from_env("H33_FLAG") is True
+    assert ours.parse_flag_from_env("H33_NONE", True) == ref.parse_flag_from_env("H33_NONE", True)
+    assert ours.parse_choice_from_env("H33_NONE", "fp16") == ref.parse_choice_from_env("H33_NONE", "fp16")
+    assert ours.get_int_from_env(["H33_NONE", "H33_INT"], 9) == ref.get_int_from_env(["H33_NONE", "H33_INT"], 9) == 3
+    env = {"GOOD": "1", "BAD": "a b", "EMPTY": "", "X<": "2"}
+    with caplog.at_level(logging.WARNING):
+        assert ours.convert_dict_to_env_variables(env) == ref.convert_dict_to_env_variables(env) == ["GOOD=1\n"]
+    assert sum("Skipping BAD=a b" in r.getMessage() for r in caplog.records) == 2
+
+
+@pytest.mark.parametrize("release, warns", [("6.8.0-45-generic", False), ("5.4.0-150-generic", True)])
+def test_check_os_kernel_warns_like_the_reference(monkeypatch, caplog, release, warns):
+    real = platform.uname()
+    monkeypatch.setattr(platform, "uname", lambda: real._replace(system="Linux", release=release))
+    from accelerate import PartialState as RefPartialState
+
+    from accel_nb import PartialState
+
+    PartialState()
+    RefPartialState()  # the reference's logger refuses to log before its state exists
+    records = []
+    for fn in (ours.check_os_kernel, ref.check_os_kernel):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            fn()
+        records.append([r.getMessage() for r in caplog.records if "kernel version" in r.getMessage()])
+    assert len(records[0]) == len(records[1]) == int(warns)
+    assert all(theirs in mine for mine, theirs in zip(records[0], records[1]))  # accel_nb may prefix the rank
+
+
+def test_save_and_small_helpers(tmp_path):
+    state = collections.OrderedDict(a=torch.arange(4.0), b=torch.ones(2))
+    state["c"] = state["a"]  # shared storage: kept once for safetensors
+    ours.save(state, tmp_path / "ours.safetensors", safe_serialization=True)
+    ref.save(state, tmp_path / "ref.safetensors", safe_serialization=True)
+    from safetensors.torch import load_file
+
+    assert _same(load_file(tmp_path / "ours.safetensors"), load_file(tmp_path / "ref.safetensors"))
+    ours.save({"x": torch.ones(1)}, tmp_path / "ours.pt")
+    assert _same(ours.load(tmp_path / "ours.pt"), ref.load(tmp_path / "ours.pt"))
+    assert ours.merge_dicts({"a": {"b": 1}, "c": 2}, {"a": {"d": 3}}) == ref.merge_dicts(
+        {"a": {"b": 1}, "c": 2}, {"a": {"d": 3}}
+    )
+    for size in (10, 2048, 5 * 2**30, 3 * 2**50):
+        assert ours.convert_bytes(size) == ref.convert_bytes(size)
+    for obj in (Tiny, Tiny(), len, 3):
+        assert ours.get_pretty_name(obj) == ref.get_pretty_name(obj)
+    model = Tiny()
+    assert ours.recursive_getattr(model, "block.0.weight") is ref.recursive_getattr(model, "block.0.weight")
+    port = ours.get_free_port()
+    assert ours.is_port_in_use(port) == ref.is_port_in_use(port) is False
+
+
+def test_availability_checks_agree_with_the_reference():
+    import accelerate.utils.imports as ref_imports
+
+    import accel_nb.utils.imports as our_imports
+
+    for name in our_imports.__all__:
+        assert bool(getattr(our_imports, name)()) == bool(getattr(ref_imports, name)()), name
+    for op, version in ((">=", "2.0"), ("<", "1.0"), ("==", "2.13.0")):
+        assert ours.is_torch_version(op, version) == ref.is_torch_version(op, version)
+        assert ours.compare_versions("numpy", op, version) == ref.compare_versions("numpy", op, version)
+    with pytest.raises(ValueError):
+        ours.compare_versions("torch", "~=", "2.0")
+
+
+def test_constants_match_the_reference():
+    import accelerate.utils.constants as ref_constants
+
+    import accel_nb.utils.constants as our_constants
+
+    for name in our_constants.__all__:
+        assert getattr(our_constants, name) == getattr(ref_constants, name), name
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ours.SAFE_WEIGHTS_NAME == "model.safetensors"
