@@ -128,9 +128,10 @@ def run_launch(
             stopped = [r for r in outcome.stopped if r not in outcome.failures]
             headline = None
             if outcome.hung_after is not None:
+                blame = outcome.hang_blame.sentence() + "; " if outcome.hang_blame is not None else ""
                 headline = (
                     f"the launch hung: no rank made progress for {outcome.hung_after:.0f} s (timeout={timeout:g}); "
-                    "each rank's Python stack is below, every rank was stopped"
+                    f"{blame}each rank's Python stack is below, every rank was stopped"
                 )
             error = LaunchError(failures, headline=headline, stopped=stopped, log_dir=log_dir)
             _finish(reporter, False, error.failures[0].summary())

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..events import Dropped, Event, Failure, Heartbeat, Phase, Result, Stacks
 from .errors import RankFailure, signal_name
+from .hang_blame import Blame, blame_stacks
 from .start import RankProcess
 from .worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
 
@@ -54,7 +55,24 @@ class Outcome:
     failures: dict[int, RankFailure] = field(default_factory=dict)
     stopped: list[int] = field(default_factory=list)
     hung_after: float | None = None
+    hang_blame: Blame | None = None  # after a hang: who waited in a collective, who did not
     dropped_output: set[int] = field(default_factory=set)  # ranks whose output was not all shown (see the logs)
+
+
+def _hang_message(rank: int, idle: float, blame: Blame) -> str:
+    """What the hang watchdog says of ``rank``, from what its stacks and the others' show."""
+    if rank in blame.waiting:
+        return f"waited in a collective ({blame.waiting[rank]}) for {idle:.0f} s; it was stopped"
+    waiters = sorted(blame.waiting)
+    where = blame.elsewhere.get(rank)
+    if rank in blame.likely_cause:
+        who = f"rank{'s' if len(waiters) > 1 else ''} {', '.join(map(str, waiters))}"
+        at = f" at {where}" if where else " (it did not answer with a stack)"
+        return (
+            f"no progress for {idle:.0f} s, not in a collective while {who} waited in one: the likely cause{at}; "
+            "it was stopped"
+        )
+    return f"no progress for {idle:.0f} s{f' at {where}' if where else ''}; it was stopped"
 
 
 def _tail(path: str, lines: int = 20) -> str:
@@ -276,15 +294,14 @@ class Supervisor:
         stacks = self._report_stacks("hang")
         stopped = self.stop_all()
         self.outcome.hung_after = idle
-        for rank in stopped:
+        blame = self.outcome.hang_blame = blame_stacks(stacks, stopped)
+        cause = blame.likely_cause
+        for rank in sorted(stopped, key=lambda r: (r not in cause, r)):  # the likely cause first
             text = stacks.get(rank, "(no stack: the rank did not answer)")
             self.outcome.failures[rank] = RankFailure(
-                rank,
-                "Hang",
-                f"no progress for {idle:.0f} s; it was stopped",
-                f"Python stacks of rank {rank}:\n{text}",
+                rank, "Hang", _hang_message(rank, idle, blame), f"Python stacks of rank {rank}:\n{text}",
                 first=not self.outcome.failures,
-            )
+            )  # fmt: skip
 
     def _on_interrupt(self) -> None:
         """The user pressed stop: show where every rank was, then stop them all (a second stop is ignored)."""
