@@ -28,15 +28,28 @@ from .data import DataLoaderShard, _loader_kwargs
 __all__ = ["DataLoaderDispatcher", "prepare_dispatcher"]
 
 
-def _batch_size(batch: Any) -> int:
-    """Samples in ``batch``: the length of its first tensor (or list) leaf."""
+def _leaf_size(batch: Any) -> int | None:
+    """Samples in ``batch`` by its first tensor or list leaf; None when it has none (a string, a number)."""
     if isinstance(batch, torch.Tensor):
-        return batch.shape[0]
+        return batch.shape[0] if batch.dim() else None
     if isinstance(batch, dict):
-        return _batch_size(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, dict, list, tuple)):
-        return _batch_size(batch[0])
-    return len(batch)
+        return next((n for n in map(_leaf_size, batch.values()) if n is not None), None)
+    if _is_container(batch):
+        return next((n for n in map(_leaf_size, batch) if n is not None), None)
+    if isinstance(batch, (list, tuple)):
+        return len(batch)
+    return None
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in ``batch``: the length of its first tensor (or list) leaf; strings and numbers do not count."""
+    size = _leaf_size(batch)
+    if size is None:
+        raise ValueError(
+            f"cannot split a batch of type {type(batch).__name__} across processes: it holds no tensor or list "
+            "with a batch dimension; return tensors from the dataset/collate_fn or pass dispatch_batches=False"
+        )
+    return size
 
 
 def _is_container(batch: Any) -> bool:
@@ -49,25 +62,29 @@ def _join(batches: list[Any]) -> Any:
     """The batches' samples as one batch, leaf by leaf (tensors concatenated, lists chained)."""
     first = batches[0]
     if isinstance(first, torch.Tensor):
-        return torch.cat(batches)
+        return torch.cat(batches) if first.dim() else first
     if isinstance(first, dict):
         return type(first)({k: _join([b[k] for b in batches]) for k in first})
     if _is_container(first):
         joined = [_join([b[i] for b in batches]) for i in range(len(first))]
         return type(first)(*joined) if hasattr(first, "_fields") else type(first)(joined)
+    if not isinstance(first, (list, tuple)):  # a string or number with no batch dimension: kept as it is
+        return first
     return [x for b in batches for x in b]
 
 
 def _slice(batch: Any, lo: int, hi: int) -> Any:
     """Samples ``lo:hi`` of ``batch``, leaf by leaf."""
-    if isinstance(batch, torch.Tensor):
+    if isinstance(batch, torch.Tensor) and batch.dim():
         return batch[lo:hi]
     if isinstance(batch, dict):
         return type(batch)({k: _slice(v, lo, hi) for k, v in batch.items()})
     if _is_container(batch):
         parts = [_slice(v, lo, hi) for v in batch]
         return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)
-    return batch[lo:hi]
+    if isinstance(batch, (list, tuple)) or (isinstance(batch, torch.Tensor) and batch.dim()):
+        return batch[lo:hi]
+    return batch  # a string, number or 0-d tensor has no samples to split: every process gets it whole
 
 
 class DataLoaderDispatcher(DataLoaderShard):
@@ -200,12 +217,16 @@ def prepare_dispatcher(
 
         loader = prepare_dispatcher(DataLoader(stream, batch_size=8), device, 2, rank)
     """
-    if dataloader.batch_size is None and dataloader.batch_sampler is None:
-        raise ValueError("dispatch_batches=True needs a DataLoader that makes batches (batch_size is None)")
+    iterable = isinstance(dataloader.dataset, torch.utils.data.IterableDataset)
+    if dataloader.batch_size is None and dataloader.batch_sampler is None and not iterable:
+        raise ValueError(
+            "dispatch_batches=True needs a DataLoader that makes batches (batch_size is None over a map-style "
+            "dataset); set batch_size or pass dispatch_batches=False"
+        )
     kwargs = _loader_kwargs(dataloader)
     info = {"num_processes": num_processes, "process_index": process_index, "split_batches": split_batches,
             "even_batches": True, "batch_size": dataloader.batch_size}  # fmt: skip
-    if isinstance(dataloader.dataset, torch.utils.data.IterableDataset):
+    if iterable:  # batch_size=None: each item the dataset yields is one batch, split as one (the reference's way)
         batching: dict[str, Any] = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
     elif type(dataloader.batch_sampler) is torch.utils.data.BatchSampler:
         batching = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last,
