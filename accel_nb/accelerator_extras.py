@@ -86,6 +86,12 @@ class AcceleratorExtras:
 
             weights = accelerator.get_state_dict(model)       # keys as in the plain model
         """
+        if getattr(self, "deepspeed_plugin", None) is not None:  # every rank: ZeRO-3 shards gathered on the main one
+            from .deepspeed.training import engine_state_dict
+
+            state = engine_state_dict(self, model)
+            if state is not None:
+                return state
         if unwrap:
             model = self.unwrap_model(model)  # type: ignore[attr-defined]
         from .fsdp.sharding import is_fsdp_model

@@ -84,6 +84,12 @@ def save_model(
         from .fsdp.state_dicts import full_model_state
 
         state = full_model_state(inner)
+    if getattr(accelerator, "deepspeed_plugin", None) is not None:  # every rank: ZeRO-3 shards are gathered
+        from .deepspeed.training import engine_state_dict
+
+        engine_state = engine_state_dict(accelerator, inner)
+        if engine_state is not None:
+            state, sharded = engine_state, True
     if not getattr(accelerator, "is_main_process", True):
         return []
     if not sharded:

@@ -163,12 +163,16 @@ def _read_checkpoint(
         _count_check(path, "scheduler(s)", counts["schedulers"], len(schedulers))
         _count_check(path, "registered object(s)", counts["custom_objects"], len(customs))
 
+    from .deepspeed.checkpointing import engine_source
     from .fsdp.checkpointing import SHARDED, sharded_folder
 
     model_sources = []
     for i, model in enumerate(models):
         module = unwrapped(accelerator, model)
-        if os.path.isdir(sharded_folder(path, "model", i)):  # FSDP shards: read in load_state's collective phase
+        engine = engine_source(accelerator, path, "model", i)
+        if engine is not None:  # a DeepSpeed engine restores it (accel_nb.deepspeed.checkpointing)
+            model_sources.append((module, engine))
+        elif os.path.isdir(sharded_folder(path, "model", i)):  # FSDP shards: read in load_state's collective phase
             model_sources.append((module, (SHARDED, sharded_folder(path, "model", i))))
         elif manifest.get("safe_serialization", True):
             index_file = os.path.join(path, f"model{file_suffix(i)}.safetensors.index.json")
@@ -189,9 +193,12 @@ def _read_checkpoint(
                 (module, _torch_load(os.path.join(path, f"pytorch_model{file_suffix(i)}.bin"), weights_only))
             )
     opt_states = [
-        (SHARDED, sharded_folder(path, "optimizer", i))
-        if os.path.isdir(sharded_folder(path, "optimizer", i))
-        else _torch_load(os.path.join(path, f"optimizer{file_suffix(i)}.bin"), weights_only)
+        engine_source(accelerator, path, "optimizer", i)  # a DeepSpeed engine restores it
+        or (
+            (SHARDED, sharded_folder(path, "optimizer", i))
+            if os.path.isdir(sharded_folder(path, "optimizer", i))
+            else _torch_load(os.path.join(path, f"optimizer{file_suffix(i)}.bin"), weights_only)
+        )
         for i in range(len(optimizers))
     ]
     sched_states = [
@@ -256,6 +263,9 @@ def load_accelerator_state(
     elif failure is not None:
         raise failure
     _read_fsdp_shards(accelerator, plan)
+    from .deepspeed.checkpointing import load_engines
+
+    load_engines(accelerator, plan)  # DeepSpeed engines restore their models and optimizers (every rank)
     path, manifest = plan["path"], plan["manifest"]
     model_sources = plan["models"]
     scaler, scaler_state = plan["scaler"]

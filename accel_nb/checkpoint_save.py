@@ -127,6 +127,10 @@ def save_accelerator_state(
     try:
         weights = _weights_after_hooks(accelerator, tmp)
         overrides = _fsdp_parts(accelerator, tmp, weights)
+        if getattr(accelerator, "deepspeed_plugin", None) is not None:  # engines write their sharded checkpoints
+            from .deepspeed.checkpointing import save_engines
+
+            overrides.update(save_engines(accelerator, tmp, weights))
         if writer:
             counts = _write_shared(accelerator, tmp, safe_serialization, weights, overrides)
         _torch_save(

@@ -135,3 +135,154 @@ def test_zero3_each_rank_holds_about_half_of_the_parameters(trained):
         full = rank["zero3"]["full"]
         assert abs(rank["zero3"]["params_held"] - full / 2) <= 0.02 * full
         assert rank["zero2"]["params_held"] == full  # stage 2 keeps every parameter on every rank
+
+
+# -- save_state / load_state, save_model, and DeepSpeed used by hand ------------------------------------
+
+
+def _epoch(accelerator, model, optimizer, loader, scheduler=None):
+    losses = []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _prepared(stage, **plugin_kwargs):
+    from accel_nb import Accelerator
+    from accel_nb.deepspeed import DeepSpeedPlugin
+
+    _fresh_state()
+    plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=CLIP, **plugin_kwargs)
+    accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATION, deepspeed_plugin=plugin)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.8)
+    loader = DataLoader(_data(), batch_size=BATCH)
+    return (accelerator, *accelerator.prepare(model, optimizer, loader, scheduler))
+
+
+def _resume_and_save_model(folder, stage):
+    """Epoch 1, save_state, epoch 2; then a fresh Accelerator/model: load_state, epoch 2 again. Then save_model."""
+    from accel_nb import load_checkpoint_in_model
+
+    accelerator, model, optimizer, loader, scheduler = _prepared(stage, zero3_save_16bit_model=True)
+    _epoch(accelerator, model, optimizer, loader, scheduler)
+    checkpoint = accelerator.save_state(os.path.join(folder, f"ckpt{stage}"))
+    straight = _epoch(accelerator, model, optimizer, loader, scheduler)
+    lr_straight = scheduler.get_last_lr()[0]
+
+    accelerator, model, optimizer, loader, scheduler = _prepared(stage, zero3_save_16bit_model=True)
+    accelerator.load_state(checkpoint)
+    resumed = _epoch(accelerator, model, optimizer, loader, scheduler)
+    out = {"straight": straight, "resumed": resumed, "lr": (lr_straight, scheduler.get_last_lr()[0]),
+           "files": sorted(os.listdir(checkpoint))}  # fmt: skip
+
+    target = os.path.join(folder, f"model{stage}")
+    accelerator.save_model(model, target)
+    state = accelerator.get_state_dict(model)  # gathered on the main process (every rank calls it)
+    probe = torch.linspace(-1, 1, 24).reshape(3, 8)
+    with torch.no_grad():
+        out["engine_out"] = model(probe)  # the engine gathers ZeRO-3 shards for the forward
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        plain = _model()
+        torch.nn.init.zeros_(plain[0].weight)  # so nothing of the fresh model's weights can pass for the saved ones
+        load_checkpoint_in_model(plain, target)
+        with torch.no_grad():
+            out["saved_out"] = plain(probe)
+        out["saved_files"] = sorted(os.listdir(target))
+        out["same_as_get_state_dict"] = all(torch.equal(state[k], v) for k, v in plain.state_dict().items())
+        out["keys"] = sorted(state) == sorted(plain.state_dict())
+    return out
+
+
+def _config(stage):
+    return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": ACCUMULATION,
+            "gradient_clipping": CLIP, "zero_optimization": {"stage": stage}, "steps_per_print": 10**9,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}}}  # fmt: skip
+
+
+def _batches():
+    rank = torch.distributed.get_rank()
+    x, y = _data().tensors
+    return [(x[i : i + BATCH], y[i : i + BATCH]) for i in range(rank * BATCH, len(x), 2 * BATCH)]
+
+
+def _side_by_side(stage):
+    """The same config, model, data and seed through accel_nb and through deepspeed.initialize by hand."""
+    from accel_nb import Accelerator
+    from accel_nb.deepspeed import DeepSpeedPlugin, DummyOptim
+
+    _fresh_state()
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=_config(stage)))
+    model = _model()
+    model, optimizer = accelerator.prepare(model, DummyOptim(model.parameters(), lr=LR))
+    ours = []
+    for _ in range(2):
+        for x, y in _batches():
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            ours.append(loss.item())
+
+    engine, *_ = deepspeed.initialize(model=_model(), model_parameters=None, config=_config(stage))
+    by_hand = []
+    for _ in range(2):
+        for x, y in _batches():
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            by_hand.append(loss.item())
+    return {"ours": ours, "by_hand": by_hand, "accumulation": accelerator.gradient_accumulation_steps}
+
+
+def _checkpoint_and_by_hand(folder):
+    return {
+        "resume2": _resume_and_save_model(folder, 2),
+        "resume3": _resume_and_save_model(folder, 3),
+        "by_hand2": _side_by_side(2),
+        "by_hand3": _side_by_side(3),
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("ds"))
+    return run_ranks(_checkpoint_and_by_hand, world_size=2, args=(folder,), timeout=900)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_save_state_then_load_state_resumes_exactly(checkpointed, stage):
+    for rank in checkpointed:
+        run = rank[f"resume{stage}"]
+        assert len(run["resumed"]) == STEPS_PER_EPOCH
+        assert run["resumed"] == run["straight"]  # bit for bit: weights, ZeRO partitions (Adam moments), scheduler
+        assert run["lr"][0] == run["lr"][1]
+        assert {"deepspeed_model", "rank_0.pt", "rank_1.pt"} <= set(run["files"])  # the engine's folder in the checkpoint
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_save_model_writes_full_safetensors_weights_read_back_equal(checkpointed, stage):
+    main = checkpointed[0][f"resume{stage}"]
+    assert main["saved_files"] == ["model.safetensors"]
+    assert main["keys"] and main["same_as_get_state_dict"]
+    torch.testing.assert_close(main["saved_out"], main["engine_out"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_same_losses_as_deepspeed_initialize_by_hand(checkpointed, stage):
+    for rank in checkpointed:
+        run = rank[f"by_hand{stage}"]
+        assert run["accumulation"] == ACCUMULATION  # taken from the config
+        assert len(run["ours"]) == 2 * STEPS_PER_EPOCH
+        assert run["ours"] == run["by_hand"]
+        assert run["ours"][:STEPS_PER_EPOCH] != run["ours"][STEPS_PER_EPOCH:]  # same batches again: the weights moved

@@ -15,7 +15,7 @@ import torch
 
 from .plugin import DeepSpeedPlugin
 
-__all__ = ["precision_for", "configure", "backward", "clip_grad_norm", "engine_state_dict"]
+__all__ = ["precision_for", "configure", "backward", "clip_grad_norm", "engine_state_dict", "find_engine"]
 
 
 def precision_for(plugin: DeepSpeedPlugin, mixed_precision: str | None) -> str:
@@ -77,17 +77,29 @@ def clip_grad_norm(accelerator: Any, max_norm: float, norm_type: float) -> float
     return None if wrapped is None else wrapped.get_global_grad_norm()
 
 
-def engine_state_dict(accelerator: Any, engine: Any) -> dict[str, Any]:
-    """The full weights of a DeepSpeed engine's model (ZeRO-3 shards gathered: call it on every rank)."""
-    plugin = accelerator.deepspeed_plugin
-    if plugin.zero_stage == 3:
-        gather = (getattr(accelerator, "deepspeed_config", None) or plugin.deepspeed_config).get("zero_optimization", {})
-        if not gather.get("stage3_gather_16bit_weights_on_model_save"):
-            raise ValueError(
-                "the model is sharded with ZeRO-3 and the config does not gather it for saving; set "
-                "zero3_save_16bit_model=True in DeepSpeedPlugin (stage3_gather_16bit_weights_on_model_save in the "
-                "config), or save with save_state() (the engine's sharded checkpoint)"
-            )
-        state = engine._zero3_consolidated_16bit_state_dict()
-        return {} if state is None else {k: v.clone() for k, v in state.items()}
-    return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+def find_engine(accelerator: Any, model: Any) -> Any:
+    """The prepared DeepSpeed engine that is ``model`` or holds it as ``.module``; None if there is none."""
+    for engine in getattr(accelerator, "_models", []):
+        if type(engine).__name__ == "DeepSpeedEngine" and (engine is model or engine.module is model):
+            return engine
+    return None
+
+
+def engine_state_dict(accelerator: Any, model: Any) -> dict[str, Any] | None:
+    """The full weights of a DeepSpeed-prepared model (ZeRO-3 shards gathered: call it on every rank; the
+    main process gets them, the others an empty dict); None when ``model`` is not a prepared engine's."""
+    engine = find_engine(accelerator, model)
+    if engine is None:
+        return None
+    if accelerator.deepspeed_plugin.zero_stage != 3:
+        return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    gather = (getattr(accelerator, "deepspeed_config", None) or accelerator.deepspeed_plugin.deepspeed_config).get(
+        "zero_optimization", {})  # fmt: skip
+    if not gather.get("stage3_gather_16bit_weights_on_model_save"):
+        raise ValueError(
+            "the model is sharded with ZeRO-3 and the config does not gather it for saving; set "
+            "zero3_save_16bit_model=True in DeepSpeedPlugin (stage3_gather_16bit_weights_on_model_save in the "
+            "config), or save with save_state() (the engine's sharded checkpoint)"
+        )
+    state = engine._zero3_consolidated_16bit_state_dict()
+    return {} if not state else {k: v.detach().clone() for k, v in state.items()}
