@@ -66,14 +66,23 @@ timeout "${GPU_CHECK_PYTEST_S:-300}" "$PY" -m pytest -q -p no:cacheprovider -m g
 pytest_rc=${PIPESTATUS[0]}
 [ "$pytest_rc" -eq 0 ] || status=1
 # -- 4. the GPU benchmarks (their CPU rows come along) ----------------------------------------------
-echo "gpu_check: python -m benchmarks run big_model training fsdp"
-timeout "${GPU_CHECK_BENCH_S:-300}" "$PY" -m benchmarks run big_model training fsdp --json "$OUT/bench.json" || status=1
+BENCHES=${GPU_CHECK_BENCHES:-big_model training fsdp}
+echo "gpu_check: python -m benchmarks run $BENCHES"
+# shellcheck disable=SC2086
+timeout "${GPU_CHECK_BENCH_S:-300}" "$PY" -m benchmarks run $BENCHES --json "$OUT/bench.json" || status=1
 # -- 5. one-GPU notebook_launcher in a real kernel --------------------------------------------------
 echo "gpu_check: notebook_launcher on one GPU in a real kernel"
 timeout "${GPU_CHECK_KERNEL_S:-180}" "$PY" scripts/gpu_check_report.py kernel-launch "$OUT/kernel.json" || status=1
 # -- 5b. more GPU processes than GPUs: refused before any rank starts --------------------------------
 echo "gpu_check: more GPU processes than GPUs, refused before start"
 timeout 240 "$PY" scripts/gpu_check_report.py refusal "$OUT/refusal.json" || status=1
+# -- 5c. one GPU, DeepSpeed ZeRO-2 with the optimizer offloaded to the CPU, vs the reference ------------
+if "$PY" -c "import deepspeed" >/dev/null 2>&1; then
+  echo "gpu_check: DeepSpeed ZeRO-2 optimizer offload on one GPU"
+  timeout 600 "$PY" scripts/gpu_check_deepspeed.py "$OUT/deepspeed.json" || status=1
+else
+  echo "gpu_check: deepspeed is not installed here: the ZeRO-2 offload step is skipped (DS_BUILD_OPS=0 pip install deepspeed)"
+fi
 # -- 6. docs/benchmarks.md ------------------------------------------------------------------------
 "$PY" scripts/gpu_check_report.py write docs/benchmarks.md "$OUT" "$pytest_rc" || status=1
 echo "gpu_check: figures written to docs/benchmarks.md (section 'GPU run'); raw results in $OUT"

@@ -16,6 +16,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 BEGIN, END = "<!-- gpu-run:begin -->", "<!-- gpu-run:end -->"
 
@@ -163,14 +164,30 @@ def write(doc: str, out_dir: str, pytest_rc: str) -> int:
     from benchmarks.runner import table
 
     rows: list[dict] = []
-    bench = os.path.join(out_dir, "bench.json")
-    if os.path.exists(bench):
-        with open(bench, encoding="utf-8") as f:
-            rows += json.load(f)
+    # bench.json: this run's benchmarks; bench-*.json: rows kept from an earlier run on the same machine
+    # kind (a GPU lease is minutes: a later call may rerun only what failed); this run's rows win
+    bench_rows: dict[tuple, dict] = {}
+    for name in sorted(n for n in os.listdir(out_dir) if n.startswith("bench-") and n.endswith(".json")) + ["bench.json"]:
+        path = os.path.join(out_dir, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                for row in json.load(f):
+                    if name != "bench.json" and row.get("failed"):
+                        continue
+                    if name != "bench.json":
+                        row = dict(row, note=f"{row['note']} [earlier call: {name[6:-5]}]")
+                    bench_rows[(row["benchmark"], row["metric"])] = row
+    rows += list(bench_rows.values())
     kernel = os.path.join(out_dir, "kernel.json")
     if os.path.exists(kernel):
         with open(kernel, encoding="utf-8") as f:
             rows += _kernel_rows(json.load(f))
+    ds = os.path.join(out_dir, "deepspeed.json")
+    if os.path.exists(ds):
+        import gpu_check_deepspeed
+
+        with open(ds, encoding="utf-8") as f:
+            rows += gpu_check_deepspeed.rows(json.load(f))
     summary = ""
     pytest_txt = os.path.join(out_dir, "pytest.txt")
     if os.path.exists(pytest_txt):
