@@ -348,3 +348,59 @@ def test_constants_match_the_reference():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ours.SAFE_WEIGHTS_NAME == "model.safetensors"
+
+
+# -- offload folder format --------------------------------------------------------------------------
+def test_offload_folders_are_readable_by_the_other_library(tmp_path):
+    import accelerate.utils.offload as ref_offload
+
+    import accel_nb.utils.offload as our_offload
+
+    state = {
+        "a.weight": torch.randn(3, 4),
+        "a.bias": torch.randn(4).to(torch.bfloat16),
+        "b.scale": torch.tensor(2.5),
+        "b.count": torch.arange(5),
+        "c.f8": torch.randn(4).to(torch.float8_e4m3fn),
+    }
+    our_offload.offload_state_dict(tmp_path / "ours", state)
+    ref_offload.offload_state_dict(tmp_path / "ref", state)
+    ours_index = (tmp_path / "ours" / "index.json").read_text()
+    assert ours_index == (tmp_path / "ref" / "index.json").read_text()
+    for name in state:
+        assert (tmp_path / "ours" / f"{name}.dat").read_bytes() == (tmp_path / "ref" / f"{name}.dat").read_bytes()
+    for folder in ("ours", "ref"):
+        mine = our_offload.OffloadedWeightsLoader(save_folder=tmp_path / folder)
+        theirs = ref_offload.OffloadedWeightsLoader(save_folder=tmp_path / folder)
+        assert list(mine) == list(theirs)
+        for name, value in state.items():
+            assert mine[name].dtype == theirs[name].dtype == value.dtype
+            assert torch.equal(mine[name].reshape(-1).view(torch.uint8), theirs[name].reshape(-1).view(torch.uint8))
+    merged = our_offload.OffloadedWeightsLoader(state_dict={"x": torch.ones(1)}, save_folder=tmp_path / "ours")
+    assert list(merged)[0] == "x" and len(merged) == len(state) + 1
+    view, ref_view = our_offload.PrefixedDataset(merged, "a."), ref_offload.PrefixedDataset(merged, "a.")
+    assert list(view) == list(ref_view) and len(view) == len(ref_view)
+    assert torch.equal(view["weight"], ref_view["weight"])
+    with pytest.raises(ValueError, match="Need either"):
+        our_offload.OffloadedWeightsLoader()
+    sd = {"h.1.w": 1, "h.10.w": 2, "h.1": 3, "g.w": 4}
+    assert our_offload.extract_submodules_state_dict(sd, ["h.1", "g"]) == ref_offload.extract_submodules_state_dict(
+        sd, ["h.1", "g"]
+    )
+
+
+def test_an_offload_folder_feeds_an_align_devices_hook(tmp_path):
+    from accel_nb.hooks import AlignDevicesHook, add_hook_to_module
+    from accel_nb.utils.offload import OffloadedWeightsLoader, PrefixedDataset, offload_state_dict
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    x = torch.randn(4, 3)
+    expected = model(x)
+    offload_state_dict(tmp_path, model.state_dict())
+    weights = OffloadedWeightsLoader(save_folder=tmp_path)
+    for i, layer in enumerate(model):
+        add_hook_to_module(
+            layer, AlignDevicesHook(execution_device="cpu", offload=True, weights_map=PrefixedDataset(weights, f"{i}."))
+        )
+    assert model[0].weight.device.type == "meta"
+    assert torch.allclose(model(x), expected)

@@ -35,7 +35,6 @@ LEFT_OUT: dict[str, str] = {
     "megatron_lm": _MEGATRON,
     "fsdp_utils": "not yet: accel_nb's FSDP saves and loads through Accelerator.save_state / load_state (accel_nb.fsdp)",
     "launch": _LAUNCH,
-    "offload": "not yet: accel_nb offloads to safetensors files (big_model), not the reference's .dat index",
     "rich": "the reference's optional rich tracebacks; not provided",
     "torch_xla": "installs packages with pip; see docs/tpu.md for setting up torch_xla",
     "tqdm": "not yet: accel_nb.progress_bar draws progress for every process in notebooks",
