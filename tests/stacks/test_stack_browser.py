@@ -1,0 +1,218 @@
+"""The stack's own front-end in headless Chromium: classic Notebook 6 (colab: ipywidgets 7's notebook
+extension) or JupyterLab 4 (kaggle: ipywidgets 8.1.5). One notebook, run cell by cell:
+
+live progress that changes while a launch runs (two screenshots at different moments differ, and
+the final state is right), the wizard and the device-map view rendering and acting, a session
+started and used, a failing cell whose traceback is the user's, and no "reporter failed" line.
+The launch waits at steps 30 and 60 until the test creates a gate file: the moments are chosen by
+condition, never by timing. Screenshots: artifacts/screenshots/stack-<stack>-*.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.browser_helpers import (
+    SHOTS,
+    LabServer,
+    chromium,
+    new_page,
+    open_notebook,
+    wait_until,
+    write_notebook,
+)
+from tests.stacks.classic_helpers import ClassicServer, open_classic
+from tests.test_device_map_browser import CELL as DEVICE_MAP_CELL
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
+
+if shutil.which("chromium") is None and not os.path.exists("/usr/bin/chromium"):
+    pytest.skip("needs Debian's chromium (scripts/test.sh installs it)", allow_module_level=True)
+
+SETUP = """%load_ext accel_nb
+import os, time
+from accel_nb import notebook_launcher, progress, config_wizard
+GATES = os.path.abspath(".")
+
+def train():
+    bar = progress(range(100), desc="train")
+    for i in bar:
+        if i in (30, 60):
+            bar.refresh()  # send n = i now: the loop is about to wait for the test
+            while not os.path.exists(os.path.join(GATES, f"gate{i}")):
+                time.sleep(0.02)
+    return int(os.environ["RANK"])
+"""
+CELLS = [
+    SETUP,
+    "results = notebook_launcher(train, num_processes=2, cpu=True)\nprint('results', results)",
+    "wizard = config_wizard('wizard_config.yaml')\nwizard",
+    DEVICE_MAP_CELL,
+    "%accelerate start -n 2",
+    "%%accelerate\nfrom accel_nb import PartialState\nscaled = PartialState().process_index * 10\nprint('scaled on this rank', scaled)",
+    "%accelerate pull scaled --rank 1\nprint('pulled', scaled)\n%accelerate stop",
+    "%%accelerate -n 2\nvalue = 1\nraise ValueError(f'bad value {value}')",
+]
+LAUNCH, WIZARD, DEVICE_MAP, START, SESSION_CELL, PULL, FAILING = range(1, 8)
+PROBLEMS = ("reporter failed", "the progress widget could not", "display failed to start")
+
+
+class Classic:
+    """Classic Notebook 6 driven through its page's ``Jupyter.notebook``."""
+
+    def __init__(self, root: str) -> None:
+        self.server = ClassicServer(root, log_path=os.path.join(SHOTS, "..", "stack-classic-notebook.log"))
+
+    def open(self, page, notebook: str) -> None:
+        open_classic(page, self.server, notebook)
+
+    def run(self, page, i: int) -> None:
+        page.evaluate("i => Jupyter.notebook.execute_cells([i])", i)
+
+    def done(self, page, i: int) -> bool:
+        return bool(page.evaluate("i => { const n = Jupyter.notebook.get_cell(i).input_prompt_number; "
+                                  "return typeof n === 'number'; }", i))  # fmt: skip
+
+    def outputs(self, page, i: int) -> list:
+        return page.evaluate("i => Jupyter.notebook.get_cell(i).output_area.toJSON()", i)
+
+    def node(self, page, i: int):
+        return page.locator("#notebook-container .cell").nth(i)
+
+
+class Lab:
+    """JupyterLab 4 driven through ``window.jupyterapp``."""
+
+    def __init__(self, root: str) -> None:
+        self.server = LabServer(root, log_path=os.path.join(SHOTS, "..", "stack-jupyterlab.log"))
+
+    def open(self, page, notebook: str) -> None:
+        open_notebook(page, self.server, notebook)
+
+    def run(self, page, i: int) -> None:
+        page.evaluate("""i => { const panel = window.jupyterapp.shell.currentWidget;
+            panel.content.activeCellIndex = i;
+            window.jupyterapp.commands.execute('notebook:run-cell'); }""", i)
+
+    def done(self, page, i: int) -> bool:
+        return bool(page.evaluate("""i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+            return /\\[\\d+\\]/.test(cell.node.querySelector('.jp-InputPrompt').textContent); }""", i))
+
+    def outputs(self, page, i: int) -> list:
+        return page.evaluate("""i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+            const out = []; for (let j = 0; j < cell.model.outputs.length; j++) out.push(cell.model.outputs.get(j).toJSON());
+            return out; }""", i)
+
+    def node(self, page, i: int):
+        return page.locator(".jp-Notebook .jp-Cell").nth(i)
+
+
+def _text(outputs: list) -> str:
+    parts = []
+    for out in outputs:
+        parts.append(out.get("text", "") if isinstance(out.get("text", ""), str) else "".join(out["text"]))
+        parts.append("\n".join(out.get("traceback", [])))
+        plain = out.get("data", {}).get("text/plain", "")
+        parts.append(plain if isinstance(plain, str) else "".join(plain))
+    return "\n".join(parts)
+
+
+def _widths(node) -> list[str]:
+    return node.evaluate("n => [...n.querySelectorAll('.widget-hprogress .progress-bar')].map(b => b.style.width)")
+
+
+def _shot(node, stack: str, name: str) -> str:
+    os.makedirs(SHOTS, exist_ok=True)
+    path = os.path.join(SHOTS, f"stack-{stack}-{name}.png")
+    node.scroll_into_view_if_needed()
+    node.screenshot(path=path)
+    return path
+
+
+def test_the_notebook_face_in_the_stacks_front_end(tmp_path, stack):
+    root = str(tmp_path)
+    os.makedirs(SHOTS, exist_ok=True)
+    write_notebook(os.path.join(root, "stack.ipynb"), CELLS)
+    front = Classic(root) if stack == "colab" else Lab(root)
+    with front.server, chromium() as browser:
+        page = new_page(browser)
+        front.open(page, "stack.ipynb")
+
+        def run(i: int, timeout: float = 180) -> None:
+            front.run(page, i)
+            wait_until(lambda: front.done(page, i), timeout, f"cell {i} to finish")
+
+        def shows(i: int, text: str, timeout: float = 60) -> str:
+            """Wait until cell ``i``'s outputs hold ``text`` (a cell's reply may come before its last output)."""
+            wait_until(lambda: text in _text(front.outputs(page, i)), timeout, f"cell {i} to show {text!r}")
+            return _text(front.outputs(page, i))
+
+        run(0)
+        # live progress: the bars stand at 30 %, then at 60 %, while the launch runs; then at 100 %, green
+        front.run(page, LAUNCH)
+        node = front.node(page, LAUNCH)
+        shots = []
+        for gate in (30, 60):
+            wait_until(lambda gate=gate: _widths(node) == [f"{gate}%"] * 2, 120, f"both bars at {gate}%")
+            assert not front.done(page, LAUNCH)  # still running
+            shots.append(_shot(node, stack, f"progress-{gate}"))
+            open(os.path.join(root, f"gate{gate}"), "w").close()
+        wait_until(lambda: front.done(page, LAUNCH), 120, "the launch to finish")
+        wait_until(lambda: _widths(node) == ["100%", "100%"], 30, "both bars at 100%")
+        wait_until(lambda: node.locator(".progress-bar-success").count() == 2, 30, "both bars green (done)")
+        shows(LAUNCH, "results [0, 1]")
+        assert "done" in node.inner_text()
+        shots.append(_shot(node, stack, "progress-done"))
+        assert len({open(p, "rb").read() for p in shots}) == 3  # three moments, three different pictures
+        # the wizard: rendered, and its Save writes the file with the value typed in
+        run(WIZARD, 60)
+        wizard = front.node(page, WIZARD)
+        wait_until(lambda: wizard.locator("button", has_text="Save").count() == 1, 60, "the wizard to render")
+        processes = wizard.locator(".widget-text input").first
+        processes.fill("2")
+        processes.press("Enter")
+        wait_until(lambda: "--num_processes 2" in wizard.inner_text(), 30, "the commands to follow the value")
+        wizard.locator("button", has_text="Save").click()
+        wait_until(lambda: "Saved to" in wizard.inner_text(), 30, "the wizard's Save")
+        assert "num_processes: 2" in open(os.path.join(root, "wizard_config.yaml")).read()
+        _shot(wizard, stack, "wizard")
+        # the device map: bars per device; a bigger CPU budget typed into the slider empties the disk bar
+        run(DEVICE_MAP, 120)
+        dmap = front.node(page, DEVICE_MAP)
+        wait_until(lambda: dmap.locator(".accel-nb-device-bar").count() == 2, 60, "the device bars")
+        disk = dmap.locator('.accel-nb-device-bar[data-device="disk"] .accel-nb-module')
+        assert disk.count() >= 1
+        _shot(dmap, stack, "device-map-before")
+        readout = dmap.locator(".accel-nb-budget-slider .widget-readout").first
+        readout.click()
+        page.keyboard.press("Control+A")
+        page.keyboard.type("100000")
+        page.keyboard.press("Enter")
+        wait_until(lambda: disk.count() == 0, 60, "the disk bar to empty after the budget moved")
+        _shot(dmap, stack, "device-map-after")
+        # a session: started, a cell run on its ranks, a value pulled back, stopped
+        run(START)
+        shows(START, "%%accelerate cells now run on these workers")
+        run(SESSION_CELL, 120)
+        shows(SESSION_CELL, "[rank 1] scaled on this rank 10")
+        run(PULL, 120)
+        shows(PULL, "pulled 10")
+        shows(PULL, "the session was stopped")
+        # a failing cell: the error output holds the user's frames only
+        run(FAILING, 180)
+        wait_until(lambda: any(o["output_type"] == "error" for o in front.outputs(page, FAILING)), 60, "the error")
+        errors = [o for o in front.outputs(page, FAILING) if o["output_type"] == "error"]
+        assert len(errors) == 1 and errors[0]["ename"] == "LaunchError", errors
+        tb = "\n".join(errors[0]["traceback"])
+        assert "<accelerate-cell-" in tb and "bad value" in tb
+        for internal in ("interactiveshell", "decorator", "magic.py", "accel_nb/", "IPython/core"):
+            assert internal not in tb, (internal, tb)
+        _shot(front.node(page, FAILING), stack, "failing-cell")
+        # the kernel sends in order: every earlier cell's outputs are in by now
+        others = [front.outputs(page, i) for i in range(len(CELLS)) if i != FAILING]
+        assert [o["ename"] for outs in others for o in outs if o["output_type"] == "error"] == []
+        everything = "\n".join(_text(outs) for outs in others + [front.outputs(page, FAILING)])
+        assert not any(p in everything for p in PROBLEMS), everything
