@@ -174,6 +174,15 @@ class DataLoaderShard(DataLoader):
         value = self.last_round_real
         return -1 if value is None else value
 
+    @property
+    def iteration(self) -> int:
+        """The reference library's name for :attr:`epoch`: the pass the next iteration makes (0 first)."""
+        return self.epoch
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.epoch = int(value)
+
     # -- epochs and resumption ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Use the shuffle order of ``epoch`` on the next pass (the same on every rank)."""

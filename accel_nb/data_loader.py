@@ -3,7 +3,7 @@
     from accel_nb.data_loader import BatchSamplerShard, prepare_data_loader, skip_first_batches
 
 Nothing is defined here; each name is the one implementation in ``accel_nb.data``,
-``accel_nb.data_dispatch`` or ``accel_nb.samplers``, imported on first use.
+``accel_nb.data_dispatch``, ``accel_nb.samplers`` or ``accel_nb.loader_state``, imported on first use.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from .lazy_exports import lazy_exports
 
 _EXPORTS = {
     "DataLoaderShard": "accel_nb.data",
+    "DataLoaderStateMixin": "accel_nb.loader_state",
     "DataLoaderDispatcher": "accel_nb.data_dispatch",
     "SkipDataLoader": "accel_nb.data",
     "prepare_data_loader": "accel_nb.data",

@@ -1,0 +1,70 @@
+"""``DataLoaderStateMixin`` and ``DataLoaderShard.iteration`` behave like the reference's, side by side."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+pytest.importorskip("accelerate")
+
+
+def _custom_loader_class(library):
+    mixin = importlib.import_module(f"{library}.data_loader").DataLoaderStateMixin
+    gradient_state_cls = importlib.import_module(f"{library}.state").GradientState
+
+    class Loader(mixin, DataLoader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.gradient_state = gradient_state_cls()
+            self._drop_last = self.drop_last
+            self.total_batch_size = self.batch_size
+
+        def __iter__(self):
+            self.begin()
+            seen = []
+            batches = list(super().__iter__())
+            for i, batch in enumerate(batches):
+                self.end_of_dataloader = i == len(batches) - 1
+                seen.append((self.gradient_state.active_dataloader is self, self.end_of_dataloader, self.remainder))
+                yield batch, seen[-1]
+            self.end()
+
+    return Loader
+
+
+@pytest.mark.parametrize("n, batch_size, drop_last", [(10, 4, False), (8, 4, False), (10, 4, True)])
+def test_a_custom_loader_with_the_state_mixin_tracks_like_the_reference(n, batch_size, drop_last):
+    results = []
+    for library in ("accel_nb", "accelerate"):
+        cls = _custom_loader_class(library)
+        assert cls.end_of_dataloader is False and cls.remainder == -1
+        loader = cls(list(range(n)), batch_size=batch_size, drop_last=drop_last)
+        states = [state for _, state in loader]
+        results.append((states, loader.gradient_state.active_dataloader is None, loader.remainder))
+        loader.reset()
+        assert loader.remainder == -1 and loader.end_of_dataloader is False
+    assert results[0] == results[1]
+
+
+def test_iteration_counts_passes_and_follows_set_epoch_like_the_reference():
+    import accelerate.data_loader as ref
+
+    import accel_nb.data_loader as ours
+
+    counts = []
+    for module in (ours, ref):
+        loader = module.prepare_data_loader(
+            DataLoader(torch.arange(6), batch_size=2, shuffle=True), num_processes=1, process_index=0,
+            put_on_device=False,
+        )
+        seen = [loader.iteration]
+        for _ in range(2):
+            list(loader)
+            seen.append(loader.iteration)
+        loader.set_epoch(7)
+        seen.append(loader.iteration)
+        counts.append(seen)
+    assert counts[0] == counts[1] == [0, 1, 2, 7]
