@@ -121,7 +121,7 @@ def run_launch(
         try:
             outcome = supervisor.run()
         except KeyboardInterrupt:
-            _finish(reporter, False, "interrupted: every rank was stopped (their Python stacks are above)")
+            _finish(reporter, False, "interrupted: every rank was stopped")  # the stacks were just shown
             raise
         if outcome.failures:
             failures = list(outcome.failures.values())

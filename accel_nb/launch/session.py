@@ -27,7 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import cuda_guard, warm
-from .errors import LaunchError, RankFailure
+from .errors import LaunchError, RankFailure, UserFramesOnly
+from .hang_blame import collective_of
 from .options import LaunchOptions
 from .plan import LaunchPlan, make_plan
 from .reporting import ListReporter, TextReporter
@@ -343,7 +344,7 @@ class WarmSession:
                 self._after(supervisor.outcome, cell)
                 note = f"{cell} interrupted: " + self._interrupted_note(supervisor.outcome)
                 _finish(reporter, False, note)
-                raise KeyboardInterrupt(note) from None
+                raise CellInterrupt(note) from None
             self._after(outcome, cell)
             if outcome.failures or outcome.hung_after is not None:
                 error = self._error(outcome, cell)
@@ -375,25 +376,25 @@ class WarmSession:
         for p in self.procs:
             if p.poll() is not None:
                 self.states[p.rank] = "dead"
-            elif p.rank in outcome.failures or p.rank in outcome.stopped:
+            elif p.rank in outcome.failures and outcome.failures[p.rank].exc_type != "Hang":
                 self.states[p.rank] = f"failed in {cell}"
+            elif p.rank in outcome.stopped or p.rank in outcome.failures:  # stopped by the user, a peer or the watchdog
+                why = "interrupted" if outcome.interrupted else "hung" if outcome.hung_after is not None else "stopped"
+                self.states[p.rank] = f"{why} in {cell}"
             elif self.states.get(p.rank, "").startswith("running"):
                 self.states[p.rank] = "idle"
         dead = [f for f in outcome.failures.values() if f.signal is not None or f.exc_type in ("ExitCode", "Stuck")]
         if dead and not self.broken:
             self.broken = dead[0].summary()
         if outcome.group_broken and not self.group_broken:
-            stuck = ", ".join(str(r) for r in sorted(outcome.stuck_stacks) or ["?"])
-            self.group_broken = (
-                f"in {cell}, rank(s) {stuck} stayed stuck (in a collective) and were freed by closing the group"
-            )
+            self.group_broken = f"in {cell}, " + _stuck_sentence(outcome)
 
     def _interrupted_note(self, outcome: CellOutcome) -> str:
         if self.broken:
             return f"a rank had to be killed, the session is broken ({self.broken}); restart it"
         if self.group_broken:
             return f"the process group is broken ({self.group_broken}); restart it"
-        return "every rank stopped the cell (stacks above); the session is still usable"
+        return "every rank stopped the cell; the session is still usable"
 
     def _error(self, outcome: CellOutcome, cell: str) -> LaunchError:
         failures = list(outcome.failures.values())
@@ -420,6 +421,27 @@ class WarmSession:
             )
             then = f"{where}. {then}"
         return LaunchError(failures, headline=f"{what}\n{then}", stopped=stopped)
+
+
+class CellInterrupt(UserFramesOnly, KeyboardInterrupt):
+    """A session command the user stopped: a ``KeyboardInterrupt`` that IPython shows without accel_nb's frames."""
+
+
+# the notebook names it as what it is: a KeyboardInterrupt (``except KeyboardInterrupt`` catches it too)
+CellInterrupt.__name__ = CellInterrupt.__qualname__ = "KeyboardInterrupt"
+
+
+def _stuck_sentence(outcome: CellOutcome) -> str:
+    """Which ranks did not stop at the interrupt, and in what: from their stacks, not all that ran."""
+    stuck = outcome.stuck or sorted(outcome.stuck_stacks)
+    if not stuck:
+        return "a rank did not stop at the interrupt and the group was closed under it"
+    parts = []
+    for rank in stuck:
+        collective = collective_of(outcome.stuck_stacks.get(rank, ""))
+        parts.append(f"rank {rank}" + (f" (in {collective})" if collective else ""))
+    verb = "was" if len(stuck) == 1 else "were"
+    return f"{' and '.join(parts)} did not stop at the interrupt and {verb} freed by closing the process group"
 
 
 def _last_user_line(stacks: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import signal
 import time
@@ -30,8 +31,21 @@ from .start import RankProcess
 from .supervisor import FAILURE_GRACE_S, STACKS_WAIT_S, Outcome, Supervisor, clean_stacks
 from .worker import STACKS_SIGNAL, stacks_path
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 INTERRUPT_GRACE_S = 2.0  # after SIGINT, how long a rank may take to raise KeyboardInterrupt and answer
 FREE_GRACE_S = 5.0  # after the group was closed under a stuck rank, how long until it is killed
+
+
+_LIBRARY_FRAME = re.compile(r'File "[^"]*([/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|<frozen )')
+
+
+def _innermost_user_frame(traceback: str) -> str | None:
+    """The last ``File ...`` line of a Python traceback that is the user's code (not torch's, not accel_nb's)."""
+    frames = [ln.strip() for ln in traceback.splitlines() if ln.strip().startswith("File ")]
+    for frame in reversed(frames):
+        if not _LIBRARY_FRAME.search(frame) and _PACKAGE_DIR not in frame:
+            return frame
+    return frames[-1] if frames else None
 
 
 class CellOutcome(Outcome):
@@ -42,7 +56,8 @@ class CellOutcome(Outcome):
         self.group_broken = False
         self.killed: list[int] = []
         self.interrupted = False
-        self.stuck_stacks: dict[int, str] = {}
+        self.stuck_stacks: dict[int, str] = {}  # the stacks of the ranks still running when it was stopped
+        self.stuck: list[int] = []  # the ranks that did not answer SIGINT (the group was closed under them)
 
 
 class CellSupervisor(Supervisor):
@@ -72,8 +87,8 @@ class CellSupervisor(Supervisor):
         if isinstance(event, Failure) and event.rank in self._signalled:
             # stopped by this supervisor (SIGINT, or the group closed under it): not a failure of its own
             if event.rank not in self.outcome.stopped:
-                frames = [ln.strip() for ln in event.traceback.splitlines() if ln.strip().startswith("File ")]
-                where = f" at {frames[-1]}" if frames else ""
+                where = _innermost_user_frame(event.traceback)
+                where = f" at {where}" if where else ""
                 self._report(Log(rank=event.rank, stream="stderr", text=f"stopped: {event.exc_type}{where}\n"))
                 self._mark_stopped(event.rank)
             return
@@ -139,6 +154,7 @@ class CellSupervisor(Supervisor):
         if self._step == 1 and now - self._step_at >= INTERRUPT_GRACE_S:
             self._step, self._step_at = 2, now
             self.outcome.group_broken = True
+            self.outcome.stuck = sorted(p.rank for p in running)
             if self.on_stuck is not None:
                 self.on_stuck([p.rank for p in running])
         elif self._step == 2 and now - self._step_at >= FREE_GRACE_S:

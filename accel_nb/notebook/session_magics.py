@@ -125,10 +125,16 @@ def session_verb(shell: Any, line: str) -> Any:
         show_status(_active)
         return None
     if verb == "stop":
-        if _active is not None:
-            _active.stop()
-            _active = None
-        print("[accel_nb] no session is running; %%accelerate cells launch fresh processes again")
+        if _active is None:
+            print("[accel_nb] no session was running; %%accelerate cells launch fresh processes")
+            return None
+        stopped = _active.num_processes
+        _active.stop()
+        _active = None
+        print(
+            f"[accel_nb] the session was stopped: its {stopped} worker{'s' if stopped != 1 else ''} ended; "
+            "%%accelerate cells launch fresh processes again"
+        )
         return None
     if verb == "restart":
         if _active is None:
