@@ -286,14 +286,27 @@ def cpu_offload(
     offload_buffers: bool = False,
     num_buffers: int = DEFAULT_NUM_BUFFERS,
     buffered: bool | None = None,
+    preload_module_classes: list[str] | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
 ) -> nn.Module:
     """Keep all weights in (pinned) CPU memory; stream each layer to ``execution_device`` for its forward.
 
     model = cpu_offload(model, execution_device=0)   # uses ~2 layers of GPU memory
+
+    ``preload_module_classes`` (class names) makes a module of such a class bring in the weights
+    of its whole subtree for its forward, for modules that read a child's weights without calling
+    the child. ``state_dict`` is accepted only as ``None`` (accel_nb reads the model's own tensors).
     """
+    if state_dict is not None:
+        raise ValueError(
+            "cpu_offload(state_dict=...) is not supported: accel_nb offloads the tensors the model holds; "
+            "load them into the model first (model.load_state_dict(state_dict)) and call cpu_offload(model)"
+        )
     if execution_device is None:
         execution_device = 0 if torch.cuda.is_available() else "cpu"
-    return _offload_all(model, "cpu", execution_device, None, offload_buffers, num_buffers, buffered)
+    return _offload_all(
+        model, "cpu", execution_device, None, offload_buffers, num_buffers, buffered, preload_module_classes
+    )
 
 
 def disk_offload(
@@ -303,16 +316,20 @@ def disk_offload(
     offload_buffers: bool = False,
     num_buffers: int = DEFAULT_NUM_BUFFERS,
     buffered: bool | None = None,
+    preload_module_classes: list[str] | None = None,
 ) -> nn.Module:
     """Keep all weights in memory-mapped safetensors under ``offload_dir``; load each layer for its forward.
 
     model = disk_offload(model, "offload", execution_device="cpu")
+
+    ``preload_module_classes`` works as in :func:`cpu_offload`.
     """
     if execution_device is None:
         execution_device = 0 if torch.cuda.is_available() else "cpu"
     return _offload_all(
-        model, "disk", execution_device, os.fspath(offload_dir), offload_buffers, num_buffers, buffered
-    )
+        model, "disk", execution_device, os.fspath(offload_dir), offload_buffers, num_buffers, buffered,
+        preload_module_classes,
+    )  # fmt: skip
 
 
 def _offload_all(
@@ -323,6 +340,7 @@ def _offload_all(
     offload_buffers: bool,
     num_buffers: int,
     buffered: bool | None = None,
+    preload_module_classes: list[str] | None = None,
 ) -> nn.Module:
     check_devices_exist([execution_device], "execution_device")
     remove_dispatch(model)
@@ -332,7 +350,7 @@ def _offload_all(
     try:
         if source == "disk":
             _write_model_for_disk(model, offload_dir, offload_buffers)
-        _offload_every_module(model, source, engine, offload_buffers, offload_dir)
+        _offload_every_module(model, source, engine, offload_buffers, offload_dir, preload_module_classes)
         engine.finalize()
     except BaseException:
         restore(model, snap)
@@ -366,11 +384,30 @@ def _write_model_for_disk(model: nn.Module, offload_dir: str | None, offload_buf
 
 
 def _offload_every_module(
-    model: nn.Module, source: str, engine: OffloadEngine, offload_buffers: bool, offload_dir: str | None
+    model: nn.Module,
+    source: str,
+    engine: OffloadEngine,
+    offload_buffers: bool,
+    offload_dir: str | None,
+    preload_module_classes: list[str] | None = None,
 ) -> None:
-    """One streaming unit per module that holds tensors directly (its children are units of their own)."""
+    """One streaming unit per module that holds tensors directly (its children are units of their own),
+    or per module of a ``preload_module_classes`` class (its whole subtree is one unit)."""
     placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    preload = set(preload_module_classes or [])
+    preloaded: list[str] = []
     for name, module in model.named_modules(remove_duplicate=False):
+        if any(p == "" or name.startswith(p + ".") for p in preloaded):
+            continue  # inside a preloaded module: its weights come with the parent's unit
+        if type(module).__name__ in preload:
+            preloaded.append(name)
+            whole = _build_unit(
+                model, name, module, None, source, engine.device, offload_buffers, offload_dir, placeholders
+            )
+            if whole is not None:
+                engine.add_unit(whole)
+            attach_device_hook(module, engine.device, whole, engine)
+            continue
         direct = [a for a, t in list(module._parameters.items()) + list(module._buffers.items()) if t is not None]
         if not direct:
             continue
