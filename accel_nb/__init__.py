@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     # config / hardware
     "LaunchConfig": ".config",
     "FSDPOptions": ".fsdp",
+    "DeepSpeedPlugin": ".deepspeed",
     "config_wizard": ".notebook.wizard",
     # big-model inference
     "init_empty_weights": ".big_model",
@@ -116,6 +117,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .compile_options import CompileOptions
     from .config import LaunchConfig
     from .data import DataLoaderConfiguration, skip_first_batches
+    from .deepspeed import DeepSpeedPlugin
     from .fsdp import FSDPOptions
     from .launch.errors import LaunchError, RankFailure
     from .notebook.device_map_view import show_device_map

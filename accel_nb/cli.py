@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--gpu_ids", "--gpu-ids", default=None, help="'all' or e.g. 0,1")
     launch.add_argument("--cpu", action="store_true", help="run on CPU processes even when GPUs are present")
     launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
+    add_deepspeed_flags(launch)
     launch.add_argument(
         "--monitor_interval", "--monitor-interval", type=positive_seconds, default=None,
         help="seconds between the elastic agent's checks of the ranks (torchrun's --monitor-interval; 0.1)",
@@ -335,6 +336,36 @@ def launch_command_line(cfg: LaunchConfig, script: str = "train.py", explicit: b
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def add_deepspeed_flags(parser: argparse.ArgumentParser) -> None:
+    """``--use_deepspeed`` and the reference's DeepSpeed flags (they fill the config's deepspeed_config)."""
+    group = parser.add_argument_group("DeepSpeed (distributed_type DEEPSPEED; docs/deepspeed.md)")
+    group.add_argument("--use_deepspeed", "--use-deepspeed", action="store_true", help="train with DeepSpeed ZeRO")
+    group.add_argument("--zero_stage", "--zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
+    for name in ("offload_optimizer_device", "offload_param_device"):
+        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", choices=("none", "cpu", "nvme"), default=None)
+    for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path", "deepspeed_config_file"):
+        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", default=None)
+    group.add_argument("--gradient_clipping", "--gradient-clipping", type=float, default=None)
+    for name in ("zero3_init_flag", "zero3_save_16bit_model"):
+        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", choices=("true", "false"), default=None)
+
+
+_DEEPSPEED_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
+                    "offload_param_nvme_path", "deepspeed_config_file", "gradient_clipping", "zero3_init_flag",
+                    "zero3_save_16bit_model")  # fmt: skip
+
+
+def _deepspeed_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[str, Any]) -> None:
+    given = {k: getattr(ns, k, None) for k in _DEEPSPEED_FLAGS if getattr(ns, k, None) is not None}
+    if given and not getattr(ns, "use_deepspeed", False) and cfg.distributed_type != "DEEPSPEED":
+        raise ConfigError(f"--{sorted(given)[0]}", next(iter(given.values())), "together with --use_deepspeed", None,
+                          "a DeepSpeed flag without DeepSpeed would be ignored")  # fmt: skip
+    if getattr(ns, "use_deepspeed", False):
+        changes["distributed_type"] = "DEEPSPEED"
+    if given:
+        cfg.extras = {**cfg.extras, "deepspeed_config": {**(cfg.extras.get("deepspeed_config") or {}), **given}}
+
+
 def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
     """The saved (or default) config with the command-line flags applied, validated."""
     if ns.config_file and not os.path.exists(ns.config_file):
@@ -354,11 +385,12 @@ def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
     }
     if ns.cpu:
         changes["use_cpu"] = True
+    _deepspeed_changes(ns, cfg, changes)
     try:
         return cfg.replace(**changes)
     except ConfigError as exc:
         flag = f"--{exc.key}" if changes.get(exc.key) is not None else exc.key
-        raise ConfigError(flag, exc.value, exc.allowed, exc.path) from None
+        raise ConfigError(flag, exc.value, exc.allowed, exc.path, getattr(exc, "reason", "")) from None
 
 
 def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: list[str], log_dir: str,

@@ -20,7 +20,7 @@ CONFIG_FILE_ENV = "ACCEL_NB_CONFIG_FILE"
 CONFIG_FILE_NAME = "default_config.yaml"
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
-DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP")
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP", "DEEPSPEED")
 MIXED_PRECISIONS = MIXED_PRECISION_CHOICES
 START_METHODS = ("auto", "fork", "spawn")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
@@ -41,7 +41,7 @@ REFERENCE_KEYS_KEPT = (
 )  # fmt: skip
 # distributed_type values of the reference library that accel_nb cannot run (a clear error).
 UNSUPPORTED_DISTRIBUTED = {
-    "DEEPSPEED": "DeepSpeed", "MEGATRON_LM": "Megatron-LM", "MULTI_NPU": "Ascend NPUs",
+    "MEGATRON_LM": "Megatron-LM", "MULTI_NPU": "Ascend NPUs",
     "MULTI_MLU": "Cambricon MLUs", "MULTI_SDAA": "SDAA devices", "MULTI_MUSA": "Moore Threads GPUs",
     "MULTI_XPU": "Intel XPUs", "MULTI_HPU": "Gaudi HPUs", "MULTI_NEURON": "AWS Neuron cores",
 }  # fmt: skip
@@ -57,7 +57,7 @@ class ConfigError(ValueError):
     """
 
     def __init__(self, key: str, value: Any, allowed: str, path: str | None = None, reason: str = "") -> None:
-        self.key, self.value, self.allowed, self.path = key, value, allowed, path
+        self.key, self.value, self.allowed, self.path, self.reason = key, value, allowed, path, reason
         where = f" in {path}" if path else ""
         why = f": {reason}" if reason else ""
         fix = f"; fix it with `accel-nb config` or edit {path}" if path else ""

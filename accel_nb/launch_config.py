@@ -126,6 +126,7 @@ class LaunchConfig:
         self.dynamo_mode = check_choice(self, "dynamo_mode", DYNAMO_MODES, path)
         self._validate_consistency(path)
         self._validate_fsdp(path)
+        self._validate_deepspeed(path)
         if self.dynamo_backend not in ("no", "inductor") and self.dynamo_mode != "default":
             raise ConfigError(
                 "dynamo_mode", self.dynamo_mode, "default with this backend", path,
@@ -152,6 +153,23 @@ class LaunchConfig:
             options_from_config(config)
         except (ValueError, TypeError) as exc:
             raise ConfigError("fsdp_config", config, "the fsdp_* keys of docs/configuration.md", path, str(exc)) from None
+
+    def _validate_deepspeed(self, path: str | None) -> None:
+        """``deepspeed_config`` is read (accel_nb.deepspeed) with ``distributed_type: DEEPSPEED``; elsewhere: a warning."""
+        config = self.extras.get("deepspeed_config")
+        if self.distributed_type != "DEEPSPEED":
+            if config:
+                warn_once("deepspeed_config", f"deepspeed_config in {path or 'the config'} has no effect with "
+                          f"distributed_type={self.distributed_type}; set distributed_type: DEEPSPEED to use it")  # fmt: skip
+            return
+        if config is not None and not isinstance(config, dict):
+            raise ConfigError("deepspeed_config", config, "a mapping such as {zero_stage: 2}", path)
+        from .deepspeed.plugin import plugin_from_launch_settings
+
+        try:
+            plugin_from_launch_settings(config or {})
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("deepspeed_config", config, "the keys of docs/deepspeed.md", path, str(exc)) from None
 
     def _validate_consistency(self, path: str | None) -> None:
         n, dt = self.num_processes, self.distributed_type
@@ -215,6 +233,13 @@ class LaunchConfig:
             raise ConfigError("mixed_precision", "bf16", "fp16 or no on this GPU", path, problem)
         if self.mixed_precision == "fp16" and not uses_gpu:
             notes.append("mixed_precision='fp16' on CPU is slow and rarely helps; bf16 or no is usual on CPU")
+        if self.distributed_type == "DEEPSPEED":
+            import importlib.util
+
+            if importlib.util.find_spec("deepspeed") is None:
+                raise ConfigError("distributed_type", "DEEPSPEED", "a back-end installed here", path,
+                                  "deepspeed is not installed; pip install 'accel_nb[deepspeed]' (DS_BUILD_OPS=0 "
+                                  "skips compiling its ops)")  # fmt: skip
         if self.distributed_type == "XLA" and not hw.xla_available:
             notes.append("distributed_type='XLA' but torch_xla is not installed in this environment")
         return notes
@@ -344,6 +369,23 @@ class LaunchConfig:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
         env.update(self.compile_env())
         env.update(self.fsdp_env())
+        env.update(self.deepspeed_env())
+        return env
+
+    def deepspeed_env(self) -> dict[str, str]:
+        """With ``distributed_type: DEEPSPEED``, the ``deepspeed_config`` each rank's Accelerator reads (as JSON).
+
+        LaunchConfig(distributed_type="DEEPSPEED", use_cpu=True).deepspeed_env()["ACCEL_NB_DEEPSPEED_CONFIG"]   # '{}'
+        """
+        if self.distributed_type != "DEEPSPEED":
+            return {}
+        import json
+
+        from .deepspeed.plugin import ENV_DEEPSPEED_CONFIG
+
+        env = {ENV_DEEPSPEED_CONFIG: json.dumps(self.extras.get("deepspeed_config") or {}), "ACCELERATE_USE_DEEPSPEED": "true"}
+        if self.use_cpu:
+            env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator (gloo) in every rank
         return env
 
     def fsdp_env(self) -> dict[str, str]:

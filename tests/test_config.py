@@ -216,7 +216,9 @@ def test_invalid_value_in_file_names_key_value_allowed_and_file(tmp_path):
 BAD_VALUES = [
     # (changes, key, fragment of the allowed text)
     ({"compute_environment": "AMAZON_SAGEMAKER"}, "compute_environment", "LOCAL_MACHINE"),
-    ({"distributed_type": "DEEPSPEED"}, "distributed_type", "does not run DeepSpeed"),
+    ({"distributed_type": "MEGATRON_LM"}, "distributed_type", "does not run Megatron-LM"),
+    ({"distributed_type": "DEEPSPEED", "extras": {"deepspeed_config": {"zero_stage": 5}}}, "deepspeed_config",
+     "docs/deepspeed.md"),
     ({"distributed_type": "FSDP"}, "num_processes", "2 or more with distributed_type FSDP"),
     ({"distributed_type": "FSDP", "num_processes": 2, "extras": {"fsdp_config": {"fsdp_bogus": 1}}}, "fsdp_config",
      "fsdp_* keys"),
