@@ -24,6 +24,7 @@ __all__ = [
 # Messages of the errors a smaller batch can cure: device and host allocators out of memory, and
 # cuDNN refusing a shape. Matched inside RuntimeError messages, as raised by torch.
 _OOM_MESSAGES = (
+    " out of memory.",  # CUDA, HIP, XPU, NPU, MLU and torch's "CPU out of memory."
     "CUDA out of memory.",
     "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
     "DefaultCPUAllocator: can't allocate memory",
@@ -32,6 +33,7 @@ _OOM_MESSAGES = (
     "NPU out of memory.",
     "HPU out of memory",
     "MLU out of memory.",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",  # HPU
 )
 
 
@@ -123,8 +125,9 @@ def find_executable_batch_size(
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
         )
-    if isinstance(starting_batch_size, bool) or not isinstance(starting_batch_size, int) or starting_batch_size < 1:
+    if isinstance(starting_batch_size, bool) or not isinstance(starting_batch_size, int) or starting_batch_size < 0:
         raise ValueError(f"starting_batch_size={starting_batch_size!r} must be a whole number >= 1")
+    # 0 is accepted here and fails at the call with RuntimeError, as in the reference
 
     @functools.wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -134,8 +137,8 @@ def find_executable_batch_size(
         while True:
             if batch_size <= 0:
                 raise RuntimeError(
-                    f"find_executable_batch_size: no batch size from {starting_batch_size} down to 1 ran "
-                    "without running out of memory; use a smaller model or more memory"
+                    f"No executable batch size found, reached zero: no batch size from {starting_batch_size} "
+                    "down to 1 ran without running out of memory; use a smaller model or more memory"
                 )
             try:
                 return function(batch_size, *args, **kwargs)

@@ -404,3 +404,51 @@ def test_an_offload_folder_feeds_an_align_devices_hook(tmp_path):
         )
     assert model[0].weight.device.type == "meta"
     assert torch.allclose(model(x), expected)
+
+
+# -- memory ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "exc",
+    [
+        RuntimeError("CPU out of memory."),
+        RuntimeError("CUDA out of memory. Tried to allocate 2 GiB"),
+        RuntimeError("XPU out of memory."),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 10 bytes"),
+        RuntimeError("FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed"),
+        RuntimeError("some other error"),
+        ValueError("CPU out of memory."),
+        RuntimeError("out of memory.", "two args"),
+    ],
+    ids=lambda e: f"{type(e).__name__}:{e.args[0][:20]}",
+)
+def test_should_reduce_batch_size_matches_the_reference(exc):
+    import accelerate.utils.memory as ref_memory
+
+    import accel_nb.utils.memory as our_memory
+
+    assert our_memory.should_reduce_batch_size(exc) == ref_memory.should_reduce_batch_size(exc)
+
+
+def test_find_executable_batch_size_retries_on_cpu_oom_and_fails_at_zero_like_the_reference():
+    import accelerate.utils.memory as ref_memory
+
+    import accel_nb.utils.memory as our_memory
+
+    for module in (our_memory, ref_memory):
+        tried = []
+
+        @module.find_executable_batch_size(starting_batch_size=8)
+        def train(batch_size):
+            tried.append(batch_size)
+            if batch_size > 5:
+                raise RuntimeError("CPU out of memory.")
+            return batch_size
+
+        assert train() == 5 and tried == [8, 7, 6, 5]
+
+        @module.find_executable_batch_size(starting_batch_size=0)
+        def never(batch_size):
+            raise AssertionError("not called")
+
+        with pytest.raises(RuntimeError, match="No executable batch size found, reached zero"):
+            never()
