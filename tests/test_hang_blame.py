@@ -87,3 +87,29 @@ def test_a_hang_blames_the_rank_that_is_not_in_the_collective(tmp_path):
     assert re.fullmatch(r"rank 0 hung: waited in a collective \(all_reduce\) for \d+ s; it was stopped", second.summary())
     ok, summary = rep.finished
     assert not ok and summary == first.summary()  # what the widget's last line says names rank 1
+
+
+SESSION_CELL = """
+import os, time, torch, torch.distributed as dist
+if dist.get_rank() == 1:
+    while not os.path.exists(FLAG):
+        print("rank 1 still working", flush=True)
+        time.sleep(0.2)
+    time.sleep(600)
+open(FLAG, "w").close()
+dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_session_cell_hang_blames_the_rank_that_is_not_in_the_collective(tmp_path):
+    from accel_nb import Session
+
+    with Session(num_processes=2, cpu=True, progress="text") as session:
+        session.run(f"FLAG = {str(tmp_path / 'entering')!r}")
+        with pytest.raises(LaunchError) as info:
+            session.run_cell(SESSION_CELL, "<accelerate-cell-7>", timeout=3.0)  # %%accelerate --timeout 3
+    text = str(info.value)
+    assert "hung: no rank made progress for" in text
+    assert "rank 0 waits in a collective (all_reduce); rank 1 is not: the likely cause" in text, text
+    assert "(at <module>, line 7 of <accelerate-cell-7>)" in text, text

@@ -28,7 +28,7 @@ from typing import Any
 
 from . import cuda_guard, warm
 from .errors import LaunchError, RankFailure, UserFramesOnly
-from .hang_blame import collective_of
+from .hang_blame import blame_stacks, collective_of
 from .options import LaunchOptions
 from .plan import LaunchPlan, make_plan
 from .reporting import ListReporter, TextReporter
@@ -401,7 +401,9 @@ class WarmSession:
         stopped = [r for r in outcome.stopped if r not in outcome.failures]
         first = next((f for f in failures if f.first), failures[0] if failures else None)
         if first is None:  # the hang watchdog ended it
-            what = f"{cell} hung: no rank made progress for {outcome.hung_after:.0f} s; each rank was interrupted"
+            blame = blame_stacks(outcome.stuck_stacks, stopped or None) if outcome.stuck_stacks else None
+            said = f"; {blame.sentence()}" if blame is not None and blame.sentence() else ""
+            what = f"{cell} hung: no rank made progress for {outcome.hung_after:.0f} s{said}; each rank was interrupted"
             failures = [RankFailure(r, "Hang", "interrupted by the hang watchdog") for r in stopped]
         else:
             what = f"{cell}: " + first.summary().replace(
