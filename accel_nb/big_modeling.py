@@ -4,6 +4,7 @@
 
 Nothing is defined here; each name is the one implementation in ``accel_nb.big_model`` (or
 ``accel_nb.hooks`` for ``cpu_offload_with_hook``), imported on first use.
+``attach_layerwise_casting_hooks`` is in ``accel_nb.big_model.layerwise_casting``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ _EXPORTS = {
     "dispatch_model": "accel_nb.big_model",
     "load_checkpoint_and_dispatch": "accel_nb.big_model",
     "cpu_offload_with_hook": "accel_nb.hooks",
+    "attach_layerwise_casting_hooks": "accel_nb.big_model.layerwise_casting",
 }
 
 __all__ = sorted(_EXPORTS)

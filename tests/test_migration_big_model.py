@@ -56,3 +56,60 @@ def test_cpu_offload_refuses_a_state_dict_it_would_not_use():
 
     with pytest.raises(ValueError, match="load them into the model first"):
         cpu_offload(_model(), execution_device="cpu", state_dict={})
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        self.norm = nn.LayerNorm(8)
+        self.conv = nn.Conv1d(1, 2, 3, padding=1)
+        self.block = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.out_norm_proj = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.norm(self.proj(x)).unsqueeze(1)
+        h = self.conv(h).flatten(1)
+        return self.out_norm_proj(self.block(h))
+
+
+@pytest.mark.parametrize(
+    "skip",
+    [{}, {"skip_modules_pattern": ["norm"]}, {"skip_modules_classes": (nn.Sequential,)},
+     {"skip_modules_pattern": ["^block"], "skip_modules_classes": (nn.Conv1d,)}],
+    ids=["all", "pattern", "class", "both"],
+)  # fmt: skip
+def test_layerwise_casting_matches_the_reference(skip):
+    import accelerate.big_modeling as ref
+
+    import accel_nb.big_modeling as ours
+
+    x = torch.randn(5, 4)
+    results = []
+    for module in (ours, ref):
+        torch.manual_seed(0)
+        net = Net()
+        module.attach_layerwise_casting_hooks(net, torch.float8_e4m3fn, torch.float32, **skip)
+        stored = {name: p.dtype for name, p in net.named_parameters()}
+        out = net(x)
+        after = {name: p.dtype for name, p in net.named_parameters()}
+        results.append((stored, out, after))
+    (stored, out, after), (ref_stored, ref_out, ref_after) = results
+    assert stored == ref_stored and after == ref_after == stored
+    assert torch.equal(out, ref_out) and out.dtype == torch.float32
+    assert stored["norm.weight"] == torch.float32  # a LayerNorm is never cast
+
+
+def test_layerwise_casting_saves_memory_and_stays_close():
+    from accel_nb.big_modeling import attach_layerwise_casting_hooks
+
+    torch.manual_seed(0)
+    net = Net()
+    x = torch.randn(5, 4)
+    full = net(x)
+    before = sum(p.numel() * p.element_size() for p in net.parameters())
+    attach_layerwise_casting_hooks(net, torch.bfloat16, torch.float32, skip_modules_pattern="norm")
+    after = sum(p.numel() * p.element_size() for p in net.parameters())
+    assert after < before
+    assert net.out_norm_proj.weight.dtype == torch.float32  # one string is one pattern
+    assert torch.allclose(net(x), full, atol=0.05)
