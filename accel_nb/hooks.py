@@ -150,6 +150,9 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
 
     remove_hook_from_module(model, recurse=True)
     """
+    from .big_model.hooks import restore_offloaded_weights  # accel_nb's own offload hook, if any
+
+    restore_offloaded_weights(module)
     hook = module.__dict__.get("_hf_hook")
     if hook is not None:
         hook.detach_hook(module)

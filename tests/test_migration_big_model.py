@@ -113,3 +113,28 @@ def test_layerwise_casting_saves_memory_and_stays_close():
     assert after < before
     assert net.out_norm_proj.weight.dtype == torch.float32  # one string is one pattern
     assert torch.allclose(net(x), full, atol=0.05)
+
+
+@pytest.mark.parametrize("library", ["accel_nb", "accelerate"])
+@pytest.mark.parametrize("kind", ["cpu", "disk"])
+def test_removing_offload_hooks_gives_the_weights_back(library, kind, tmp_path):
+    big_modeling = importlib.import_module(f"{library}.big_modeling")
+    hooks = importlib.import_module(f"{library}.hooks")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.BatchNorm1d(4))
+    model[2].weight = nn.Parameter(torch.randn(4, 4))
+    model.eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 3)
+    expected = model(x)
+    if kind == "cpu":
+        big_modeling.cpu_offload(model, execution_device="cpu")
+    else:
+        big_modeling.disk_offload(model, str(tmp_path), execution_device="cpu")
+    assert model[0].weight.device.type == "meta"
+    hooks.remove_hook_from_submodules(model)
+    for name, value in model.state_dict().items():
+        assert value.device.type == "cpu", name
+        assert torch.equal(value, state[name]), name
+    assert isinstance(model[0].weight, nn.Parameter) and model[0].weight.requires_grad
+    assert torch.allclose(model(x), expected)

@@ -105,3 +105,37 @@ def remove_device_hooks(model: nn.Module) -> None:
             delattr(module, _ATTR)
             if "forward" in module.__dict__:
                 del module.forward
+
+
+def restore_offloaded_weights(module: nn.Module) -> None:
+    """Take the streaming hook off ``module`` and give it its offloaded weights back, as CPU tensors.
+
+    What ``remove_hook_from_module`` does for a module ``cpu_offload`` / ``disk_offload`` /
+    ``dispatch_model`` hooked: the weights leave the meta device (as the reference's hook removal
+    does), tied weights stay one tensor, and the module's forward is its own again.
+    """
+    hook: DeviceHook | None = getattr(module, _ATTR, None)
+    if hook is None:
+        return
+    restored: dict[str, torch.Tensor] = {}
+    for unit in hook.units:
+        hook.engine.before_forward(unit)
+        try:
+            for slot in unit.slots:
+                if slot.key not in restored:
+                    live = slot.owner._parameters[slot.attr] if slot.is_param else slot.owner._buffers[slot.attr]
+                    data = live.detach().to("cpu", copy=True)
+                    restored[slot.key] = (
+                        nn.Parameter(data, requires_grad=slot.placeholder.requires_grad) if slot.is_param else data
+                    )
+        finally:
+            hook.engine.after_forward(unit)
+        for slot in unit.slots:
+            if slot.is_param:
+                slot.owner._parameters[slot.attr] = restored[slot.key]  # type: ignore[assignment]
+            else:
+                slot.owner._buffers[slot.attr] = restored[slot.key]
+    hook.units.clear()
+    delattr(module, _ATTR)
+    if "forward" in module.__dict__:
+        del module.forward
