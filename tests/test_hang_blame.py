@@ -113,3 +113,36 @@ def test_a_session_cell_hang_blames_the_rank_that_is_not_in_the_collective(tmp_p
     assert "hung: no rank made progress for" in text
     assert "rank 0 waits in a collective (all_reduce); rank 1 is not: the likely cause" in text, text
     assert "(at <module>, line 7 of <accelerate-cell-7>)" in text, text
+
+
+WIDGET_CELL = """
+import os, time, torch, torch.distributed
+from accel_nb import notebook_launcher, PartialState
+
+def train(flag):
+    if PartialState().process_index == 1:
+        while not os.path.exists(flag):
+            print("working", flush=True)
+            time.sleep(0.2)
+        time.sleep(600)
+    open(flag, "w").close()
+    torch.distributed.all_reduce(torch.ones(1))
+
+notebook_launcher(train, args=(FLAG,), num_processes=2, cpu=True, timeout=3)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_live_widget_names_the_rank_that_caused_the_hang_in_a_real_kernel(tmp_path):
+    import json
+
+    from tests.kernel_helpers import KernelSession
+
+    with KernelSession() as k:  # the live widget: the default display in a kernel
+        out = k.run(f"FLAG = {str(tmp_path / 'entering')!r}\n" + WIDGET_CELL, timeout=240)
+    assert out.error is not None and out.error["ename"] == "LaunchError", out.text
+    assert "rank 1 is not: the likely cause" in out.error["evalue"]
+    widget_state = json.dumps(out.comms)  # what the widget shows (its models' state), as sent to the browser
+    said = re.findall(r"rank \d hung: [^\"<]*", widget_state)
+    assert said and said[-1].startswith("rank 1 hung: no progress for "), said
+    assert "not in a collective while rank 0 waited in one: the likely cause at train, line 11 of " in said[-1]  # the sleep
