@@ -227,3 +227,17 @@ def test_deepspeed_missing_is_an_error_naming_the_extra():
     """)
     assert out.returncode == 0, out.stderr
     assert "pip install 'accel_nb[deepspeed]'" in out.stdout, out.stdout
+
+
+def test_a_deepspeed_launch_without_deepspeed_installed_stops_before_any_rank(tmp_path):
+    script = tmp_path / "never.py"
+    script.write_text("open(__file__ + '.ran', 'w').close()\n")
+    out = _run_python(f"""
+        import sys
+        sys.modules["deepspeed"] = None  # what the launcher's check meets where deepspeed is not installed
+        from accel_nb.cli import main
+        sys.exit(main(["launch", "--use_deepspeed", "--cpu", "--num_processes", "2", {str(script)!r}]))
+    """, env={"ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml")})
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "deepspeed is not installed; pip install 'accel_nb[deepspeed]'" in out.stderr
+    assert not (tmp_path / "never.py.ran").exists()

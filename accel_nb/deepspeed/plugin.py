@@ -108,6 +108,7 @@ class DeepSpeedPlugin:
       only with stage 3) and their ``*_nvme_path``, ``zero3_init_flag`` (build the model under
       ``deepspeed.zero.Init`` so no rank holds it whole; stage 3 only), ``zero3_save_16bit_model``
       (``save_model``/``get_state_dict`` gather the stage-3 shards).
+
     Unset fields take the reference's ``ACCELERATE_DEEPSPEED_*`` environment variables, then its defaults
     (``gradient_accumulation_steps`` unset: the Accelerator's).
     """
