@@ -57,7 +57,7 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
     storage) and every tensor made contiguous."""
     import torch
 
-    from .modeling import id_tensor_storage
+    from .modeling_helpers import id_tensor_storage
 
     seen: set[Any] = set()
     cleaned = type(state_dict)() if isinstance(state_dict, OrderedDict) else {}

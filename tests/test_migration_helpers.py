@@ -452,3 +452,54 @@ def test_find_executable_batch_size_retries_on_cpu_oom_and_fails_at_zero_like_th
 
         with pytest.raises(RuntimeError, match="No executable batch size found, reached zero"):
             never()
+
+
+# -- module tree ------------------------------------------------------------------------------------
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(5, 4)
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(4, 4), nn.ReLU()) for _ in range(3)])
+        self.mixed = nn.ModuleList([nn.Linear(4, 4), nn.ReLU()])
+        self.head = nn.Linear(4, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_module_tree_helpers_match_the_reference(caplog):
+    import accelerate.utils.dataclasses as ref_dataclasses
+    import accelerate.utils.other as ref_other
+
+    import accel_nb.utils.dataclasses as our_dataclasses
+    import accel_nb.utils.other as our_other
+
+    model = Stack()
+    for name in ("Sequential", "ReLU", "Stack", "Missing"):
+        assert our_dataclasses.get_module_class_from_name(model, name) is ref_dataclasses.get_module_class_from_name(
+            model, name
+        )
+    for fqns in (False, True):
+        mine = our_other.get_module_children_bottom_up(model, return_fqns=fqns)
+        theirs = ref_other.get_module_children_bottom_up(model, return_fqns=fqns)
+        assert len(mine) == len(theirs) and all(
+            (a[0] == b[0] and a[1] is b[1]) if fqns else a is b for a, b in zip(mine, theirs)
+        )
+    for module in (model, model.layers, model.mixed, model.head, nn.ModuleList()):
+        assert our_other.is_repeated_blocks(module) == ref_other.is_repeated_blocks(module)
+        assert our_other.has_repeated_blocks(module) == ref_other.has_repeated_blocks(module)
+    sizes = ref_modeling.compute_module_sizes(model)
+    named = list(model.named_children())
+    for no_split in ([], ["Sequential"], ["ModuleList"]):
+        assert our_modeling.get_max_layer_size(named, sizes, no_split) == ref_modeling.get_max_layer_size(
+            named, sizes, no_split
+        )
+    assert our_modeling.is_peft_model(model) is False and not ref_modeling.is_peft_model(model)  # no peft here
+    ties = [["embed.weight", "head.weight"]]
+    for device_map in ({"embed": 0, "layers": 0, "mixed": 0, "head": "cpu"}, {"": 0}):
+        messages = []
+        for fn in (our_modeling.check_tied_parameters_on_same_device, ref_modeling.check_tied_parameters_on_same_device):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING):
+                fn(ties, device_map)
+            messages.append([r.getMessage() for r in caplog.records if "Tied parameters" in r.getMessage()])
+        assert messages[0] == messages[1]
+        assert bool(messages[0]) == ("head" in device_map)

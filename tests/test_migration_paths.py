@@ -65,7 +65,6 @@ LEFT_OUT: dict[str, str] = {
     "dataclasses.PrecisionType": "not yet: accel_nb takes mixed_precision as the strings 'no', 'fp16', 'bf16'",
     "dataclasses.EnumWithContains": _INTERNAL,
     "dataclasses.BaseEnum": _INTERNAL,
-    "dataclasses.get_module_class_from_name": "not yet",
     **{f"environment.{n}": _PROBES for n in [
         "get_current_device_type", "get_gpu_info", "get_driver_version", "check_cuda_p2p_ib_support",
         "check_cuda_fp8_capability", "CPUInformation", "get_cpu_distributed_information", "override_numa_affinity",
@@ -81,8 +80,8 @@ LEFT_OUT: dict[str, str] = {
                                           "is_npu_available", "is_sdaa_available", "is_hpu_available",
                                           "is_habana_gaudi1", "is_neuron_available"]},
     **{f"modeling.{n}": "not yet" for n in [
-        "is_peft_model", "check_tied_parameters_in_config", "check_tied_parameters_on_same_device",
-        "get_max_layer_size", "load_offloaded_weights", "calculate_maximum_sizes", "get_state_dict_from_offload",
+        "check_tied_parameters_in_config", "load_offloaded_weights", "calculate_maximum_sizes",
+        "get_state_dict_from_offload",
     ]},
     "modeling.fallback_allocate": _INTERNAL,
     "modeling.get_mixed_precision_context_manager": "accel_nb applies autocast inside the prepared model (accel_nb.precision)",
@@ -93,7 +92,6 @@ LEFT_OUT: dict[str, str] = {
     "operations.gather_tensor_shape": _INTERNAL,
     "operations.copy_tensor_to_devices": _INTERNAL,
     "operations.GatheredParameters": _DS,
-    **{f"other.{n}": "not yet" for n in ["is_repeated_blocks", "has_repeated_blocks", "get_module_children_bottom_up"]},
     "other.compile_regions_deepspeed": _DS,
     **{f"other.{n}": _PAR for n in ["compile_regions_fsdp2", "model_has_dtensor", "get_model_tp_size"]},
     # names of accelerate.utils that come from outside its submodules

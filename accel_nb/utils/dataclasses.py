@@ -31,6 +31,7 @@ _EXPORTS = {
     **dict.fromkeys(["ProjectConfiguration"], "accel_nb.checkpoint"),
     **dict.fromkeys(["FullyShardedDataParallelPlugin"], "accel_nb.fsdp"),
     **dict.fromkeys(["TensorInformation"], "accel_nb.nested"),
+    "get_module_class_from_name": "accel_nb.modeling_helpers",
 }
 
 __all__ = sorted(_EXPORTS)

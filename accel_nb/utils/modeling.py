@@ -12,25 +12,35 @@ from ..lazy_exports import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(
         [
+            "find_tied_parameters",
+            "get_state_dict_offloaded_model",
+            "load_state_dict",
+            "named_module_tensors",
+            "set_module_tensor_to_device",
+        ],
+        "accel_nb.modeling",
+    ),
+    **dict.fromkeys(
+        [
             "align_module_device",
             "check_device_same",
+            "check_tied_parameters_on_same_device",
             "clean_device_map",
             "compute_module_total_buffer_size",
             "convert_file_size_to_int",
             "dtype_byte_size",
-            "find_tied_parameters",
+            "get_max_layer_size",
+            "get_module_children_bottom_up",
+            "get_module_class_from_name",
             "get_module_leaves",
             "get_module_size_with_ties",
             "get_non_persistent_buffers",
-            "get_state_dict_offloaded_model",
             "has_offloaded_params",
             "id_tensor_storage",
-            "load_state_dict",
-            "named_module_tensors",
+            "is_peft_model",
             "retie_parameters",
-            "set_module_tensor_to_device",
         ],
-        "accel_nb.modeling",
+        "accel_nb.modeling_helpers",
     ),
     **dict.fromkeys(
         [

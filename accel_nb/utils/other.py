@@ -28,6 +28,9 @@ _EXPORTS = {
         ],
         "accel_nb.misc",
     ),
+    **dict.fromkeys(
+        ["get_module_children_bottom_up", "has_repeated_blocks", "is_repeated_blocks"], "accel_nb.modeling_helpers"
+    ),
 }
 
 __all__ = sorted(_EXPORTS)
