@@ -157,7 +157,8 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
         cpu=cpu,
         xla=xla,
         gradient_accumulation_steps=grad_steps,
-        env={**cfg.compile_env(), **cfg.fsdp_env()} if cfg is not None else {},  # dynamo_config, fsdp_config
+        # dynamo_config, fsdp_config, deepspeed_config
+        env={**cfg.compile_env(), **cfg.fsdp_env(), **cfg.deepspeed_env()} if cfg is not None else {},
         **machine_flags(args),
     )
 
