@@ -39,4 +39,19 @@ if [ "$#" -eq 0 ] && [ "${ACCEL_NB_SKIP_XLA:-0}" != "1" ]; then
     status=1
   fi
 fi
+# The notebook-stack jobs, after the XLA job (not when a selection of tests was given): tests/stacks
+# in ./.venv-colab (Colab's IPython 7.34 / ipykernel 6.17 / ipywidgets 7.7.1 / notebook 6.5.7, classic
+# Notebook 6 in the browser) and ./.venv-kaggle (ipywidgets 8.1.5 / ipykernel 6.29, JupyterLab 4),
+# each built once by setup-stack-env.sh and reused. ACCEL_NB_SKIP_STACKS=1 skips them.
+if [ "$#" -eq 0 ] && [ "${ACCEL_NB_SKIP_STACKS:-0}" != "1" ]; then
+  for stack in colab kaggle; do
+    echo "== $stack job: tests/stacks in ./.venv-$stack (ACCEL_NB_SKIP_STACKS=1 skips it) =="
+    if bash scripts/setup-stack-env.sh "$stack"; then
+      ".venv-$stack/bin/python" -m pytest -q -p no:cacheprovider -rf tests/stacks || status=$?
+    else
+      echo "error: ./.venv-$stack could not be built (bash scripts/setup-stack-env.sh $stack); ACCEL_NB_SKIP_STACKS=1 skips the stack jobs"
+      status=1
+    fi
+  done
+fi
 exit "$status"
