@@ -138,3 +138,19 @@ def test_removing_offload_hooks_gives_the_weights_back(library, kind, tmp_path):
         assert torch.equal(value, state[name]), name
     assert isinstance(model[0].weight, nn.Parameter) and model[0].weight.requires_grad
     assert torch.allclose(model(x), expected)
+
+
+def test_infer_auto_device_map_takes_the_reference_keywords():
+    from accelerate.utils import infer_auto_device_map as ref_infer
+
+    from accel_nb.utils.modeling import infer_auto_device_map
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    budget = {"cpu": 10**6}
+    ours = infer_auto_device_map(model, budget, clean_result=True, fallback_allocation=False, offload_buffers=False)
+    theirs = ref_infer(model, budget, clean_result=True, fallback_allocation=False, offload_buffers=False)
+    assert dict(ours) == dict(theirs) == {"": "cpu"}
+    with pytest.raises(ValueError, match="drop the argument"):
+        infer_auto_device_map(model, budget, fallback_allocation=True)
+    with pytest.raises(ValueError, match="drop the argument"):
+        infer_auto_device_map(model, budget, clean_result=False)

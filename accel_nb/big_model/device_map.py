@@ -341,6 +341,8 @@ def infer_auto_device_map(
     *,
     offload_buffers: bool = False,
     num_buffers: int = DEFAULT_NUM_BUFFERS,
+    clean_result: bool = True,
+    fallback_allocation: bool = False,
 ) -> DeviceMap:
     """Place modules on GPUs in order, then on the CPU, then (if budgeted) on disk.
 
@@ -352,7 +354,23 @@ def infer_auto_device_map(
     headroom and the trace of decisions; ``.plan.explain()``). Raises DeviceMapError, with the
     sizes, when even the last device cannot take the next block. ``offload_buffers`` and
     ``num_buffers`` must match what ``dispatch_model`` will get: they size the GPU headroom.
+
+    ``clean_result=True`` and ``fallback_allocation=False`` are the reference's defaults and what
+    this planner does (entries that share a device are merged; a GPU is filled in model order).
+    The reference's other two modes belong to its own planner and are refused with the reason.
     """
+    if not clean_result:
+        raise ValueError(
+            "infer_auto_device_map(clean_result=False) is the reference planner's raw output, which accel_nb's "
+            "planner does not produce; drop the argument (the map is always merged) or read map.plan.steps for "
+            "each decision"
+        )
+    if fallback_allocation:
+        raise ValueError(
+            "infer_auto_device_map(fallback_allocation=True) is a mode of the reference's planner (when the next "
+            "block does not fit an empty GPU, place a smaller later one there); accel_nb's planner does not have "
+            "it yet; drop the argument (the map may then leave that GPU emptier than the reference's would)"
+        )
     plan = plan_device_map(
         model,
         max_memory,
