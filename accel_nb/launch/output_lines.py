@@ -85,6 +85,7 @@ class OutputRelay:
         self._queue: deque[_Pending] = deque()
         self._open: dict[tuple[str, str], _Pending] = {}  # the newest waiting entry of each line
         self._dropped: dict[int, Dropped] = {}
+        self._unmerged: dict[int, int] = {}  # rank -> lines of a flood's tail still to come (never merged)
         self._lock = threading.Lock()
 
     def shown(self, rank: int) -> bool:
@@ -104,12 +105,17 @@ class OutputRelay:
             if event.held:  # the flood's last lines follow: say so in their place, after the head
                 with self._lock:
                     self._queue.append(_Pending("stderr", _tail_note(event), event.rank, now, whole=True))
+                    self._unmerged[event.rank] = event.held  # they stay under their own note
                 self.tick(now)
             return
         if not isinstance(event, Log):
             return
         with self._lock:
             for line in event.text.splitlines():
+                if self._unmerged.get(event.rank):  # a flood's tail: labelled by its rank alone, after its note
+                    self._unmerged[event.rank] -= 1
+                    self._queue.append(_Pending(event.stream, f"{rank_label([event.rank])} {line}", event.rank, now, True))
+                    continue
                 key = (event.stream, line)
                 entry = self._open.get(key)
                 if entry is not None and event.rank not in entry.ranks:
