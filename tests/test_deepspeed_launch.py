@@ -241,3 +241,34 @@ def test_a_deepspeed_launch_without_deepspeed_installed_stops_before_any_rank(tm
     assert out.returncode == 2, out.stdout + out.stderr
     assert "deepspeed is not installed; pip install 'accel_nb[deepspeed]'" in out.stderr
     assert not (tmp_path / "never.py.ran").exists()
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_bf16_on_one_cpu_process_trains_in_bf16_with_float32_master_weights(stage):
+    out = _run_python(f"""
+        import torch
+        from accel_nb import Accelerator, DeepSpeedPlugin
+        accelerator = Accelerator(cpu=True, mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(zero_stage={stage}))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = torch.randn(64, 8, generator=torch.Generator().manual_seed(1))
+        data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True).sin())
+        model, optimizer, loader = accelerator.prepare(model, optimizer, torch.utils.data.DataLoader(data, batch_size=8))
+        epochs = []
+        for _ in range(6):
+            losses = []
+            for xb, yb in loader:  # float32 batches: prepare casts them to the engine's bf16
+                out = model(xb)
+                loss = torch.nn.functional.mse_loss(out.float(), yb)
+                accelerator.backward(loss); optimizer.step(); optimizer.zero_grad()
+                losses.append(loss.item())
+            epochs.append(sum(losses) / len(losses))
+        state = optimizer.optimizer.optimizer.state  # the torch AdamW inside ZeRO's optimizer: float32 moments
+        master = next(t for s in state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+        print(accelerator.deepspeed_config["bf16"], accelerator.num_processes, out.dtype,
+              next(model.module.parameters()).dtype, master.dtype, epochs[-1] < epochs[0])
+    """)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "{'enabled': True} 1 torch.bfloat16 torch.bfloat16 torch.float32 True"

@@ -199,6 +199,35 @@ def _check_pairing(plugin: DeepSpeedPlugin, optimizer: Any, scheduler: Any) -> N
             raise ValueError("DummyScheduler goes with DummyOptim (the config's optimizer); pass a torch scheduler")
 
 
+def _half_dtype(config: dict[str, Any]) -> torch.dtype | None:
+    if get_value(config, "bf16.enabled") is True:
+        return torch.bfloat16
+    if get_value(config, "fp16.enabled") is True:
+        return torch.float16
+    return None
+
+
+def cast_inputs_to(module: torch.nn.Module, dtype: torch.dtype) -> Any:
+    """Cast the floating-point tensors ``module`` receives to ``dtype`` (the engine's bf16/fp16 weights
+    meet float32 batches otherwise); returns the hook handle."""
+
+    def cast(value: Any) -> Any:
+        if torch.is_tensor(value) and value.is_floating_point() and value.dtype != dtype:
+            return value.to(dtype)
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+            return type(value)(*map(cast, value))
+        if isinstance(value, (list, tuple)):
+            return type(value)(cast(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cast(v) for k, v in value.items()}
+        return value
+
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        return cast(args), cast(kwargs)
+
+    return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement: list[Any]) -> list[Any]:
     """``Accelerator.prepare`` with a DeepSpeed plugin: loaders as usual, then one engine for the model,
     its optimizer and scheduler. Returns the prepared objects in the order given."""
@@ -246,6 +275,9 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
     elif optimizer is not None:
         kwargs["optimizer"] = optimizer
     engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
+    half = _half_dtype(config)
+    if half is not None:  # float32 batches meet the engine's half-precision weights
+        cast_inputs_to(engine.module, half)
     accelerator.deepspeed_config = config
     accelerator.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(engine)
     accelerator._models.append(engine)
