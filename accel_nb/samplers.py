@@ -54,12 +54,15 @@ class SeedableRandomSampler(RandomSampler):
         n = len(self.data_source)
         if self.replacement:
             yield from torch.randint(n, (self.num_samples,), dtype=torch.int64, generator=g).tolist()
+            self.set_epoch(self.epoch + 1)
             return
         full, rest = divmod(self.num_samples, n)
         for _ in range(full):
             yield from torch.randperm(n, generator=g).tolist()
         if rest:
             yield from torch.randperm(n, generator=g)[:rest].tolist()
+        self.set_epoch(self.epoch + 1)  # a finished pass moves on, as in the reference (a prepared loader
+        # sets the epoch itself before each pass, so its orders do not depend on this)
 
 
 class BatchSamplerShard(Sampler):

@@ -68,3 +68,22 @@ def test_iteration_counts_passes_and_follows_set_epoch_like_the_reference():
         seen.append(loader.iteration)
         counts.append(seen)
     assert counts[0] == counts[1] == [0, 1, 2, 7]
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_seedable_random_sampler_moves_to_the_next_epoch_after_a_pass_like_the_reference(replacement):
+    import accelerate.data_loader as ref
+
+    import accel_nb.data_loader as ours
+
+    runs = []
+    for module in (ours, ref):
+        torch.manual_seed(5)
+        sampler = module.SeedableRandomSampler(range(7), data_seed=11, replacement=replacement)
+        first, second = list(sampler), list(sampler)
+        sampler.set_epoch(0)
+        again = list(sampler)
+        runs.append((first, second, again, sampler.epoch))
+    assert runs[0] == runs[1]
+    first, second, again, epoch = runs[0]
+    assert first != second and again == first and epoch == 1
