@@ -13,13 +13,14 @@ import contextlib
 import datetime
 import math
 import os
+import types
 from typing import Any
 
 import torch.distributed as dist
 
 __all__ = [
     "ENV_RENDEZVOUS_TIMEOUT", "ENV_COLLECTIVE_TIMEOUT", "DEFAULT_RENDEZVOUS_TIMEOUT_S", "DEFAULT_COLLECTIVE_TIMEOUT_S",
-    "RendezvousError", "join_process_group", "set_group_timeout", "check_backend", "timeout_seconds",
+    "RendezvousError", "join_process_group", "release_process_groups", "set_group_timeout", "check_backend", "timeout_seconds",
 ]  # fmt: skip
 
 ENV_RENDEZVOUS_TIMEOUT = "ACCEL_NB_RENDEZVOUS_TIMEOUT"
@@ -125,16 +126,77 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
 
 
 def _destroy_gloo_group_at_exit() -> None:
-    """Destroy a gloo group the script left formed, while the interpreter is still whole.
+    """Tear the gloo group down at exit while the interpreter is still whole, so no rank aborts after its last line.
 
-    Left to interpreter finalization, gloo's worker threads can still hold finished work with
-    tensors whose Python references die after the interpreter: the process then aborts with
-    "terminate called without an active exception" (SIGABRT) after its last line ran. Gloo's
-    teardown is local (no collective), so this cannot hang on a peer that is gone.
+    Gloo's worker threads free each finished collective after the caller's ``wait()`` returned; when
+    that frees a tensor Python still knows, the thread takes the GIL. Once the interpreter is
+    finalising, taking the GIL ends the thread (``pthread_exit``), which C++ turns into
+    "terminate called without an active exception" (SIGABRT) although the script finished. Only the
+    group's destructor waits for those threads, and ``destroy_process_group()`` alone does not run
+    it while a ``DistributedDataParallel`` model's reducer still holds the group: the reducers are
+    released here too. Gloo's teardown is local (no collective), so this cannot hang on a peer.
     """
+    with contextlib.suppress(Exception):  # exiting anyway: a failed teardown must not mask the exit status
+        release_process_groups()
+
+
+def release_process_groups() -> int:
+    """Destroy the default group and drop every hold on a group that would keep it alive; returns the DDP models released.
+
+    Holders: a ``DistributedDataParallel`` model's reducer (and its logger), and the default
+    arguments (``group=group.WORLD``) of ``torch.distributed`` functions imported after the group
+    was formed. The released DDP models no longer synchronise gradients: this is for exit.
+    The groups' Python objects are dropped last, as their destructor runs with the GIL released so
+    gloo's threads can finish freeing their work (the reducer's destructor keeps the GIL and would
+    deadlock with them).
+
+        release_process_groups()   # then the process may exit: gloo's threads are joined
+    """
+    import gc
+    import sys
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    group_type = dist.ProcessGroup
+    groups: list[Any] = []
     if dist.is_initialized():
-        with contextlib.suppress(Exception):  # exiting anyway: a failed teardown must not mask the exit status
-            dist.destroy_process_group()
+        groups.extend(dist.distributed_c10d._world.pg_map)
+        dist.destroy_process_group()
+    released = 0
+    for obj in gc.get_objects():
+        # type(), not isinstance(): a deprecated torch object warns when its __class__ is read
+        if issubclass(type(obj), DistributedDataParallel) and "reducer" in obj.__dict__:
+            groups.append(obj.__dict__.pop("process_group", None))
+            for name in ("logger", "reducer"):  # the logger holds the reducer, the reducer the group
+                obj.__dict__.pop(name, None)
+            released += 1
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.distributed") and module is not None:
+            groups.extend(_drop_group_defaults(vars(module).values(), group_type))
+    del groups  # the last references: the groups' destructors join gloo's threads here
+    return released
+
+
+def _drop_group_defaults(values: Any, group_type: type) -> list[Any]:
+    """Default arguments that hold a process group (``def f(group=group.WORLD)``) become None (torch's "the
+    default group"); returns the groups they held."""
+
+    def is_group(value: Any) -> bool:  # type(), not isinstance(): deprecated torch objects warn on __class__
+        return issubclass(type(value), group_type)
+
+    held: list[Any] = []
+    for value in list(values):
+        functions = [value] if type(value) is types.FunctionType else []
+        if issubclass(type(value), type):
+            functions = [v for v in vars(value).values() if type(v) is types.FunctionType]
+        for fn in functions:
+            if fn.__defaults__ and any(map(is_group, fn.__defaults__)):
+                held.extend(filter(is_group, fn.__defaults__))
+                fn.__defaults__ = tuple(None if is_group(d) else d for d in fn.__defaults__)
+            if fn.__kwdefaults__ and any(map(is_group, fn.__kwdefaults__.values())):
+                held.extend(filter(is_group, fn.__kwdefaults__.values()))
+                fn.__kwdefaults__ = {k: None if is_group(d) else d for k, d in fn.__kwdefaults__.items()}
+    return held
 
 
 def set_group_timeout(seconds: float) -> None:
