@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STACK=${1:?usage: setup-stack-env.sh colab|kaggle}
-PY=${PYTHON:-python3.11}
+PY=${PYTHON:-$(command -v python3.11 || command -v python3)}  # Python 3.11 where there is one
 case "$STACK" in
   colab)
     STACK_PINS=(IPython==7.34.0 ipykernel==6.17.1 ipywidgets==7.7.1 "widgetsnbextension==3.6.*" notebook==6.5.7
