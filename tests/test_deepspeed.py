@@ -54,12 +54,14 @@ def _state_numel(optimizer) -> int:
 def _train(plugin_kwargs):
     """Train 2 epochs with accumulation and clipping; the losses, and how much state this rank holds."""
     from accel_nb import Accelerator
-    from accel_nb.deepspeed import DeepSpeedPlugin
+    from accel_nb.deepspeed import DeepSpeedPlugin, zero3_init
 
     _fresh_state()
     plugin = None if plugin_kwargs is None else DeepSpeedPlugin(gradient_clipping=CLIP, **plugin_kwargs)
     accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATION, deepspeed_plugin=plugin)
-    model = _model()
+    with zero3_init(accelerator):  # with zero3_init_flag: built already partitioned
+        model = _model()
+    materialised = sum(p.numel() for p in model.parameters())  # 0 when partitioned at construction
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7)
     loader = DataLoader(_data(), batch_size=BATCH)
@@ -78,7 +80,7 @@ def _train(plugin_kwargs):
             losses.append(loss.item())
     full = sum(p.numel() for p in _model().parameters())
     out = {"losses": losses, "norms": norms, "opt_state": _state_numel(optimizer), "full": full,
-           "lr": scheduler.get_last_lr()[0], "type": type(accelerator.distributed_type).__name__}  # fmt: skip
+           "lr": scheduler.get_last_lr()[0], "materialised": materialised}  # fmt: skip
     if plugin is not None:
         out["engine"] = type(model).__name__
         out["distributed_type"] = accelerator.distributed_type.value
@@ -92,7 +94,8 @@ def _all_modes():
         "ddp": _train(None),
         "zero1": _train({"zero_stage": 1}),
         "zero2": _train({"zero_stage": 2}),
-        "zero3": _train({"zero_stage": 3}),
+        "zero3": _train({"zero_stage": 3, "zero3_init_flag": False}),
+        "zero3_init": _train({"zero_stage": 3, "zero3_init_flag": True}),
         "zero2_offload": _train({"zero_stage": 2, "offload_optimizer_device": "cpu"}),
     }
 
@@ -107,7 +110,7 @@ def _close(a, b):
     torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["zero1", "zero2", "zero3", "zero2_offload"])
+@pytest.mark.parametrize("mode", ["zero1", "zero2", "zero3", "zero3_init", "zero2_offload"])
 def test_zero_stages_train_like_ddp_with_accumulation_and_clipping(trained, mode):
     for rank in trained:
         ddp, ds = rank["ddp"], rank[mode]
@@ -286,3 +289,11 @@ def test_the_same_losses_as_deepspeed_initialize_by_hand(checkpointed, stage):
         assert len(run["ours"]) == 2 * STEPS_PER_EPOCH
         assert run["ours"] == run["by_hand"]
         assert run["ours"][:STEPS_PER_EPOCH] != run["ours"][STEPS_PER_EPOCH:]  # same batches again: the weights moved
+
+
+def test_zero3_init_builds_the_model_partitioned(trained):
+    for rank in trained:
+        assert rank["zero3"]["materialised"] == rank["ddp"]["materialised"] == rank["ddp"]["full"]
+        assert rank["zero3_init"]["materialised"] == 0  # no rank ever held the whole model
+        full = rank["zero3_init"]["full"]
+        assert abs(rank["zero3_init"]["params_held"] - full / 2) <= 0.02 * full

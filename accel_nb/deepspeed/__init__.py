@@ -11,6 +11,7 @@ Accelerator's calls. Nothing here imports ``deepspeed`` until ``prepare`` needs 
 from __future__ import annotations
 
 from .plugin import DeepSpeedPlugin, plugin_from_env, plugin_from_launch_settings
+from .preparing import zero3_init
 from .wrappers import (
     DeepSpeedEngineWrapper,
     DeepSpeedOptimizerWrapper,
@@ -20,4 +21,4 @@ from .wrappers import (
 )
 
 __all__ = ["DeepSpeedPlugin", "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
-           "DummyOptim", "DummyScheduler", "plugin_from_env", "plugin_from_launch_settings"]  # fmt: skip
+           "DummyOptim", "DummyScheduler", "plugin_from_env", "plugin_from_launch_settings", "zero3_init"]  # fmt: skip

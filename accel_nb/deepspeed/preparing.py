@@ -27,7 +27,7 @@ from .wrappers import (
     DummyScheduler,
 )
 
-__all__ = ["import_deepspeed", "prepare_deepspeed", "filled_config", "agree_accumulation"]
+__all__ = ["import_deepspeed", "prepare_deepspeed", "filled_config", "agree_accumulation", "zero3_init"]
 
 
 def import_deepspeed(device_type: str) -> Any:
@@ -303,3 +303,36 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
             result[i] = wrapped_sched
     return result
 
+
+
+def zero3_init(accelerator: Any) -> Any:
+    """A context in which models are built already partitioned over the ranks (``deepspeed.zero.Init``), so
+    no rank ever holds a whole model; nothing happens unless the plugin has stage 3 and ``zero3_init_flag``.
+
+        with zero3_init(accelerator):
+            model = BigModel()
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    """
+    plugin = getattr(accelerator, "deepspeed_plugin", None)
+    if plugin is None or plugin.zero_stage != 3 or not plugin.zero3_init_flag:
+        return contextlib.nullcontext()
+    deepspeed = import_deepspeed(accelerator.device.type)
+    _ensure_process_group(deepspeed, accelerator.device.type)
+    config = copy.deepcopy(plugin.deepspeed_config)
+    # only the ZeRO and precision sections matter here; batch "auto"s get stand-ins that pass DeepSpeed's check
+    micro = config.get("train_micro_batch_size_per_gpu")
+    micro = 1 if micro in (None, AUTO) else micro
+    gas = config.get("gradient_accumulation_steps")
+    gas = accelerator.gradient_accumulation_steps if gas in (None, AUTO) else gas
+    config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas,
+                  train_batch_size=micro * gas * accelerator.num_processes)  # fmt: skip
+
+    def drop_auto(node: dict[str, Any]) -> None:
+        for key in [k for k, v in node.items() if v == AUTO]:
+            del node[key]
+        for value in node.values():
+            if isinstance(value, dict):
+                drop_auto(value)
+
+    drop_auto(config)
+    return deepspeed.zero.Init(config_dict_or_path=config)
