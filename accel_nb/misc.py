@@ -26,6 +26,7 @@ __all__ = [
     "merge_dicts",
     "recursive_getattr",
     "save",
+    "tqdm",
 ]
 
 _MIN_KERNEL = "5.5.0"
@@ -149,3 +150,28 @@ def get_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm(...)`` shown on each machine's local main process only (unless ``main_process_only=False``).
+
+    for batch in tqdm(loader, desc="eval"): ...
+    accel_nb's own live progress for every process is ``accel_nb.progress`` (progress.md).
+    """
+    from .availability import is_tqdm_available
+
+    if not is_tqdm_available():
+        raise ImportError("Accelerate's `tqdm` module requires `tqdm` to be installed. Please run `pip install tqdm`.")
+    if args and isinstance(args[0], bool):
+        raise ValueError(
+            "Passing `True` or `False` as the first argument to Accelerate's `tqdm` wrapper is unsupported. "
+            "Please use the `main_process_only` keyword argument instead."
+        )
+    from tqdm.auto import tqdm as auto_tqdm
+
+    from .state import PartialState
+
+    disable = kwargs.pop("disable", False)
+    if main_process_only and not disable:
+        disable = PartialState().local_process_index != 0
+    return auto_tqdm(*args, **kwargs, disable=disable)

@@ -21,6 +21,9 @@ from .modeling import set_module_tensor_to_device
 
 __all__ = [
     "align_module_device",
+    "calculate_maximum_sizes",
+    "get_state_dict_from_offload",
+    "load_offloaded_weights",
     "check_device_same",
     "check_tied_parameters_on_same_device",
     "clean_device_map",
@@ -354,3 +357,44 @@ def is_repeated_blocks(module: nn.Module) -> bool:
 def has_repeated_blocks(module: nn.Module) -> bool:
     """True when some submodule of ``module`` (itself included, if it has children) :func:`is_repeated_blocks`."""
     return bool(module._modules) and any(is_repeated_blocks(m) for m in module.modules())
+
+
+def load_offloaded_weights(model: nn.Module, index: Mapping[str, Any] | None, offload_folder: str) -> None:
+    """Put each weight of an offload folder's ``index`` (``accelerate.utils.offload`` format) into ``model``
+    on the CPU. 8-bit ``SCB`` statistics entries are skipped (quantized weights: not supported yet)."""
+    import os
+
+    from .big_model.weight_files import load_offloaded_weight
+
+    for name, info in (index or {}).items():
+        if "SCB" in name:
+            continue
+        value = load_offloaded_weight(os.path.join(offload_folder, f"{name}.dat"), info)
+        set_module_tensor_to_device(model, name, "cpu", value=value)
+
+
+def get_state_dict_from_offload(
+    module: nn.Module, module_name: str, state_dict: dict[str, Any], device_to_put_offload: Any = "cpu"
+) -> dict[str, Any]:
+    """Fill the entries of ``state_dict`` under ``module_name``'s parent with ``module``'s real tensors, bringing
+    offloaded ones in (onto ``device_to_put_offload``) for the copy. Returns ``state_dict``."""
+    root = module_name[: module_name.rfind(".")]
+    device = device_to_put_offload if has_offloaded_params(module) else None
+    with align_module_device(module, device):
+        for key, value in module.state_dict().items():
+            if f"{root}.{key}" in state_dict:
+                state_dict[f"{root}.{key}"] = value
+    return state_dict
+
+
+def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
+    """``(total bytes, (bytes of the largest layer, its names))``; layers split at ``model._no_split_modules``."""
+    from .big_model.sizes import compute_module_sizes
+
+    sizes = compute_module_sizes(model)
+    top = (
+        list(model.named_parameters(recurse=False))
+        + list(model.named_children())
+        + list(model.named_buffers(recurse=False))
+    )
+    return sizes[""], get_max_layer_size(top, sizes, list(getattr(model, "_no_split_modules", None) or []))

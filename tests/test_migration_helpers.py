@@ -503,3 +503,55 @@ def test_module_tree_helpers_match_the_reference(caplog):
             messages.append([r.getMessage() for r in caplog.records if "Tied parameters" in r.getMessage()])
         assert messages[0] == messages[1]
         assert bool(messages[0]) == ("head" in device_map)
+
+
+def test_tqdm_and_offload_readers_match_the_reference(tmp_path):
+    import accelerate.utils.modeling as ref_m
+    from accelerate import PartialState as RefPartialState
+    from accelerate.utils.tqdm import tqdm as ref_tqdm
+
+    import accel_nb.utils.modeling as our_m
+    from accel_nb import PartialState
+    from accel_nb.utils.offload import offload_state_dict
+    from accel_nb.utils.tqdm import tqdm
+
+    PartialState()
+    RefPartialState()
+    for fn in (tqdm, ref_tqdm):
+        bar = fn(range(3))
+        assert bar.disable is False and list(bar) == [0, 1, 2]  # process 0 shows it (closing disables it)
+        assert fn(range(3), disable=True).disable is True
+        with pytest.raises(ValueError, match="main_process_only"):
+            fn(True, range(3))
+    torch.manual_seed(0)
+    source = Tiny()
+    offload_state_dict(tmp_path, source.state_dict())
+    import json
+
+    index = json.loads((tmp_path / "index.json").read_text())
+    loaded = []
+    for fn in (our_m.load_offloaded_weights, ref_m.load_offloaded_weights):
+        torch.manual_seed(1)
+        target = Tiny()
+        fn(target, index, str(tmp_path))
+        loaded.append(target.state_dict())
+    assert _same(loaded[0], loaded[1]) and _same(loaded[0], source.state_dict())
+    model = Tiny()
+    model._no_split_modules = ["Sequential"]
+    assert our_m.calculate_maximum_sizes(model) == ref_m.calculate_maximum_sizes(model)
+
+    import accelerate.hooks as ref_hooks
+
+    import accel_nb.hooks as our_hooks
+
+    for fn, hooks in ((our_m.get_state_dict_from_offload, our_hooks), (ref_m.get_state_dict_from_offload, ref_hooks)):
+        layer = nn.Linear(2, 2)
+        expected = {f"block.{k}": v.clone() for k, v in layer.state_dict().items()}
+        hooks.add_hook_to_module(
+            layer, hooks.AlignDevicesHook(execution_device="cpu", offload=True, weights_map=layer.state_dict())
+        )
+        assert layer.weight.device.type == "meta"
+        state = {"block.weight": "placeholder", "block.bias": "placeholder", "other": 1}
+        out = fn(layer, "block.weight", state)
+        assert out is state and state["other"] == 1
+        assert _same({k: state[k] for k in expected}, expected)

@@ -37,7 +37,6 @@ LEFT_OUT: dict[str, str] = {
     "launch": _LAUNCH,
     "rich": "the reference's optional rich tracebacks; not provided",
     "torch_xla": "installs packages with pip; see docs/tpu.md for setting up torch_xla",
-    "tqdm": "not yet: accel_nb.progress_bar draws progress for every process in notebooks",
     **{f"constants.{n}": _GATES for n in [
         "BETA_CP_AVAILABLE_PYTORCH_VERSION", "BETA_SP_AVAILABLE_DEEPSPEED_VERSION", "BETA_TP_AVAILABLE_PYTORCH_VERSION",
         "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION", "CUDA_DISTRIBUTED_TYPES", "DEEPSPEED_MULTINODE_LAUNCHERS",
@@ -80,8 +79,7 @@ LEFT_OUT: dict[str, str] = {
                                           "is_npu_available", "is_sdaa_available", "is_hpu_available",
                                           "is_habana_gaudi1", "is_neuron_available"]},
     **{f"modeling.{n}": "not yet" for n in [
-        "check_tied_parameters_in_config", "load_offloaded_weights", "calculate_maximum_sizes",
-        "get_state_dict_from_offload",
+        "check_tied_parameters_in_config",
     ]},
     "modeling.fallback_allocate": _INTERNAL,
     "modeling.get_mixed_precision_context_manager": "accel_nb applies autocast inside the prepared model (accel_nb.precision)",

@@ -183,10 +183,12 @@ _REFERENCE_PATHS: dict[str, str] = {
 # the reference's submodules of ``utils``: each a shim module here; their names resolve from this
 # package too (``accel_nb.utils.listify``), as in the reference
 _SHIMS = ("constants", "dataclasses", "environment", "imports", "memory", "modeling", "offload", "operations",
-          "other", "random", "versions")  # fmt: skip
+          "other", "random", "tqdm", "versions")  # fmt: skip
 for _shim in _SHIMS:
     for _name in importlib.import_module(f".{_shim}", __name__).__all__:
         _REFERENCE_PATHS.setdefault(_name, f".{_shim}")
 del _shim, _name
+# as in the reference, ``accel_nb.utils.tqdm`` is the function; its module stays importable by its path
+del globals()["tqdm"]
 
 __getattr__, __dir__ = lazy_exports(globals(), _REFERENCE_PATHS)

@@ -23,6 +23,9 @@ _EXPORTS = {
     **dict.fromkeys(
         [
             "align_module_device",
+            "calculate_maximum_sizes",
+            "get_state_dict_from_offload",
+            "load_offloaded_weights",
             "check_device_same",
             "check_tied_parameters_on_same_device",
             "clean_device_map",
