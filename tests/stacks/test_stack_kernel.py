@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import time
 
 import pytest
@@ -151,3 +152,34 @@ def test_the_wizard_and_the_device_map_show_as_widgets_and_act(kernel, tmp_path)
     assert len(shown) == 1 and "accel-nb-device-map" in shown[0].get("text/html", ""), out.results
     assert out.stdout.strip() == "['cpu']", out.stdout  # the budget moved: everything fits the CPU now
     assert not any(p in out.stderr for p in PROBLEMS), out.stderr
+
+
+def test_a_widget_that_cannot_render_hands_over_to_the_text_view_in_the_kernel(kernel, tmp_path):
+    """The widget's display is made to fail on purpose: one line says why, text progress and the summary follow."""
+    for gate in GATES:
+        open(tmp_path / f"gate{gate}", "w").close()  # no waiting in this launch
+    out = kernel.run(
+        "import accel_nb.notebook.progress_widget as pw\n"
+        "_kept = pw.view_bundle\n"
+        "def _refuse(widget, text=None):\n"
+        "    raise RuntimeError('this front-end shows no widgets')\n"
+        "pw.view_bundle = _refuse\n"
+        "try:\n"
+        f"    again = notebook_launcher(train, args=({str(tmp_path)!r},), num_processes=2, cpu=True)\n"
+        "finally:\n"
+        "    pw.view_bundle = _kept\n"
+        "print('again', again)",
+        timeout=180,
+    )
+    assert out.error is None, out.traceback
+    lines = [line for line in out.stderr.splitlines() if "the progress widget could not" in line]
+    assert lines == [
+        "[accel_nb] the progress widget could not render (RuntimeError: this front-end shows no widgets); "
+        "showing text progress for the rest of this launch"
+    ], out.stderr
+    assert not any(WIDGET_VIEW in r for r in out.results), out.results  # no widget view was left behind
+    for rank in (0, 1):  # the text view's progress line of each rank's finished loop
+        assert re.search(rf"^\[rank {rank}\] train: .*100/100", out.stdout, re.M), out.stdout
+    summary = out.stdout[out.stdout.index("accel_nb launch finished: 2 processes"):]
+    assert "rank 0 done" in summary and "rank 1 done" in summary
+    assert "again [0, 1]" in out.stdout
