@@ -17,6 +17,10 @@ from ..utils import parse_size
 
 Device = int | str
 
+# A tensor carrying this attribute counts as that many bytes (a weight that will be quantized when
+# loaded: set by accel_nb.big_model.quantization, read by compute_module_sizes and so the planner).
+QUANTIZED_BYTES_ATTR = "accel_nb_quantized_bytes"
+
 
 def parse_memory(value: int | float | str) -> int:
     """'10GiB' -> 10737418240, '500MB' -> 500000000, 1024 -> 1024."""
@@ -65,7 +69,12 @@ def dtype_size(dtype: torch.dtype) -> float:
 
 
 def tensor_bytes(t: torch.Tensor, dtype: torch.dtype | None = None, special: torch.dtype | None = None) -> int:
-    """Bytes of ``t`` once loaded: floating tensors in ``dtype`` (if given), ``special`` overrides all."""
+    """Bytes of ``t`` once loaded: floating tensors in ``dtype`` (if given), ``special`` overrides all.
+
+    A weight tagged with its quantized size (QUANTIZED_BYTES_ATTR) counts as that size unless ``special`` is given.
+    """
+    if special is None and hasattr(t, QUANTIZED_BYTES_ATTR):
+        return int(getattr(t, QUANTIZED_BYTES_ATTR))
     use = special if special is not None else dtype if dtype is not None and t.is_floating_point() else t.dtype
     return int(t.numel() * dtype_size(use))
 

@@ -1,0 +1,24 @@
+"""Quantized big-model loading: bitsandbytes 8-bit/4-bit and torchao weight-only, planned by quantized size.
+
+    from accel_nb.big_model.quantization import BnbQuantizationConfig, load_and_quantize_model
+    model = load_and_quantize_model(empty_model, BnbQuantizationConfig(load_in_4bit=True),
+                                    weights_location="ckpt", device_map="auto")
+bitsandbytes and torchao are optional (``pip install "accel_nb[quantization]"``); they are imported
+only when a quantized load runs.
+"""
+
+from .config import BnbQuantizationConfig, QuantizationError, TorchAoQuantizationConfig
+from .layers import default_skip_modules as get_keys_to_not_convert
+from .loader import load_and_quantize_model
+from .sizes import mark_quantized_sizes, quantized_weight_bytes, unmark_quantized_sizes
+
+__all__ = [
+    "BnbQuantizationConfig",
+    "QuantizationError",
+    "TorchAoQuantizationConfig",
+    "get_keys_to_not_convert",
+    "load_and_quantize_model",
+    "mark_quantized_sizes",
+    "quantized_weight_bytes",
+    "unmark_quantized_sizes",
+]

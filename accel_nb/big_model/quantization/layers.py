@@ -1,0 +1,173 @@
+"""Which layers get quantized, and how one float weight becomes a quantized layer.
+
+Linear layers (``nn.Linear``) and Conv1D-style layers (GPT-2's ``Conv1D``: a linear layer whose
+weight is stored transposed, ``(in_features, out_features)``) are quantized; everything else
+keeps its float weights. The output head, tied weights, ``skip_modules`` and
+``keep_in_fp32_modules`` are never quantized.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError, TorchAoQuantizationConfig
+
+_EXTRA = 'pip install "accel_nb[quantization]"'
+
+
+def require(library: str):
+    """Import bitsandbytes or torchao, or raise QuantizationError naming the extra that installs it."""
+    try:
+        return importlib.import_module(library)
+    except ImportError as exc:
+        raise QuantizationError(
+            f"{library} is needed for this quantization but cannot be imported ({exc}); install it with "
+            f"{_EXTRA} (or pip install {library}). Nothing was loaded"
+        ) from None
+
+
+@dataclass
+class QuantTarget:
+    """One layer to quantize: its path, its in/out features and whether its weight is stored transposed."""
+
+    name: str
+    module: nn.Module
+    in_features: int
+    out_features: int
+    transposed: bool  # Conv1D: weight is (in, out)
+
+    @property
+    def has_bias(self) -> bool:
+        return getattr(self.module, "bias", None) is not None
+
+
+def as_target(name: str, module: nn.Module) -> QuantTarget | None:
+    """A QuantTarget for a linear or Conv1D-style layer, else None."""
+    if isinstance(module, nn.Linear):
+        return QuantTarget(name, module, module.in_features, module.out_features, False)
+    weight = getattr(module, "weight", None)
+    if (
+        type(module).__name__ == "Conv1D"
+        and isinstance(weight, torch.Tensor)
+        and weight.dim() == 2
+        and getattr(module, "nf", None) == weight.shape[1]
+        and not module._modules
+    ):
+        return QuantTarget(name, module, weight.shape[0], weight.shape[1], True)
+    return None
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") or f".{p}." in f".{name}." for p in patterns)
+
+
+def default_skip_modules(model: nn.Module) -> list[str]:
+    """The modules kept unquantized by default: those holding tied weights, and a model's output head.
+
+    A model with a head (its last child, e.g. ``lm_head``) keeps the head in float for accuracy;
+    a base model (e.g. ``GPT2Model``) without tied weights keeps nothing.
+    """
+    by_id: dict[int, list[str]] = {}
+    for pname, p in model.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(pname)
+    tied = [n for names in by_id.values() if len(names) > 1 for n in names]
+    skip = [n.rsplit(".", 1)[0] for n in tied if "." in n]
+    prefix = getattr(model, "base_model_prefix", None)
+    is_base = bool(prefix) and not hasattr(model, prefix)
+    children = list(model.named_children())
+    if children and not (is_base and not tied):
+        skip.append(children[-1][0])
+    return list(dict.fromkeys(skip))
+
+
+def find_targets(
+    model: nn.Module, config: QuantizationConfig
+) -> tuple[list[QuantTarget], list[str], list[str]]:
+    """(layers to quantize, modules skipped in torch_dtype, modules kept in float32)."""
+    skip = config.skip_modules if config.skip_modules is not None else default_skip_modules(model)
+    fp32 = config.keep_in_fp32_modules or []
+    targets = []
+    for name, module in model.named_modules():
+        target = as_target(name, module)
+        if target is not None and name and not _matches(name, skip) and not _matches(name, fp32):
+            targets.append(target)
+    return targets, list(skip), list(fp32)
+
+
+def keeps_fp32(name: str, fp32_modules: Iterable[str]) -> bool:
+    return _matches(name, fp32_modules)
+
+
+# -- one layer: an empty shell, and the shell filled from a float weight ------------------------------
+def make_shell(target: QuantTarget, config: QuantizationConfig) -> nn.Module:
+    """The quantized layer that replaces ``target``, with empty (meta) tensors."""
+    if isinstance(config, BnbQuantizationConfig):
+        bnb = require("bitsandbytes")
+        with torch.device("meta"):
+            if config.load_in_8bit:
+                layer = bnb.nn.Linear8bitLt(
+                    target.in_features, target.out_features, target.has_bias,
+                    has_fp16_weights=False, threshold=config.llm_int8_threshold,
+                )  # fmt: skip
+            else:
+                layer = bnb.nn.Linear4bit(
+                    target.in_features, target.out_features, target.has_bias, config.bnb_4bit_compute_dtype,
+                    compress_statistics=config.bnb_4bit_use_double_quant, quant_type=config.bnb_4bit_quant_type,
+                )  # fmt: skip
+    else:
+        require("torchao")
+        with torch.device("meta"):
+            layer = nn.Linear(target.in_features, target.out_features, target.has_bias)
+    layer.requires_grad_(False)
+    return layer
+
+
+def quantize_weight(
+    layer: nn.Module,
+    weight: torch.Tensor,
+    target: QuantTarget,
+    config: QuantizationConfig,
+    device: torch.device,
+) -> None:
+    """Fill ``layer`` (a shell from make_shell) with ``weight`` (float, as saved), quantized on ``device``."""
+    if target.transposed:
+        weight = weight.t()
+    weight = weight.contiguous()
+    if isinstance(config, BnbQuantizationConfig):
+        bnb = require("bitsandbytes")
+        if config.load_in_8bit:
+            weight = weight.cpu()  # bitsandbytes quantizes an 8-bit weight when it leaves the CPU (or stays)
+            param = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+        else:
+            param = bnb.nn.Params4bit(
+                weight, requires_grad=False, compress_statistics=config.bnb_4bit_use_double_quant,
+                quant_type=config.bnb_4bit_quant_type, quant_storage=torch.uint8, module=layer,
+            )  # fmt: skip
+        layer.weight = param.to(device)  # bitsandbytes quantizes when a float weight moves to a device
+        return
+    quantize_torchao(layer, weight.to(device=device, dtype=config.torch_dtype), config)
+
+
+def torchao_config(config: TorchAoQuantizationConfig):
+    """The torchao config object for ``config`` (Int8WeightOnlyConfig / Int4WeightOnlyConfig)."""
+    quant = require("torchao.quantization")
+    if config.weight == "int8":
+        return quant.Int8WeightOnlyConfig()
+    return quant.Int4WeightOnlyConfig(group_size=config.group_size)
+
+
+def quantize_torchao(layer: nn.Module, weight: torch.Tensor, config: TorchAoQuantizationConfig) -> None:
+    quant = require("torchao.quantization")
+    layer.weight = nn.Parameter(weight, requires_grad=False)
+    try:
+        quant.quantize_(layer, torchao_config(config))
+    except Exception as exc:  # noqa: BLE001 - torchao says why (a missing kernel, a device); keep its words
+        raise QuantizationError(
+            f"torchao could not quantize a {tuple(weight.shape)} weight to {config.weight} on {weight.device}: "
+            f"{type(exc).__name__}: {exc}. Nothing was loaded"
+        ) from None

@@ -1,0 +1,420 @@
+"""Load a checkpoint into a model, quantizing its linear layers as each shard is read.
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    model = load_and_quantize_model(model, BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
+                                    weights_location="ckpt_dir", device_map="auto")
+Safetensors shards are read one at a time; each linear weight is quantized as soon as it is read
+and its float copy dropped, so host memory peaks near one shard plus the quantized model. Every
+check (settings, library, layers, names, shapes, an already-quantized checkpoint, the device map)
+runs before any tensor is read, and the model is changed only once every shard has been read:
+an error leaves it exactly as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...serialization import CheckpointError, index_checkpoint, tensor_info
+from ..device_map import DeviceMapError, check_device_map, check_devices_exist, infer_auto_device_map
+from ..sizes import Device, get_balanced_memory, normalize_device, torch_device
+from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError, TorchAoQuantizationConfig
+from .layers import QuantTarget, find_targets, keeps_fp32, make_shell, quantize_weight, require
+from .sizes import mark_quantized_sizes, special_dtypes_for, unmark_quantized_sizes
+
+QUANTIZATION_ATTR = "accel_nb_quantization"  # set on a model this loader quantized: its config
+
+# names bitsandbytes/transformers write next to a serialized quantized weight
+_PREQUANTIZED_SUFFIXES = {
+    ".SCB": "bnb-int8",
+    ".weight_format": "bnb-int8",
+    ".quant_state.bitsandbytes__nf4": "bnb-nf4",
+    ".quant_state.bitsandbytes__fp4": "bnb-fp4",
+}
+
+
+def _listing(names: list[str], limit: int = 6) -> str:
+    return ", ".join(names[:limit]) + (f" ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+@dataclass(eq=False)
+class _Tensor:
+    """One model tensor (tied names share one): every owner that holds it."""
+
+    names: list[str]
+    owners: list[tuple[nn.Module, str, bool]] = field(default_factory=list)
+    tensor: torch.Tensor | None = None
+
+
+def _model_tensors(model: nn.Module) -> dict[str, _Tensor]:
+    by_id: dict[int, _Tensor] = {}
+    out: dict[str, _Tensor] = {}
+    for mname, owner in model.named_modules(remove_duplicate=False):
+        items = [(a, p, True) for a, p in owner._parameters.items()]
+        items += [
+            (a, b, False) for a, b in owner._buffers.items() if a not in owner._non_persistent_buffers_set
+        ]
+        for attr, t, is_param in items:
+            if t is None:
+                continue
+            name = f"{mname}.{attr}" if mname else attr
+            entry = by_id.setdefault(id(t), _Tensor([], tensor=t))
+            entry.names.append(name)
+            entry.owners.append((owner, attr, is_param))
+            out[name] = entry
+    return out
+
+
+def _is_quantized_model(model: nn.Module) -> bool:
+    if getattr(model, QUANTIZATION_ATTR, None) is not None:
+        return True
+    return any(type(m).__name__ in ("Linear8bitLt", "Linear4bit") for m in model.modules()) or any(
+        type(p).__name__ in ("Int8Params", "Params4bit", "Int8Tensor", "AffineQuantizedTensor", "Int4Tensor")
+        for p in model.parameters()
+    )
+
+
+# -- the source of float weights: a safetensors checkpoint, or the model's own tensors ---------------------
+class _Source:
+    def __init__(self, model: nn.Module, weights_location: Any, tensors: dict[str, _Tensor]) -> None:
+        self.in_memory = weights_location is None
+        if self.in_memory:
+            if any(e.tensor.device.type == "meta" for e in tensors.values()):
+                raise QuantizationError(
+                    f"{type(model).__name__} has empty (meta) weights and no weights_location was given; pass "
+                    "weights_location='checkpoint_dir' (a safetensors file, folder or index) to load them"
+                )
+            entries = list(dict.fromkeys(tensors.values()))
+            self.files = ["(model)"]
+            self.names_in = {"(model)": [e.names[0] for e in entries]}
+            self.dtype = {e.names[0]: e.tensor.dtype for e in entries}
+            self.shape = {e.names[0]: tuple(e.tensor.shape) for e in entries}
+            self.aliases: dict[str, str] = {}
+            self.where = f"the weights of {type(model).__name__}"
+            return
+        location = os.fspath(weights_location)
+        try:
+            index = index_checkpoint(location)
+        except CheckpointError as exc:
+            raise QuantizationError(
+                f"cannot use weights_location={location!r}: {exc}. load_and_quantize_model reads safetensors "
+                "checkpoints (a file, a shard folder or an *.index.json); convert pickle checkpoints first"
+            ) from None
+        self.index = index
+        self.files = list(index.files)
+        self.names_in = {f: [] for f in self.files}
+        for name, f in index.weight_map.items():
+            self.names_in[f].append(name)
+        self.dtype, self.shape = {}, {}
+        for name in index.weight_map:
+            self.dtype[name], shape = tensor_info(index, name)
+            self.shape[name] = tuple(shape)
+        self.aliases = dict(index.aliases)
+        self.where = f"checkpoint {location}"
+
+    def saved_name(self, name: str) -> str | None:
+        if name in self.dtype:
+            return name
+        alias = self.aliases.get(name)
+        return alias if alias in self.dtype else None
+
+    def read(self, path: str, wanted: Mapping[str, list[_Tensor]]):
+        """Yield (saved name, tensor as saved) for the wanted tensors of one shard, on the CPU."""
+        names = [n for n in self.names_in[path] if n in wanted]
+        if self.in_memory:
+            for name in names:
+                yield name, wanted[name][0].tensor.detach()
+            return
+        yield from _mapped_tensors(path, names, self.index.headers[path], self.dtype)
+
+
+def _mapped_tensors(
+    path: str, names: list[str], headers: Mapping[str, Any], dtypes: Mapping[str, torch.dtype]
+):
+    """Yield (name, tensor) viewing the memory-mapped file: no heap copy of the float weights.
+
+    The pages read count once (the shard); they are released when the last view is dropped, so
+    callers copy what they keep (a dtype conversion or a quantization does).
+    """
+    import mmap
+    import struct
+
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    start = 8 + header_len
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")  # read-only views; never written
+        for name in names:
+            header = headers[name]
+            begin, end = header.offsets
+            numel = 1
+            for d in header.shape:
+                numel *= d
+            if numel == 0:
+                yield name, torch.empty(header.shape, dtype=dtypes[name])
+                continue
+            flat = torch.frombuffer(mapped, dtype=dtypes[name], count=numel, offset=start + begin)
+            yield name, flat.view(header.shape)
+    del mapped  # unmapped once no view is left
+
+
+_LIBC: list = []
+
+
+def _release_freed_memory() -> None:
+    """Give the heap pages the quantization kernels just freed back to the OS (glibc's malloc_trim).
+
+    bitsandbytes' CPU kernels allocate several times a weight's size as scratch; glibc keeps such
+    freed blocks in the heap (its mmap threshold grows after the first large free), so without
+    this the process would keep growing by scratch space between kept quantized tensors.
+    Elsewhere (no glibc) this does nothing.
+    """
+    if not _LIBC:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            _LIBC.append(libc.malloc_trim)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
+# -- checks, before anything is read ---------------------------------------------------------------------
+def _check_prequantized(source: _Source, config: QuantizationConfig, targets: list[QuantTarget]) -> None:
+    found = {}
+    for name in source.dtype:
+        for suffix, method in _PREQUANTIZED_SUFFIXES.items():
+            if name.endswith(suffix):
+                found.setdefault(method, name)
+    for t in targets:
+        saved = source.saved_name(f"{t.name}.weight")
+        if saved is not None and not source.dtype[saved].is_floating_point:
+            found.setdefault(f"an integer format ({source.dtype[saved]})", saved)
+    if not found:
+        return
+    method, example = next(iter(found.items()))
+    if method == config.method:
+        raise QuantizationError(
+            f"{source.where} is already quantized ({method}: e.g. {example!r}); load_and_quantize_model "
+            "quantizes float checkpoints and does not load pre-quantized ones yet. Load it with the library that "
+            "saved it (transformers' from_pretrained), or point weights_location at the float checkpoint. "
+            "Nothing was loaded"
+        )
+    raise QuantizationError(
+        f"{source.where} was saved already quantized with other settings ({method}: e.g. {example!r}) than this "
+        f"config asks for ({config.method}). Quantize from the float checkpoint instead, or use the settings it "
+        "was saved with. Nothing was loaded"
+    )
+
+
+def _match(model: nn.Module, source: _Source, tensors: dict[str, _Tensor]) -> dict[str, list[_Tensor]]:
+    """saved name -> the model tensors it fills; raise on missing tensors and on shape mismatches."""
+    wanted: dict[str, list[_Tensor]] = {}
+    missing, wrong = [], []
+    for entry in dict.fromkeys(tensors.values()):
+        saved = next((s for s in map(source.saved_name, entry.names) if s is not None), None)
+        if saved is None:
+            missing.append(entry.names[0])
+            continue
+        if source.shape[saved] != tuple(entry.tensor.shape):
+            wrong.append(
+                f"{entry.names[0]!r} is {list(source.shape[saved])} there but {list(entry.tensor.shape)} in the model"
+            )
+            continue
+        wanted.setdefault(saved, []).append(entry)
+    cls = type(model).__name__
+    if missing:
+        raise QuantizationError(
+            f"{source.where} lacks {len(missing)} tensor(s) {cls} needs: {_listing(missing)}. Check that the "
+            "checkpoint belongs to this model. Nothing was loaded"
+        )
+    if wrong:
+        raise QuantizationError(
+            f"shape mismatch between {source.where} and {cls}: {'; '.join(wrong[:4])}. Build the model with the "
+            "config the checkpoint was saved with. Nothing was loaded"
+        )
+    unexpected = [n for n in source.dtype if n not in wanted]
+    if unexpected:
+        warnings.warn(
+            f"load_and_quantize_model: {source.where} has tensors {cls} does not use: {_listing(unexpected)}",
+            stacklevel=3,
+        )
+    return wanted
+
+
+def _check_ties(targets: list[QuantTarget], tensors: dict[str, _Tensor]) -> None:
+    for t in targets:
+        entry = tensors[f"{t.name}.weight"]
+        others = [n for n in entry.names if n != f"{t.name}.weight"]
+        if others:
+            raise QuantizationError(
+                f"{t.name!r} shares its weight with {others[0]!r} (tied weights), so it cannot be quantized alone; "
+                f"add {t.name!r} to skip_modules (the default skip list does). Nothing was loaded"
+            )
+
+
+def _resolve_device_map(
+    model, config, targets, fp32, device_map, max_memory, no_split_module_classes
+) -> dict[str, Device]:
+    if device_map is None:
+        return {"": torch.cuda.current_device() if torch.cuda.is_available() else "cpu"}
+    if isinstance(device_map, str):
+        if device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+            raise QuantizationError(
+                f"device_map={device_map!r} is not known; use 'auto', 'balanced', 'balanced_low_0', "
+                "'sequential' or a dict {module: device}"
+            )
+        if no_split_module_classes is None:
+            no_split_module_classes = getattr(model, "_no_split_modules", None)
+        marked = mark_quantized_sizes(model, config, targets)
+        try:
+            special = special_dtypes_for(model, config, fp32)
+            budgets = max_memory
+            if device_map != "sequential":
+                budgets = get_balanced_memory(
+                    model, max_memory, no_split_module_classes, special_dtypes=special,
+                    low_zero=device_map == "balanced_low_0",
+                )  # fmt: skip
+            return dict(
+                infer_auto_device_map(model, budgets, no_split_module_classes, special_dtypes=special)
+            )
+        finally:
+            unmark_quantized_sizes(marked)
+    normalized = {k: normalize_device(v) for k, v in device_map.items()}
+    try:
+        check_device_map(model, normalized)
+    except DeviceMapError as exc:
+        raise QuantizationError(str(exc)) from None
+    return normalized
+
+
+def _check_placement(device_map: dict[str, Device], offload_folder: Any) -> Device:
+    devices = list(dict.fromkeys(device_map.values()))
+    if "disk" in devices:
+        on_disk = [k for k, v in device_map.items() if v == "disk"]
+        raise QuantizationError(
+            f"the device map sends {_listing(on_disk, 4)} to 'disk'; offloading quantized weights to disk is not "
+            "built yet. Give the devices enough memory for the quantized model (it needs 2-4x less than in float), "
+            "or load it without quantization (load_checkpoint_and_dispatch). Nothing was loaded"
+        )
+    if len(devices) > 1:
+        raise QuantizationError(
+            f"the device map spreads the model over {', '.join(map(str, devices))}; a quantized model is loaded "
+            "onto one device for now (streaming quantized layers between devices is not built yet). Use "
+            "device_map={'': device} or a budget one device can hold. Nothing was loaded"
+        )
+    check_devices_exist(devices, "device_map")
+    del offload_folder
+    return devices[0]
+
+
+# -- the load -----------------------------------------------------------------------------------------
+def load_and_quantize_model(
+    model: nn.Module,
+    bnb_quantization_config: QuantizationConfig,
+    weights_location: str | os.PathLike | None = None,
+    device_map: str | Mapping[str, Any] | None = None,
+    no_split_module_classes: list[str] | None = None,
+    max_memory: Mapping[Any, int | str] | None = None,
+    offload_folder: str | os.PathLike | None = None,
+    offload_state_dict: bool = False,
+) -> nn.Module:
+    """Quantize ``model``'s linear layers with bitsandbytes or torchao while loading its weights.
+
+        with init_empty_weights():
+            model = LlamaForCausalLM(config)
+        model = load_and_quantize_model(model, BnbQuantizationConfig(load_in_8bit=True),
+                                        weights_location="ckpt", device_map="auto")
+    ``bnb_quantization_config`` is a :class:`BnbQuantizationConfig` (8-bit LLM.int8, 4-bit NF4/FP4)
+    or a :class:`TorchAoQuantizationConfig` (weight-only int8/int4). ``nn.Linear`` and GPT-2-style
+    ``Conv1D`` layers are quantized, except the output head, tied weights, ``skip_modules`` (kept
+    in ``torch_dtype``) and ``keep_in_fp32_modules``. Without ``weights_location`` a model with real
+    weights is quantized from its own weights. ``device_map`` is None (the GPU if there is one,
+    else the CPU), ``"auto"``/``"balanced"``/``"sequential"`` (planned with the quantized sizes,
+    within ``max_memory``) or a dict; for now the whole model must land on one device.
+    Raises QuantizationError, with nothing changed, when anything does not fit.
+    """
+    del offload_state_dict  # shards are read one at a time anyway
+    config = bnb_quantization_config
+    if not isinstance(config, (BnbQuantizationConfig, TorchAoQuantizationConfig)):
+        raise QuantizationError(
+            f"bnb_quantization_config must be a BnbQuantizationConfig or TorchAoQuantizationConfig, got "
+            f"{type(config).__name__}"
+        )
+    require(config.library)
+    if _is_quantized_model(model):
+        raise QuantizationError(
+            f"{type(model).__name__} is already quantized; build a fresh model (e.g. under init_empty_weights()) "
+            "and load the float checkpoint into it. Nothing was changed"
+        )
+    targets, _skip, fp32 = find_targets(model, config)
+    if not targets:
+        raise QuantizationError(
+            f"{type(model).__name__} has no linear layers to quantize (nn.Linear or Conv1D outside skip_modules "
+            "and keep_in_fp32_modules); bitsandbytes and torchao quantize only those. Load it without "
+            "quantization (load_checkpoint_and_dispatch), or check skip_modules. Nothing was loaded"
+        )
+    tensors = _model_tensors(model)
+    _check_ties(targets, tensors)
+    source = _Source(model, weights_location, tensors)
+    _check_prequantized(source, config, targets)
+    wanted = _match(model, source, tensors)
+    device_map = _resolve_device_map(
+        model, config, targets, fp32, device_map, max_memory, no_split_module_classes
+    )
+    device = torch_device(_check_placement(device_map, offload_folder))
+
+    by_weight = {f"{t.name}.weight": t for t in targets}
+    shells = {t.name: make_shell(t, config) for t in targets}
+    values: dict[int, torch.Tensor] = {}  # id(model tensor entry) -> its new value
+    for path in source.files:
+        for saved, tensor in source.read(path, wanted):
+            for entry in wanted[saved]:
+                target = by_weight.get(entry.names[0])
+                if target is not None:
+                    quantize_weight(shells[target.name], tensor, target, config, device)
+                    _release_freed_memory()
+                    continue
+                dtype = tensor.dtype
+                if dtype.is_floating_point:
+                    dtype = torch.float32 if keeps_fp32(entry.names[0], fp32) else config.torch_dtype
+                values[id(entry)] = tensor.to(device=device, dtype=dtype, copy=not source.in_memory)
+            del tensor
+
+    # every shard was read: change the model, all at once
+    layer_of = {id(t.module): t.name for t in targets}
+    for entry in dict.fromkeys(tensors.values()):
+        value = values.pop(id(entry), None)
+        if value is None:
+            continue
+        if isinstance(entry.tensor, nn.Parameter):  # one Parameter for every owner: ties stay tied
+            value = nn.Parameter(
+                value, requires_grad=entry.tensor.requires_grad and value.is_floating_point()
+            )
+        for owner, attr, is_param in entry.owners:
+            layer = layer_of.get(id(owner))
+            if layer is not None:  # the bias of a quantized layer: it moves into the new layer
+                setattr(shells[layer], attr, nn.Parameter(value.detach(), requires_grad=False))
+            elif is_param:
+                owner._parameters[attr] = value
+            else:
+                owner._buffers[attr] = value
+    for name, shell in shells.items():
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, shell)
+    if isinstance(config, BnbQuantizationConfig):
+        model.is_loaded_in_8bit = config.load_in_8bit
+        model.is_loaded_in_4bit = config.load_in_4bit
+    setattr(model, QUANTIZATION_ATTR, config)
+    model.hf_device_map = dict(device_map)
+    return model

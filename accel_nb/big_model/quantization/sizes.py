@@ -1,0 +1,71 @@
+"""Bytes each layer holds once quantized, for the planner (``device_map="auto"``).
+
+    quantized_weight_bytes(4096, 4096, BnbQuantizationConfig(load_in_4bit=True))   # ~8.4 MB, not 64 MB
+The counts follow the storage formats: bitsandbytes 8-bit keeps one int8 per weight and one
+float32 scale per output row; 4-bit packs two weights per byte plus one float32 absmax per block
+of 64 (double quantization: one byte per block, plus a float32 per 256 blocks); torchao int8 keeps
+one int8 per weight plus one scale per row, int4 half a byte plus a scale and a zero per group.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..sizes import QUANTIZED_BYTES_ATTR, dtype_size
+from .config import BnbQuantizationConfig, QuantizationConfig
+from .layers import QuantTarget, find_targets, keeps_fp32
+
+_BNB_BLOCKSIZE = 64
+
+
+def quantized_weight_bytes(in_features: int, out_features: int, config: QuantizationConfig) -> int:
+    """Bytes of one layer's weight after quantization (its bias is counted apart, in torch_dtype)."""
+    n = in_features * out_features
+    if isinstance(config, BnbQuantizationConfig):
+        if config.load_in_8bit:
+            return n + 4 * out_features
+        blocks = math.ceil(n / _BNB_BLOCKSIZE)
+        stats = blocks + 4 * math.ceil(blocks / 256) + 4 if config.bnb_4bit_use_double_quant else 4 * blocks
+        return math.ceil(n / 2) + stats + 16 * 4  # + the 16-entry code book
+    scale = dtype_size(config.torch_dtype)
+    if config.weight == "int8":
+        return n + int(scale * out_features)
+    groups = math.ceil(in_features / config.group_size) * out_features
+    return math.ceil(n / 2) + int(2 * scale * groups)
+
+
+def mark_quantized_sizes(
+    model: nn.Module, config: QuantizationConfig, targets: list[QuantTarget] | None = None
+) -> list:
+    """Tag each weight that will be quantized with its quantized size; compute_module_sizes counts it.
+
+    Returns the tagged tensors (give them to :func:`unmark_quantized_sizes` to undo).
+    """
+    if targets is None:
+        targets = find_targets(model, config)[0]
+    marked = []
+    for t in targets:
+        weight = t.module.weight
+        setattr(weight, QUANTIZED_BYTES_ATTR, quantized_weight_bytes(t.in_features, t.out_features, config))
+        marked.append(weight)
+    return marked
+
+
+def unmark_quantized_sizes(marked: list) -> None:
+    for weight in marked:
+        if hasattr(weight, QUANTIZED_BYTES_ATTR):
+            delattr(weight, QUANTIZED_BYTES_ATTR)
+
+
+def special_dtypes_for(
+    model: nn.Module, config: QuantizationConfig, fp32_modules: list[str]
+) -> dict[str, torch.dtype]:
+    """Every floating tensor that stays float, in the dtype it will have: torch_dtype or float32."""
+    out = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if t.is_floating_point() and not hasattr(t, QUANTIZED_BYTES_ATTR):
+            out[name] = torch.float32 if keeps_fp32(name, fp32_modules) else config.torch_dtype
+    return out

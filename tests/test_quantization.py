@@ -1,0 +1,457 @@
+"""Quantized loading on the CPU: bitsandbytes 8-bit/4-bit and torchao int8, against the libraries by hand.
+
+Models are transformers models built from configs (no downloads), saved as sharded safetensors.
+"By hand" means the library's own layers applied to the float model directly (bitsandbytes'
+Linear8bitLt/Linear4bit, torchao's quantize_), which is what the loader must reproduce exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+transformers = pytest.importorskip("transformers")
+bnb = pytest.importorskip(
+    "bitsandbytes", reason="bitsandbytes is not installed (pip install 'accel_nb[quantization]')"
+)
+
+from accel_nb.big_model import compute_module_sizes, infer_auto_device_map, init_empty_weights  # noqa: E402
+from accel_nb.big_model.quantization import (  # noqa: E402
+    BnbQuantizationConfig,
+    QuantizationError,
+    TorchAoQuantizationConfig,
+    load_and_quantize_model,
+    mark_quantized_sizes,
+    quantized_weight_bytes,
+    unmark_quantized_sizes,
+)
+
+warnings.filterwarnings("ignore", message=".*MatMul8bitLt.*")
+F32 = torch.float32
+TOKENS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM, cfg
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=256, n_embd=128, n_layer=3, n_head=4, n_positions=64,
+                                  bos_token_id=0, eos_token_id=0)  # fmt: skip
+    return transformers.GPT2LMHeadModel, cfg
+
+
+ARCHS = {"llama": _llama, "gpt2": _gpt2}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """arch -> (float model, checkpoint folder with several shards)."""
+    out = {}
+    for arch, make in ARCHS.items():
+        cls, cfg = make()
+        torch.manual_seed(0)
+        model = cls(cfg).eval()
+        folder = tmp_path_factory.mktemp(arch)
+        model.save_pretrained(folder, max_shard_size="300KB")
+        assert len([f for f in os.listdir(folder) if f.endswith(".safetensors")]) > 2
+        out[arch] = (model, str(folder))
+    return out
+
+
+def _empty(arch):
+    cls, cfg = ARCHS[arch]()
+    with init_empty_weights():
+        return cls(cfg)
+
+
+def _logits(model):
+    with torch.no_grad():
+        return model(TOKENS).logits.float()
+
+
+def _by_hand_bnb(model, config: BnbQuantizationConfig, skip=("lm_head",)):
+    """bitsandbytes' layers put into a copy of the float model directly (Conv1D weights transposed)."""
+    model = copy.deepcopy(model)
+    for name, module in list(model.named_modules()):
+        conv1d = type(module).__name__ == "Conv1D"
+        if not (isinstance(module, nn.Linear) or conv1d) or name in skip:
+            continue
+        weight = module.weight.data.t() if conv1d else module.weight.data
+        n_out, n_in = weight.shape
+        has_bias = module.bias is not None
+        if config.load_in_8bit:
+            layer = bnb.nn.Linear8bitLt(n_in, n_out, has_bias, has_fp16_weights=False, threshold=6.0)
+            layer.weight = bnb.nn.Int8Params(
+                weight.contiguous().clone(), requires_grad=False, has_fp16_weights=False
+            )
+        else:
+            layer = bnb.nn.Linear4bit(n_in, n_out, has_bias, F32, compress_statistics=config.bnb_4bit_use_double_quant,
+                                      quant_type=config.bnb_4bit_quant_type)  # fmt: skip
+            layer.weight = bnb.nn.Params4bit(weight.contiguous().clone(), requires_grad=False,
+                                             compress_statistics=config.bnb_4bit_use_double_quant,
+                                             quant_type=config.bnb_4bit_quant_type, module=layer)  # fmt: skip
+        if has_bias:
+            layer.bias = nn.Parameter(module.bias.data.clone(), requires_grad=False)
+        layer = layer.to("cpu")  # bitsandbytes quantizes here
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+    return model.eval()
+
+
+BNB_CONFIGS = {
+    "int8": (lambda: BnbQuantizationConfig(load_in_8bit=True, torch_dtype=F32), 0.03),
+    "nf4": (lambda: BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=F32), 0.25),
+    "fp4-double": (
+        lambda: BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_compute_dtype="fp32",
+                                      bnb_4bit_use_double_quant=True),
+        0.35,
+    ),
+}  # fmt: skip
+
+
+def _relative_error(out, ref):
+    return float((out - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("kind", list(BNB_CONFIGS))
+def test_bnb_load_equals_bitsandbytes_by_hand_and_is_close_to_float(saved, arch, kind):
+    float_model, folder = saved[arch]
+    make_config, tolerance = BNB_CONFIGS[kind]
+    model = load_and_quantize_model(_empty(arch), make_config(), weights_location=folder).eval()
+    layer_type = bnb.nn.Linear8bitLt if kind == "int8" else bnb.nn.Linear4bit
+    quantized = [n for n, m in model.named_modules() if isinstance(m, layer_type)]
+    assert (
+        len(quantized) == (7 if arch == "llama" else 4) * 3
+    )  # every linear of every block; the head stays float
+    assert not any(p.device.type == "meta" for p in model.parameters())
+    assert type(model.lm_head) is nn.Linear
+    if arch == "gpt2":
+        assert model.lm_head.weight is model.transformer.wte.weight  # the tie survives
+    out, ref = _logits(model), _logits(float_model)
+    err = _relative_error(out, ref)
+    assert 0 < err < tolerance, err  # quantized (not float), within the format's expected error
+    by_hand = _logits(_by_hand_bnb(float_model, make_config()))
+    assert torch.equal(out, by_hand)
+
+
+def test_bnb_8bit_defaults_run_in_float16(saved):
+    float_model, folder = saved["llama"]
+    model = load_and_quantize_model(
+        _empty("llama"), BnbQuantizationConfig(load_in_8bit=True), weights_location=folder
+    )
+    assert model.model.norm.weight.dtype == torch.float16  # torch_dtype defaults to float16 for 8-bit
+    assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.int8
+    assert model.is_loaded_in_8bit and not model.is_loaded_in_4bit
+    assert _relative_error(_logits(model), _logits(float_model)) < 0.05
+
+
+def test_quantizes_a_loaded_model_from_its_own_weights(saved):
+    float_model, _ = saved["gpt2"]
+    config = BNB_CONFIGS["nf4"][0]()
+    model = load_and_quantize_model(copy.deepcopy(float_model), config).eval()
+    assert torch.equal(_logits(model), _logits(_by_hand_bnb(float_model, config)))
+
+
+def test_keep_in_fp32_and_skip_modules(saved):
+    _, folder = saved["llama"]
+    config = BnbQuantizationConfig(
+        load_in_8bit=True, skip_modules=["lm_head", "mlp"], keep_in_fp32_modules=["norm"]
+    )
+    model = load_and_quantize_model(_empty("llama"), config, weights_location=folder)
+    block = model.model.layers[0]
+    assert type(block.mlp.up_proj) is nn.Linear and block.mlp.up_proj.weight.dtype == torch.float16
+    assert type(block.self_attn.q_proj) is bnb.nn.Linear8bitLt
+    assert model.model.norm.weight.dtype == F32 and block.input_layernorm.weight.dtype == torch.float16
+
+
+# -- torchao ------------------------------------------------------------------------------------------
+def test_torchao_int8_equals_torchao_by_hand(saved):
+    torchao_quant = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    float_model, folder = saved["llama"]
+    model = load_and_quantize_model(
+        _empty("llama"), TorchAoQuantizationConfig("int8"), weights_location=folder
+    ).eval()
+    assert type(model.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
+    by_hand = copy.deepcopy(float_model)
+    torchao_quant.quantize_(by_hand, torchao_quant.Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: (
+        isinstance(m, nn.Linear) and fqn != "lm_head"))  # fmt: skip
+    out, ref = _logits(model), _logits(float_model)
+    assert 0 < _relative_error(out, ref) < 0.03
+    assert torch.equal(out, _logits(by_hand))
+
+
+def test_torchao_int8_gpt2_conv1d(saved):
+    torchao_quant = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    float_model, folder = saved["gpt2"]
+    model = load_and_quantize_model(
+        _empty("gpt2"), TorchAoQuantizationConfig("int8"), weights_location=folder
+    ).eval()
+    by_hand = copy.deepcopy(float_model)  # Conv1D -> Linear with the transposed weight, then torchao
+    for name, module in list(by_hand.named_modules()):
+        if type(module).__name__ == "Conv1D":
+            linear = nn.Linear(module.weight.shape[0], module.weight.shape[1])
+            linear.weight = nn.Parameter(module.weight.data.t().contiguous())
+            linear.bias = nn.Parameter(module.bias.data.clone())
+            parent, _, child = name.rpartition(".")
+            setattr(by_hand.get_submodule(parent), child, linear)
+    torchao_quant.quantize_(by_hand, torchao_quant.Int8WeightOnlyConfig(),
+                            filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")  # fmt: skip
+    out = _logits(model)
+    assert 0 < _relative_error(out, _logits(float_model)) < 0.03
+    assert torch.equal(out, _logits(by_hand))
+
+
+# -- the planner counts quantized sizes -----------------------------------------------------------------
+def _stored_bytes(model):
+    total = 0
+    for m in model.modules():
+        for p in list(m._parameters.values()) + list(m._buffers.values()):
+            if p is None:
+                continue
+            if hasattr(p, "qdata"):  # torchao: int8 data plus scales
+                total += sum(getattr(p, k).numel() * getattr(p, k).element_size() for k in ("qdata", "scale"))
+                continue
+            total += p.numel() * p.element_size()
+            for extra in ("SCB",):
+                if getattr(p, extra, None) is not None:
+                    total += getattr(p, extra).numel() * getattr(p, extra).element_size()
+            state = getattr(p, "quant_state", None)
+            if state is not None:
+                total += sum(t.numel() * t.element_size() for t in (state.absmax, state.code))
+    return total
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4", "torchao-int8"])
+def test_quantized_size_estimate_matches_what_is_stored(saved, kind):
+    _, folder = saved["llama"]
+    config = TorchAoQuantizationConfig("int8") if kind == "torchao-int8" else BNB_CONFIGS[kind][0]()
+    empty = _empty("llama")
+    marked = mark_quantized_sizes(empty, config)
+    try:
+        planned = compute_module_sizes(empty, dtype=F32)[""]
+    finally:
+        unmark_quantized_sizes(marked)
+    assert compute_module_sizes(empty, dtype=F32)[""] > planned * 1.5  # float vs quantized
+    stored = _stored_bytes(load_and_quantize_model(empty, config, weights_location=folder))
+    assert abs(planned - stored) <= 0.01 * stored, (planned, stored)
+
+
+def test_weight_bytes_formula():
+    assert (
+        quantized_weight_bytes(4096, 4096, BnbQuantizationConfig(load_in_8bit=True)) == 4096 * 4096 + 4 * 4096
+    )
+    nf4 = quantized_weight_bytes(4096, 4096, BnbQuantizationConfig(load_in_4bit=True))
+    assert 4096 * 4096 // 2 < nf4 < 4096 * 4096 * 0.6
+
+
+@pytest.mark.parametrize("config", [BnbQuantizationConfig(load_in_8bit=True), BnbQuantizationConfig(load_in_4bit=True)],
+                         ids=["int8", "fp4"])  # fmt: skip
+def test_auto_device_map_fits_a_budget_only_the_quantized_model_fits(saved, config):
+    float_model, folder = saved["llama"]
+    empty = _empty("llama")
+    marked = mark_quantized_sizes(empty, config)
+    try:
+        quantized = compute_module_sizes(empty, dtype=config.torch_dtype)[""]
+    finally:
+        unmark_quantized_sizes(marked)
+    budget = {"cpu": int(quantized * 1.1), "disk": 10**12}
+    # the same budget in float spills onto the disk ...
+    float_map = infer_auto_device_map(
+        _empty("llama"), budget, ["LlamaDecoderLayer"], dtype=config.torch_dtype
+    )
+    assert "disk" in float_map.values()
+    # ... and quantized it all lands on the CPU
+    model = load_and_quantize_model(
+        empty, config, weights_location=folder, device_map="auto", max_memory=budget
+    )
+    assert model.hf_device_map == {"": "cpu"}
+    assert _relative_error(_logits(model), _logits(float_model)) < 0.35
+
+
+def test_a_budget_too_small_even_quantized_says_so(saved):
+    _, folder = saved["llama"]
+    empty = _empty("llama")
+    with pytest.raises(QuantizationError, match="offloading quantized weights to disk is not built yet"):
+        load_and_quantize_model(empty, BnbQuantizationConfig(load_in_8bit=True), weights_location=folder,
+                                device_map="auto", max_memory={"cpu": 100_000, "disk": 10**12})  # fmt: skip
+    assert all(p.device.type == "meta" for p in empty.parameters())
+    assert not any(hasattr(p, "accel_nb_quantized_bytes") for p in empty.parameters())
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({}, "exactly one of load_in_8bit=True or load_in_4bit=True"),
+        ({"load_in_8bit": True, "load_in_4bit": True}, "exactly one of"),
+        (
+            {"load_in_4bit": True, "bnb_4bit_quant_type": "nf3"},
+            "bnb_4bit_quant_type must be 'nf4' or 'fp4', got 'nf3'",
+        ),
+        ({"load_in_4bit": True, "bnb_4bit_compute_dtype": "int8"}, "bnb_4bit_compute_dtype must be"),
+        ({"load_in_8bit": 1}, "load_in_8bit must be True or False"),
+        ({"load_in_8bit": True, "skip_modules": "lm_head"}, "skip_modules must be a list"),
+    ],
+)
+def test_config_errors(kwargs, words):
+    with pytest.raises(QuantizationError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        BnbQuantizationConfig(**kwargs)
+
+
+def test_config_meanings():
+    c = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_compute_dtype="bf16")
+    assert (
+        c.torch_dtype == torch.bfloat16
+        and c.bnb_4bit_compute_dtype == torch.bfloat16
+        and c.target_dtype == "int4"
+    )
+    c = BnbQuantizationConfig(load_in_8bit=True)
+    assert c.torch_dtype == torch.float16 and c.target_dtype == torch.int8 and c.llm_int8_threshold == 6.0
+    assert BnbQuantizationConfig(load_in_4bit=True).bnb_4bit_quant_type == "fp4"
+    with pytest.raises(QuantizationError, match="int4 weight-only runs in bfloat16 only"):
+        TorchAoQuantizationConfig("int4", torch_dtype=F32)
+
+
+def test_no_linear_layers(tmp_path):
+    from safetensors.torch import save_file
+
+    class Table(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.norm = nn.LayerNorm(4)
+
+    save_file(Table().state_dict(), str(tmp_path / "model.safetensors"))
+    with init_empty_weights():
+        model = Table()
+    with pytest.raises(QuantizationError, match="Table has no linear layers to quantize"):
+        load_and_quantize_model(
+            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path)
+        )
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def _state(model):
+    return [(n, type(m).__name__, [(k, p.device.type, p.dtype) for k, p in m._parameters.items() if p is not None])
+            for n, m in model.named_modules()]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def int8_checkpoint(saved, tmp_path_factory):
+    """The llama model quantized to 8-bit by hand and saved as bitsandbytes serializes it (weight, SCB, weight_format)."""
+    from safetensors.torch import save_file
+
+    model = _by_hand_bnb(saved["llama"][0], BnbQuantizationConfig(load_in_8bit=True))
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    folder = tmp_path_factory.mktemp("int8ckpt")
+    save_file({k: v.clone() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    assert any(k.endswith(".SCB") for k in sd)
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        (
+            BnbQuantizationConfig(load_in_4bit=True),
+            r"already quantized with other settings \(bnb-int8.*\(bnb-fp4\)",
+        ),
+        (BnbQuantizationConfig(load_in_8bit=True), r"is already quantized \(bnb-int8"),
+    ],
+    ids=["other-settings", "same-settings"],
+)
+def test_prequantized_checkpoint(int8_checkpoint, config, words):
+    model = _empty("llama")
+    before = _state(model)
+    with pytest.raises(QuantizationError, match=words):
+        load_and_quantize_model(model, config, weights_location=int8_checkpoint)
+    assert _state(model) == before
+
+
+def test_missing_tensor_and_wrong_shape(saved, tmp_path):
+    from safetensors.torch import save_file
+
+    float_model, _ = saved["llama"]
+    sd = {
+        k: v.clone() for k, v in float_model.state_dict().items() if k != "model.layers.1.mlp.up_proj.weight"
+    }
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    model = _empty("llama")
+    before = _state(model)
+    with pytest.raises(QuantizationError, match="lacks 1 tensor.*model.layers.1.mlp.up_proj.weight"):
+        load_and_quantize_model(
+            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path)
+        )
+    assert _state(model) == before
+    sd["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    with pytest.raises(QuantizationError, match="shape mismatch.*up_proj.weight"):
+        load_and_quantize_model(
+            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path)
+        )
+    assert _state(model) == before
+
+
+def test_a_failure_while_reading_leaves_the_model_as_it_was(saved):
+    """A real model quantized from its own weights; torchao fails on a layer part-way (int4 without its kernel)."""
+    float_model, _ = saved["llama"]
+    model = copy.deepcopy(float_model).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    types = _state(model)
+    try:
+        load_and_quantize_model(model, TorchAoQuantizationConfig("int4"))
+    except QuantizationError as exc:
+        assert "torchao could not quantize" in str(exc) and "Nothing was loaded" in str(exc)
+    else:
+        pytest.skip("torchao int4 runs on this CPU (its kernel package is installed); no failure to provoke")
+    assert _state(model) == types
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_already_quantized_model_is_refused(saved):
+    _, folder = saved["llama"]
+    model = load_and_quantize_model(
+        _empty("llama"), BnbQuantizationConfig(load_in_8bit=True), weights_location=folder
+    )
+    with pytest.raises(QuantizationError, match="already quantized; build a fresh model"):
+        load_and_quantize_model(model, BnbQuantizationConfig(load_in_4bit=True), weights_location=folder)
+
+
+def test_meta_model_without_weights_location():
+    with pytest.raises(QuantizationError, match="has empty \\(meta\\) weights and no weights_location"):
+        load_and_quantize_model(_empty("llama"), BnbQuantizationConfig(load_in_8bit=True))
+
+
+def test_missing_library_names_the_extra(tmp_path):
+    """A fresh interpreter in which bitsandbytes cannot be imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['bitsandbytes'] = None\n"
+        "from torch import nn\n"
+        "from accel_nb.big_model.quantization import BnbQuantizationConfig, load_and_quantize_model\n"
+        "m = nn.Sequential(nn.Linear(4, 4))\n"
+        "try:\n"
+        "    load_and_quantize_model(m, BnbQuantizationConfig(load_in_8bit=True))\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+        "print(type(m[0]).__name__)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert res.returncode == 0, res.stderr
+    assert "QuantizationError bitsandbytes is needed" in res.stdout
+    assert 'pip install "accel_nb[quantization]"' in res.stdout
+    assert res.stdout.strip().endswith("Linear")
