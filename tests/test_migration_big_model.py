@@ -154,3 +154,33 @@ def test_infer_auto_device_map_takes_the_reference_keywords():
         infer_auto_device_map(model, budget, fallback_allocation=True)
     with pytest.raises(ValueError, match="drop the argument"):
         infer_auto_device_map(model, budget, clean_result=False)
+
+
+_EXISTING = torch.ones(3)
+
+
+class BuildsTensors(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("pos", torch.arange(4))
+        self.from_existing = nn.Parameter(_EXISTING)
+        self.made = nn.Parameter(torch.randn(2))
+        self.constant = torch.randn(2)
+
+
+@pytest.mark.parametrize("include_buffers", [False, True])
+def test_init_empty_weights_places_tensors_like_the_reference(include_buffers):
+    import accelerate
+
+    import accel_nb
+
+    placed = []
+    for library in (accel_nb, accelerate):
+        with library.init_empty_weights(include_buffers=include_buffers):
+            model = BuildsTensors()
+        placed.append(
+            ({k: v.device.type for k, v in model.state_dict().items()}, model.constant.device.type, type(model.made))
+        )
+    assert placed[0] == placed[1]
+    assert placed[0][0]["lin.weight"] == "meta" and placed[0][0]["pos"] == ("meta" if include_buffers else "cpu")

@@ -7,7 +7,6 @@ with init_empty_weights():
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 from collections.abc import Iterator
 
@@ -24,16 +23,20 @@ def init_on_device(device: torch.device | str, include_buffers: bool = True) -> 
     with init_on_device("meta"):
         layer = torch.nn.Linear(8192, 8192)   # layer.weight.device == meta
 
-    With ``include_buffers`` the tensor factories ``torch.empty/zeros/ones/full`` also default to
-    ``device`` (a model's constants built in ``__init__`` cost no memory either); an explicit
-    ``device=`` other than None is kept.
+    With ``include_buffers`` every tensor made inside the block without an explicit ``device=``
+    is made on ``device`` (torch's device context, as in the reference): buffers and constants
+    built in ``__init__`` cost no memory either, while a parameter wrapped around a tensor made
+    before the block stays where that tensor is.
     """
     device = torch.device(device)
+    if include_buffers:
+        with device:
+            yield
+        return
     with _LOCK:
         # the functions seen on entry are the ones restored on exit, so nested contexts unwind
         # exactly in reverse order and leave nn.Module as it was found
         old_register_parameter = nn.Module.register_parameter
-        old_register_buffer = nn.Module.register_buffer
 
         def register_parameter(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
             old_register_parameter(module, name, param)
@@ -44,42 +47,12 @@ def init_on_device(device: torch.device | str, include_buffers: bool = True) -> 
                 new.__dict__.update(kwargs)
                 module._parameters[name] = new
 
-        def register_buffer(
-            module: nn.Module, name: str, tensor: torch.Tensor | None, persistent: bool = True
-        ) -> None:
-            old_register_buffer(module, name, tensor, persistent=persistent)
-            if tensor is not None and module._buffers.get(name) is not None:
-                module._buffers[name] = module._buffers[name].to(device)
-
-        old_factories = {name: getattr(torch, name) for name in _FACTORIES}
         nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
-        if include_buffers:
-            nn.Module.register_buffer = register_buffer  # type: ignore[method-assign]
-            for name, factory in old_factories.items():
-                setattr(torch, name, _on_device(factory, device))
     try:
         yield
     finally:
         with _LOCK:
             nn.Module.register_parameter = old_register_parameter  # type: ignore[method-assign]
-            nn.Module.register_buffer = old_register_buffer  # type: ignore[method-assign]
-            for name, factory in old_factories.items():
-                setattr(torch, name, factory)
-
-
-_FACTORIES = ("empty", "zeros", "ones", "full")
-
-
-def _on_device(factory, device: torch.device):
-    """``factory`` with ``device`` as the default device (``device=None``, as nn.Linear passes, too)."""
-
-    @functools.wraps(factory)
-    def make(*args, **kwargs):
-        if kwargs.get("device") is None:
-            kwargs["device"] = device
-        return factory(*args, **kwargs)
-
-    return make
 
 
 @contextlib.contextmanager
