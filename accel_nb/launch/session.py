@@ -438,10 +438,10 @@ def _stuck_sentence(outcome: CellOutcome) -> str:
     stuck = outcome.stuck or sorted(outcome.stuck_stacks)
     if not stuck:
         return "a rank did not stop at the interrupt and the group was closed under it"
-    parts = []
-    for rank in stuck:
-        collective = collective_of(outcome.stuck_stacks.get(rank, ""))
-        parts.append(f"rank {rank}" + (f" (in {collective})" if collective else ""))
+    collectives = {r: collective_of(outcome.stuck_stacks.get(r, "")) for r in stuck}
+    if any(collectives.values()):  # the ones blocked in a collective; a rank merely slow to answer is not named
+        stuck = [r for r in stuck if collectives[r]]
+    parts = [f"rank {r}" + (f" (in {collectives[r]})" if collectives[r] else "") for r in stuck]
     verb = "was" if len(stuck) == 1 else "were"
     return f"{' and '.join(parts)} did not stop at the interrupt and {verb} freed by closing the process group"
 

@@ -31,7 +31,7 @@ from .worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
 STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every rank runs the payload
 FAILURE_GRACE_S = 0.5  # after a first failure, let the others report their own errors this long
 TERM_GRACE_S = 2.0  # SIGTERM -> SIGKILL
-STACKS_WAIT_S = 1.0  # how long the watchdog waits for faulthandler to write the stacks
+STACKS_WAIT_S = 3.0  # how long the watchdog waits at most for faulthandler to write the stacks (a loaded machine)
 
 # gloo / NCCL / TCPStore words for "the other side went away": a rank failing with these after a
 # peer died was stopped by that death, it did not fail on its own
