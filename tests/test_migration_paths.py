@@ -30,7 +30,8 @@ _INTERNAL = "internal to the reference's implementation; code written for it doe
 LEFT_OUT: dict[str, str] = {
     "ao": _FP8,
     "transformer_engine": _FP8,
-    "bnb": _Q,
+    **{f"bnb.{n}": _Q for n in ["get_quantized_model_device_map", "replace_with_bnb_layers",
+                                "quantize_and_offload_8bit"]},
     "deepspeed": _DS,
     "megatron_lm": _MEGATRON,
     "fsdp_utils": "not yet: accel_nb's FSDP saves and loads through Accelerator.save_state / load_state (accel_nb.fsdp)",
@@ -57,7 +58,6 @@ LEFT_OUT: dict[str, str] = {
     **{f"dataclasses.{n}": _MEGATRON for n in ["MegatronLMPlugin", "add_model_config_to_megatron_parser",
                                                "parse_bert_config", "parse_gpt2_config", "parse_t5_config",
                                                "parse_llama_config", "parse_glm4_moe_config"]},
-    "dataclasses.BnbQuantizationConfig": _Q,
     "dataclasses.CustomDtype": _Q,
     "dataclasses.SageMakerDistributedType": "SageMaker launching is not supported by accel_nb",
     "dataclasses.ComputeEnvironment": "SageMaker launching is not supported; accel_nb's config has no compute environment",

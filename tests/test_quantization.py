@@ -33,6 +33,7 @@ from accel_nb.big_model.quantization import (  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*MatMul8bitLt.*")
 F32 = torch.float32
+CPU = {"": "cpu"}  # the comparisons by hand run on the CPU, also on a machine with a GPU
 TOKENS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
 
 
@@ -128,7 +129,9 @@ def _relative_error(out, ref):
 def test_bnb_load_equals_bitsandbytes_by_hand_and_is_close_to_float(saved, arch, kind):
     float_model, folder = saved[arch]
     make_config, tolerance = BNB_CONFIGS[kind]
-    model = load_and_quantize_model(_empty(arch), make_config(), weights_location=folder).eval()
+    model = load_and_quantize_model(
+        _empty(arch), make_config(), weights_location=folder, device_map=CPU
+    ).eval()
     layer_type = bnb.nn.Linear8bitLt if kind == "int8" else bnb.nn.Linear4bit
     quantized = [n for n, m in model.named_modules() if isinstance(m, layer_type)]
     assert (
@@ -148,7 +151,7 @@ def test_bnb_load_equals_bitsandbytes_by_hand_and_is_close_to_float(saved, arch,
 def test_bnb_8bit_defaults_run_in_float16(saved):
     float_model, folder = saved["llama"]
     model = load_and_quantize_model(
-        _empty("llama"), BnbQuantizationConfig(load_in_8bit=True), weights_location=folder
+        _empty("llama"), BnbQuantizationConfig(load_in_8bit=True), weights_location=folder, device_map=CPU
     )
     assert model.model.norm.weight.dtype == torch.float16  # torch_dtype defaults to float16 for 8-bit
     assert model.model.layers[0].mlp.up_proj.weight.dtype == torch.int8
@@ -159,7 +162,7 @@ def test_bnb_8bit_defaults_run_in_float16(saved):
 def test_quantizes_a_loaded_model_from_its_own_weights(saved):
     float_model, _ = saved["gpt2"]
     config = BNB_CONFIGS["nf4"][0]()
-    model = load_and_quantize_model(copy.deepcopy(float_model), config).eval()
+    model = load_and_quantize_model(copy.deepcopy(float_model), config, device_map=CPU).eval()
     assert torch.equal(_logits(model), _logits(_by_hand_bnb(float_model, config)))
 
 
@@ -168,7 +171,7 @@ def test_keep_in_fp32_and_skip_modules(saved):
     config = BnbQuantizationConfig(
         load_in_8bit=True, skip_modules=["lm_head", "mlp"], keep_in_fp32_modules=["norm"]
     )
-    model = load_and_quantize_model(_empty("llama"), config, weights_location=folder)
+    model = load_and_quantize_model(_empty("llama"), config, weights_location=folder, device_map=CPU)
     block = model.model.layers[0]
     assert type(block.mlp.up_proj) is nn.Linear and block.mlp.up_proj.weight.dtype == torch.float16
     assert type(block.self_attn.q_proj) is bnb.nn.Linear8bitLt
@@ -180,7 +183,7 @@ def test_torchao_int8_equals_torchao_by_hand(saved):
     torchao_quant = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
     float_model, folder = saved["llama"]
     model = load_and_quantize_model(
-        _empty("llama"), TorchAoQuantizationConfig("int8"), weights_location=folder
+        _empty("llama"), TorchAoQuantizationConfig("int8"), weights_location=folder, device_map=CPU
     ).eval()
     assert type(model.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
     by_hand = copy.deepcopy(float_model)
@@ -195,7 +198,7 @@ def test_torchao_int8_gpt2_conv1d(saved):
     torchao_quant = pytest.importorskip("torchao.quantization", reason="torchao is not installed")
     float_model, folder = saved["gpt2"]
     model = load_and_quantize_model(
-        _empty("gpt2"), TorchAoQuantizationConfig("int8"), weights_location=folder
+        _empty("gpt2"), TorchAoQuantizationConfig("int8"), weights_location=folder, device_map=CPU
     ).eval()
     by_hand = copy.deepcopy(float_model)  # Conv1D -> Linear with the transposed weight, then torchao
     for name, module in list(by_hand.named_modules()):
@@ -243,7 +246,7 @@ def test_quantized_size_estimate_matches_what_is_stored(saved, kind):
     finally:
         unmark_quantized_sizes(marked)
     assert compute_module_sizes(empty, dtype=F32)[""] > planned * 1.5  # float vs quantized
-    stored = _stored_bytes(load_and_quantize_model(empty, config, weights_location=folder))
+    stored = _stored_bytes(load_and_quantize_model(empty, config, weights_location=folder, device_map=CPU))
     assert abs(planned - stored) <= 0.01 * stored, (planned, stored)
 
 
@@ -337,7 +340,7 @@ def test_no_linear_layers(tmp_path):
         model = Table()
     with pytest.raises(QuantizationError, match="Table has no linear layers to quantize"):
         load_and_quantize_model(
-            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path)
+            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path), device_map=CPU
         )
     assert all(p.device.type == "meta" for p in model.parameters())
 
@@ -375,7 +378,7 @@ def test_prequantized_checkpoint(int8_checkpoint, config, words):
     model = _empty("llama")
     before = _state(model)
     with pytest.raises(QuantizationError, match=words):
-        load_and_quantize_model(model, config, weights_location=int8_checkpoint)
+        load_and_quantize_model(model, config, weights_location=int8_checkpoint, device_map=CPU)
     assert _state(model) == before
 
 
@@ -391,14 +394,14 @@ def test_missing_tensor_and_wrong_shape(saved, tmp_path):
     before = _state(model)
     with pytest.raises(QuantizationError, match="lacks 1 tensor.*model.layers.1.mlp.up_proj.weight"):
         load_and_quantize_model(
-            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path)
+            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path), device_map=CPU
         )
     assert _state(model) == before
     sd["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 3)
     save_file(sd, str(tmp_path / "model.safetensors"))
     with pytest.raises(QuantizationError, match="shape mismatch.*up_proj.weight"):
         load_and_quantize_model(
-            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path)
+            model, BnbQuantizationConfig(load_in_8bit=True), weights_location=str(tmp_path), device_map=CPU
         )
     assert _state(model) == before
 
@@ -410,7 +413,7 @@ def test_a_failure_while_reading_leaves_the_model_as_it_was(saved):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     types = _state(model)
     try:
-        load_and_quantize_model(model, TorchAoQuantizationConfig("int4"))
+        load_and_quantize_model(model, TorchAoQuantizationConfig("int4"), device_map=CPU)
     except QuantizationError as exc:
         assert "torchao could not quantize" in str(exc) and "Nothing was loaded" in str(exc)
     else:
@@ -422,15 +425,17 @@ def test_a_failure_while_reading_leaves_the_model_as_it_was(saved):
 def test_already_quantized_model_is_refused(saved):
     _, folder = saved["llama"]
     model = load_and_quantize_model(
-        _empty("llama"), BnbQuantizationConfig(load_in_8bit=True), weights_location=folder
+        _empty("llama"), BnbQuantizationConfig(load_in_8bit=True), weights_location=folder, device_map=CPU
     )
     with pytest.raises(QuantizationError, match="already quantized; build a fresh model"):
-        load_and_quantize_model(model, BnbQuantizationConfig(load_in_4bit=True), weights_location=folder)
+        load_and_quantize_model(
+            model, BnbQuantizationConfig(load_in_4bit=True), weights_location=folder, device_map=CPU
+        )
 
 
 def test_meta_model_without_weights_location():
     with pytest.raises(QuantizationError, match="has empty \\(meta\\) weights and no weights_location"):
-        load_and_quantize_model(_empty("llama"), BnbQuantizationConfig(load_in_8bit=True))
+        load_and_quantize_model(_empty("llama"), BnbQuantizationConfig(load_in_8bit=True), device_map=CPU)
 
 
 def test_missing_library_names_the_extra(tmp_path):
@@ -444,7 +449,7 @@ def test_missing_library_names_the_extra(tmp_path):
         "from accel_nb.big_model.quantization import BnbQuantizationConfig, load_and_quantize_model\n"
         "m = nn.Sequential(nn.Linear(4, 4))\n"
         "try:\n"
-        "    load_and_quantize_model(m, BnbQuantizationConfig(load_in_8bit=True))\n"
+        "    load_and_quantize_model(m, BnbQuantizationConfig(load_in_8bit=True), device_map={'': 'cpu'})\n"
         "except Exception as exc:\n"
         "    print(type(exc).__name__, exc)\n"
         "print(type(m[0]).__name__)\n"
@@ -455,3 +460,20 @@ def test_missing_library_names_the_extra(tmp_path):
     assert "QuantizationError bitsandbytes is needed" in res.stdout
     assert 'pip install "accel_nb[quantization]"' in res.stdout
     assert res.stdout.strip().endswith("Linear")
+
+
+def test_the_reference_import_paths():
+    import accel_nb.utils as utils
+    from accel_nb.big_model import quantization
+    from accel_nb.utils import bnb as utils_bnb
+    from accel_nb.utils import dataclasses as utils_dataclasses
+
+    assert (
+        utils.load_and_quantize_model
+        is utils_bnb.load_and_quantize_model
+        is quantization.load_and_quantize_model
+    )
+    assert utils.BnbQuantizationConfig is utils_dataclasses.BnbQuantizationConfig is BnbQuantizationConfig
+    assert utils_bnb.get_keys_to_not_convert(_empty("gpt2")) == ["transformer.wte", "lm_head"]
+    model = _empty("llama")
+    assert not utils_bnb.has_4bit_bnb_layers(model) and utils_bnb.get_parameter_device(model).type == "meta"

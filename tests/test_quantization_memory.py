@@ -39,7 +39,7 @@ quant = (BnbQuantizationConfig(load_in_8bit=True) if kind == "int8"
          else BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"))
 # bitsandbytes' one-time setup (its CPU kernels, code books: ~40 MiB the first time any layer is
 # quantized) is not the loader's memory: quantize one small layer first
-load_and_quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), quant)
+load_and_quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)), quant, device_map={'': 'cpu'})
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -50,7 +50,7 @@ with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak RSS (VmHWM) to the current RSS
 base = status("VmRSS")
 assert status("VmHWM") <= base + (1 << 20), "the peak RSS could not be reset"
-load_and_quantize_model(model, quant, weights_location=ckpt)
+load_and_quantize_model(model, quant, weights_location=ckpt, device_map={'': 'cpu'})
 peak = status("VmHWM")
 
 def stored(p):

@@ -31,6 +31,7 @@ _EXPORTS = {
     **dict.fromkeys(["ProjectConfiguration"], "accel_nb.checkpoint"),
     **dict.fromkeys(["FullyShardedDataParallelPlugin"], "accel_nb.fsdp"),
     **dict.fromkeys(["TensorInformation"], "accel_nb.nested"),
+    **dict.fromkeys(["BnbQuantizationConfig"], "accel_nb.big_model.quantization.config"),
     "get_module_class_from_name": "accel_nb.modeling_helpers",
 }
 

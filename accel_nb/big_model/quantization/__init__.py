@@ -8,7 +8,7 @@ only when a quantized load runs.
 """
 
 from .config import BnbQuantizationConfig, QuantizationError, TorchAoQuantizationConfig
-from .layers import default_skip_modules as get_keys_to_not_convert
+from .layers import get_keys_to_not_convert, get_parameter_device, has_4bit_bnb_layers
 from .loader import load_and_quantize_model
 from .sizes import mark_quantized_sizes, quantized_weight_bytes, unmark_quantized_sizes
 
@@ -17,6 +17,8 @@ __all__ = [
     "QuantizationError",
     "TorchAoQuantizationConfig",
     "get_keys_to_not_convert",
+    "get_parameter_device",
+    "has_4bit_bnb_layers",
     "load_and_quantize_model",
     "mark_quantized_sizes",
     "quantized_weight_bytes",

@@ -171,3 +171,25 @@ def quantize_torchao(layer: nn.Module, weight: torch.Tensor, config: TorchAoQuan
             f"torchao could not quantize a {tuple(weight.shape)} weight to {config.weight} on {weight.device}: "
             f"{type(exc).__name__}: {exc}. Nothing was loaded"
         ) from None
+
+
+def has_4bit_bnb_layers(model: nn.Module) -> bool:
+    """True when ``model`` holds bitsandbytes 4-bit layers (``Linear4bit``).
+
+    has_4bit_bnb_layers(load_and_quantize_model(model, BnbQuantizationConfig(load_in_4bit=True), ...))  # True
+    """
+    return any(
+        type(m).__name__ == "Linear4bit" or type(m).__name__ in ("LinearNF4", "LinearFP4")
+        for m in model.modules()
+    )
+
+
+def get_parameter_device(module: nn.Module) -> torch.device:
+    """The device of ``module``'s first parameter.
+
+    get_parameter_device(model)   # device(type='cpu')
+    """
+    return next(module.parameters()).device
+
+
+get_keys_to_not_convert = default_skip_modules  # the reference's name
