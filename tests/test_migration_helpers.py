@@ -555,3 +555,19 @@ def test_tqdm_and_offload_readers_match_the_reference(tmp_path):
         out = fn(layer, "block.weight", state)
         assert out is state and state["other"] == 1
         assert _same({k: state[k] for k in expected}, expected)
+
+
+def test_check_tied_parameters_in_config_matches_the_reference():
+    transformers = pytest.importorskip("transformers")
+
+    import accel_nb.utils.modeling as our_m
+
+    config = dict(vocab_size=32, n_positions=16, n_embd=8, n_layer=1, n_head=2)
+    models = [
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(**config)),
+        transformers.GPT2LMHeadModel(transformers.GPT2Config(**config, tie_word_embeddings=False)),
+        transformers.GPT2Model(transformers.GPT2Config(**config)),
+        Tiny(),
+    ]
+    for model in models:
+        assert our_m.check_tied_parameters_in_config(model) == ref_modeling.check_tied_parameters_in_config(model)

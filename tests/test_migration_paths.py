@@ -78,9 +78,6 @@ LEFT_OUT: dict[str, str] = {
     **{f"imports.{n}": _DEVICES for n in ["is_xccl_available", "is_mlu_available", "is_musa_available",
                                           "is_npu_available", "is_sdaa_available", "is_hpu_available",
                                           "is_habana_gaudi1", "is_neuron_available"]},
-    **{f"modeling.{n}": "not yet" for n in [
-        "check_tied_parameters_in_config",
-    ]},
     "modeling.fallback_allocate": _INTERNAL,
     "modeling.get_mixed_precision_context_manager": "accel_nb applies autocast inside the prepared model (accel_nb.precision)",
     "modeling.get_grad_scaler": "accel_nb builds its scaler from GradScalerKwargs (accel_nb.precision)",

@@ -27,6 +27,7 @@ _EXPORTS = {
             "get_state_dict_from_offload",
             "load_offloaded_weights",
             "check_device_same",
+            "check_tied_parameters_in_config",
             "check_tied_parameters_on_same_device",
             "clean_device_map",
             "compute_module_total_buffer_size",
