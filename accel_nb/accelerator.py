@@ -71,6 +71,8 @@ class Accelerator(StateViews, AcceleratorExtras):
     ``compile=True`` or ``CompileOptions(...)`` (also the reference's ``dynamo_backend=`` /
     ``dynamo_plugin=``; default: the launch config's ``dynamo_config``) makes ``prepare`` compile
     each model with torch.compile, whole or its repeated blocks (docs/compile.md).
+    ``deepspeed_plugin=DeepSpeedPlugin(...)`` (default: the launch config's ``deepspeed_config``)
+    runs DeepSpeed ZeRO behind ``prepare``/``backward`` (docs/deepspeed.md).
     """
 
     def __init__(

@@ -221,6 +221,8 @@ class PartialState:
         else:
             self.backend = None  # one process: no group to form (a given backend was still checked)
             self.distributed_type = DistributedType.NO
+        if env_value("ACCEL_NB_DEEPSPEED_CONFIG") or env_flag("ACCELERATE_USE_DEEPSPEED"):
+            self.distributed_type = DistributedType.DEEPSPEED  # the launcher asked for DeepSpeed (accel_nb.deepspeed)
         self.fork_launched = os.environ.get("ACCEL_NB_FORKED") == "1"
         self.initialized = True
 

@@ -26,8 +26,9 @@ SCRIPT = textwrap.dedent(
     import json, os, sys
     import torch
     from torch.utils.data import DataLoader, TensorDataset
-    from accel_nb import Accelerator
+    from accel_nb import Accelerator, PartialState
 
+    partial = PartialState().distributed_type.value  # the launcher's request, before any Accelerator
     accelerator = Accelerator(gradient_accumulation_steps=2)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
@@ -46,7 +47,8 @@ SCRIPT = textwrap.dedent(
     out = {"distributed_type": accelerator.distributed_type.value, "engine": type(model).__name__,
            "zero_stage": plugin.zero_stage, "clipping": accelerator.deepspeed_config.get("gradient_clipping"),
            "accumulation": accelerator.deepspeed_config["gradient_accumulation_steps"],
-           "train_batch_size": accelerator.deepspeed_config["train_batch_size"], "losses": losses}
+           "train_batch_size": accelerator.deepspeed_config["train_batch_size"], "losses": losses,
+           "partial": partial}
     with open(os.path.join(sys.argv[1], f"rank{accelerator.process_index}.json"), "w") as f:
         json.dump(out, f)
     """
@@ -85,7 +87,7 @@ def test_a_deepspeed_launch_config_runs_a_script_with_zero3(tmp_path):
     out = _launch(tmp_path, "--config_file", str(config))
     assert out.returncode == 0, out.stdout + out.stderr
     for rank in _results(tmp_path):
-        assert rank["distributed_type"] == "DEEPSPEED" and rank["engine"] == "DeepSpeedEngine"
+        assert rank["distributed_type"] == rank["partial"] == "DEEPSPEED" and rank["engine"] == "DeepSpeedEngine"
         assert rank["zero_stage"] == 3 and rank["clipping"] == 0.5 and rank["accumulation"] == 2
         assert rank["train_batch_size"] == 4 * 2 * 2  # micro batch x accumulation x processes
         assert len(rank["losses"]) == 8  # 64 samples / 2 ranks / batch 4
