@@ -370,16 +370,60 @@ def int8_checkpoint(saved, tmp_path_factory):
             BnbQuantizationConfig(load_in_4bit=True),
             r"already quantized with other settings \(bnb-int8.*\(bnb-fp4\)",
         ),
-        (BnbQuantizationConfig(load_in_8bit=True), r"is already quantized \(bnb-int8"),
+        (
+            TorchAoQuantizationConfig("int8"),
+            r"already quantized with other settings \(bnb-int8.*\(torchao-int8\)",
+        ),
     ],
-    ids=["other-settings", "same-settings"],
+    ids=["bnb-4bit", "torchao"],
 )
-def test_prequantized_checkpoint(int8_checkpoint, config, words):
+def test_prequantized_checkpoint_with_other_settings(int8_checkpoint, config, words):
     model = _empty("llama")
     before = _state(model)
     with pytest.raises(QuantizationError, match=words):
         load_and_quantize_model(model, config, weights_location=int8_checkpoint, device_map=CPU)
     assert _state(model) == before
+
+
+ROUND_TRIP = {
+    "int8": lambda: BnbQuantizationConfig(load_in_8bit=True, torch_dtype=F32),
+    "nf4": lambda: BnbQuantizationConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=F32
+    ),
+    "fp4-double": lambda: BnbQuantizationConfig(
+        load_in_4bit=True, bnb_4bit_compute_dtype=F32, bnb_4bit_use_double_quant=True
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("kind", list(ROUND_TRIP))
+def test_save_and_load_back_without_requantizing(saved, arch, kind, tmp_path):
+    """The quantized state dict (as bitsandbytes/transformers serialize it) saved in shards loads back equal."""
+    from accel_nb.serialization import save_sharded_safetensors
+
+    _, folder = saved[arch]
+    model = load_and_quantize_model(
+        _empty(arch), ROUND_TRIP[kind](), weights_location=folder, device_map=CPU
+    ).eval()
+    out = _logits(model)
+    state = model.state_dict()
+    assert any(k.endswith(".SCB" if kind == "int8" else ".weight.absmax") for k in state)
+    save_sharded_safetensors(state, str(tmp_path), max_shard_size="100KB")
+    again = load_and_quantize_model(
+        _empty(arch), ROUND_TRIP[kind](), weights_location=str(tmp_path), device_map=CPU
+    )
+    assert torch.equal(_logits(again.eval()), out)
+    for name, tensor in again.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+    if kind == "fp4-double":  # the same file with double quantization switched off is refused
+        with pytest.raises(QuantizationError, match="bnb-fp4 with double quantization"):
+            load_and_quantize_model(
+                _empty(arch),
+                BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_compute_dtype=F32),
+                weights_location=str(tmp_path),
+                device_map=CPU,
+            )
 
 
 def test_missing_tensor_and_wrong_shape(saved, tmp_path):

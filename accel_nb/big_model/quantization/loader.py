@@ -4,9 +4,10 @@
         model = AutoModelForCausalLM.from_config(config)
     model = load_and_quantize_model(model, BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4"),
                                     weights_location="ckpt_dir", device_map="auto")
-Safetensors shards are read one at a time; each linear weight is quantized as soon as it is read
-and its float copy dropped, so host memory peaks near one shard plus the quantized model. Every
-check (settings, library, layers, names, shapes, an already-quantized checkpoint, the device map)
+Safetensors shards are memory-mapped one at a time; each linear weight is quantized straight
+from the mapped file (no float copy on the heap), so host memory peaks near one shard plus the
+quantized model. Every
+check (settings, library, layers, names, shapes, a checkpoint quantized otherwise, the device map)
 runs before any tensor is read, and the model is changed only once every shard has been read:
 an error leaves it exactly as it was.
 """
@@ -25,19 +26,12 @@ from torch import nn
 from ...serialization import CheckpointError, index_checkpoint, tensor_info
 from ..device_map import DeviceMapError, check_device_map, check_devices_exist, infer_auto_device_map
 from ..sizes import Device, get_balanced_memory, normalize_device, torch_device
+from . import prequantized
 from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError, TorchAoQuantizationConfig
 from .layers import QuantTarget, find_targets, keeps_fp32, make_shell, quantize_weight, require
 from .sizes import mark_quantized_sizes, special_dtypes_for, unmark_quantized_sizes
 
 QUANTIZATION_ATTR = "accel_nb_quantization"  # set on a model this loader quantized: its config
-
-# names bitsandbytes/transformers write next to a serialized quantized weight
-_PREQUANTIZED_SUFFIXES = {
-    ".SCB": "bnb-int8",
-    ".weight_format": "bnb-int8",
-    ".quant_state.bitsandbytes__nf4": "bnb-nf4",
-    ".quant_state.bitsandbytes__fp4": "bnb-fp4",
-}
 
 
 def _listing(names: list[str], limit: int = 6) -> str:
@@ -125,9 +119,9 @@ class _Source:
         alias = self.aliases.get(name)
         return alias if alias in self.dtype else None
 
-    def read(self, path: str, wanted: Mapping[str, list[_Tensor]]):
-        """Yield (saved name, tensor as saved) for the wanted tensors of one shard, on the CPU."""
-        names = [n for n in self.names_in[path] if n in wanted]
+    def read(self, path: str, wanted: Mapping[str, list[_Tensor]], extra: Mapping[str, Any]):
+        """Yield (saved name, tensor as saved) for the wanted (and ``extra``) tensors of one shard, on the CPU."""
+        names = [n for n in self.names_in[path] if n in wanted or n in extra]
         if self.in_memory:
             for name in names:
                 yield name, wanted[name][0].tensor.detach()
@@ -190,38 +184,18 @@ def _release_freed_memory() -> None:
 
 
 # -- checks, before anything is read ---------------------------------------------------------------------
-def _check_prequantized(source: _Source, config: QuantizationConfig, targets: list[QuantTarget]) -> None:
-    found = {}
-    for name in source.dtype:
-        for suffix, method in _PREQUANTIZED_SUFFIXES.items():
-            if name.endswith(suffix):
-                found.setdefault(method, name)
-    for t in targets:
-        saved = source.saved_name(f"{t.name}.weight")
-        if saved is not None and not source.dtype[saved].is_floating_point:
-            found.setdefault(f"an integer format ({source.dtype[saved]})", saved)
-    if not found:
-        return
-    method, example = next(iter(found.items()))
-    if method == config.method:
-        raise QuantizationError(
-            f"{source.where} is already quantized ({method}: e.g. {example!r}); load_and_quantize_model "
-            "quantizes float checkpoints and does not load pre-quantized ones yet. Load it with the library that "
-            "saved it (transformers' from_pretrained), or point weights_location at the float checkpoint. "
-            "Nothing was loaded"
-        )
-    raise QuantizationError(
-        f"{source.where} was saved already quantized with other settings ({method}: e.g. {example!r}) than this "
-        f"config asks for ({config.method}). Quantize from the float checkpoint instead, or use the settings it "
-        "was saved with. Nothing was loaded"
-    )
+def _match(
+    model: nn.Module, source: _Source, tensors: dict[str, _Tensor], saved_quantized: Mapping[str, Any]
+) -> dict[str, list[_Tensor]]:
+    """saved name -> the model tensors it fills; raise on missing tensors and on shape mismatches.
 
-
-def _match(model: nn.Module, source: _Source, tensors: dict[str, _Tensor]) -> dict[str, list[_Tensor]]:
-    """saved name -> the model tensors it fills; raise on missing tensors and on shape mismatches."""
+    Weights that come saved quantized (``saved_quantized``: their layers' tensors) are not matched here.
+    """
     wanted: dict[str, list[_Tensor]] = {}
     missing, wrong = [], []
     for entry in dict.fromkeys(tensors.values()):
+        if entry.names[0] in saved_quantized:
+            continue
         saved = next((s for s in map(source.saved_name, entry.names) if s is not None), None)
         if saved is None:
             missing.append(entry.names[0])
@@ -243,7 +217,7 @@ def _match(model: nn.Module, source: _Source, tensors: dict[str, _Tensor]) -> di
             f"shape mismatch between {source.where} and {cls}: {'; '.join(wrong[:4])}. Build the model with the "
             "config the checkpoint was saved with. Nothing was loaded"
         )
-    unexpected = [n for n in source.dtype if n not in wanted]
+    unexpected = [n for n in source.dtype if n not in wanted and n not in saved_quantized]
     if unexpected:
         warnings.warn(
             f"load_and_quantize_model: {source.where} has tensors {cls} does not use: {_listing(unexpected)}",
@@ -339,7 +313,8 @@ def load_and_quantize_model(
     or a :class:`TorchAoQuantizationConfig` (weight-only int8/int4). ``nn.Linear`` and GPT-2-style
     ``Conv1D`` layers are quantized, except the output head, tied weights, ``skip_modules`` (kept
     in ``torch_dtype``) and ``keep_in_fp32_modules``. Without ``weights_location`` a model with real
-    weights is quantized from its own weights. ``device_map`` is None (the GPU if there is one,
+    weights is quantized from its own weights; a checkpoint saved quantized by bitsandbytes in the
+    config's format (its state dict, as transformers writes it) loads as is. ``device_map`` is None (the GPU if there is one,
     else the CPU), ``"auto"``/``"balanced"``/``"sequential"`` (planned with the quantized sizes,
     within ``max_memory``) or a dict; for now the whole model must land on one device.
     Raises QuantizationError, with nothing changed, when anything does not fit.
@@ -367,8 +342,10 @@ def load_and_quantize_model(
     tensors = _model_tensors(model)
     _check_ties(targets, tensors)
     source = _Source(model, weights_location, tensors)
-    _check_prequantized(source, config, targets)
-    wanted = _match(model, source, tensors)
+    saved_quantized: dict[str, tuple[str, str]] = {}  # saved name -> (layer, key in the layer)
+    if prequantized.check(source.where, source.dtype, targets, source.saved_name, config):
+        saved_quantized = prequantized.layer_keys(source.where, source.dtype, targets, config)
+    wanted = _match(model, source, tensors, saved_quantized)
     device_map = _resolve_device_map(
         model, config, targets, fp32, device_map, max_memory, no_split_module_classes
     )
@@ -377,8 +354,13 @@ def load_and_quantize_model(
     by_weight = {f"{t.name}.weight": t for t in targets}
     shells = {t.name: make_shell(t, config) for t in targets}
     values: dict[int, torch.Tensor] = {}  # id(model tensor entry) -> its new value
+    parts: dict[str, dict[str, torch.Tensor]] = {}  # layer -> its saved quantized tensors
     for path in source.files:
-        for saved, tensor in source.read(path, wanted):
+        for saved, tensor in source.read(path, wanted, saved_quantized):
+            if saved in saved_quantized:
+                layer, key = saved_quantized[saved]
+                parts.setdefault(layer, {})[key] = tensor.clone()
+                continue
             for entry in wanted[saved]:
                 target = by_weight.get(entry.names[0])
                 if target is not None:
@@ -390,6 +372,9 @@ def load_and_quantize_model(
                     dtype = torch.float32 if keeps_fp32(entry.names[0], fp32) else config.torch_dtype
                 values[id(entry)] = tensor.to(device=device, dtype=dtype, copy=not source.in_memory)
             del tensor
+
+    for layer, saved_parts in parts.items():
+        prequantized.fill_layer(shells[layer], saved_parts, config, device)
 
     # every shard was read: change the model, all at once
     layer_of = {id(t.module): t.name for t in targets}
