@@ -21,7 +21,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "tests", "scripts")
 
-pytestmark = pytest.mark.multiproc
+# the timeout is a safety net: the training test launches 3 jobs, minutes on a loaded machine
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
 
 
 def _launch(*args: str, cwd: str) -> subprocess.CompletedProcess:

@@ -22,7 +22,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "allreduce_script.py")
 
-pytestmark = pytest.mark.multiproc
+# the timeout is a safety net: a test runs one or two jobs of 4 ranks, a few minutes on a loaded machine
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(1200)]
 
 
 @dataclass
@@ -87,7 +88,8 @@ def launch_on(host: Host, machine_rank: int, main: Host, port: int, *args: str,
                             start_new_session=True)  # fmt: skip
 
 
-def finish(*procs: subprocess.Popen, timeout: float = 240) -> list[tuple[int, str, str]]:
+def finish(*procs: subprocess.Popen, timeout: float = 600) -> list[tuple[int, str, str]]:
+    # a safety net only (a run takes about a minute, two or three on a loaded machine): waits on the exit
     results = []
     try:
         for proc in procs:
@@ -165,7 +167,9 @@ def _check_resumed_like_uninterrupted(straight: str, killed: str, exact: bool = 
         assert math.isclose(s["loss"], reference[s["step"]], rel_tol=0 if exact else 1e-6), (s, reference)
     with open(os.path.join(straight, "result.json")) as f, open(os.path.join(killed, "result.json")) as g:
         a, b = json.load(f), json.load(g)
-    assert (a["started_at"], b["started_at"]) == (0, 6)
+    # started_at 12 for the uninterrupted run: its agent restarted a group that had finished (a rank
+    # that died at exit, seen when gloo's threads outlived the interpreter; tests/test_exit_teardown.py)
+    assert (a["started_at"], b["started_at"]) == (0, 6), (a, b)
     assert math.isclose(a["weights_sum"], b["weights_sum"], rel_tol=0 if exact else 1e-7), (a, b)
 
 
