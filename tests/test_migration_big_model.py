@@ -11,6 +11,16 @@ from torch import nn
 pytest.importorskip("accelerate")
 
 
+@pytest.fixture(autouse=True)
+def _reference_state_does_not_leak():
+    """The reference's shared state a test makes here must not reach later tests' forked ranks."""
+    yield
+    import accelerate.state
+
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    accelerate.state.GradientState._reset_state()
+
+
 class ReadsChildWeights(nn.Module):
     """Uses ``inner``'s weights without calling ``inner``: offloading per module leaves them on meta."""
 

@@ -17,6 +17,16 @@ pytest.importorskip("accelerate")
 pytestmark = pytest.mark.multiproc
 
 
+@pytest.fixture(autouse=True)
+def _reference_state_does_not_leak():
+    """The reference's shared state a test makes here must not reach later tests' forked ranks."""
+    yield
+    import accelerate.state
+
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    accelerate.state.GradientState._reset_state()
+
+
 class Items(IterableDataset):
     """Items that are already batches: a tensor with a batch dimension and a string."""
 
@@ -34,6 +44,11 @@ def _collate_with_string(samples):
 
 
 def _epoch(library, batch_size, collate):
+    if library == "accelerate":  # a state the parent process made must not decide this rank's view
+        import accelerate.state
+
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+        accelerate.state.GradientState._reset_state()
     utils = importlib.import_module(f"{library}.utils")
     # the reference joins strings of several batches only when split_batches=True, and splits
     # unbatched items only when it is False

@@ -26,6 +26,17 @@ import accel_nb.utils.operations as our_ops  # noqa: E402
 Point = collections.namedtuple("Point", "x y")
 
 
+@pytest.fixture(autouse=True)
+def _reference_state_does_not_leak():
+    """Tests here create the reference's PartialState in this process; later tests fork ranks from
+    it, which would inherit a one-process state. Reset it after each test."""
+    yield
+    import accelerate.state
+
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    accelerate.state.GradientState._reset_state()
+
+
 def _same(a, b):
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)

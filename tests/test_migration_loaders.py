@@ -11,6 +11,16 @@ from torch.utils.data import DataLoader
 pytest.importorskip("accelerate")
 
 
+@pytest.fixture(autouse=True)
+def _reference_state_does_not_leak():
+    """The reference's shared state a test makes here must not reach later tests' forked ranks."""
+    yield
+    import accelerate.state
+
+    accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    accelerate.state.GradientState._reset_state()
+
+
 def _custom_loader_class(library):
     mixin = importlib.import_module(f"{library}.data_loader").DataLoaderStateMixin
     gradient_state_cls = importlib.import_module(f"{library}.state").GradientState
