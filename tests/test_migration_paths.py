@@ -30,8 +30,7 @@ _INTERNAL = "internal to the reference's implementation; code written for it doe
 LEFT_OUT: dict[str, str] = {
     "ao": _FP8,
     "transformer_engine": _FP8,
-    **{f"bnb.{n}": _Q for n in ["get_quantized_model_device_map", "replace_with_bnb_layers",
-                                "quantize_and_offload_8bit"]},
+    **{f"bnb.{n}": _Q for n in ["replace_with_bnb_layers", "quantize_and_offload_8bit"]},
     "deepspeed": _DS,
     "megatron_lm": _MEGATRON,
     "fsdp_utils": "not yet: accel_nb's FSDP saves and loads through Accelerator.save_state / load_state (accel_nb.fsdp)",

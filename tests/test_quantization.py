@@ -25,6 +25,7 @@ from accel_nb.big_model.quantization import (  # noqa: E402
     BnbQuantizationConfig,
     QuantizationError,
     TorchAoQuantizationConfig,
+    get_quantized_model_device_map,
     load_and_quantize_model,
     mark_quantized_sizes,
     quantized_weight_bytes,
@@ -275,6 +276,9 @@ def test_auto_device_map_fits_a_budget_only_the_quantized_model_fits(saved, conf
     )
     assert "disk" in float_map.values()
     # ... and quantized it all lands on the CPU
+    assert get_quantized_model_device_map(empty, config, "auto", max_memory=budget) == {"": "cpu"}
+    half = {"cpu": budget["cpu"] // 2, "disk": 10**12}  # half of it: the plan (no load) uses disk
+    assert "disk" in get_quantized_model_device_map(empty, config, "sequential", half).values()
     model = load_and_quantize_model(
         empty, config, weights_location=folder, device_map="auto", max_memory=budget
     )

@@ -11,7 +11,10 @@ from __future__ import annotations
 from ..lazy_exports import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["load_and_quantize_model"], "accel_nb.big_model.quantization.loader"),
+    **dict.fromkeys(
+        ["get_quantized_model_device_map", "load_and_quantize_model"],
+        "accel_nb.big_model.quantization.loader",
+    ),
     **dict.fromkeys(
         ["get_keys_to_not_convert", "has_4bit_bnb_layers", "get_parameter_device"],
         "accel_nb.big_model.quantization.layers",

@@ -272,6 +272,26 @@ def _resolve_device_map(
     return normalized
 
 
+def get_quantized_model_device_map(
+    model: nn.Module,
+    bnb_quantization_config: QuantizationConfig,
+    device_map: str | Mapping[str, Any] | None = None,
+    max_memory: Mapping[Any, int | str] | None = None,
+    no_split_module_classes: list[str] | None = None,
+) -> dict[str, Device]:
+    """The device map ``load_and_quantize_model`` would use: planned with the quantized sizes.
+
+        get_quantized_model_device_map(empty_model, BnbQuantizationConfig(load_in_4bit=True), "auto",
+                                       max_memory={0: "6GiB", "cpu": "30GiB"})
+    ``device_map`` None means the GPU if there is one, else the CPU (the reference requires a GPU);
+    a dict is checked against the model and returned normalized. Nothing is loaded.
+    """
+    targets, _skip, fp32 = find_targets(model, bnb_quantization_config)
+    return _resolve_device_map(
+        model, bnb_quantization_config, targets, fp32, device_map, max_memory, no_split_module_classes
+    )
+
+
 def _check_placement(device_map: dict[str, Device], offload_folder: Any) -> Device:
     devices = list(dict.fromkeys(device_map.values()))
     if "disk" in devices:
