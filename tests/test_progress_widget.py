@@ -86,11 +86,48 @@ def test_failure_turns_the_rank_red_and_shows_its_traceback_first():
     assert r.failure_box.layout.display is None  # visible
     assert box.index("rank 2 failed: ValueError: boom") < box.index("rank 1 failed: RuntimeError")
     assert "raise ValueError(&quot;boom&quot;)" in box or 'raise ValueError("boom")' in box
-    assert r.logs.selected_index == 2  # the failing rank's pane is the one opened
+    assert r.logs.selected_index is None  # rank 2 printed nothing: no pane opens to say "no output"
     r.finish(False, "rank 2 failed: ValueError: boom")
+    # the launcher raises its LaunchError (with the tracebacks) in the cell: the box no longer repeats them
+    box = r.failure_box.value
+    assert "rank 2 failed: ValueError: boom (its traceback is in the error below)" in box
+    assert "raise ValueError" not in box and "Traceback" not in box
+    assert box.index("rank 2 failed") < box.index("rank 1 failed: RuntimeError")
     # rank 0 never returned (the launch failed elsewhere): stopped, not done
     assert "stopped" in r.statuses[0].value and r.bars[0].bar_style == "warning"
     assert "failed" in r.summary_text(False)
+
+
+def test_the_failing_ranks_pane_opens_only_when_it_has_output():
+    r = _reporter(2)
+    r.handle(Log(1, "stdout", "loading data\n"))
+    r.handle(Failure(1, "ValueError", "boom", "Traceback...\nValueError: boom\n"))
+    assert r.logs.selected_index == 1  # its output may say why: opened
+    r.finish(False, "rank 1 failed: ValueError: boom")
+    assert "no output" in r.panes[0].value and r.logs.selected_index == 1
+
+
+def test_session_start_says_ready_then_stopped_not_done():
+    r = _reporter(2, idle_when_done=True)
+    r.finish(True)
+    for rank in (0, 1):
+        assert "ready (idle)" in r.statuses[rank].value and "done" not in r.statuses[rank].value
+        assert r.bars[rank].bar_style == "info"
+    assert "ready (idle" in r.aggregate.value and "done" not in r.aggregate.value
+    assert "ready: workers alive and idle" in r.summary_text(True)
+    r.mark_session_stopped()
+    for rank in (0, 1):
+        assert "stopped" in r.statuses[rank].value and r.bars[rank].bar_style == "warning"
+    assert "stopped" in r.aggregate.value and "ready" not in r.aggregate.value
+    assert "accel_nb session stopped" in r.summary_text() and "done" not in r.summary_text()
+
+
+def test_a_quiet_launch_clock_runs_from_its_start():
+    r = _reporter(1, min_interval=0.0)
+    r.state.started -= 3.2  # the launch began 3.2 s ago and no rank said anything since
+    r.tick()
+    assert "elapsed 0:03" in r.aggregate.value, r.aggregate.value
+    r.finish(True)
 
 
 def test_interrupted_or_hung_launch_says_why_without_a_failing_rank():

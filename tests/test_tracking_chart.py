@@ -74,9 +74,41 @@ def test_without_matplotlib_the_values_are_text(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # an environment without matplotlib
     r = _reporter(1)
-    r.handle(Metrics(0, {"loss": 0.5}, 0))
+    r.handle(Metrics(0, {"loss": 0.75}, 0))
+    r.handle(Metrics(0, {"loss": 0.5}, 1))
     r.finish(True)
     assert r.chart.png is None and r.chart.image.layout.display == "none"
-    assert "rank 0: 1 pts, last 0.5" in r.chart.text.value
+    assert "rank 0: 2 pts, last 0.5" in r.chart.text.value
     assert "pip install matplotlib for live curves" in r.chart.text.value
     assert r.chart.mime_png() == {}
+
+
+def test_one_point_per_rank_is_no_curve_and_draws_no_chart():
+    """A launch that logged once per rank (the quickstart's first run) shows no chart: the rows carry the value."""
+    r = _reporter(2)
+    r.handle(Metrics(0, {"loss": 0.9}, 48))
+    r.handle(Metrics(1, {"loss": 0.8}, 48))
+    r.finish(True)
+    assert r.chart.png is None and r.chart.image.layout.display == "none" and r.chart.text.value == ""
+    assert r.chart.mime_png() == {}
+    assert "step 48: loss=0.9" in r.infos[0].value
+    r2 = _reporter(1)
+    r2.handle(Metrics(0, {"loss": 0.9}, 1))
+    r2.handle(Metrics(0, {"loss": 0.7}, 2))  # the second point makes a curve
+    r2.finish(True)
+    assert r2.chart.png is not None and r2.chart.png.startswith(PNG) and r2.chart.image.layout.display is None
+
+
+def test_the_chart_text_line_shows_the_same_latest_value_as_the_row():
+    """The picture is redrawn at most once a second; the text line under it follows every flush."""
+    r = _reporter(1, min_interval=0.0)
+    r.chart.interval = 3600.0  # the picture's clock never allows a second drawing in this test
+    r.handle(Metrics(0, {"loss": 1.141}, 10))
+    r.handle(Metrics(0, {"loss": 0.5}, 11))
+    r.tick()
+    for step in range(12, 35):
+        r.handle(Metrics(0, {"loss": 1.0 / step}, step))
+    r.tick()
+    assert "step 34: loss=0.02941" in r.infos[0].value, r.infos[0].value
+    assert "last 0.02941" in r.chart.text.value, r.chart.text.value
+    r.finish(True)

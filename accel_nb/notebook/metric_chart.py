@@ -32,7 +32,7 @@ def render_png(history: MetricHistory, max_panels: int = MAX_PANELS) -> bytes | 
 
         png = render_png(history)   # b'\\x89PNG...'
     """
-    names = history.names()[:max_panels]
+    names = curve_names(history)[:max_panels]
     if not names:
         return None
     try:
@@ -66,10 +66,18 @@ def render_png(history: MetricHistory, max_panels: int = MAX_PANELS) -> bytes | 
     return buffer.getvalue()
 
 
+def curve_names(history: MetricHistory) -> list[str]:
+    """The metrics with a curve to draw: at least one rank reported them at two positions or more.
+
+    A single point per rank is no curve (its value is in the rank's row already).
+    """
+    return [name for name in history.names() if any(len(p) >= 2 for p in history.series(name).values())]
+
+
 def points_html(history: MetricHistory, note: str | None = None) -> str:
-    """One line per metric: each rank's number of points and latest value."""
+    """One line per metric with a curve: each rank's number of points and latest value."""
     lines = []
-    for name in history.names():
+    for name in curve_names(history):
         parts = []
         for rank, points in history.series(name).items():
             parts.append(f"rank {rank}: {len(points)} pts, last {points[-1][1]:.4g}")
@@ -80,7 +88,11 @@ def points_html(history: MetricHistory, note: str | None = None) -> str:
 
 
 class MetricChart:
-    """The curves widget: an ``Image`` (hidden until there are points) and its text line."""
+    """The curves widget: an ``Image`` (hidden until a metric has a curve: two points) and its text line.
+
+    The text line follows every update (it is cheap: the rows and it show the same latest values);
+    only the picture waits ``interval`` between redraws.
+    """
 
     def __init__(self, interval: float = CHART_INTERVAL) -> None:
         import ipywidgets as W
@@ -93,6 +105,7 @@ class MetricChart:
         self.renders = 0
         self.note: str | None = None  # why there is no picture
         self._drawn_version = -1
+        self._text_version = -1
         self._last = -math.inf
 
     def pending(self, history: MetricHistory) -> bool:
@@ -102,11 +115,14 @@ class MetricChart:
     def update(self, history: MetricHistory, now: float | None = None, force: bool = False) -> bool:
         """Redraw if new points came in and ``interval`` passed (or ``force``); True if it redrew."""
         now = time.monotonic() if now is None else now
-        if not self.pending(history) or (not force and now - self._last < self.interval):
+        if not self.pending(history):
+            return False
+        if not force and now - self._last < self.interval:
+            self._update_text(history)  # the latest values now, the picture on its own clock
             return False
         self._drawn_version = history.version
         png = None
-        if self.note is None:
+        if self.note is None and curve_names(history):
             try:
                 png = render_png(history)
             except Exception as exc:  # noqa: BLE001 - a drawing problem must never break the launch
@@ -118,11 +134,16 @@ class MetricChart:
             self.png = png
             self.image.value = png
             self.image.layout.display = None
-        self.text.value = points_html(history, self.note)
+        self._update_text(history)
         self.renders += 1
         took = time.monotonic() - now
         self._last = now + max(0.0, 4 * took)  # the next redraw waits interval + 4x the drawing time
         return True
+
+    def _update_text(self, history: MetricHistory) -> None:
+        if self._text_version != history.version:
+            self._text_version = history.version
+            self.text.value = points_html(history, self.note)
 
     def mime_png(self) -> dict[str, Any]:
         """``{"image/png": base64}`` of the last picture, for a saved notebook's output (empty if none)."""

@@ -41,6 +41,7 @@ STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "done": ("success", "#2e7d32"),
     "failed": ("danger", "#c62828"),
     "stopped": ("warning", "#6d4c41"),
+    "ready (idle)": ("info", "#1565c0"),  # a session's workers: alive, waiting for the next cell
 }
 PANE_LINES = 200  # lines of each rank's log shown in its pane
 PANE_INTERVAL = 1.0  # seconds between two refreshes of a log pane (the cell gets the lines at once)
@@ -61,6 +62,7 @@ class WidgetReporter:
         stall_after: float = 30.0,
         echo_logs: bool = True,
         display: bool = True,
+        idle_when_done: bool = False,
         **info: Any,
     ) -> None:
         self.num_processes = max(int(num_processes), 1)
@@ -69,6 +71,8 @@ class WidgetReporter:
         self.stall_after = stall_after
         self.echo_logs = echo_logs
         self.display = display
+        self.idle_when_done = idle_when_done  # a session start: ranks that answered are alive and idle, not done
+        self.session_stopped = False
         self.state = LaunchProgress(self.num_processes, stall_after)
         self.widget: Any = None
         self.rows: dict[int, Any] = {}
@@ -90,6 +94,7 @@ class WidgetReporter:
         self._finished = False
         self._display_handle: Any = None
         self._shown_rows: dict[int, tuple[str, str]] = {}  # rank -> (status, info html) last synced
+        self._shown_elapsed = ""  # the aggregate line's clock, as last synced
         self.text_view: TextReporter | None = None  # set when the widget failed: the text view took over
         self.fallback_reason: str | None = None  # why, as the one line said
         self.relay = OutputRelay(self.num_processes, parse_show_ranks(info.get("show_ranks", "all")))
@@ -158,7 +163,7 @@ class WidgetReporter:
             if self.text_view is None:
                 self.state.finish(ok)
                 try:
-                    self._show_failures()
+                    self._show_failures(final=not ok)
                     if not ok and summary and not any(v.failed for v in self.state.ranks.values()):
                         self._show_launch_problem(summary)  # interrupted, hung: no rank raised
                     self._flush_locked(force=True)
@@ -320,7 +325,10 @@ class WidgetReporter:
             text = f"failed: {v.exc_type}"
         return f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
 
-    def _show_failures(self) -> None:
+    def _show_failures(self, final: bool = False) -> None:
+        """The failing ranks' errors; live, with tracebacks. ``final``: the launcher raises its error
+        (``LaunchError``) in this cell, which carries the tracebacks, so the box keeps only one line per
+        rank and says where the traceback is (shown once)."""
         failed = [v for v in self.state.ranks.values() if v.failed]
         if not failed or self.failure_box is None:
             return
@@ -337,6 +345,11 @@ class WidgetReporter:
                 message = message[:300] + " ..."
             head = f"rank {v.rank} failed: {_esc(one_line(f'{v.exc_type}: {message}'))}"
             body = _esc((v.traceback or "").rstrip())
+            if final:
+                where = " (its traceback is in the error below)" if v.traceback else ""
+                style = "color:#c62828" + (";font-weight:600" if i == 0 else "")
+                parts.append(f"<div style='{style}'>{head}{where}</div>")
+                continue
             if i == 0:  # the first failure, in full: usually the cause
                 parts.append(f"<div style='color:#c62828;font-weight:600'>{head}</div>{pre}{body}</pre>")
             else:  # the others (often consequences: peers closing connections) folded
@@ -353,7 +366,8 @@ class WidgetReporter:
         self.failure_box.layout.display = None
         if first is not None and self.logs is not None:
             order = sorted(self.panes)
-            if first in order:
+            view = self.state.ranks.get(first)
+            if first in order and view is not None and view.log_count:  # never open a pane to show "no output"
                 self.logs.selected_index = order.index(first)
 
     def _show_launch_problem(self, summary: str) -> None:
@@ -378,7 +392,7 @@ class WidgetReporter:
         self._add_missing_rows()
         for r in sorted(self.state.ranks):
             v = self.state.ranks[r]
-            status = self.state.status(r, now)
+            status = self._status(r, now)
             info = self._info_html(r, now)
             self._shown_rows[r] = self._row_key(r, now)
             bar = self.bars[r]
@@ -387,12 +401,13 @@ class WidgetReporter:
                     if bar.max != v.total:
                         bar.max = max(int(v.total), 1)
                     bar.value = min(max(int(v.n), 0), bar.max)
-                elif status == "done":
+                elif status in ("done", "ready (idle)"):
                     bar.max, bar.value = 1, 1
                 bar.bar_style = STATUS_STYLE.get(status, ("info", ""))[0]
             self.statuses[r].value = self._status_html(r, status)
             self.infos[r].value = info
-        self.aggregate.value = f"<span style='color:#424242'>{_esc(self.state.aggregate_line(now))}</span>"
+        self.aggregate.value = f"<span style='color:#424242'>{_esc(self._aggregate_line(now))}</span>"
+        self._shown_elapsed = self._elapsed_text()
         self.chart.update(self.state.history, now, force=force)
         if force or now - self._last_pane_flush >= PANE_INTERVAL:
             self._last_pane_flush = now
@@ -417,10 +432,48 @@ class WidgetReporter:
         self._last_flush = now
         self.flushes += 1
 
+    def _status(self, rank: int, now: float | None = None) -> str:
+        status = self.state.status(rank, now)
+        if self.session_stopped:
+            return "stopped"
+        if status == "done" and self.idle_when_done:
+            return "ready (idle)"
+        return status
+
+    def _elapsed_text(self) -> str:
+        return format_duration(self.state.elapsed())
+
+    def _aggregate_line(self, now: float | None = None) -> str:
+        if self.session_stopped:
+            return f"{plural(len(self.state.ranks), 'rank')}: stopped (the session was stopped; its workers ended)"
+        if self.idle_when_done and self.state.ended is not None and self.state.ok:
+            return (
+                f"{plural(len(self.state.ranks), 'rank')}: ready (idle, waiting for %%accelerate cells) "
+                f"| started in {self._elapsed_text()}"
+            )
+        return self.state.aggregate_line(now)
+
+    def mark_session_stopped(self) -> None:
+        """The session these ranks belong to was stopped: every row and the summary say so (from any cell)."""
+        with self._lock:
+            if self.session_stopped or not self.idle_when_done:
+                return
+            self.session_stopped = True
+            if self.text_view is None:
+                try:
+                    self._flush_locked(force=True)
+                except Exception:  # noqa: BLE001 - an old view that cannot update: the stop itself went fine
+                    return
+        if self._display_handle is not None and self.text_view is None:
+            try:
+                self._display_handle.update(view_bundle(self.widget, self.summary_text()), raw=True)
+            except Exception:  # noqa: BLE001 - same: only the old cell's view is stale
+                pass
+
     def _row_key(self, rank: int, now: float) -> tuple[str, str | None]:
         """What makes a quiet rank's row worth redrawing: its status and its whole quiet seconds."""
         v = self.state.ranks[rank]
-        return self.state.status(rank, now), v.quiet_note(now, min(QUIET_AFTER, self.stall_after))
+        return self._status(rank, now), v.quiet_note(now, min(QUIET_AFTER, self.stall_after))
 
     def tick(self) -> None:
         """Flush pending updates and redraw rows whose quiet time, rate or status moved on.
@@ -442,6 +495,7 @@ class WidgetReporter:
                 if (
                     self._dirty
                     or self.chart.pending(self.state.history)
+                    or self._shown_elapsed != self._elapsed_text()  # the clock runs from the start, quiet or not
                     or any(self._shown_rows.get(r) != self._row_key(r, now) for r in self.state.ranks)
                 ):
                     self._flush_locked(now=now)
@@ -456,6 +510,11 @@ class WidgetReporter:
 
     def summary_text(self, ok: bool | None = None, summary: str | None = None) -> str:
         """The final per-rank state as plain text."""
+        if self.idle_when_done and (self.session_stopped or (ok is not False and self.state.ok)):
+            word = "stopped (its workers ended)" if self.session_stopped else "ready: workers alive and idle"
+            lines = [f"accel_nb session {word}: {plural(len(self.state.ranks), 'rank')}"]
+            lines += [f"  rank {r} {self._status(r)}" for r in sorted(self.state.ranks)]
+            return "\n".join(lines)
         return "\n".join(self.state.summary_lines(ok, summary))
 
     def _leave_text_summary(self, ok: bool, summary: str | None) -> None:

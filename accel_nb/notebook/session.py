@@ -20,7 +20,7 @@ from typing import Any
 from ..launch.options import LaunchOptions
 from ..launch.session import SessionError, WarmSession
 from ..utils import human_bytes
-from .display import make_reporter, widget_frontend_available
+from .display import make_reporter, resolve_progress_mode, widget_frontend_available
 from .launcher import _reject_unknown
 
 __all__ = ["Session", "SessionError", "show_status", "status_text"]
@@ -59,7 +59,18 @@ class Session(WarmSession):
         return session
 
     def _make_reporter(self, num_processes: int, show_ranks: Any, title: str) -> Any:
-        return make_reporter(num_processes, progress=self.options.progress, show_ranks=show_ranks, title=title)
+        start = title == "session start"  # its widget says the workers are ready (idle), then stopped
+        extra = {"idle_when_done": True} if start and resolve_progress_mode(self.options.progress) == "widget" else {}
+        reporter = make_reporter(num_processes, progress=self.options.progress, show_ranks=show_ranks, title=title, **extra)
+        if start:
+            self._start_view = reporter
+        return reporter
+
+    def stop(self) -> None:
+        super().stop()
+        view, self._start_view = getattr(self, "_start_view", None), None
+        if hasattr(view, "mark_session_stopped"):
+            view.mark_session_stopped()
 
     def show_status(self) -> None:
         """Show ``status()`` as a table: a widget in Jupyter, text elsewhere."""
