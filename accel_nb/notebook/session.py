@@ -60,7 +60,9 @@ class Session(WarmSession):
 
     def _make_reporter(self, num_processes: int, show_ranks: Any, title: str) -> Any:
         start = title == "session start"  # its widget says the workers are ready (idle), then stopped
-        extra = {"idle_when_done": True} if start and resolve_progress_mode(self.options.progress) == "widget" else {}
+        progress = self.options.progress
+        own = hasattr(progress, "handle")  # a ready reporter object is used as it is
+        extra = {"idle_when_done": True} if start and not own and resolve_progress_mode(progress) == "widget" else {}
         reporter = make_reporter(num_processes, progress=self.options.progress, show_ranks=show_ranks, title=title, **extra)
         if start:
             self._start_view = reporter
