@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 __all__ = [
     "ENV_RENDEZVOUS_TIMEOUT", "ENV_COLLECTIVE_TIMEOUT", "DEFAULT_RENDEZVOUS_TIMEOUT_S", "DEFAULT_COLLECTIVE_TIMEOUT_S",
-    "RendezvousError", "join_process_group", "release_process_groups", "set_group_timeout", "check_backend", "timeout_seconds",
+    "RendezvousError", "join_process_group", "release_process_groups", "rejoin_process_group", "rebind_ddp_models", "stale_group_holders", "set_group_timeout", "check_backend", "timeout_seconds",
 ]  # fmt: skip
 
 ENV_RENDEZVOUS_TIMEOUT = "ACCEL_NB_RENDEZVOUS_TIMEOUT"
@@ -239,3 +239,129 @@ def timeout_seconds(timeout: Any) -> float | None:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"PartialState(timeout={timeout!r}) must be a positive, finite number of seconds")
     return seconds
+
+
+def rejoin_process_group(topo: dict[str, Any], backend: str, collective_timeout: float | None) -> None:
+    """Leave a broken default group and form a fresh one from ``topo`` (same ranks, usually a new port).
+
+    For a group whose links are already closed (a session's collective that was interrupted or
+    failed): gloo's teardown is local, so leaving cannot hang on a peer. The old group lives on only
+    in objects that still hold it (a DDP model's reducer): they are not re-bound here, see
+    :func:`stale_group_holders`. Default arguments of ``torch.distributed`` functions that captured
+    the old group fall back to the default group (the new one).
+
+        rejoin_process_group(dict(read_topology(), master_port=port), "gloo", None)
+    """
+    import sys
+
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):  # a half-broken group: what is left of it is abandoned
+            dist.destroy_process_group()
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.distributed") and module is not None:
+            _drop_group_defaults(vars(module).values(), dist.ProcessGroup)
+    join_process_group(topo, backend, collective_timeout)
+
+
+def stale_group_holders(namespace: dict[str, Any]) -> list[str]:
+    """The names in ``namespace`` (and in the lists, tuples and dicts at its top) bound to a group that is gone.
+
+    A group is gone when torch no longer knows it (it was destroyed or replaced by
+    :func:`rejoin_process_group`). Looked for: modules with a submodule that keeps such a group (a
+    ``DistributedDataParallel`` or FSDP wrapper), modules and optimizers whose parameters are
+    ``DTensor`` shards over a gone mesh, optimizers over FSDP's flat parameters of a gone group,
+    device meshes and process groups themselves. An optimizer over FSDP's flat parameters is named
+    only beside a stale FSDP model (the parameters themselves do not keep the group). Each entry is ``"name (what)"``.
+    """
+    import torch
+
+    live = {id(g) for g in dist.distributed_c10d._world.pg_map} if dist.is_initialized() else set()
+
+    def gone(value: Any) -> bool:
+        return issubclass(type(value), dist.ProcessGroup) and id(value) not in live
+
+    def mesh_gone(mesh: Any) -> bool:
+        try:
+            return any(gone(g) for g in mesh.get_all_groups())
+        except Exception:  # a mesh whose groups cannot be read any more is gone too
+            return True
+
+    def param_gone(p: Any) -> bool:
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None:
+            return mesh_gone(mesh)
+        return False
+
+    def what(value: Any) -> str | None:
+        kind = type(value).__name__
+        if gone(value):
+            return "a process group of the old group"
+        if kind == "DeviceMesh":
+            return "a device mesh over the old group" if mesh_gone(value) else None
+        if isinstance(value, torch.nn.Module):
+            for sub in value.modules():
+                if any(gone(v) for v in vars(sub).values()):
+                    return f"{kind} wrapped with the old group"
+            if any(param_gone(p) for p in value.parameters()):
+                return f"{kind} sharded over the old group"
+            return None
+        groups = getattr(value, "param_groups", None)
+        if isinstance(groups, list) and groups and isinstance(groups[0], dict):
+            params = [p for g in groups for p in g.get("params", ())]
+            if any(param_gone(p) for p in params):
+                return f"{kind} over shards of the old group"
+            if any(getattr(p, "_is_flat_param", False) for p in params):
+                return "FLAT"
+        return None
+
+    found: list[str] = []
+    for name, value in list(namespace.items()):
+        if name.startswith("__"):
+            continue
+        items = [(name, value)]
+        if isinstance(value, (list, tuple)):
+            items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:100])]
+        elif isinstance(value, dict):
+            items = [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:100]]
+        for label, item in items:
+            with contextlib.suppress(Exception):  # a user's object that cannot be looked into is left out
+                said = what(item)
+                if said:
+                    found.append(f"{label} ({said})")
+    if any("wrapped with the old group" in f for f in found):
+        found = [f.replace("(FLAT)", "(an optimizer over the old FSDP model's flat parameters)") for f in found]
+    return [f for f in found if not f.endswith("(FLAT)")]
+
+
+def rebind_ddp_models() -> list[Any]:
+    """Every ``DistributedDataParallel`` model of this process still bound to a gone group of the whole world gets the current one.
+
+    Done as torch does when it unpickles a DDP model: the default group, a new reducer (and logger)
+    over the same parameters, the model's communication hooks registered again (a hook state that
+    was the old group becomes None: the default group). No collective is run: the replicas are not
+    broadcast again. A model over a subgroup is left as it is (``stale_group_holders`` names it).
+    Returns the models re-bound.
+    """
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not dist.is_initialized():
+        return []
+    live = {id(g) for g in dist.distributed_c10d._world.pg_map}
+    world = dist.get_world_size()
+    rebound = []
+    for obj in gc.get_objects():
+        # type(), not isinstance(): a deprecated torch object warns when its __class__ is read
+        if not issubclass(type(obj), DistributedDataParallel) or "reducer" not in obj.__dict__:
+            continue
+        old = obj.__dict__.get("process_group")
+        if old is None or id(old) in live or old.size() != world:
+            continue
+        hooks = list(obj.__dict__.get("_comm_hooks", []))
+        obj.__setstate__({})  # the default group and a new reducer; every other attribute is kept
+        obj._comm_hooks = []
+        for hook, state in hooks:
+            obj.register_comm_hook(None if state is old else state, hook)
+        rebound.append(obj)
+    return rebound

@@ -31,6 +31,7 @@ from .errors import LaunchError, RankFailure, UserFramesOnly
 from .hang_blame import blame_stacks, collective_of
 from .options import LaunchOptions
 from .plan import LaunchPlan, make_plan
+from .ports import pick_free_port
 from .reporting import ListReporter, TextReporter
 from .run import _finish
 from .run import _start_reporter as _start
@@ -40,6 +41,7 @@ from .session_worker import (
     FormGroup,
     Pull,
     Push,
+    Regroup,
     RunCode,
     RunFunction,
     SessionCommand,
@@ -52,6 +54,7 @@ from .start import RankProcess, start_ranks
 from .supervisor import STARTUP_GRACE_S, Supervisor
 
 STOP_GRACE_S = 3.0  # after Stop, how long ranks may take to leave before they are killed
+REGROUP_TRIES = 3  # fresh groups tried after a broken one (a new port each: another program may take the one picked)
 
 
 class SessionError(RuntimeError):
@@ -91,6 +94,8 @@ class WarmSession:
         self.states: dict[int, str] = {}
         self.broken: str | None = None  # why the session cannot run anything (a rank died)
         self.group_broken: str | None = None  # why the process group cannot be used any more
+        self.stale: dict[int, list[str]] = {}  # per rank: names still bound to a group that was replaced
+        self.rebound: dict[int, list[str]] = {}  # per rank: DDP models given the new group by the last re-forming
         self.cell = 0
         self.log_dir: str | None = None
         self._conns: dict[int, socket.socket] = {}
@@ -125,6 +130,7 @@ class WarmSession:
         cuda_guard.install_cuda_init_recorder()
         plan = make_plan(self.options)
         self.plan, self.broken, self.group_broken, self.cell = plan, None, None, 0
+        self.stale, self.rebound = {}, {}
         self.log_dir = tempfile.mkdtemp(prefix="accel_nb-session-")
         address = os.path.join(self.log_dir, "session.sock")
         token = secrets.token_hex(16)
@@ -278,7 +284,10 @@ class WarmSession:
             return f"{head}: BROKEN: {self.broken}; restart it"
         if self.group_broken:
             return f"{head}: process group broken: {self.group_broken}; pull what you need, then restart"
-        return f"{head}: {self.cell} cell{'s' if self.cell != 1 else ''} run"
+        said = f"{head}: {self.cell} cell{'s' if self.cell != 1 else ''} run"
+        if self.rebound:
+            said += "; re-bound to the re-formed process group: " + _per_object(self.rebound)
+        return f"{said}; {stale_sentence(self.stale)}" if self.stale else said
 
     # -- one command --------------------------------------------------------------------------------
     def _notice_deaths(self) -> None:
@@ -329,6 +338,7 @@ class WarmSession:
             reporter = _start(reporter, self.num_processes, {"title": title, "log_dir": self.log_dir})
             procs = [self.procs[r] for r in ranks]
             self._pass_on_earlier_events(reporter)
+            command.check_stale = bool(self.stale) and isinstance(command, (RunCode, RunFunction))
             for p in procs:
                 try:
                     send_message(self._conns[p.rank], command)
@@ -342,15 +352,21 @@ class WarmSession:
                 outcome = supervisor.run()
             except KeyboardInterrupt:
                 self._after(supervisor.outcome, cell)
-                note = f"{cell} interrupted: " + self._interrupted_note(supervisor.outcome)
+                recovered = self._recover_group()
+                note = f"{cell} interrupted: " + self._interrupted_note(supervisor.outcome, recovered)
                 _finish(reporter, False, note)
                 raise CellInterrupt(note) from None
             self._after(outcome, cell)
+            recovered = self._recover_group()
             if outcome.failures or outcome.hung_after is not None:
-                error = self._error(outcome, cell)
+                error = self._error(outcome, cell, recovered)
                 _finish(reporter, False, error.failures[0].summary() if error.failures else error.headline)
                 raise error
             _finish(reporter, True, None)
+            if command.check_stale:  # what the cell re-prepared is no longer named
+                for r in ranks:
+                    self.stale[r] = list((outcome.results.get(r) or {}).get("stale", self.stale.get(r, [])))
+                self.stale = {r: items for r, items in self.stale.items() if items}
             return {r: outcome.results[r] for r in ranks if r in outcome.results}
 
     def _pass_on_earlier_events(self, reporter: Any) -> None:
@@ -389,14 +405,67 @@ class WarmSession:
         if outcome.group_broken and not self.group_broken:
             self.group_broken = f"in {cell}, " + _stuck_sentence(outcome)
 
-    def _interrupted_note(self, outcome: CellOutcome) -> str:
+    def _recover_group(self) -> str | None:
+        """A group broken under live ranks is replaced (a new store on a new port, a new group; namespaces kept).
+
+        Returns why the old group was broken when a fresh one was formed, else None (``group_broken``
+        then says why it could not be).
+        """
+        if not self.group_broken or self.broken or self.plan is None:
+            return None
+        self._notice_deaths()
+        if self.broken:
+            return None
+        why = self.group_broken
+        failure = None
+        for _ in range(REGROUP_TRIES):
+            port = pick_free_port(self.plan.options.master_addr)
+            reporter = _start(ListReporter(), self.num_processes, {"title": "re-form the process group", "log_dir": self.log_dir})
+            for p in self.procs:
+                with contextlib.suppress(OSError):  # its end is closed: the supervisor reads how it died
+                    send_message(self._conns[p.rank], Regroup(port))
+            supervisor = CellSupervisor(self.procs, reporter, self.log_dir or "")
+            try:
+                outcome = supervisor.run()
+            except KeyboardInterrupt:
+                self.group_broken = f"{why}; forming a fresh group was interrupted"
+                self._notice_deaths()
+                return None
+            self._notice_deaths()
+            if self.broken:
+                return None
+            if not outcome.failures:
+                self.group_broken = None
+                self.stale = {
+                    r: list(answer["value"]["stale"]) for r, answer in outcome.results.items() if answer["value"]["stale"]
+                }
+                self.rebound = {
+                    r: list(answer["value"]["rebound"]) for r, answer in outcome.results.items() if answer["value"]["rebound"]
+                }
+                return why
+            failure = next(iter(outcome.failures.values()))
+        self.group_broken = f"{why}; a fresh group could not be formed ({failure.summary() if failure else '?'})"
+        return None
+
+    def _regrouped_sentence(self, recovered: str) -> str:
+        said = (
+            f"the process group was broken ({recovered}) and a fresh one was formed on the same workers: "
+            "their namespaces are kept and collectives work again"
+        )
+        if self.rebound:
+            said += "; " + _per_object(self.rebound) + " now synchronise over the new group (re-bound)"
+        return f"{said}; {stale_sentence(self.stale)}" if self.stale else said
+
+    def _interrupted_note(self, outcome: CellOutcome, recovered: str | None = None) -> str:
         if self.broken:
             return f"a rank had to be killed, the session is broken ({self.broken}); restart it"
         if self.group_broken:
             return f"the process group is broken ({self.group_broken}); restart it"
+        if recovered:
+            return self._regrouped_sentence(recovered)
         return "every rank stopped the cell; the session is still usable"
 
-    def _error(self, outcome: CellOutcome, cell: str) -> LaunchError:
+    def _error(self, outcome: CellOutcome, cell: str, recovered: str | None = None) -> LaunchError:
         failures = list(outcome.failures.values())
         stopped = [r for r in outcome.stopped if r not in outcome.failures]
         first = next((f for f in failures if f.first), failures[0] if failures else None)
@@ -415,6 +484,8 @@ class WarmSession:
             then = (
                 f"the process group is broken ({self.group_broken}): pull what you need, then restart the session"
             )
+        elif recovered:
+            then = self._regrouped_sentence(recovered) + "; fix the cell and run it again"
         else:
             then = "the workers are alive and their namespaces intact: fix the cell and run it again"
         if outcome.stuck_stacks:
@@ -431,6 +502,24 @@ class CellInterrupt(UserFramesOnly, KeyboardInterrupt):
 
 # the notebook names it as what it is: a KeyboardInterrupt (``except KeyboardInterrupt`` catches it too)
 CellInterrupt.__name__ = CellInterrupt.__qualname__ = "KeyboardInterrupt"
+
+
+def _per_object(per_rank: dict[int, list[str]]) -> str:
+    """``{0: ["model (X)"], 1: ["model (X)"]}`` -> ``"model (X) on ranks 0,1"``."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, items in sorted(per_rank.items()):
+        for item in items:
+            ranks_of.setdefault(item, []).append(rank)
+    return "; ".join(f"{item} on rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}" for item, rs in ranks_of.items())
+
+
+def stale_sentence(stale: dict[int, list[str]]) -> str:
+    """What still holds a replaced process group, per object with its ranks, and what to do about it."""
+    return (
+        "still bound to the old process group (it would fail or hang): " + _per_object(stale)
+        + ". Run accelerator.prepare(...) on them again, e.g. model = accelerator.prepare(accelerator.unwrap_model(model)) "
+        "(a sharded model's optimizer is made again after it)"
+    )
 
 
 def _stuck_sentence(outcome: CellOutcome) -> str:

@@ -74,9 +74,17 @@ class SessionCommand:
 
     kind = "session"
     namespace: dict[str, Any]
+    check_stale = False  # set by the session after a re-formed group: the answer says what still holds the old one
 
     def describe(self) -> str:
         return type(self).__name__
+
+    def _with_stale(self, answer: dict[str, Any]) -> dict[str, Any]:
+        if self.check_stale:
+            from ..process_group import stale_group_holders
+
+            answer["stale"] = stale_group_holders(self.namespace)
+        return answer
 
     def unsendable(self, rank: int, value: Any, error: BaseException) -> str:
         return (
@@ -122,16 +130,16 @@ class RunCode(SessionCommand):
         if value is not None and self.show_value:
             print(repr(value), flush=True)
         if rank != self.return_rank:
-            return {"value": value if self.send_value else None, "names": {}}
+            return self._with_stale({"value": value if self.send_value else None, "names": {}})
         missing = [n for n in self.return_names if n not in ns]
         if missing:
             raise NameError(
                 f"--return asked for {', '.join(missing)} but rank {rank}'s namespace has no such name"
             )
-        return {
+        return self._with_stale({
             "value": value if self.send_value else None,
             "names": {n: ns[n] for n in self.return_names},
-        }
+        })
 
 
 class RunFunction(SessionCommand):
@@ -149,7 +157,7 @@ class RunFunction(SessionCommand):
 
     def run(self, rank: int) -> Any:
         fn = bind_to_namespace(self.function, self.namespace)
-        return {"value": fn(*self.args, **self.kwargs), "names": {}}
+        return self._with_stale({"value": fn(*self.args, **self.kwargs), "names": {}})
 
 
 class Push(SessionCommand):
@@ -250,6 +258,38 @@ class BreakGroup(SessionCommand):
                 finally:
                     link.close()
         return None
+
+
+class Regroup(SessionCommand):
+    """Leave the broken process group and form a fresh one on ``port`` (same ranks, same world size, same timeout).
+
+    ``PartialState`` keeps its rank, world size and backend; only the group under it changes. The
+    value sent back is ``{"value": {"stale": [...], "rebound": [...]}}``: the names of the rank's
+    namespace still bound to the old group (``stale_group_holders``), and the DDP models given the
+    new one (``rebind_ddp_models``).
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def describe(self) -> str:
+        return "re-form the process group"
+
+    def run(self, rank: int) -> Any:
+        from ..process_group import rebind_ddp_models, rejoin_process_group, stale_group_holders
+        from ..state import PartialState, read_topology
+
+        state = PartialState._shared_state
+        if not state.get("initialized") or not state.get("backend"):
+            raise RuntimeError("this rank never joined a process group (PartialState was not formed); restart the session")
+        os.environ["MASTER_PORT"] = str(self.port)
+        topo = dict(read_topology(), master_port=self.port)
+        rejoin_process_group(topo, state["backend"], state.get("collective_timeout"))
+        rebound = {id(m) for m in rebind_ddp_models()}
+        names = [f"{name} ({type(v).__name__})" for name, v in self.namespace.items() if id(v) in rebound]
+        if rebound and not names:
+            names = [f"{len(rebound)} DistributedDataParallel model{'s' if len(rebound) != 1 else ''}"]
+        return {"value": {"stale": stale_group_holders(self.namespace), "rebound": names}, "names": {}}
 
 
 class Stop(SessionCommand):
