@@ -110,3 +110,42 @@ def test_stop_turns_the_start_widget_to_stopped(kernel, started):
     assert not any("ready (idle)" in v for v in values), values
     plain = [r["text/plain"] for r in out.results if "text/plain" in r]
     assert plain and "accel_nb session stopped (its workers ended)" in plain[-1], plain
+
+
+def test_restarting_the_kernel_during_a_launch_leaves_the_widget_saying_so():
+    """The old kernel pushes the widget's last state (kernel restarting, launch stopped) before it goes."""
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "auto"}) as k:
+        setup = (
+            "from accel_nb import notebook_launcher, progress\n"
+            "def slow():\n"
+            "    import time\n"
+            "    for _ in progress(range(1000), desc='train'):\n"
+            "        time.sleep(0.5)\n"
+        )
+        _ok(k.run(setup, timeout=120))
+        k.kc.execute("notebook_launcher(slow, num_processes=2, cpu=True)")
+        running = False
+        deadline = time.monotonic() + 180
+        while not running and time.monotonic() < deadline:  # the bars moved: the launch is under way
+            try:
+                msg = k.kc.get_iopub_msg(timeout=1.0)
+            except queue.Empty:
+                continue
+            state = msg["content"].get("data", {}).get("state", {})
+            running = msg["msg_type"] == "comm_msg" and "running" in str(state.get("value", ""))
+        assert running, "the launch never showed a running rank"
+        k.km.restart_kernel(now=False)
+        values = []
+        while True:  # everything the old kernel sent before it went
+            try:
+                msg = k.kc.get_iopub_msg(timeout=5.0)
+            except queue.Empty:
+                break
+            if msg["msg_type"] == "comm_msg":
+                values.append(str(msg["content"].get("data", {}).get("state", {}).get("value", "")))
+            elif msg["msg_type"] == "update_display_data":
+                values.append(msg["content"]["data"].get("text/plain", ""))
+        said = [v for v in values if "the kernel is restarting" in v]
+        assert said, values[-10:]
+        assert any(">stopped<" in v for v in values), values[-10:]
+        assert any(v.startswith("accel_nb launch failed") and "kernel is restarting" in v for v in values), values[-10:]

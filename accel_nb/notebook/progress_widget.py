@@ -24,6 +24,7 @@ import html
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 from .. import events as ev
@@ -51,6 +52,40 @@ def _esc(text: Any) -> str:
     return html.escape(str(text), quote=False)
 
 
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # views whose launch (or session) is still going
+_hooked_kernels: list[Any] = []
+
+
+def _watch_kernel_shutdown() -> None:
+    """Once per kernel: when it is asked to shut down or restart, every live view says so first.
+
+    A restart interrupts the cell and kills the kernel within seconds, often before the launch's
+    own end reaches the widget; the frontend would keep the last "running · ETA" forever. The
+    kernel's ``do_shutdown`` runs on its control thread (the cell may still be running), before
+    the shutdown reply, so the final state is on its way before the old kernel goes.
+    """
+    try:
+        from IPython import get_ipython
+
+        kernel = getattr(get_ipython(), "kernel", None)
+    except Exception:  # noqa: BLE001 - no kernel: nothing to watch
+        return
+    if kernel is None or not hasattr(kernel, "do_shutdown") or any(k is kernel for k in _hooked_kernels):
+        return
+    original = kernel.do_shutdown
+
+    def do_shutdown(restart: bool, *args: Any, **kwargs: Any) -> Any:
+        for view in list(_LIVE):
+            try:
+                view.kernel_shutting_down(bool(restart))
+            except Exception:  # noqa: BLE001 - the shutdown itself must go on
+                pass
+        return original(restart, *args, **kwargs)
+
+    kernel.do_shutdown = do_shutdown
+    _hooked_kernels.append(kernel)
+
+
 class WidgetReporter:
     """Draws one launch in a Jupyter cell; thread-safe; see the module docstring."""
 
@@ -73,6 +108,7 @@ class WidgetReporter:
         self.display = display
         self.idle_when_done = idle_when_done  # a session start: ranks that answered are alive and idle, not done
         self.session_stopped = False
+        self.stop_reason = "its workers ended"
         self.state = LaunchProgress(self.num_processes, stall_after)
         self.widget: Any = None
         self.rows: dict[int, Any] = {}
@@ -119,6 +155,8 @@ class WidgetReporter:
                 return
         if self.display:
             self._show()
+            _LIVE.add(self)
+            _watch_kernel_shutdown()
 
     def handle(self, event: Any) -> None:
         """Fold one event in; sync the widgets if ``min_interval`` passed (a failure: at once)."""
@@ -171,7 +209,31 @@ class WidgetReporter:
                     self._fall_back("show the final state", exc)
             if self.text_view is not None:
                 self.text_view.finish(ok, summary)  # it shares self.state: finishes it too
+        if not (self.idle_when_done and ok):  # a started session's view stays live until it stops
+            _LIVE.discard(self)
         self._leave_text_summary(ok, summary)
+
+    def kernel_shutting_down(self, restart: bool) -> None:
+        """The kernel is asked to restart (or shut down): this view's last state says so (any thread)."""
+        what = "restarting" if restart else "shutting down"
+        if self.idle_when_done:
+            self.mark_session_stopped(f"the kernel is {what}; the session's workers end with it")
+            return
+        note = f"the kernel is {what}: this launch was stopped, its ranks end with the kernel"
+        with self._lock:
+            if self._finished or self.text_view is not None:
+                return
+            self._finished = True
+            self.info["summary"] = note
+            self.state.finish(False)
+            try:
+                self._show_failures(final=True)
+                self._show_launch_problem(note)
+                self._flush_locked(force=True)
+            except Exception:  # noqa: BLE001 - the kernel goes anyway
+                return
+        _LIVE.discard(self)
+        self._leave_text_summary(False, note)
 
     def _fall_back(self, what: str, exc: BaseException) -> None:
         """The widget failed: one line says why, and the text view shows the rest of this launch."""
@@ -445,7 +507,7 @@ class WidgetReporter:
 
     def _aggregate_line(self, now: float | None = None) -> str:
         if self.session_stopped:
-            return f"{plural(len(self.state.ranks), 'rank')}: stopped (the session was stopped; its workers ended)"
+            return f"{plural(len(self.state.ranks), 'rank')}: stopped ({self.stop_reason})"
         if self.idle_when_done and self.state.ended is not None and self.state.ok:
             return (
                 f"{plural(len(self.state.ranks), 'rank')}: ready (idle, waiting for %%accelerate cells) "
@@ -453,12 +515,15 @@ class WidgetReporter:
             )
         return self.state.aggregate_line(now)
 
-    def mark_session_stopped(self) -> None:
+    def mark_session_stopped(self, reason: str | None = None) -> None:
         """The session these ranks belong to was stopped: every row and the summary say so (from any cell)."""
+        _LIVE.discard(self)
         with self._lock:
             if self.session_stopped or not self.idle_when_done:
                 return
             self.session_stopped = True
+            if reason:
+                self.stop_reason = reason
             if self.text_view is None:
                 try:
                     self._flush_locked(force=True)
@@ -511,7 +576,7 @@ class WidgetReporter:
     def summary_text(self, ok: bool | None = None, summary: str | None = None) -> str:
         """The final per-rank state as plain text."""
         if self.idle_when_done and (self.session_stopped or (ok is not False and self.state.ok)):
-            word = "stopped (its workers ended)" if self.session_stopped else "ready: workers alive and idle"
+            word = f"stopped ({self.stop_reason})" if self.session_stopped else "ready: workers alive and idle"
             lines = [f"accel_nb session {word}: {plural(len(self.state.ranks), 'rank')}"]
             lines += [f"  rank {r} {self._status(r)}" for r in sorted(self.state.ranks)]
             return "\n".join(lines)
