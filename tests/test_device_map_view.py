@@ -230,3 +230,41 @@ def test_an_empty_disk_bar_is_drawn_to_its_budget():
     html = view.to_html()
     assert re.search(r'data-device="disk" data-used="0" data-budget="1000000000" data-headroom="0" data-scale="budget"', html)
     assert "drawn to what it holds" not in html
+
+
+def test_set_budget_moves_the_slider_too():
+    """A budget set in code shows on its slider; dragging then starts from it (no jump back)."""
+    pytest.importorskip("ipywidgets")
+    net = _meta_net()
+    sizes = compute_module_sizes(net)
+    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view.widget()
+    slider = view.sliders[0]
+    unit = view._units["cpu"][0]
+    target = sizes[""] * 3  # past the slider's top (twice the model): the slider grows to show it
+    view.set_budget("cpu", target)
+    assert slider.value == pytest.approx(target / unit) and slider.max >= slider.value
+    assert set(view.device_map.values()) == {"cpu"}
+    view.set_budget("cpu", "4MB")
+    assert slider.value == pytest.approx(4_000_000 / unit)
+    assert view.budgets["cpu"] == 4_000_000
+    slider.value = slider.value + 0.5  # a drag from there: the budget follows the slider
+    assert view.budgets["cpu"] == int(round((4_000_000 / unit + 0.5) * unit))
+
+
+def test_adjacent_blocks_never_share_a_colour():
+    with init_empty_weights():
+        net = Net(n=40)  # more blocks than the palette has colours
+    sizes = compute_module_sizes(net)
+    budgets = {0: sizes["embed"] + 26 * sizes["blocks.0"], "cpu": "1GB"}
+    view = DeviceMapView(net, max_memory=budgets, no_split_module_classes=["Block"])
+    html = view.to_html()
+    segments = 0
+    for m in re.finditer(r'class="accel-nb-device-bar" data-device="([^"]+)"(.*?)<div class="accel-nb-device-info">', html, re.S):
+        colours = re.findall(r'class="accel-nb-module"[^>]*background:([^"]+)"', m.group(2))
+        segments += len(colours)
+        assert all(a != b for a, b in zip(colours, colours[1:])), colours
+    assert segments > 12, segments
+    table = dict(re.findall(r'<tr data-module="([^"]*)"[^>]*><td><span style="color:([^"]+)"', html))
+    bar = dict(re.findall(r'data-module="([^"]*)" style="width:[^;]+;background:([^"]+)"', html))
+    assert table == bar, "a module has one colour in the bar and in the table"

@@ -67,9 +67,16 @@ def _unit_of(nbytes: float) -> tuple[int, str]:
     return 1, "B"
 
 
+# well-apart hues, light enough for the hatching and the budget line to show over them
+PALETTE = (
+    "#7aa6d8", "#f2a65a", "#7cc47f", "#e07b7b", "#b39ddb", "#c9a27e",
+    "#f09cc8", "#a8a8a8", "#d4cf6a", "#6fcad1", "#9fb86b", "#d98e5f",
+)
+
+
 def _colour(name: str) -> str:
-    hue = int(hashlib.md5(name.encode()).hexdigest()[:4], 16) % 360
-    return f"hsl({hue},55%,62%)"
+    """A module's colour outside a map (stable per name)."""
+    return PALETTE[int(hashlib.md5(name.encode()).hexdigest()[:4], 16) % len(PALETTE)]
 
 
 def _order(device: Any) -> tuple[int, int]:
@@ -101,6 +108,7 @@ class DeviceMapView:
         self._widget = None
         self._html_widget = None
         self._units: dict[Any, tuple[int, str]] = {}  # device -> its slider's unit
+        self._sliders_by_dev: dict[Any, Any] = {}
         self._shown_in: int | None = None
         from ..big_model.sizes import get_max_memory
 
@@ -143,7 +151,35 @@ class DeviceMapView:
         self._budgets[dev] = parse_memory(budget)
         self._budgets = dict(sorted(self._budgets.items(), key=lambda kv: _order(kv[0])))
         self._recompute()
+        self._sync_slider(dev)
         return self.device_map
+
+    def _sync_slider(self, dev: Any) -> None:
+        """The device's slider shows the budget just set (a later drag starts from it, no jump)."""
+        slider = self._sliders_by_dev.get(dev)
+        if slider is None or dev not in self._units:
+            return
+        unit = self._units[dev][0]
+        value = self._budgets[dev] / unit
+        if abs(slider.value - value) * unit < 1:  # it is the slider that set it (or the same figure)
+            return
+        with slider.hold_sync():
+            if value >= slider.max:  # room above it, as the slider was built with (twice the figure)
+                slider.max = 2 * value
+            slider.value = value
+
+    def colours(self) -> dict[str, str]:
+        """Module -> colour: blocks next to each other on a device's bar never share a colour.
+
+        Colours go round the palette in bar order (device by device), so two neighbours always differ.
+        """
+        out: dict[str, str] = {}
+        i = 0
+        for d in self.devices():
+            for r in d["rows"]:
+                out[r["module"]] = PALETTE[i % len(PALETTE)]
+                i += 1
+        return out
 
     def _sizes(self) -> dict[str, int]:
         if self.plan is not None:
@@ -243,6 +279,11 @@ class DeviceMapView:
     def to_html(self, include_style: bool = True) -> str:
         """Static HTML: bars (modules coloured, headroom hatched, budget line), moves and the table."""
         esc = html.escape
+        colours = self.colours()
+
+        def colour(module: str) -> str:
+            return colours.get(module) or _colour(module)
+
         parts = [_CSS if include_style else "", '<div class="accel-nb-device-map">']
         if self.error:
             parts.append(f'<div class="accel-nb-error">{esc(self.error)}</div>')
@@ -265,7 +306,7 @@ class DeviceMapView:
                 label = f"{r['module'] or '(model)'} ({r['class']}) {human_bytes(size) if r['size'] is not None else ''}"
                 parts.append(
                     f'<div class="accel-nb-module" data-module="{esc(r["module"])}" '
-                    f'style="width:{pct:.3f}%;background:{_colour(r["module"])}" title="{esc(label.strip())}"></div>'
+                    f'style="width:{pct:.3f}%;background:{colour(r["module"])}" title="{esc(label.strip())}"></div>'
                 )
             if d["headroom"]:
                 parts.append(
@@ -297,7 +338,7 @@ class DeviceMapView:
             size = human_bytes(r["size"]) if r["size"] is not None else "?"
             parts.append(
                 f'<tr data-module="{esc(r["module"])}" data-device="{esc(str(r["device"]))}" title="{esc(r["module"])}">'
-                f'<td><span style="color:{_colour(r["module"])}">&#9632;</span> {esc(r["module"] or "(model)")}</td>'
+                f'<td><span style="color:{colour(r["module"])}">&#9632;</span> {esc(r["module"] or "(model)")}</td>'
                 f"<td>{esc(_dev_name(r['device']))}</td><td>{size}</td></tr>"
             )
         parts.append("</table></div>")
@@ -365,6 +406,7 @@ class DeviceMapView:
             self.set_budget(dev, int(round(change["new"] * unit)))
 
         slider.observe(on_change, names="value")
+        self._sliders_by_dev[dev] = slider
         return slider
 
     def _refresh(self) -> None:
