@@ -48,7 +48,7 @@ def test_wizard_in_a_real_kernel_saves_a_valid_file_and_refuses_an_invalid_one(t
             "wizard.controls['mixed_precision'].value = 'bf16'\n"
             "wizard.controls['gradient_accumulation_steps'].value = 4\n"
             "print('valid', wizard.valid, wizard.config.distributed_type)\n"
-            "print(wizard.commands.value)\n"
+            "print(wizard.commands_text)\n"
             "print('saved', wizard.save())\n"
             "print('status', wizard.status)\n"
         )
@@ -59,7 +59,7 @@ def test_wizard_in_a_real_kernel_saves_a_valid_file_and_refuses_an_invalid_one(t
             in out.stdout
         )
         assert (
-            "notebook_launcher(training_function, num_processes=2, mixed_precision=&#x27;bf16&#x27;, cpu=True)"
+            "notebook_launcher(training_function, num_processes=2, mixed_precision='bf16', cpu=True)"
             in out.stdout
         )
         assert (
@@ -198,3 +198,16 @@ def test_wizard_on_a_tpu_host_proposes_one_process_per_xla_device_and_names_torc
     wizard.set_values(compute="cpu", num_processes=1)
     wizard.controls["compute"].value = "xla"  # as a click does: the device count is proposed again
     assert wizard.controls["num_processes"].value == 8 and wizard.config.distributed_type == "XLA"
+
+
+def test_commands_wrap_between_whole_flags_only():
+    from accel_nb.notebook.wizard import _groups, commands_html
+
+    line = "accel-nb launch --num_processes 2 --mixed_precision bf16 --cpu train.py --lr 0.1"
+    groups = _groups(line)
+    assert groups[:4] == ["accel-nb", "launch", "--num_processes 2", "--mixed_precision bf16"]
+    assert " ".join(groups) == line and groups[-1] == "--lr 0.1"
+    out = commands_html("# a script\n" + line)
+    # every flag with its value sits in one unbreakable piece; breaks fall only between pieces
+    assert "<span style='white-space:nowrap'>--mixed_precision bf16</span>" in out
+    assert "white-space:normal" in out and "<pre" not in out

@@ -40,6 +40,49 @@ _CONTROL_ORDER = (
 _COMPILE_BACKENDS = ("no", "inductor", "aot_eager", "eager")
 
 
+def _groups(line: str) -> list[str]:
+    """A command's pieces that must stay on one line: ``--flag value`` pairs, ``name=value,`` arguments."""
+    tokens = line.split(" ")
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if (
+            token.startswith("-")
+            and "=" not in token
+            and i + 1 < len(tokens)
+            and tokens[i + 1]
+            and not tokens[i + 1].startswith(("-", "#"))
+        ):
+            out.append(token + " " + tokens[i + 1])
+            i += 2
+        else:
+            out.append(token)
+            i += 1
+    return out
+
+
+def commands_html(text: str) -> str:
+    """The equivalent launches as HTML that wraps in a narrow cell between whole flags (never inside one).
+
+    Each line is one command; a wrapped command's next lines are indented under it.
+    """
+    lines = []
+    for line in text.split("\n"):
+        if not line:
+            lines.append("<div style='height:0.6em'></div>")
+            continue
+        colour = "color:#6a737d;" if line.startswith("#") else ""
+        pieces = " ".join(f"<span style='white-space:nowrap'>{html.escape(g)}</span>" for g in _groups(line))
+        lines.append(f"<div style='{colour}padding-left:2em;text-indent:-2em'>{pieces}</div>")
+    return (
+        "<div class='accel-nb-wizard-commands' style='font-family:var(--jp-code-font-family,monospace);"
+        "font-size:var(--jp-code-font-size,13px);white-space:normal;overflow-wrap:normal;line-height:1.45'>"
+        + "".join(lines)
+        + "</div>"
+    )
+
+
 def magic_line(cfg: LaunchConfig) -> str:
     """The ``%%accelerate`` line that launches a cell as ``cfg`` says."""
     parts = ["%%accelerate"]
@@ -180,8 +223,10 @@ class ConfigWizard:
                                          value=b.dynamo_backend, description="torch.compile backend"),
         }  # fmt: skip
         for control in c.values():
-            control.style = {"description_width": "190px"}
-            control.layout = w.Layout(width="480px")  # one each: hiding gpu_ids must not hide the rest
+            control.style = {"description_width": "170px"}
+            # one layout each (hiding gpu_ids must not hide the rest); as wide as the cell allows, up to 480 px:
+            # a fixed width overflowed a narrow cell and cut the slider's value off
+            control.layout = w.Layout(width="100%", max_width="480px")
         return c
 
     def _make_layout(self) -> Any:
@@ -189,10 +234,13 @@ class ConfigWizard:
         import ipywidgets as w
 
         c = self.controls
-        self.hardware_box = w.HTML(f"<pre style='margin:0'>{html.escape(hardware_summary(self.hw))}</pre>")
+        self.hardware_box = w.HTML(
+            f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(hardware_summary(self.hw))}</pre>"
+        )
         self.error_label = w.HTML("")
         self.notes_label = w.HTML("")
         self.commands = w.HTML("")
+        self.commands_text = ""  # the same commands as plain text (one per line)
         self.save_button = w.Button(description="Save", button_style="primary", icon="save")
         # width "auto": the default button width cuts this label off
         self.reset_button = w.Button(description="Proposed for this machine", layout=w.Layout(width="auto"))
@@ -358,8 +406,10 @@ class ConfigWizard:
                     notebook_launcher_call(cfg), "", "# a script, from a terminal", launch_command_line(cfg),
                 ]
             )  # fmt: skip
-            self.commands.value = f"<pre style='margin:0'>{html.escape(text)}</pre>"
+            self.commands_text = text
+            self.commands.value = commands_html(text)
         else:
+            self.commands_text = ""
             self.commands.value = (
                 "<pre style='margin:0;color:#777'>(fix the value above to see the commands)</pre>"
             )
