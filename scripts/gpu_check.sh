@@ -83,6 +83,13 @@ if "$PY" -c "import deepspeed" >/dev/null 2>&1; then
 else
   echo "gpu_check: deepspeed is not installed here: the ZeRO-2 offload step is skipped (DS_BUILD_OPS=0 pip install deepspeed)"
 fi
+# -- 5d. bitsandbytes 8-bit / 4-bit loading on one GPU, vs the reference -------------------------------
+if "$PY" -c "import bitsandbytes" >/dev/null 2>&1; then
+  echo "gpu_check: bitsandbytes 8-bit and NF4 loading on one GPU"
+  timeout 600 "$PY" scripts/gpu_check_quantization.py "$OUT/quantization.json" || status=1
+else
+  echo "gpu_check: bitsandbytes is not installed here: the quantized-loading step is skipped (pip install bitsandbytes)"
+fi
 # -- 6. docs/benchmarks.md ------------------------------------------------------------------------
 "$PY" scripts/gpu_check_report.py write docs/benchmarks.md "$OUT" "$pytest_rc" || status=1
 echo "gpu_check: figures written to docs/benchmarks.md (section 'GPU run'); raw results in $OUT"

@@ -188,6 +188,12 @@ def write(doc: str, out_dir: str, pytest_rc: str) -> int:
 
         with open(ds, encoding="utf-8") as f:
             rows += gpu_check_deepspeed.rows(json.load(f))
+    quant = os.path.join(out_dir, "quantization.json")
+    if os.path.exists(quant):
+        import gpu_check_quantization
+
+        with open(quant, encoding="utf-8") as f:
+            rows += gpu_check_quantization.rows(json.load(f))
     summary = ""
     pytest_txt = os.path.join(out_dir, "pytest.txt")
     if os.path.exists(pytest_txt):
