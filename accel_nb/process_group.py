@@ -171,8 +171,9 @@ def release_process_groups() -> int:
                 obj.__dict__.pop(name, None)
             released += 1
     for name, module in list(sys.modules.items()):
-        if name.startswith("torch.distributed") and module is not None:
-            groups.extend(_drop_group_defaults(vars(module).values(), group_type))
+        namespace = getattr(module, "__dict__", None)  # None: a placeholder left by a failed import
+        if name.startswith("torch.distributed") and isinstance(namespace, dict):
+            groups.extend(_drop_group_defaults(namespace.values(), group_type))
     del groups  # the last references: the groups' destructors join gloo's threads here
     return released
 
@@ -268,10 +269,9 @@ def stale_group_holders(namespace: dict[str, Any]) -> list[str]:
 
     A group is gone when torch no longer knows it (it was destroyed or replaced by
     :func:`rejoin_process_group`). Looked for: modules with a submodule that keeps such a group (a
-    ``DistributedDataParallel`` or FSDP wrapper), modules and optimizers whose parameters are
-    ``DTensor`` shards over a gone mesh, optimizers over FSDP's flat parameters of a gone group,
-    device meshes and process groups themselves. An optimizer over FSDP's flat parameters is named
-    only beside a stale FSDP model (the parameters themselves do not keep the group). Each entry is ``"name (what)"``.
+    ``FullyShardedDataParallel`` wrapper, a ``DistributedDataParallel`` model over a subgroup), modules
+    sharded by ``fully_shard`` over such a group, optimizers over the parameters of those modules,
+    and process groups kept in variables. Each entry is ``"name (what)"``.
     """
     import torch
 
@@ -280,57 +280,50 @@ def stale_group_holders(namespace: dict[str, Any]) -> list[str]:
     def gone(value: Any) -> bool:
         return issubclass(type(value), dist.ProcessGroup) and id(value) not in live
 
-    def mesh_gone(mesh: Any) -> bool:
-        try:
-            return any(gone(g) for g in mesh.get_all_groups())
-        except Exception:  # a mesh whose groups cannot be read any more is gone too
-            return True
+    def sharded_over_gone(module: Any) -> bool:  # fully_shard keeps its groups in its state, not the module
+        state = module._get_fsdp_state() if callable(getattr(module, "_get_fsdp_state", None)) else None
+        info = getattr(getattr(state, "_fsdp_param_group", None), "mesh_info", None)
+        return any(gone(getattr(info, a, None)) for a in ("shard_process_group", "replicate_process_group"))
 
-    def param_gone(p: Any) -> bool:
-        mesh = getattr(p, "device_mesh", None)
-        if mesh is not None:
-            return mesh_gone(mesh)
-        return False
-
-    def what(value: Any) -> str | None:
+    def module_says(value: Any) -> str | None:
         kind = type(value).__name__
-        if gone(value):
-            return "a process group of the old group"
-        if kind == "DeviceMesh":
-            return "a device mesh over the old group" if mesh_gone(value) else None
-        if isinstance(value, torch.nn.Module):
-            for sub in value.modules():
-                if any(gone(v) for v in vars(sub).values()):
-                    return f"{kind} wrapped with the old group"
-            if any(param_gone(p) for p in value.parameters()):
+        for sub in value.modules():
+            if any(gone(v) for v in vars(sub).values()):
+                return f"{kind} wrapped with the old group"
+            if sharded_over_gone(sub):
                 return f"{kind} sharded over the old group"
-            return None
-        groups = getattr(value, "param_groups", None)
-        if isinstance(groups, list) and groups and isinstance(groups[0], dict):
-            params = [p for g in groups for p in g.get("params", ())]
-            if any(param_gone(p) for p in params):
-                return f"{kind} over shards of the old group"
-            if any(getattr(p, "_is_flat_param", False) for p in params):
-                return "FLAT"
         return None
 
-    found: list[str] = []
+    entries: list[tuple[str, Any]] = []
     for name, value in list(namespace.items()):
         if name.startswith("__"):
             continue
-        items = [(name, value)]
         if isinstance(value, (list, tuple)):
-            items = [(f"{name}[{i}]", v) for i, v in enumerate(value[:100])]
+            entries += [(f"{name}[{i}]", v) for i, v in enumerate(value[:100])]
         elif isinstance(value, dict):
-            items = [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:100]]
-        for label, item in items:
-            with contextlib.suppress(Exception):  # a user's object that cannot be looked into is left out
-                said = what(item)
+            entries += [(f"{name}[{k!r}]", v) for k, v in list(value.items())[:100]]
+        else:
+            entries.append((name, value))
+    found: list[str] = []
+    stale_params: set[int] = set()
+    optimizers: list[tuple[str, Any]] = []
+    for label, item in entries:
+        with contextlib.suppress(Exception):  # a user's object that cannot be looked into is left out
+            if gone(item):
+                found.append(f"{label} (a process group of the old group)")
+            elif isinstance(item, torch.nn.Module):
+                said = module_says(item)
                 if said:
                     found.append(f"{label} ({said})")
-    if any("wrapped with the old group" in f for f in found):
-        found = [f.replace("(FLAT)", "(an optimizer over the old FSDP model's flat parameters)") for f in found]
-    return [f for f in found if not f.endswith("(FLAT)")]
+                    stale_params.update(id(p) for p in item.parameters())
+            elif isinstance(getattr(item, "param_groups", None), list):
+                optimizers.append((label, item))
+    for label, item in optimizers:
+        with contextlib.suppress(Exception):
+            params = [p for g in item.param_groups for p in g.get("params", ())]
+            if any(id(p) in stale_params for p in params):
+                found.append(f"{label} ({type(item).__name__} over the parameters of a model bound to the old group)")
+    return found
 
 
 def rebind_ddp_models() -> list[Any]:
