@@ -109,6 +109,36 @@ for _name, _module, *_dists in _PACKAGES:
     __all__.append(_name)
 
 
+def _installed_at_least(distribution: str, minimum: str | None) -> bool:
+    """``distribution`` importable and, when ``minimum`` is given, installed at that version or newer."""
+    if not package_available(distribution):
+        return False
+    return minimum is None or compare_versions(distribution, ">=", minimum)
+
+
+def is_bnb_available(min_version: str | None = None) -> bool:
+    """True when bitsandbytes is installed (at ``min_version`` or newer, when given)."""
+    return _installed_at_least("bitsandbytes", min_version)
+
+
+def is_8bit_bnb_available() -> bool:
+    """True when the installed bitsandbytes has 8-bit layers (0.37.2 or newer)."""
+    return _installed_at_least("bitsandbytes", "0.37.2")
+
+
+def is_4bit_bnb_available() -> bool:
+    """True when the installed bitsandbytes has 4-bit layers (0.39.0 or newer)."""
+    return _installed_at_least("bitsandbytes", "0.39.0")
+
+
+def is_torchao_available() -> bool:
+    """True when torchao 0.6.1 or newer is installed (accel_nb's torchao quantization path)."""
+    return _installed_at_least("torchao", "0.6.1")
+
+
+__all__ += ["is_bnb_available", "is_8bit_bnb_available", "is_4bit_bnb_available", "is_torchao_available"]
+
+
 def is_tensorboard_available() -> bool:
     """True when ``tensorboard`` or ``tensorboardX`` is installed."""
     return package_available("tensorboard") or package_available("tensorboardX")

@@ -17,7 +17,7 @@ import accelerate.utils  # noqa: E402
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "migration.md")
 
-_DS, _Q, _PAR = "not yet: issue 28 (DeepSpeed)", "not yet: issue 29 (quantization)", "not yet: issue 30 (TP/CP/PP)"
+_Q, _PAR = "not yet: issue 29 (quantization)", "not yet: issue 30 (TP/CP/PP)"
 _FP8 = "FP8 training (Transformer Engine, MS-AMP, torchao) is not supported by accel_nb"
 _MEGATRON = "Megatron-LM is not supported by accel_nb"
 _DEVICES = "device kinds accel_nb does not run on (Ascend NPU, MLU, MUSA, SDAA, Gaudi/HPU, Neuron, XPU collectives)"
@@ -31,7 +31,9 @@ LEFT_OUT: dict[str, str] = {
     "ao": _FP8,
     "transformer_engine": _FP8,
     **{f"bnb.{n}": _Q for n in ["replace_with_bnb_layers", "quantize_and_offload_8bit"]},
-    "deepspeed": _DS,
+    "deepspeed.HfDeepSpeedConfig": "transformers' DeepSpeed config holder; accel_nb's DeepSpeedPlugin reads and fills the config itself",
+    "deepspeed.get_active_deepspeed_plugin": "accel_nb takes one DeepSpeed plugin per Accelerator (accelerator.deepspeed_plugin)",
+    "deepspeed.map_pytorch_optim_to_deepspeed": "accel_nb hands the torch optimizer to the engine as given (docs/deepspeed.md)",
     "megatron_lm": _MEGATRON,
     "fsdp_utils": "not yet: accel_nb's FSDP saves and loads through Accelerator.save_state / load_state (accel_nb.fsdp)",
     "launch": _LAUNCH,
@@ -51,7 +53,7 @@ LEFT_OUT: dict[str, str] = {
     "constants.SAMPLER_NAME": "accel_nb keeps sampler states in rank_<i>.pt, not sampler.bin",
     **{f"dataclasses.{n}": _FP8 for n in ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs",
                                           "FP8BackendType"]},
-    **{f"dataclasses.{n}": _DS for n in ["DeepSpeedPlugin", "DeepSpeedSequenceParallelConfig"]},
+    "dataclasses.DeepSpeedSequenceParallelConfig": "DeepSpeed's sequence parallelism (Ulysses) is not supported",
     **{f"dataclasses.{n}": _PAR for n in ["TorchTensorParallelPlugin", "TorchContextParallelConfig",
                                           "TorchTensorParallelConfig"]},
     **{f"dataclasses.{n}": _MEGATRON for n in ["MegatronLMPlugin", "add_model_config_to_megatron_parser",
@@ -69,10 +71,9 @@ LEFT_OUT: dict[str, str] = {
         "set_numa_affinity",
     ]},
     **{f"imports.{n}": _FP8 for n in ["is_transformer_engine_available", "is_transformer_engine_mxfp8_available",
-                                      "is_torchao_available", "is_fp8_available", "torchao_required"]},
-    **{f"imports.{n}": _Q for n in ["is_4bit_bnb_available", "is_8bit_bnb_available", "is_bnb_available",
-                                    "is_bitsandbytes_multi_backend_available"]},
-    "imports.deepspeed_required": _DS,
+                                      "is_fp8_available", "torchao_required"]},
+    "imports.is_bitsandbytes_multi_backend_available": "a bitsandbytes generation gate of the reference; accel_nb needs bitsandbytes >= 0.50",
+    "imports.deepspeed_required": _INTERNAL,
     "imports.is_megatron_lm_available": _MEGATRON,
     **{f"imports.{n}": _DEVICES for n in ["is_xccl_available", "is_mlu_available", "is_musa_available",
                                           "is_npu_available", "is_sdaa_available", "is_hpu_available",
@@ -85,8 +86,8 @@ LEFT_OUT: dict[str, str] = {
     "operations.chained_operation": "accel_nb checks shapes on every collective, not only in debug mode (ops.py)",
     "operations.gather_tensor_shape": _INTERNAL,
     "operations.copy_tensor_to_devices": _INTERNAL,
-    "operations.GatheredParameters": _DS,
-    "other.compile_regions_deepspeed": _DS,
+    "operations.GatheredParameters": "ZeRO-3 parameter gathering: use deepspeed.zero.GatheredParameters itself",
+    "other.compile_regions_deepspeed": "torch.compile with DeepSpeed is refused with a clear error (docs/deepspeed.md)",
     **{f"other.{n}": _PAR for n in ["compile_regions_fsdp2", "model_has_dtensor", "get_model_tp_size"]},
     # names of accelerate.utils that come from outside its submodules
     "ParallelismConfig": _PAR,
@@ -213,3 +214,15 @@ def test_utils_stays_light_and_keeps_its_own_helpers():
     from accel_nb.utils.operations import gather
 
     assert gather is accel_nb.ops.gather
+
+
+@pytest.mark.parametrize("name,args", [("is_bnb_available", ()), ("is_bnb_available", ("0.1",)),
+                                       ("is_bnb_available", ("99.0",)), ("is_8bit_bnb_available", ()),
+                                       ("is_4bit_bnb_available", ()), ("is_torchao_available", ()),
+                                       ("is_deepspeed_available", ())])  # fmt: skip
+def test_quantization_and_deepspeed_gates_answer_as_the_reference(name, args):
+    import accelerate.utils.imports as ref
+
+    import accel_nb.utils.imports as ours
+
+    assert getattr(ours, name)(*args) == getattr(ref, name)(*args)

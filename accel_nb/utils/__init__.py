@@ -182,8 +182,8 @@ _REFERENCE_PATHS: dict[str, str] = {
 
 # the reference's submodules of ``utils``: each a shim module here; their names resolve from this
 # package too (``accel_nb.utils.listify``), as in the reference
-_SHIMS = ("bnb", "constants", "dataclasses", "environment", "imports", "memory", "modeling", "offload", "operations",
-          "other", "random", "tqdm", "versions")  # fmt: skip
+_SHIMS = ("bnb", "constants", "dataclasses", "deepspeed", "environment", "imports", "memory", "modeling", "offload",
+          "operations", "other", "random", "tqdm", "versions")  # fmt: skip
 for _shim in _SHIMS:
     for _name in importlib.import_module(f".{_shim}", __name__).__all__:
         _REFERENCE_PATHS.setdefault(_name, f".{_shim}")

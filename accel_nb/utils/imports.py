@@ -13,7 +13,10 @@ _EXPORTS = dict.fromkeys(
     [
         "is_aim_available",
         "is_amdsmi_available",
+        "is_4bit_bnb_available",
+        "is_8bit_bnb_available",
         "is_bf16_available",
+        "is_bnb_available",
         "is_boto3_available",
         "is_clearml_available",
         "is_comet_ml_available",
@@ -43,6 +46,7 @@ _EXPORTS = dict.fromkeys(
         "is_timm_available",
         "is_torch_distributed_available",
         "is_torch_xla_available",
+        "is_torchao_available",
         "is_torchdata_available",
         "is_torchdata_stateful_dataloader_available",
         "is_torchvision_available",
