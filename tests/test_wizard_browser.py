@@ -54,3 +54,34 @@ def test_wizard_label_cpu_line_and_empty_address_in_the_browser(tmp_path):
         wait_until(lambda: "main_process_ip is empty" in node.inner_text(), 30, "the empty-address error")
         assert "None" not in node.inner_text()
         node.screenshot(path=os.path.join(SHOTS, "wizard_empty_address.png"))
+
+
+def test_wizard_in_a_700px_window_keeps_the_slider_value_and_whole_flags(tmp_path):
+    """Issue 27: at 700 px the slider's value was cut off and the commands broke in the middle of a flag."""
+    (tmp_path / NOTEBOOK).write_text(json.dumps(_notebook()))
+    os.makedirs(SHOTS, exist_ok=True)
+    with LabServer(str(tmp_path)) as lab, chromium() as browser:
+        page = browser.new_context(viewport={"width": 700, "height": 1200}).new_page()
+        open_notebook(page, lab, NOTEBOOK)
+        run_all_cells(page, lab, NOTEBOOK)
+        assert cell_errors(page) == []
+        node = page.locator(".jp-CodeCell").nth(1)
+        commands = node.locator(".accel-nb-wizard-commands")
+        commands.wait_for(timeout=60_000)
+        node.screenshot(path=os.path.join(SHOTS, "wizard_narrow_700.png"))  # looked at; before the checks
+        area = node.locator(".jp-OutputArea-output").last.bounding_box()
+        right = area["x"] + area["width"]
+        readout = node.locator(".widget-hslider .widget-readout").first
+        box = readout.bounding_box()
+        assert box is not None and box["width"] > 0 and box["x"] + box["width"] <= right + 1, (box, area)
+        assert readout.evaluate("r => r.scrollWidth <= r.clientWidth + 1"), "the slider's value is cut off"
+        # each flag with its value is one unbroken line (a broken piece is two lines tall)
+        pieces = commands.locator("span")
+        heights = pieces.evaluate_all("els => els.map(e => [e.textContent, e.getClientRects().length])")
+        broken = [text for text, rects in heights if rects != 1]
+        assert heights and not broken, broken
+        inner = commands.evaluate("c => [c.scrollWidth, c.clientWidth]")
+        assert inner[0] <= inner[1] + 1, f"the commands overflow the cell: {inner}"
+        assert "--cpu" in commands.inner_text()
+        status = node.locator("text=Save writes").first
+        assert status.evaluate("s => s.scrollWidth <= s.clientWidth + 1"), "the status line's path is cut off"

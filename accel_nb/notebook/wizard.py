@@ -226,7 +226,7 @@ class ConfigWizard:
             control.style = {"description_width": "170px"}
             # one layout each (hiding gpu_ids must not hide the rest); as wide as the cell allows, up to 480 px:
             # a fixed width overflowed a narrow cell and cut the slider's value off
-            control.layout = w.Layout(width="100%", max_width="480px")
+            control.layout = w.Layout(width="calc(100% - 8px)", max_width="480px")  # 8 px: the widget's margins
         return c
 
     def _make_layout(self) -> Any:
@@ -235,7 +235,7 @@ class ConfigWizard:
 
         c = self.controls
         self.hardware_box = w.HTML(
-            f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(hardware_summary(self.hw))}</pre>"
+            f"<pre style='margin:0;white-space:pre-wrap;overflow-wrap:normal;word-break:normal'>{html.escape(hardware_summary(self.hw))}</pre>"
         )
         self.error_label = w.HTML("")
         self.notes_label = w.HTML("")
@@ -257,7 +257,7 @@ class ConfigWizard:
                 self._multi,
                 self.error_label,
                 self.notes_label,
-                w.HBox([self.save_button, self.reset_button]),
+                w.HBox([self.save_button, self.reset_button], layout=w.Layout(flex_flow="row wrap")),
                 self.status_label,
                 w.HTML("<b>Equivalent launches</b>"),
                 self.commands,
@@ -422,7 +422,9 @@ class ConfigWizard:
         color = (
             "#b00020" if text.startswith("Not saved") else "#1b5e20" if text.startswith("Saved") else "#444"
         )
-        self.status_label.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+        # a long path wraps inside the cell (a narrow window cut it off)
+        style = f"color:{color};line-height:1.4;overflow-wrap:anywhere"
+        self.status_label.value = f"<div style='{style}'>{html.escape(text)}</div>"
 
 
 def _exists(path: str) -> bool:
