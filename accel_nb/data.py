@@ -216,9 +216,13 @@ class DataLoaderShard(DataLoader):
             "seed": self._sampler_seed(),
             "skip_batches": self.skip_batches,
         }
-        shuffle = self._shuffle.saved() if self._mid_pass() else None
-        if shuffle is not None:
-            state["shuffle"] = shuffle
+        if self._mid_pass():
+            shuffle = self._shuffle.saved()
+            if shuffle is not None:
+                state["shuffle"] = shuffle
+        else:  # between passes (an epoch's end): what the next pass will draw from
+            reused = self.persistent_workers and (self.base_dataloader or self)._iterator is not None
+            state["next_pass"] = self._shuffle.between_passes(random_sampler(self.batch_sampler), not reused)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -239,6 +243,8 @@ class DataLoaderShard(DataLoader):
         self._resume_skip = max(done - self.skip_batches, 0)
         if self._resume_skip:
             self._shuffle.restore(state.get("shuffle"), random_sampler(self.batch_sampler))
+        else:
+            self._shuffle.restore_between_passes(state.get("next_pass"), random_sampler(self.batch_sampler))
         self._apply_epoch()
 
     def _has_len(self) -> bool:
@@ -290,7 +296,12 @@ class DataLoaderShard(DataLoader):
         self.gradient_state._add_dataloader(self)
         self.gradient_state.remainder = self.remainder
         try:
-            if resume:
+            if self._shuffle.keeps_rng_on_new_iterator:
+                # resumed at an epoch's end where the saved run's persistent workers kept their
+                # iterator (no base seed drawn): a throwaway generator gives this new iterator's
+                with self._shuffle.loader_generator_hidden(self.base_dataloader or self):
+                    it = self._base_iter()
+            elif resume:
                 # the interrupted run drew the iterator's base seed from torch's global RNG when this
                 # epoch began, before its RNG state was saved: the resumed pass must not draw again
                 rng = torch.get_rng_state()

@@ -100,10 +100,12 @@ class PassShuffle:
         self._record: tuple[str, Any] | None = None
         self._temporary = False  # the sampler got a generator for this resumed pass only
         self._hide_loader_generator = False
+        self._no_base_seed = False  # resumed between passes: the saved run's next pass drew no base seed
 
     def begin(
         self, sampler: RandomSampler | None, loader_generator: torch.Generator | None, new_iterator: bool = True
     ) -> None:
+        new_iterator = new_iterator and not self._no_base_seed
         if sampler is None:
             self._record = None
         elif self._temporary:
@@ -129,6 +131,36 @@ class PassShuffle:
         if kind == "seed":
             return {"seed": value}
         return {"generator_state": value[0], "base_seed_drawn": value[1]}
+
+    @staticmethod
+    def between_passes(sampler: RandomSampler | None, next_iterator_new: bool) -> dict[str, Any]:
+        """Between passes (a save at an epoch's end): what the next pass will draw from.
+
+        That is the shuffle generator's current state (it moves on with every pass, and a fresh
+        loader's starts where the first pass did: without it a loader resumed at an epoch's end
+        would replay the first epoch's order), and whether the next pass draws an iterator base
+        seed (not with persistent workers that keep their iterator; a resumed loader's first
+        iterator is new and must then not draw). A sampler without generator draws from torch's
+        RNG, which the checkpoint restores.
+        """
+        entry: dict[str, Any] = {"base_seed_drawn": bool(next_iterator_new)}
+        if sampler is not None and sampler.generator is not None:
+            entry["generator_state"] = sampler.generator.get_state()
+        return entry
+
+    def restore_between_passes(self, entry: dict[str, Any] | None, sampler: RandomSampler | None) -> None:
+        """Put back what :meth:`between_passes` saved, for the next pass."""
+        if not entry:
+            return
+        if sampler is not None and sampler.generator is not None and "generator_state" in entry:
+            sampler.generator.set_state(entry["generator_state"])
+        self._no_base_seed = not entry.get("base_seed_drawn", True)
+        self._hide_loader_generator = self._no_base_seed
+
+    @property
+    def keeps_rng_on_new_iterator(self) -> bool:
+        """True when the next pass's new iterator must draw no base seed (the saved run's did not)."""
+        return self._no_base_seed
 
     def restore(self, entry: dict[str, Any] | None, sampler: RandomSampler | None) -> None:
         if not entry or sampler is None:
@@ -159,3 +191,4 @@ class PassShuffle:
             sampler.generator = None  # back to drawing a seed per pass, as PyTorch does
         self._temporary = False
         self._hide_loader_generator = False
+        self._no_base_seed = False

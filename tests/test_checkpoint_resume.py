@@ -281,3 +281,82 @@ def test_a_rank_that_cannot_load_stops_every_rank_before_any_change(tmp_path, ha
     (msg0, unchanged0), (msg1, _) = run_ranks(_load_expecting_failure, 2, args=(ckpt,))
     assert "rank_1.pt holds Python objects" in msg1 and "weights_only=False" in msg1
     assert msg0.startswith("load_state changed nothing: rank 1 could not use the checkpoint") and unchanged0
+
+
+# -- epoch boundaries: a resumed loader continues with the next epoch's shuffle --------------------
+PER_EPOCH = 4  # 24 samples / (2 ranks x batch 3)
+SAVE_POINTS = {  # name: (epoch, batches of that epoch done, saved inside the inner loop?)
+    "mid0": (0, 2, True),
+    "end0": (0, PER_EPOCH, False),  # after the inner loop: the usual place
+    "last1": (1, PER_EPOCH, True),  # right after the last batch, before the loop ends
+    "end1": (1, PER_EPOCH, False),
+}
+
+
+def _epochs_run(ckpt_dir: str, variant: str, resume_from: str | None):
+    """3 epochs of the usual loop over a shuffled loader: (this rank's sample order, a last draw).
+
+    Without ``resume_from``: the whole run, saving a checkpoint at every SAVE_POINTS place. With it:
+    a fresh prepared loader loads that checkpoint and runs to the end of epoch 2. ``workers``: the
+    DataLoader has its own generator and a persistent worker (which keeps its iterator between
+    epochs, so the saved run's next epoch draws no base seed while the resumed loader's first does).
+    """
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from accel_nb import Accelerator
+    from accel_nb.utils import DataLoaderConfiguration, set_seed
+
+    set_seed(77)
+    config = DataLoaderConfiguration(use_seedable_sampler=variant == "seedable")
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    extra = {}
+    if variant == "workers":
+        extra = {"num_workers": 1, "persistent_workers": True, "generator": torch.Generator().manual_seed(3)}
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(24)), batch_size=3, shuffle=True, **extra))
+    start_epoch, order = 0, []
+    if resume_from:
+        accelerator.load_state(os.path.join(ckpt_dir, resume_from))
+        epoch, done, _ = SAVE_POINTS[resume_from]
+        start_epoch = epoch + 1 if done == PER_EPOCH else epoch
+    for epoch in range(start_epoch, 3):
+        if variant in ("set_epoch", "seedable"):
+            loader.set_epoch(epoch)
+        for step, (xb,) in enumerate(loader):
+            order.append(xb.tolist())
+            torch.rand(1)  # the training step's own draws (dropout etc.) move torch's RNG on
+            if resume_from is None:
+                for name, (e, done, inside) in SAVE_POINTS.items():
+                    if inside and (e, done) == (epoch, step + 1):
+                        accelerator.save_state(os.path.join(ckpt_dir, name))
+        if resume_from is None:
+            for name, (e, _, inside) in SAVE_POINTS.items():
+                if not inside and e == epoch:
+                    accelerator.save_state(os.path.join(ckpt_dir, name))
+    return order, torch.rand(1).item()
+
+
+@pytest.mark.parametrize(
+    "variant, points",
+    [
+        ("plain", ["mid0", "end0", "last1", "end1"]),
+        ("set_epoch", ["end0", "end1"]),
+        ("seedable", ["mid0", "end1"]),
+        ("workers", ["end0", "last1"]),
+    ],
+)
+def test_resume_at_an_epoch_boundary_continues_with_the_next_shuffle(tmp_path, variant, points):
+    ckpt_dir = str(tmp_path)
+    full_runs = run_ranks(_epochs_run, 2, args=(ckpt_dir, variant, None))
+    full = [order for order, _ in full_runs]
+    for rank in range(2):
+        assert len(full[rank]) == 3 * PER_EPOCH
+        orders = [full[rank][e * PER_EPOCH : (e + 1) * PER_EPOCH] for e in range(3)]
+        assert len({str(o) for o in orders}) == 3, "epochs share a shuffle: the test could not tell them apart"
+    assert sorted(sum(full[0][:PER_EPOCH] + full[1][:PER_EPOCH], [])) == list(range(24))  # ranks share one permutation
+    for name in points:
+        resumed = run_ranks(_epochs_run, 2, args=(ckpt_dir, variant, name))  # fresh processes
+        epoch, done, _ = SAVE_POINTS[name]
+        already = epoch * PER_EPOCH + done
+        for rank in range(2):
+            assert resumed[rank][0] == full[rank][already:], f"{name}, rank {rank}: the resumed order differs"
+            assert resumed[rank][1] == full_runs[rank][1], f"{name}, rank {rank}: torch's RNG stream differs"
