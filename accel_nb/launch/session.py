@@ -517,8 +517,8 @@ def stale_sentence(stale: dict[int, list[str]]) -> str:
     """What still holds a replaced process group, per object with its ranks, and what to do about it."""
     return (
         "still bound to the old process group (it would fail or hang): " + _per_object(stale)
-        + ". Run accelerator.prepare(...) on them again, e.g. model = accelerator.prepare(accelerator.unwrap_model(model)) "
-        "(a sharded model's optimizer is made again after it)"
+        + ". Build them again and prepare them (e.g. a new model loaded from your last checkpoint, then its "
+        "optimizer)"
     )
 
 

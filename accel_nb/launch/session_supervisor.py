@@ -8,7 +8,8 @@ through three steps, each only if the last did not end it:
 
 1. its Python stacks are shown and it gets SIGINT (``KeyboardInterrupt`` in its code);
 2. ``on_stuck`` is called (the session closes the process group on the ranks that are done, which
-   frees a peer waiting in a collective; the group is then broken);
+   frees a peer waiting in a collective; the group is then broken, and the session forms a fresh
+   one on the same ranks once the command is over);
 3. it is killed (the session is then broken).
 
     outcome = CellSupervisor(procs, reporter, log_dir, on_stuck=session._free_stuck).run()
