@@ -1,0 +1,120 @@
+"""Issue 27's widget points as a user sees them: JupyterLab 4, the live widgets, Chromium.
+
+A session's start widget says "ready (idle)" while the workers wait, then "stopped" after
+``%accelerate stop``; ``view.set_budget`` moves the device-map slider. Screenshots land in
+artifacts/screenshots/ (session_ready.png, session_stopped.png, device_map_set_budget.png): look at them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+
+import pytest
+
+from tests.browser_helpers import (
+    SHOTS,
+    LabServer,
+    cell_errors,
+    chromium,
+    new_page,
+    open_notebook,
+    run_all_cells,
+    screenshot,
+    start_all_cells,
+    wait_until,
+    write_notebook,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(400)]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    os.makedirs(SHOTS, exist_ok=True)
+    server = LabServer(str(root))
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_session_start_widget_says_ready_then_stopped(lab):
+    flag = os.path.join(tempfile.mkdtemp(prefix="accel_nb-stop-"), "go")
+    cells = [
+        f"import sys\nsys.path.insert(0, {ROOT!r})\n%load_ext accel_nb\n%accelerate start -n 2 --cpu",
+        f"import os, time\nwhile not os.path.exists({flag!r}):\n    time.sleep(0.1)",  # the test looks first
+        "%accelerate stop",
+    ]
+    write_notebook(os.path.join(lab.root_dir, "session_truth.ipynb"), cells)
+    with chromium() as browser:
+        page = new_page(browser)
+        open_notebook(page, lab, "session_truth.ipynb")
+        start_all_cells(page)
+        start = page.locator(".jp-Notebook .jp-Cell").nth(0)
+        wait_until(lambda: start.inner_text().count("ready (idle)") >= 2, 180, "the start widget's ready rows")
+        text = start.inner_text()
+        assert re.search(r"2 ranks: ready \(idle", text) and not re.search(r"\bdone\b", text), text
+        start.scroll_into_view_if_needed()
+        screenshot(page, "session_ready", SHOTS)
+        open(flag, "w").close()
+        wait_until(lambda: start.inner_text().count("stopped") >= 3, 120, "the start widget's stopped rows")
+        text = start.inner_text()
+        assert "ready (idle)" not in text and "2 ranks: stopped (its workers ended)" in text, text
+        stop = page.locator(".jp-Notebook .jp-Cell").nth(2)
+        wait_until(lambda: "the session was stopped" in stop.inner_text(), 60, "stop's answer")
+        assert not cell_errors(page), cell_errors(page)
+        screenshot(page, "session_stopped", SHOTS)
+        page.context.close()
+
+
+DEVICE_MAP_CELL = f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+from torch import nn
+from accel_nb import init_empty_weights, show_device_map, compute_module_sizes
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 64)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 256), nn.Linear(256, 64)) for _ in range(8))
+        self.head = nn.Linear(64, 100)
+
+with init_empty_weights():
+    net = Net()
+total = compute_module_sizes(net)[""]
+view = show_device_map(net, max_memory={{"cpu": total // 2, "disk": "1GB"}}, no_split_module_classes=["Sequential"])
+"""
+
+
+def test_set_budget_moves_the_slider_and_neighbours_differ(lab):
+    write_notebook(os.path.join(lab.root_dir, "map_truth.ipynb"), [DEVICE_MAP_CELL, "view.set_budget('cpu', '4MB');"])
+    with chromium() as browser:
+        page = new_page(browser)
+        open_notebook(page, lab, "map_truth.ipynb")
+        run_all_cells(page, lab, "map_truth.ipynb")
+        assert not cell_errors(page), cell_errors(page)
+        readout = page.locator(".accel-nb-budget-slider .widget-readout").first
+        unit = page.locator(".accel-nb-budget-slider .widget-label").first.inner_text().split("(")[1].rstrip(")")
+        figure = {"KiB": 4e6 / 1024, "MiB": 4e6 / 1024**2}[unit]
+        def shown() -> bool:  # to one decimal (the browser may round the half the other way)
+            try:
+                return abs(float(readout.inner_text().strip().replace(",", "")) - figure) <= 0.051
+            except ValueError:
+                return False
+
+        wait_until(shown, 30, "the slider to show the 4MB budget")
+        info = page.locator(".jp-OutputArea .accel-nb-device-info").first.inner_text()
+        assert re.search(rf"/ {int(figure)}\.\d {unit} budget", info), info
+        colours = page.evaluate(
+            "() => [...document.querySelectorAll('.jp-OutputArea .accel-nb-device-bar')].map("
+            "b => [...b.querySelectorAll('.accel-nb-module')].map(m => getComputedStyle(m).backgroundColor))"
+        )
+        assert colours and all(a != b for bar in colours for a, b in zip(bar, bar[1:])), colours
+        page.locator(".accel-nb-budget-slider").first.scroll_into_view_if_needed()
+        screenshot(page, "device_map_set_budget", SHOTS)
+        page.context.close()
