@@ -457,3 +457,15 @@ def test_text_progress_lines_keep_their_place_after_the_ranks_output():
     rep.finish(True)
     lines = buf.getvalue().splitlines()
     assert lines[0] == "[rank 1] epoch 0 done" and lines[1].startswith("[rank 1] epoch 1:")
+
+
+def test_a_running_view_carries_its_kernel_gone_text_and_final_states_do_not():
+    """The frontend marks views of a restarted kernel disconnected; CSS then shows the 'gone' text."""
+    from accel_nb.notebook.progress_widget import GONE_CSS
+
+    r = _reporter(1, min_interval=0.0)
+    r.handle(Progress(0, "train", 3, 10))
+    assert GONE_CSS in r.statuses[0].value and "stopped (kernel gone)" in r.statuses[0].value
+    assert "accel-nb-live" in r.infos[0].value and "the kernel restarted or went away" in r.aggregate.value
+    r.finish(True)
+    assert "kernel gone" not in r.statuses[0].value and "went away" not in r.aggregate.value

@@ -118,3 +118,40 @@ def test_set_budget_moves_the_slider_and_neighbours_differ(lab):
         page.locator(".accel-nb-budget-slider").first.scroll_into_view_if_needed()
         screenshot(page, "device_map_set_budget", SHOTS)
         page.context.close()
+
+
+RESTART_CELL = f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+from accel_nb import notebook_launcher, progress
+
+def slow():
+    import time
+    for _ in progress(range(1000), desc="train"):
+        time.sleep(0.5)
+
+notebook_launcher(slow, num_processes=2, cpu=True)
+"""
+
+
+def test_a_kernel_restart_during_a_launch_ends_the_widget_saying_so(lab):
+    write_notebook(os.path.join(lab.root_dir, "restart_truth.ipynb"), [RESTART_CELL])
+    with chromium() as browser:
+        page = new_page(browser)
+        open_notebook(page, lab, "restart_truth.ipynb")
+        start_all_cells(page)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(0)
+        wait_until(lambda: cell.inner_text().count("running") >= 2, 180, "both ranks running")
+        # what Kernel > Restart Kernel does, without its confirmation dialog
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+        try:
+            # JupyterLab drops what the old kernel sends once a restart is asked: the views, marked
+            # disconnected by the frontend, show their static "gone" text (CSS), not "running · ETA"
+            wait_until(lambda: "the kernel restarted or went away" in cell.inner_text(), 60, "the widget to say so")
+        finally:
+            screenshot(page, "kernel_restart", SHOTS)
+        text = cell.inner_text()
+        assert "ETA" not in text and "running" not in text and text.count("stopped (kernel gone)") == 2, text
+        cell.scroll_into_view_if_needed()
+        screenshot(page, "kernel_restart", SHOTS)
+        page.context.close()

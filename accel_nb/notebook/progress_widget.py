@@ -44,12 +44,28 @@ STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "stopped": ("warning", "#6d4c41"),
     "ready (idle)": ("info", "#1565c0"),  # a session's workers: alive, waiting for the next cell
 }
+# A frontend marks a widget view ``jupyter-widgets-disconnected`` when its kernel restarts or goes
+# (JupyterLab drops what the old kernel sends once a restart is asked): a running view then shows its
+# "gone" text instead of a frozen "running · ETA". Final states (done, failed, stopped) have no such pair.
+GONE_CSS = (
+    "<style>.jupyter-widgets-disconnected .accel-nb-live{display:none!important}"
+    ".jupyter-widgets-disconnected .accel-nb-gone{display:inline!important}</style>"
+)
+GONE_NOTE = "stopped: the kernel restarted or went away (its ranks end with it)"
 PANE_LINES = 200  # lines of each rank's log shown in its pane
 PANE_INTERVAL = 1.0  # seconds between two refreshes of a log pane (the cell gets the lines at once)
 
 
 def _esc(text: Any) -> str:
     return html.escape(str(text), quote=False)
+
+
+def _live_or_gone(live_html: str, gone_html: str) -> str:
+    """``live_html`` while the kernel is there; ``gone_html`` once the frontend lost it (CSS only)."""
+    return (
+        f"<span class='accel-nb-live'>{live_html}</span>"
+        f"<span class='accel-nb-gone' style='display:none'>{gone_html}</span>"
+    )
 
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # views whose launch (or session) is still going
@@ -385,7 +401,11 @@ class WidgetReporter:
         v = self.state.ranks[rank]
         if status == "failed" and v.exc_type:
             text = f"failed: {v.exc_type}"
-        return f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
+        shown = f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
+        if status in ("starting", "running", "stalled") or (self.state.ended is None and status not in STATUS_STYLE):
+            gone = f"<span style='color:{STATUS_STYLE['stopped'][1]};font-weight:600;white-space:nowrap'>stopped (kernel gone)</span>"
+            return GONE_CSS + _live_or_gone(shown, gone)
+        return shown
 
     def _show_failures(self, final: bool = False) -> None:
         """The failing ranks' errors; live, with tracebacks. ``final``: the launcher raises its error
@@ -456,6 +476,8 @@ class WidgetReporter:
             v = self.state.ranks[r]
             status = self._status(r, now)
             info = self._info_html(r, now)
+            if status in ("starting", "running", "stalled") and info:
+                info = _live_or_gone(info, "")  # no frozen rate or ETA once the kernel is gone
             self._shown_rows[r] = self._row_key(r, now)
             bar = self.bars[r]
             with bar.hold_sync():
@@ -468,7 +490,11 @@ class WidgetReporter:
                 bar.bar_style = STATUS_STYLE.get(status, ("info", ""))[0]
             self.statuses[r].value = self._status_html(r, status)
             self.infos[r].value = info
-        self.aggregate.value = f"<span style='color:#424242'>{_esc(self._aggregate_line(now))}</span>"
+        line = f"<span style='color:#424242'>{_esc(self._aggregate_line(now))}</span>"
+        if self.state.ended is None and not self.session_stopped:
+            gone = f"<span style='color:#6d4c41;font-weight:600'>{_esc(GONE_NOTE)}</span>"
+            line = GONE_CSS + _live_or_gone(line, gone)
+        self.aggregate.value = line
         self._shown_elapsed = self._elapsed_text()
         self.chart.update(self.state.history, now, force=force)
         if force or now - self._last_pane_flush >= PANE_INTERVAL:
