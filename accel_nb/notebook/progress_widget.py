@@ -195,7 +195,9 @@ class WidgetReporter:
                 if failure:
                     self._show_failures()
                 now = time.monotonic()
-                if failure or now - self._last_flush >= self.min_interval:
+                if self._finished:  # a rank's last events may come in after finish(): the final view shows them
+                    self._flush_locked(force=True, now=now)
+                elif failure or now - self._last_flush >= self.min_interval:
                     self._flush_locked(now=now)
                 else:
                     self._dirty = True  # the ticker thread flushes it within min_interval
