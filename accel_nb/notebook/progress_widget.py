@@ -24,7 +24,6 @@ import html
 import sys
 import threading
 import time
-import weakref
 from typing import Any
 
 from .. import events as ev
@@ -32,6 +31,7 @@ from ..launch.launch_progress import QUIET_AFTER, LaunchProgress
 from ..launch.output_lines import OutputRelay
 from ..launch.reporting import TextReporter, parse_show_ranks
 from ..progress_format import format_duration, format_metrics, format_rate, one_line, plural
+from .kernel_restart import GONE_CSS, GONE_NOTE, LIVE_VIEWS, live_or_gone, watch_kernel_shutdown
 from .metric_chart import MetricChart
 from .widget_compat import get_titles, set_titles, view_bundle
 
@@ -44,62 +44,12 @@ STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "stopped": ("warning", "#6d4c41"),
     "ready (idle)": ("info", "#1565c0"),  # a session's workers: alive, waiting for the next cell
 }
-# A frontend marks a widget view ``jupyter-widgets-disconnected`` when its kernel restarts or goes
-# (JupyterLab drops what the old kernel sends once a restart is asked): a running view then shows its
-# "gone" text instead of a frozen "running · ETA". Final states (done, failed, stopped) have no such pair.
-GONE_CSS = (
-    "<style>.jupyter-widgets-disconnected .accel-nb-live{display:none!important}"
-    ".jupyter-widgets-disconnected .accel-nb-gone{display:inline!important}</style>"
-)
-GONE_NOTE = "stopped: the kernel restarted or went away (its ranks end with it)"
 PANE_LINES = 200  # lines of each rank's log shown in its pane
 PANE_INTERVAL = 1.0  # seconds between two refreshes of a log pane (the cell gets the lines at once)
 
 
 def _esc(text: Any) -> str:
     return html.escape(str(text), quote=False)
-
-
-def _live_or_gone(live_html: str, gone_html: str) -> str:
-    """``live_html`` while the kernel is there; ``gone_html`` once the frontend lost it (CSS only)."""
-    return (
-        f"<span class='accel-nb-live'>{live_html}</span>"
-        f"<span class='accel-nb-gone' style='display:none'>{gone_html}</span>"
-    )
-
-
-_LIVE: weakref.WeakSet = weakref.WeakSet()  # views whose launch (or session) is still going
-_hooked_kernels: list[Any] = []
-
-
-def _watch_kernel_shutdown() -> None:
-    """Once per kernel: when it is asked to shut down or restart, every live view says so first.
-
-    A restart interrupts the cell and kills the kernel within seconds, often before the launch's
-    own end reaches the widget; the frontend would keep the last "running · ETA" forever. The
-    kernel's ``do_shutdown`` runs on its control thread (the cell may still be running), before
-    the shutdown reply, so the final state is on its way before the old kernel goes.
-    """
-    try:
-        from IPython import get_ipython
-
-        kernel = getattr(get_ipython(), "kernel", None)
-    except Exception:  # noqa: BLE001 - no kernel: nothing to watch
-        return
-    if kernel is None or not hasattr(kernel, "do_shutdown") or any(k is kernel for k in _hooked_kernels):
-        return
-    original = kernel.do_shutdown
-
-    def do_shutdown(restart: bool, *args: Any, **kwargs: Any) -> Any:
-        for view in list(_LIVE):
-            try:
-                view.kernel_shutting_down(bool(restart))
-            except Exception:  # noqa: BLE001 - the shutdown itself must go on
-                pass
-        return original(restart, *args, **kwargs)
-
-    kernel.do_shutdown = do_shutdown
-    _hooked_kernels.append(kernel)
 
 
 class WidgetReporter:
@@ -171,8 +121,8 @@ class WidgetReporter:
                 return
         if self.display:
             self._show()
-            _LIVE.add(self)
-            _watch_kernel_shutdown()
+            LIVE_VIEWS.add(self)
+            watch_kernel_shutdown()
 
     def handle(self, event: Any) -> None:
         """Fold one event in; sync the widgets if ``min_interval`` passed (a failure: at once)."""
@@ -228,7 +178,7 @@ class WidgetReporter:
             if self.text_view is not None:
                 self.text_view.finish(ok, summary)  # it shares self.state: finishes it too
         if not (self.idle_when_done and ok):  # a started session's view stays live until it stops
-            _LIVE.discard(self)
+            LIVE_VIEWS.discard(self)
         self._leave_text_summary(ok, summary)
 
     def kernel_shutting_down(self, restart: bool) -> None:
@@ -250,7 +200,7 @@ class WidgetReporter:
                 self._flush_locked(force=True)
             except Exception:  # noqa: BLE001 - the kernel goes anyway
                 return
-        _LIVE.discard(self)
+        LIVE_VIEWS.discard(self)
         self._leave_text_summary(False, note)
 
     def _fall_back(self, what: str, exc: BaseException) -> None:
@@ -406,7 +356,7 @@ class WidgetReporter:
         shown = f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
         if status in ("starting", "running", "stalled") or (self.state.ended is None and status not in STATUS_STYLE):
             gone = f"<span style='color:{STATUS_STYLE['stopped'][1]};font-weight:600;white-space:nowrap'>stopped (kernel gone)</span>"
-            return GONE_CSS + _live_or_gone(shown, gone)
+            return GONE_CSS + live_or_gone(shown, gone)
         return shown
 
     def _show_failures(self, final: bool = False) -> None:
@@ -479,7 +429,7 @@ class WidgetReporter:
             status = self._status(r, now)
             info = self._info_html(r, now)
             if status in ("starting", "running", "stalled") and info:
-                info = _live_or_gone(info, "")  # no frozen rate or ETA once the kernel is gone
+                info = live_or_gone(info, "")  # no frozen rate or ETA once the kernel is gone
             self._shown_rows[r] = self._row_key(r, now)
             bar = self.bars[r]
             with bar.hold_sync():
@@ -495,7 +445,7 @@ class WidgetReporter:
         line = f"<span style='color:#424242'>{_esc(self._aggregate_line(now))}</span>"
         if self.state.ended is None and not self.session_stopped:
             gone = f"<span style='color:#6d4c41;font-weight:600'>{_esc(GONE_NOTE)}</span>"
-            line = GONE_CSS + _live_or_gone(line, gone)
+            line = GONE_CSS + live_or_gone(line, gone)
         self.aggregate.value = line
         self._shown_elapsed = self._elapsed_text()
         self.chart.update(self.state.history, now, force=force)
@@ -545,7 +495,7 @@ class WidgetReporter:
 
     def mark_session_stopped(self, reason: str | None = None) -> None:
         """The session these ranks belong to was stopped: every row and the summary say so (from any cell)."""
-        _LIVE.discard(self)
+        LIVE_VIEWS.discard(self)
         with self._lock:
             if self.session_stopped or not self.idle_when_done:
                 return
