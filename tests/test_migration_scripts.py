@@ -33,7 +33,13 @@ def test_rename_touches_import_lines_only():
     assert rename_imports(source) == 'from accel_nb.utils import set_seed\nimport accel_nb\nprint("accelerate stays")\n'
 
 
-def _run(script: str, folder: str, *args: str) -> dict:
+# The reference's ranks sometimes abort after their last line (gloo's threads outlive the
+# interpreter while a DDP reducer still holds the group; accel_nb tears the group down at exit,
+# see accel_nb.process_group). Its results are printed by then, so that abort alone is forgiven.
+_EXIT_ABORT = "terminate called without an active exception"
+
+
+def _run(script: str, folder: str, *args: str, forgive_exit_abort: bool = False) -> dict:
     env = {
         **os.environ,
         "PYTHONPATH": ROOT,
@@ -45,7 +51,8 @@ def _run(script: str, folder: str, *args: str) -> dict:
         [*cmd, os.path.join(folder, script), *args], env=env, capture_output=True, text=True, timeout=240
     )
     results = [json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and len(results) == 1, (
+    aborted_at_exit = forgive_exit_abort and proc.returncode == 1 and _EXIT_ABORT in proc.stderr and "SIGABRT" in proc.stderr
+    assert (proc.returncode == 0 or aborted_at_exit) and len(results) == 1, (
         f"{script} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     )
     return results[0]
@@ -70,7 +77,9 @@ def _both(tmp_path, script: str, *args: str) -> tuple[dict, dict]:
     (renamed / script).write_text(rename_imports(source))
     assert "accelerate" not in re.findall(r"^\s*(?:from|import)\s+(\w+)", (renamed / script).read_text(), re.M)
     ours = _run(script, str(renamed), *[a.replace("{run}", str(renamed)) for a in args])
-    theirs = _run(script, str(reference), *[a.replace("{run}", str(reference)) for a in args])
+    theirs = _run(
+        script, str(reference), *[a.replace("{run}", str(reference)) for a in args], forgive_exit_abort=True
+    )
     return ours, theirs
 
 

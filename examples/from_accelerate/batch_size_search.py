@@ -37,6 +37,7 @@ def main():
 
     model = train()
     report(accelerator, tried=TRIED, checksum=checksum(model))
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ def main():
         if stopped:
             break
     report(accelerator, steps=steps, stopped=stopped, checksum=checksum(model))
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

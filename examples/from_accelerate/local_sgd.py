@@ -31,6 +31,7 @@ def main():
             checksums.append(checksum(model))
     per_rank = gather_object([checksum(model)])
     report(accelerator, checksums=checksums, per_rank=per_rank, checksum=checksum(model))
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

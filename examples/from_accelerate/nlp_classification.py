@@ -55,6 +55,7 @@ def main():
         correct += (predictions == labels).sum().item()
         total += labels.numel()
     report(accelerator, losses=losses, accuracy=correct / total, evaluated=total, checksum=checksum(model))
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ def main():
         checksum=straight_checksum,
         resumed_checksum=checksum(model),
     )
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
