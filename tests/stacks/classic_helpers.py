@@ -118,8 +118,19 @@ def open_classic(page: Any, server: ClassicServer, notebook: str, timeout: float
         "() => window.Jupyter && Jupyter.notebook && Jupyter.notebook._fully_loaded && Jupyter.notebook.kernel",
         timeout=timeout * 1000,
     )
-    wait_until(lambda: server.kernel_state(notebook) == "idle", timeout, f"the kernel of {notebook} to be idle")
     page.wait_for_function("() => Jupyter.notebook.kernel.is_connected()", timeout=timeout * 1000)
+
+    def idle() -> bool:
+        # The server learns the kernel's state from its status messages. The page's first
+        # kernel_info can come before the server's subscription to them is in place (zmq's
+        # "slow joiner"): that idle is lost and the state reads "starting" until the next message.
+        # Asking the kernel again makes a new busy/idle pair, so the wait ends on a condition.
+        if server.kernel_state(notebook) == "idle":
+            return True
+        page.evaluate("() => Jupyter.notebook.kernel.kernel_info()")
+        return False
+
+    wait_until(idle, timeout, f"the kernel of {notebook} to be idle", interval=2.0)
 
 
 def run_cell(page: Any, index: int) -> None:
