@@ -72,7 +72,7 @@ _EXPORTS: dict[str, str] = {
     "ProfileKwargs": ".kwargs_handlers",
     "find_executable_batch_size": ".memory",
     "synchronize_rng_states": ".random_sync",
-    "cpu_offload_with_hook": ".hooks",
+    "cpu_offload_with_hook": ".big_model.model_hooks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__", "load_ipython_extension"]
@@ -87,13 +87,13 @@ def __dir__() -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext accel_nb``: register the ``%%accelerate`` magics in this IPython session."""
-    from .notebook.magics import load_ipython_extension as _load
+    from .notebook.magics import load_ipython_extension as _load  # deferred: import time
 
     _load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    from .notebook.magics import unload_ipython_extension as _unload
+    from .notebook.magics import unload_ipython_extension as _unload  # deferred: import time
 
     _unload(ipython)
 

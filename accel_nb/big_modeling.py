@@ -3,7 +3,7 @@
     from accel_nb.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
 
 Nothing is defined here; each name is the one implementation in ``accel_nb.big_model`` (or
-``accel_nb.hooks`` for ``cpu_offload_with_hook``), imported on first use.
+``accel_nb.big_model.model_hooks`` for ``cpu_offload_with_hook``), imported on first use.
 ``attach_layerwise_casting_hooks`` is in ``accel_nb.big_model.layerwise_casting``.
 """
 
@@ -18,7 +18,7 @@ _EXPORTS = {
     "disk_offload": "accel_nb.big_model",
     "dispatch_model": "accel_nb.big_model",
     "load_checkpoint_and_dispatch": "accel_nb.big_model",
-    "cpu_offload_with_hook": "accel_nb.hooks",
+    "cpu_offload_with_hook": "accel_nb.big_model.model_hooks",
     "attach_layerwise_casting_hooks": "accel_nb.big_model.layerwise_casting",
 }
 

@@ -97,7 +97,7 @@ def save_model(
 
         state = host_copy(inner.state_dict())
     if any(t.device.type == "meta" for t in state.values()):
-        from .modeling import get_state_dict_offloaded_model
+        from .big_model.module_helpers import get_state_dict_offloaded_model
 
         state = get_state_dict_offloaded_model(inner)
     return save_sharded_safetensors(

@@ -58,7 +58,7 @@ def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, An
     storage) and every tensor made contiguous."""
     import torch
 
-    from .modeling_helpers import id_tensor_storage
+    from .big_model.module_helpers import id_tensor_storage
 
     seen: set[Any] = set()
     cleaned = type(state_dict)() if isinstance(state_dict, OrderedDict) else {}

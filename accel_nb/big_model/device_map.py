@@ -33,6 +33,7 @@ from torch import nn
 
 from ..utils import human_bytes
 from .headroom import EngineReservation
+from .map_errors import DeviceMapError
 from .offload import DEFAULT_NUM_BUFFERS
 from .sizes import (
     Device,
@@ -47,10 +48,6 @@ from .sizes import (
     normalize_device,
     tied_parameter_groups,
 )
-
-
-class DeviceMapError(ValueError):
-    """A device map cannot be made or does not fit the model."""
 
 
 @dataclass

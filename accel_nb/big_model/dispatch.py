@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .device_map import DeviceMapError, check_device_map, check_devices_exist, resolve_device_map
-from .hooks import attach_device_hook, remove_device_hooks
+from .dispatch_hooks import attach_device_hook, remove_device_hooks
 from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit, TensorSlot
 from .rollback import restore, snapshot
 from .sizes import get_max_memory, normalize_device, torch_device

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..hooks import ModelHook, add_hook_to_module
+from .model_hooks import ModelHook, add_hook_to_module
 
 __all__ = ["LayerwiseCastingHook", "attach_layerwise_casting_hooks"]
 

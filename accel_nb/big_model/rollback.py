@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .hooks import remove_device_hooks
+from .dispatch_hooks import remove_device_hooks
 
 _MODEL_ATTRS = ("hf_device_map", "_accel_nb_engine", "_accel_nb_disk_index")
 _ABSENT = object()

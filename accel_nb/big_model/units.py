@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .map_errors import DeviceMapError
 from .sizes import is_no_split
 
 
@@ -35,8 +36,6 @@ def is_container(module: nn.Module) -> bool:
 
 def hook_targets(name: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules whose forward runs for a map entry: itself, or a container's children."""
-    from .device_map import DeviceMapError
-
     if not is_container(module):
         return [(name, module)]
     if module._parameters or module._buffers:

@@ -165,11 +165,11 @@ _REFERENCE_PATHS: dict[str, str] = {
     **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..compiling"),
     **dict.fromkeys(
         [
-            "find_tied_parameters", "get_state_dict_offloaded_model", "load_state_dict", "named_module_tensors",
-            "set_module_tensor_to_device",
+            "find_tied_parameters", "load_state_dict", "named_module_tensors", "set_module_tensor_to_device",
         ],
-        "..modeling",
+        "..big_model.module_tensors",
     ),
+    "get_state_dict_offloaded_model": "..big_model.module_helpers",
     **dict.fromkeys(
         [
             "check_device_map", "compute_module_sizes", "get_balanced_memory", "get_max_memory",

@@ -13,18 +13,18 @@ _EXPORTS = {
     **dict.fromkeys(
         [
             "find_tied_parameters",
-            "get_state_dict_offloaded_model",
             "load_state_dict",
             "named_module_tensors",
             "set_module_tensor_to_device",
         ],
-        "accel_nb.modeling",
+        "accel_nb.big_model.module_tensors",
     ),
     **dict.fromkeys(
         [
             "align_module_device",
             "calculate_maximum_sizes",
             "get_state_dict_from_offload",
+            "get_state_dict_offloaded_model",
             "load_offloaded_weights",
             "check_device_same",
             "check_tied_parameters_in_config",
@@ -44,7 +44,7 @@ _EXPORTS = {
             "is_peft_model",
             "retie_parameters",
         ],
-        "accel_nb.modeling_helpers",
+        "accel_nb.big_model.module_helpers",
     ),
     **dict.fromkeys(
         [

@@ -1,9 +1,9 @@
-"""Helpers over a model's tensors that libraries call: move one tensor, list tensors, find ties,
-read a weights file, collect an offloaded model's state dict.
+"""One tensor of a module by its dotted name: move or replace it, list them, find ties, read a weights file.
 
     set_module_tensor_to_device(model, "lm_head.weight", "cpu", value=torch.zeros(10, 4))
     find_tied_parameters(model)            # [['embed.weight', 'lm_head.weight']]
-    state = get_state_dict_offloaded_model(dispatched_model)
+
+Served at the reference's ``accelerate.utils.modeling`` path by ``accel_nb.utils.modeling``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .big_model.sizes import normalize_device, tied_parameter_groups, torch_device
+from .sizes import normalize_device, tied_parameter_groups, torch_device
 
 __all__ = [
     "find_tied_parameters",
-    "get_state_dict_offloaded_model",
     "load_state_dict",
     "named_module_tensors",
     "set_module_tensor_to_device",
@@ -88,7 +87,7 @@ def set_module_tensor_to_device(
                 f"{tuple(old.shape)}; pass a tensor of the module's shape"
             )
         if dtype is not None:
-            from .big_model.sizes import as_dtype
+            from .sizes import as_dtype
 
             if value.is_floating_point():
                 value = value.to(as_dtype(dtype))
@@ -177,7 +176,7 @@ def load_state_dict(
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} is not a file; pass the path of one .safetensors (or .bin) file")
     if path.endswith(".safetensors"):
-        from .serialization import load_safetensors_state_dict
+        from ..serialization import load_safetensors_state_dict
 
         state = load_safetensors_state_dict(path)
     elif path.endswith(_PICKLE_SUFFIXES):
@@ -192,64 +191,3 @@ def load_state_dict(
     if device_map is None:
         return state
     return {name: t.to(_device_for(device_map, name)) for name, t in state.items()}
-
-
-def _offloaded_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Full name -> CPU copy of every weight that lives off the module between forwards."""
-    from .big_model.hooks import _ATTR as DISPATCH_HOOK  # accel_nb's own dispatch (dispatch_model, offload)
-    from .hooks import AlignDevicesHook, iter_hooks
-
-    found: dict[str, torch.Tensor] = {}
-    seen_units: set[int] = set()
-    for prefix, module in model.named_modules():
-        dispatch_hook = getattr(module, DISPATCH_HOOK, None)
-        for unit in getattr(dispatch_hook, "units", []):
-            if id(unit) in seen_units:
-                continue
-            seen_units.add(id(unit))
-            engine = dispatch_hook.engine
-            engine.before_forward(unit)  # the same path a forward takes: the weights appear on the module
-            try:
-                for slot in unit.slots:
-                    tensor = slot.owner._parameters[slot.attr] if slot.is_param else slot.owner._buffers[slot.attr]
-                    found.setdefault(slot.key, tensor.detach().to("cpu", copy=True))
-            finally:
-                engine.after_forward(unit)
-        for hook in iter_hooks(module):
-            if isinstance(hook, AlignDevicesHook) and hook.offload and hook.weights_map is not None:
-                for name, _ in named_module_tensors(module, include_buffers=hook.offload_buffers):
-                    full = f"{prefix}.{name}" if prefix else name
-                    if name in hook.weights_map:
-                        found.setdefault(full, hook.weights_map[name].detach().to("cpu", copy=True))
-    return found
-
-
-def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict on CPU, reading weights that dispatch or hooks keep on CPU or disk.
-
-    model = load_checkpoint_and_dispatch(model, "ckpt", device_map={"a": "cpu", "b": "disk"}, ...)
-    state = get_state_dict_offloaded_model(model)   # every tensor real, in state_dict order
-    """
-    offloaded = _offloaded_tensors(model)
-    state: dict[str, torch.Tensor] = {}
-    missing: list[str] = []
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        if name in offloaded:
-            state[name] = offloaded[name]
-        elif tensor.device.type == "meta":
-            missing.append(name)
-        else:
-            state[name] = tensor.detach().to("cpu", copy=True)
-    for group in tied_parameter_groups(model):  # a tie offloaded under one name fills the others
-        known = next((state[n] for n in group if n in state), None)
-        for name in group:
-            if name in missing and known is not None:
-                state[name] = known
-                missing.remove(name)
-    if missing:
-        raise ValueError(
-            f"{len(missing)} tensor(s) have no data anywhere (meta, not offloaded): {missing[:5]}; load the "
-            "checkpoint into the model (load_checkpoint_in_model / load_checkpoint_and_dispatch) first"
-        )
-    return {name: state[name] for name in model.state_dict(keep_vars=True)}
-

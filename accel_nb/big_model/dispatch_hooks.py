@@ -16,7 +16,7 @@ from torch import nn
 from ..ops import send_to_device
 from .offload import OffloadEngine, OffloadUnit
 
-_ATTR = "_accel_nb_hook"
+DISPATCH_HOOK_ATTR = "_accel_nb_hook"
 
 
 class DeviceHook:
@@ -77,7 +77,7 @@ def attach_device_hook(
     skip_keys: Any = None,
 ) -> DeviceHook:
     """Wrap ``module.forward``; a second call on the same module merges into the existing hook."""
-    hook: DeviceHook | None = getattr(module, _ATTR, None)
+    hook: DeviceHook | None = getattr(module, DISPATCH_HOOK_ATTR, None)
     if hook is None:
         hook = DeviceHook(device, [], engine, io_same_device, skip_keys)
         original = module.forward
@@ -87,7 +87,7 @@ def attach_device_hook(
             return hook(original, *args, **kwargs)
 
         module.forward = forward  # instance attribute: nn.Module.__call__ finds it first
-        setattr(module, _ATTR, hook)
+        setattr(module, DISPATCH_HOOK_ATTR, hook)
     else:
         hook.device = device if device is not None else hook.device
         hook.io_same_device = hook.io_same_device or io_same_device
@@ -101,8 +101,8 @@ def attach_device_hook(
 def remove_device_hooks(model: nn.Module) -> None:
     """Undo :func:`attach_device_hook` on the model and all its submodules."""
     for module in model.modules():
-        if getattr(module, _ATTR, None) is not None:
-            delattr(module, _ATTR)
+        if getattr(module, DISPATCH_HOOK_ATTR, None) is not None:
+            delattr(module, DISPATCH_HOOK_ATTR)
             if "forward" in module.__dict__:
                 del module.forward
 
@@ -114,7 +114,7 @@ def restore_offloaded_weights(module: nn.Module) -> None:
     ``dispatch_model`` hooked: the weights leave the meta device (as the reference's hook removal
     does), tied weights stay one tensor, and the module's forward is its own again.
     """
-    hook: DeviceHook | None = getattr(module, _ATTR, None)
+    hook: DeviceHook | None = getattr(module, DISPATCH_HOOK_ATTR, None)
     if hook is None:
         return
     restored: dict[str, torch.Tensor] = {}
@@ -136,6 +136,6 @@ def restore_offloaded_weights(module: nn.Module) -> None:
             else:
                 slot.owner._buffers[slot.attr] = restored[slot.key]
     hook.units.clear()
-    delattr(module, _ATTR)
+    delattr(module, DISPATCH_HOOK_ATTR)
     if "forward" in module.__dict__:
         del module.forward

@@ -1,10 +1,13 @@
 """More helpers over a model's tensors and module tree that code written for the reference calls: sizes,
-names, device-map cleanup, ties, and reading offloaded weights in place.
+names, device-map cleanup, ties, and reading offloaded weights (hooked or dispatched) in place.
 
     convert_file_size_to_int("2GiB")              # 2147483648
     clean_device_map({"a.x": 0, "a.y": 0})         # {"a": 0}
     with align_module_device(offloaded_layer):
         print(offloaded_layer.weight.sum())
+    state = get_state_dict_offloaded_model(dispatched_model)
+
+Served at the reference's ``accelerate.utils.modeling`` path by ``accel_nb.utils.modeling``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .modeling import set_module_tensor_to_device
+from .dispatch_hooks import DISPATCH_HOOK_ATTR
+from .model_hooks import AlignDevicesHook, iter_hooks
+from .module_tensors import named_module_tensors, set_module_tensor_to_device
+from .sizes import tied_parameter_groups
 
 __all__ = [
     "align_module_device",
@@ -42,6 +48,7 @@ __all__ = [
     "is_repeated_blocks",
     "id_tensor_storage",
     "is_peft_model",
+    "get_state_dict_offloaded_model",
     "retie_parameters",
 ]
 
@@ -136,7 +143,7 @@ def compute_module_total_buffer_size(
     model: nn.Module, dtype: str | torch.dtype | None = None, special_dtypes: Mapping[str, Any] | None = None
 ) -> int:
     """Bytes of all buffers of ``model`` (floating ones counted in ``dtype`` when given)."""
-    from .big_model.sizes import as_dtype, tensor_bytes
+    from .sizes import as_dtype, tensor_bytes
 
     dtype = as_dtype(dtype)
     special = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
@@ -214,10 +221,8 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
 def has_offloaded_params(module: nn.Module) -> bool:
     """True when ``module``'s own weights live off it between forwards: an ``AlignDevicesHook(offload=True)``
     or accel_nb's dispatch / ``cpu_offload`` / ``disk_offload`` streaming hook."""
-    from .big_model.hooks import _ATTR as DISPATCH_HOOK
-    from .hooks import AlignDevicesHook, iter_hooks
 
-    if getattr(getattr(module, DISPATCH_HOOK, None), "units", None):
+    if getattr(getattr(module, DISPATCH_HOOK_ATTR, None), "units", None):
         return True
     return any(isinstance(h, AlignDevicesHook) and h.offload for h in iter_hooks(module))
 
@@ -230,10 +235,8 @@ def align_module_device(module: nn.Module, execution_device: Any = None) -> Iter
         with align_module_device(layer):
             print(layer.weight.sum())      # readable although layer is offloaded
     """
-    from .big_model.hooks import _ATTR as DISPATCH_HOOK
-    from .hooks import AlignDevicesHook, iter_hooks
 
-    dispatch_hook = getattr(module, DISPATCH_HOOK, None)
+    dispatch_hook = getattr(module, DISPATCH_HOOK_ATTR, None)
     if dispatch_hook is not None and dispatch_hook.units:
         entered = []
         try:
@@ -324,7 +327,7 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
     """Log a warning for each group of tied parameters that ``device_map`` splits over several devices."""
     import logging
 
-    from .big_model.device_map import device_for
+    from .device_map import device_for
 
     for group in tied_params:
         devices = {name: device_for(device_map, name) for name in group}
@@ -337,13 +340,13 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
 
 def is_peft_model(model: nn.Module) -> bool:
     """True when ``model`` (once unwrapped from DDP/compile) is a ``peft.PeftModel``; False without peft."""
-    from .availability import is_peft_available
+    from ..availability import is_peft_available
 
     if not is_peft_available():
         return False
     from peft import PeftModel
 
-    from .unwrap import extract_model_from_parallel
+    from ..unwrap import extract_model_from_parallel
 
     return isinstance(extract_model_from_parallel(model), PeftModel)
 
@@ -365,7 +368,7 @@ def load_offloaded_weights(model: nn.Module, index: Mapping[str, Any] | None, of
     on the CPU. 8-bit ``SCB`` statistics entries are skipped (quantized weights: not supported yet)."""
     import os
 
-    from .big_model.weight_files import load_offloaded_weight
+    from .weight_files import load_offloaded_weight
 
     for name, info in (index or {}).items():
         if "SCB" in name:
@@ -390,7 +393,7 @@ def get_state_dict_from_offload(
 
 def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
     """``(total bytes, (bytes of the largest layer, its names))``; layers split at ``model._no_split_modules``."""
-    from .big_model.sizes import compute_module_sizes
+    from .sizes import compute_module_sizes
 
     sizes = compute_module_sizes(model)
     top = (
@@ -422,3 +425,61 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
         and getattr(config, "tie_encoder_decoder", False)
     )
     return tied_embeddings or tied_encoder_decoder or any(hasattr(m, "_tie_weights") for m in model.modules())
+
+
+def _offloaded_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full name -> CPU copy of every weight that lives off the module between forwards."""
+    found: dict[str, torch.Tensor] = {}
+    seen_units: set[int] = set()
+    for prefix, module in model.named_modules():
+        dispatch_hook = getattr(module, DISPATCH_HOOK_ATTR, None)
+        for unit in getattr(dispatch_hook, "units", []):
+            if id(unit) in seen_units:
+                continue
+            seen_units.add(id(unit))
+            engine = dispatch_hook.engine
+            engine.before_forward(unit)  # the same path a forward takes: the weights appear on the module
+            try:
+                for slot in unit.slots:
+                    tensor = slot.owner._parameters[slot.attr] if slot.is_param else slot.owner._buffers[slot.attr]
+                    found.setdefault(slot.key, tensor.detach().to("cpu", copy=True))
+            finally:
+                engine.after_forward(unit)
+        for hook in iter_hooks(module):
+            if isinstance(hook, AlignDevicesHook) and hook.offload and hook.weights_map is not None:
+                for name, _ in named_module_tensors(module, include_buffers=hook.offload_buffers):
+                    full = f"{prefix}.{name}" if prefix else name
+                    if name in hook.weights_map:
+                        found.setdefault(full, hook.weights_map[name].detach().to("cpu", copy=True))
+    return found
+
+
+def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict on CPU, reading weights that dispatch or hooks keep on CPU or disk.
+
+    model = load_checkpoint_and_dispatch(model, "ckpt", device_map={"a": "cpu", "b": "disk"}, ...)
+    state = get_state_dict_offloaded_model(model)   # every tensor real, in state_dict order
+    """
+    offloaded = _offloaded_tensors(model)
+    state: dict[str, torch.Tensor] = {}
+    missing: list[str] = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name in offloaded:
+            state[name] = offloaded[name]
+        elif tensor.device.type == "meta":
+            missing.append(name)
+        else:
+            state[name] = tensor.detach().to("cpu", copy=True)
+    for group in tied_parameter_groups(model):  # a tie offloaded under one name fills the others
+        known = next((state[n] for n in group if n in state), None)
+        for name in group:
+            if name in missing and known is not None:
+                state[name] = known
+                missing.remove(name)
+    if missing:
+        raise ValueError(
+            f"{len(missing)} tensor(s) have no data anywhere (meta, not offloaded): {missing[:5]}; load the "
+            "checkpoint into the model (load_checkpoint_in_model / load_checkpoint_and_dispatch) first"
+        )
+    return {name: state[name] for name in model.state_dict(keep_vars=True)}
+

@@ -1,0 +1,343 @@
+"""The package layout keeps its rules (issue 31). Read with ``ast`` only: nothing is imported.
+
+(a) No import cycle inside ``accel_nb``, function-level imports counted. An import inside a function is
+    left out of the graph only when one of its lines carries a comment saying why it is deferred:
+
+        from peft import PeftModel  # deferred: optional dependency
+        from .launch.start import start  # deferred: import time (the CLI's --help stays fast)
+
+    The marker is ``# deferred:`` followed by the reason. It means "this import is deferred on purpose";
+    it does not excuse a cycle that a lower module would remove, and it is ignored at module level
+    (a module-level import is not deferred). Imports under ``if TYPE_CHECKING:`` never run and are left out.
+(b) No private name (``_x``, dunders aside) imported from another ``accel_nb`` module, nor read as an
+    attribute of an imported ``accel_nb`` module (``run._finish``): make it public where it is defined,
+    or move the code that needs it next to it.
+(c) The core does not import the faces. The faces are ``accel_nb.launch`` (the launcher and the rank
+    side), ``accel_nb.notebook`` (the notebook face) and the script face (``accel_nb.commands``, and
+    ``accel_nb.cli`` while it exists). The core is every other module of ``accel_nb`` except the
+    migration shim layer: ``accel_nb/utils/`` (the reference's ``accelerate.utils`` paths), a top-level
+    module whose docstring's first line starts with "Shim", and ``accel_nb/__init__.py`` (its lazy
+    table holds module paths as strings, which are not imports). Every import counts here, deferred
+    and type-only ones too: the faces build on the core, never the other way.
+(d) ``ruff format --check`` is clean on accel_nb, tests, benchmarks and scripts.
+
+Each failure names the file:line and the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "accel_nb"
+FACES = ("accel_nb.launch", "accel_nb.notebook", "accel_nb.commands", "accel_nb.cli")
+DEFERRED = re.compile(r"#\s*deferred:\s*\S")
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module
+    target: str  # the accel_nb module imported (a package's __init__ is the package's name)
+    path: str  # file, relative to ROOT
+    line: int
+    deferred: bool  # inside a function
+    marked: bool  # carries "# deferred: <why>"
+    type_only: bool  # under "if TYPE_CHECKING:"
+    names: tuple[str, ...]  # the names taken with "from X import ..."
+
+
+def _module_files() -> dict[str, str]:
+    """Module name -> file path relative to ROOT, for every module of the package."""
+    out: dict[str, str] = {}
+    for folder, dirs, files in os.walk(os.path.join(ROOT, PACKAGE)):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            rel = os.path.relpath(os.path.join(folder, name), ROOT)
+            parts = rel[:-3].split(os.sep)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = rel
+    return out
+
+
+MODULES = _module_files()
+
+
+def _is_package(module: str) -> bool:
+    return MODULES.get(module, "").endswith("__init__.py")
+
+
+def _resolve(module: str, level: int, name: str | None) -> str:
+    if not level:
+        return name or ""
+    base = module.split(".") if _is_package(module) else module.split(".")[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def _owner(target: str) -> str | None:
+    """The longest accel_nb module that ``target`` names (or that holds it)."""
+    while target:
+        if target in MODULES:
+            return target
+        target = target.rpartition(".")[0]
+    return None
+
+
+class _Collector(ast.NodeVisitor):
+    def __init__(self, module: str, path: str, lines: list[str]) -> None:
+        self.module, self.path, self.lines = module, path, lines
+        self.depth = 0  # functions we are inside
+        self.type_only = 0
+        self.imports: list[Import] = []
+        self.module_aliases: dict[str, str] = {}  # local name -> accel_nb module it names
+        self.attributes: list[tuple[int, str, str]] = []  # (line, module, attribute)
+
+    def _marked(self, node: ast.stmt) -> bool:
+        end = getattr(node, "end_lineno", node.lineno) or node.lineno
+        return any(DEFERRED.search(self.lines[i - 1]) for i in range(node.lineno, end + 1))
+
+    def _add(self, node: ast.stmt, target: str, names: tuple[str, ...] = ()) -> None:
+        self.imports.append(
+            Import(
+                self.module,
+                target,
+                self.path,
+                node.lineno,
+                self.depth > 0,
+                self.depth > 0 and self._marked(node),
+                self.type_only > 0,
+                names,
+            )
+        )
+
+    def _function(self, node: ast.AST) -> None:
+        self.depth += 1
+        self.generic_visit(node)
+        self.depth -= 1
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_If(self, node: ast.If) -> None:
+        test = node.test
+        name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+        if name == "TYPE_CHECKING":
+            self.type_only += 1
+            for child in node.body:
+                self.visit(child)
+            self.type_only -= 1
+            for child in node.orelse:
+                self.visit(child)
+        else:
+            self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            owner = _owner(alias.name)
+            if owner and alias.name.split(".")[0] == PACKAGE:
+                self._add(node, owner)
+                if alias.asname:
+                    self.module_aliases[alias.asname] = owner
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        base = _resolve(self.module, node.level, node.module)
+        if base.split(".")[0] != PACKAGE:
+            return
+        taken: list[str] = []
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            if sub in MODULES:  # "from . import x" with x a submodule
+                self._add(node, sub)
+                self.module_aliases[alias.asname or alias.name] = sub
+            else:
+                taken.append(alias.name)
+        if taken or not node.names:
+            owner = _owner(base)
+            if owner:
+                self._add(node, owner, tuple(taken))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if isinstance(node.value, ast.Name) and node.value.id in self.module_aliases:
+            self.attributes.append((node.lineno, self.module_aliases[node.value.id], node.attr))
+        self.generic_visit(node)
+
+
+def _collect() -> tuple[list[Import], list[tuple[str, int, str, str]], dict[str, str]]:
+    imports: list[Import] = []
+    attributes: list[tuple[str, int, str, str]] = []
+    docs: dict[str, str] = {}
+    for module, path in MODULES.items():
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            text = f.read()
+        tree = ast.parse(text, filename=path)
+        docs[module] = (ast.get_docstring(tree) or "").strip()
+        collector = _Collector(module, path, text.splitlines())
+        collector.visit(tree)
+        imports += collector.imports
+        attributes += [(path, line, mod, attr) for line, mod, attr in collector.attributes]
+    return imports, attributes, docs
+
+
+IMPORTS, ATTRIBUTES, DOCSTRINGS = _collect()
+
+
+def _where(imp: Import) -> str:
+    kind = "type-only" if imp.type_only else "in a function" if imp.deferred else "module level"
+    return f"{imp.path}:{imp.line} ({kind})"
+
+
+def _cycles(edges: dict[str, dict[str, Import]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, {})):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in edges.get(v, {}):
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _one_loop(start: str, members: set[str], edges: dict[str, dict[str, Import]]) -> list[str]:
+    """A shortest path start -> ... -> start inside one component."""
+    from collections import deque
+
+    previous: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        v = queue.popleft()
+        for w in sorted(edges.get(v, {})):
+            if w not in members:
+                continue
+            if w == start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(previous[path[-1]])
+                return list(reversed(path)) + [start]
+            if w not in previous:
+                previous[w] = v
+                queue.append(w)
+    return [start, start]
+
+
+def test_no_import_cycles_inside_the_package():
+    edges: dict[str, dict[str, Import]] = {}
+    for imp in IMPORTS:
+        if imp.type_only or imp.marked or imp.target == imp.source:
+            continue
+        edges.setdefault(imp.source, {}).setdefault(imp.target, imp)
+    problems = []
+    for component in _cycles(edges):
+        loop = _one_loop(component[0], set(component), edges)
+        steps = "\n".join(f"    {a} -> {b}   {_where(edges[a][b])}" for a, b in zip(loop, loop[1:]))
+        problems.append(
+            f"import cycle among {len(component)} modules ({', '.join(component)}); one loop:\n{steps}"
+        )
+    assert not problems, (
+        "\n\n".join(problems) + "\n\nFix: move what both sides need into a lower module that imports neither "
+        "(or merge the two); only an import deferred on purpose (optional dependency, import time) may stay "
+        "inside a function with '# deferred: <why>' on its line."
+    )
+
+
+def test_no_private_names_imported_across_modules():
+    problems = []
+    for imp in IMPORTS:
+        if imp.target == imp.source:
+            continue
+        for name in imp.names:
+            if name.startswith("_") and not name.startswith("__"):
+                problems.append(f"{imp.path}:{imp.line}: imports {name} from {imp.target}")
+        if imp.target.rpartition(".")[2].startswith("_") and not imp.target.endswith("__"):
+            problems.append(f"{imp.path}:{imp.line}: imports the private module {imp.target}")
+    for path, line, module, attr in ATTRIBUTES:
+        if attr.startswith("_") and not attr.startswith("__"):
+            problems.append(f"{path}:{line}: reads {module}.{attr}")
+    assert not problems, (
+        "private names used across modules:\n  "
+        + "\n  ".join(problems)
+        + "\nFix: give the name a public spelling where it is defined (and use that), or move the code that "
+        "needs it into the defining module."
+    )
+
+
+def _is_face(module: str) -> bool:
+    return any(module == face or module.startswith(face + ".") for face in FACES)
+
+
+def _is_shim_layer(module: str) -> bool:
+    if module == PACKAGE or module == f"{PACKAGE}.utils" or module.startswith(f"{PACKAGE}.utils."):
+        return True
+    top_level = module.count(".") == 1
+    return top_level and DOCSTRINGS.get(module, "").startswith("Shim")
+
+
+def test_the_core_does_not_import_the_faces():
+    problems = [
+        f"{imp.path}:{imp.line}: {imp.source} imports {imp.target}"
+        for imp in IMPORTS
+        if _is_face(imp.target) and not _is_face(imp.source) and not _is_shim_layer(imp.source)
+    ]
+    assert not problems, (
+        "the core imports a face (launch/, notebook/, the script face):\n  "
+        + "\n  ".join(problems)
+        + "\nFix: move the helper both need into the core (the face imports it from there), or let the face "
+        "pass what the core needs in (a callback, a registry the face fills)."
+    )
+
+
+def test_ruff_format_is_clean():
+    pytest.importorskip("ruff")
+    res = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "accel_nb", "tests", "benchmarks", "scripts"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, (
+        res.stdout + res.stderr + "\nFix: run `python -m ruff format accel_nb tests benchmarks scripts`."
+    )
+
+
+def test_the_checks_see_the_package():
+    """The rules above read something: the graph has the package's modules and its known edges."""
+    assert f"{PACKAGE}.accelerator" in MODULES and f"{PACKAGE}.launch" in MODULES
+    assert any(
+        imp.source == f"{PACKAGE}.hooks" or imp.source.startswith(f"{PACKAGE}.big_model") for imp in IMPORTS
+    )
