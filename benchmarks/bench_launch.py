@@ -17,6 +17,7 @@ import os
 import statistics
 import sys
 import tempfile
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -93,8 +94,35 @@ def first_step(library):
     opt.step()
     return accelerator.num_processes
 
+def bare_fork_gloo(fn, args, n=2):
+    # The floor a launcher is measured against: fork n children that read the torchrun
+    # environment, run fn, send the result back on a queue; no supervision, capture or clean-up.
+    import multiprocessing as mp
+    import os
+    import socket
+    import torch
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    queue = ctx.SimpleQueue()
+    def child(rank):
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(n),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), ACCEL_NB_USE_CPU="1")
+        torch.set_num_threads(1)
+        queue.put((rank, fn(*args)))
+    procs = [ctx.Process(target=child, args=(rank,)) for rank in range(n)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get() for _ in range(n))
+    for p in procs:
+        p.join()
+    return [results[rank] for rank in range(n)]
+
 def time_first_step(library, repeat):
-    if library == "accel_nb":
+    if library == "bare":  # accel_nb's Accelerator, launched by bare_fork_gloo
+        launch = lambda i: bare_fork_gloo(first_step, ("accel_nb",))
+    elif library == "accel_nb":
         from accel_nb import notebook_launcher
         from accel_nb.launch.reporting import ListReporter
         launch = lambda i: notebook_launcher(first_step, args=(library,), num_processes=2, cpu=True,
@@ -118,9 +146,10 @@ def time_first_step(library, repeat):
 WRITING_S = 10  # the user's time between the import cell and the first launch, in the "writing" row
 
 
-def _first_step_times(library: str, repeat: int, writing_s: float | None) -> list[float] | None:
+def _first_step_times(library: str, repeat: int, writing_s: float | None, bare: bool = False) -> Any:
     """Launch times of ``first_step`` in a fresh kernel (None without ``library``); ``writing_s``: the
-    import cell runs that long before the first launch (the user writing the training function)."""
+    import cell runs that long before the first launch (the user writing the training function).
+    ``bare``: (accel_nb's times, a bare fork-and-gloo launch's times of the same step, same kernel)."""
     from tests.kernel_helpers import KernelSession
 
     try:
@@ -129,6 +158,11 @@ def _first_step_times(library: str, repeat: int, writing_s: float | None) -> lis
         return None
     with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
         _cell(k, FIRST_STEP)
+        if bare:  # the same kernel, after accel_nb's launches: a bare fork-and-gloo launch of the same step
+            out = _cell(k, f"print(json.dumps(time_first_step({library!r}, {repeat})))", timeout=900)
+            ours = json.loads(out.strip().splitlines()[-1])
+            out = _cell(k, f"print(json.dumps(time_first_step('bare', {repeat})))", timeout=900)
+            return ours, json.loads(out.strip().splitlines()[-1])
         if writing_s is not None:
             launcher_module = "accel_nb" if library == "accel_nb" else "accelerate"
             _cell(k, f"from {launcher_module} import notebook_launcher; time.sleep({writing_s})")
@@ -142,6 +176,23 @@ def first_step_rows(quick: bool = False) -> list[dict]:
     ours, ref = (_first_step_times(lib, repeat, None) for lib in ("accel_nb", "accelerate"))
     ours_w, ref_w = (_first_step_times(lib, 1, WRITING_S) for lib in ("accel_nb", "accelerate"))
     rows = []
+    mine_b, bare_b = _first_step_times("accel_nb", repeat, None, bare=True)
+    for label, pick in (("median", statistics.median), ("min", min)):
+        ours_s, bare_s = pick(mine_b[1:]), pick(bare_b[1:])
+        rows.append(
+            {
+                "benchmark": "launch",
+                "metric": "launch -> first DDP step done, 2 CPU ranks, fork, second launch on "
+                f"({label}): notebook_launcher vs a bare fork-and-gloo launch (the reference column)",
+                "accel_nb": ours_s,
+                "reference": bare_s,
+                "ratio": ours_s / bare_s,
+                "unit": "s",
+                "note": "goal ratio <= 1.3; the same step (accel_nb's Accelerator) and kernel; the bare launch "
+                "forks, reads the torchrun environment and returns results on a queue: no capture, "
+                f"supervision, failure handling or clean-up; {len(mine_b)} launches each",
+            }
+        )
     for label, pick, goal in (
         ("first launch of the kernel, launched right after the import", lambda t: t[0], None),
         (f"first launch of the kernel, {WRITING_S} s after the import cell", lambda t: t[0], None),
