@@ -42,7 +42,7 @@ _EXPORTS: dict[str, str] = {
     # launching (notebook face)
     "notebook_launcher": ".notebook.launcher",
     "debug_launcher": ".notebook.launcher",
-    "Session": ".notebook.session",
+    "Session": ".notebook.session_view",
     "LaunchError": ".launch.errors",
     "RankFailure": ".launch.errors",
     # config / hardware
@@ -122,7 +122,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .launch.errors import LaunchError, RankFailure
     from .notebook.device_map_view import show_device_map
     from .notebook.launcher import debug_launcher, notebook_launcher
-    from .notebook.session import Session
+    from .notebook.session_view import Session
     from .notebook.wizard import config_wizard
     from .ops import (
         broadcast,

@@ -18,13 +18,13 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .env_names import ENV_COLLECTIVE_TIMEOUT, ENV_RENDEZVOUS_TIMEOUT
+
 __all__ = [
     "ENV_RENDEZVOUS_TIMEOUT", "ENV_COLLECTIVE_TIMEOUT", "DEFAULT_RENDEZVOUS_TIMEOUT_S", "DEFAULT_COLLECTIVE_TIMEOUT_S",
     "RendezvousError", "join_process_group", "release_process_groups", "rejoin_process_group", "rebind_ddp_models", "stale_group_holders", "set_group_timeout", "check_backend", "timeout_seconds",
 ]  # fmt: skip
 
-ENV_RENDEZVOUS_TIMEOUT = "ACCEL_NB_RENDEZVOUS_TIMEOUT"
-ENV_COLLECTIVE_TIMEOUT = "ACCEL_NB_COLLECTIVE_TIMEOUT"
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
 

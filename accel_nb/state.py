@@ -26,6 +26,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .env_names import (  # the launcher's variables (the reference's spellings are read too)
+    ENV_DEEPSPEED_CONFIG,
+    ENV_FORKED,
+    ENV_GRADIENT_ACCUMULATION_STEPS,  # noqa: F401 - accelerator.py imports it from here
+    ENV_MIXED_PRECISION,
+    ENV_USE_CPU,
+    REFERENCE_NAMES,
+    REFERENCE_USE_DEEPSPEED,
+)
 from .precision_setting import MIXED_PRECISION_CHOICES, check_xla_mixed_precision, validate_mixed_precision
 from .process_group import (
     RendezvousError,
@@ -35,18 +44,6 @@ from .process_group import (
     timeout_seconds,
 )
 from .xla import runtime as xla_runtime
-
-# Environment variables accel_nb's launcher sets (the reference library's names are read too, so
-# configs and scripts written for it keep working).
-ENV_MIXED_PRECISION = "ACCEL_NB_MIXED_PRECISION"
-ENV_GRADIENT_ACCUMULATION_STEPS = "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"
-ENV_USE_CPU = "ACCEL_NB_USE_CPU"
-_REFERENCE_ENV = {
-    ENV_MIXED_PRECISION: "ACCELERATE_MIXED_PRECISION",
-    ENV_GRADIENT_ACCUMULATION_STEPS: "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
-    ENV_USE_CPU: "ACCELERATE_USE_CPU",
-}
-
 
 # keywords of PartialState beyond ``cpu``: the process-group options it honours
 PROCESS_GROUP_KEYWORDS = ("backend", "timeout")
@@ -60,8 +57,8 @@ __all__ = [
 def env_value(name: str, default: str | None = None) -> str | None:
     """Read an accel_nb variable, falling back to the reference library's spelling of it."""
     value = os.environ.get(name)
-    if value is None and name in _REFERENCE_ENV:
-        value = os.environ.get(_REFERENCE_ENV[name])
+    if value is None and name in REFERENCE_NAMES:
+        value = os.environ.get(REFERENCE_NAMES[name])
     return default if value is None or value == "" else value
 
 
@@ -221,9 +218,9 @@ class PartialState:
         else:
             self.backend = None  # one process: no group to form (a given backend was still checked)
             self.distributed_type = DistributedType.NO
-        if env_value("ACCEL_NB_DEEPSPEED_CONFIG") or env_flag("ACCELERATE_USE_DEEPSPEED"):
+        if env_value(ENV_DEEPSPEED_CONFIG) or env_flag(REFERENCE_USE_DEEPSPEED):
             self.distributed_type = DistributedType.DEEPSPEED  # the launcher asked for DeepSpeed (accel_nb.deepspeed)
-        self.fork_launched = os.environ.get("ACCEL_NB_FORKED") == "1"
+        self.fork_launched = os.environ.get(ENV_FORKED) == "1"
         self.initialized = True
 
     def _init_xla(self, backend: str | None, collective_timeout: float | None) -> None:
@@ -249,7 +246,7 @@ class PartialState:
         self.collective_timeout = None
         self.backend = None  # no torch.distributed group: XLA collectives
         self.distributed_type = DistributedType.XLA
-        self.fork_launched = os.environ.get("ACCEL_NB_FORKED") == "1"
+        self.fork_launched = os.environ.get(ENV_FORKED) == "1"
         self.initialized = True
 
     def _adopt_existing_group(self, backend: str | None, collective_timeout: float | None) -> None:

@@ -325,7 +325,19 @@ def test_the_core_does_not_import_the_faces():
 def test_ruff_format_is_clean():
     pytest.importorskip("ruff")
     res = subprocess.run(
-        [sys.executable, "-m", "ruff", "format", "--check", "accel_nb", "tests", "benchmarks", "scripts"],
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "format",
+            "--check",
+            "--output-format",
+            "concise",
+            "accel_nb",
+            "tests",
+            "benchmarks",
+            "scripts",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

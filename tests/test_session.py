@@ -8,7 +8,7 @@ import pytest
 from accel_nb import LaunchError, Session
 from accel_nb.launch.errors import LaunchSetupError
 from accel_nb.launch.session import SessionError
-from accel_nb.notebook.session import status_text
+from accel_nb.notebook.session_view import status_text
 from tests.process_helpers import assert_no_descendants
 
 pytestmark = [pytest.mark.multiproc]

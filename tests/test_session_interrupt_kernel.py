@@ -46,7 +46,7 @@ def _session_ranks(k: KernelSession) -> tuple[str, dict[int, int]]:
 
 
 def _status(k: KernelSession) -> str:
-    return _ok(k.run("from accel_nb.notebook.session import status_text\nprint(status_text(_active()))"))
+    return _ok(k.run("from accel_nb.notebook.session_view import status_text\nprint(status_text(_active()))"))
 
 
 def _wait_until_stacks_show(log_dir: str, pids: dict[int, int], wanted: dict[int, str], within: float = 60) -> None:

@@ -71,7 +71,7 @@ def _rank_pids(k: KernelSession) -> list[int]:
 
 def _status(k: KernelSession) -> str:
     return _ok(k.run(
-        "from accel_nb.notebook.session import status_text\n"
+        "from accel_nb.notebook.session_view import status_text\n"
         "from accel_nb.notebook.session_magics import active_session\n"
         "print(status_text(active_session()))"
     ))  # fmt: skip

@@ -15,11 +15,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeepSpeedPlugin", "ENV_DEEPSPEED_CONFIG", "ENV_USE_DEEPSPEED", "plugin_from_env", "resolve_deepspeed_plugin",
+from ..env_names import ENV_DEEPSPEED_CONFIG, REFERENCE_USE_DEEPSPEED
+
+__all__ = ["DeepSpeedPlugin", "ENV_DEEPSPEED_CONFIG", "plugin_from_env", "resolve_deepspeed_plugin",
            "plugin_from_launch_settings", "EXTRA_HINT"]  # fmt: skip
 
-ENV_DEEPSPEED_CONFIG = "ACCEL_NB_DEEPSPEED_CONFIG"  # the launch config's deepspeed_config, as JSON, for each rank
-ENV_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
 EXTRA_HINT = "install it with `pip install 'accel_nb[deepspeed]'` (DS_BUILD_OPS=0 skips compiling its ops)"
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
@@ -320,7 +320,7 @@ def plugin_from_env() -> DeepSpeedPlugin | None:
     raw = _env(ENV_DEEPSPEED_CONFIG)
     if raw is not None:
         return plugin_from_launch_settings(json.loads(raw))
-    if (_env(ENV_USE_DEEPSPEED, "false") or "").lower() == "true":
+    if (_env(REFERENCE_USE_DEEPSPEED, "false") or "").lower() == "true":
         return DeepSpeedPlugin()
     return None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..env_names import ENV_MIXED_PRECISION, REFERENCE_NAMES
 from .plugin import DeepSpeedPlugin
 
 __all__ = ["precision_for", "configure", "backward", "clip_grad_norm", "engine_state_dict", "find_engine"]
@@ -21,7 +22,7 @@ __all__ = ["precision_for", "configure", "backward", "clip_grad_norm", "engine_s
 def precision_for(plugin: DeepSpeedPlugin, mixed_precision: str | None) -> str:
     """The run's mixed precision agreed between the argument (or the launcher's setting) and the config."""
     if mixed_precision is None:
-        env = os.environ.get("ACCEL_NB_MIXED_PRECISION") or os.environ.get("ACCELERATE_MIXED_PRECISION")
+        env = os.environ.get(ENV_MIXED_PRECISION) or os.environ.get(REFERENCE_NAMES[ENV_MIXED_PRECISION])
         mixed_precision = env if env and env.strip().lower() != "no" else None
     return plugin.set_mixed_precision(mixed_precision.strip().lower() if mixed_precision else None)
 

@@ -16,10 +16,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..env_names import ENV_FSDP_CONFIG
+
 __all__ = ["ENV_FSDP_CONFIG", "FSDPOptions", "FullyShardedDataParallelPlugin", "options_from_config", "resolve_fsdp_options",
            "options_from_env"]  # fmt: skip
 
-ENV_FSDP_CONFIG = "ACCEL_NB_FSDP_CONFIG"  # the launch config's fsdp_config, as JSON, for each rank
 
 # our spelling -> (reshard_after_forward, mesh layout)
 SHARDING_STRATEGIES = ("full", "shard_grad_op", "hybrid", "no_shard")

@@ -91,7 +91,8 @@ def _accept_reference_options(options: dict[str, Any]) -> None:
         )
 
 
-def _reject_unknown(caller: str, options: dict[str, Any]) -> None:
+def reject_unknown_options(caller: str, options: dict[str, Any]) -> None:
+    """A TypeError naming the keywords of ``caller`` that are not launch options (and the ones that are)."""
     unknown = sorted(set(options) - set(LaunchOptions.names()))
     if unknown:
         raise TypeError(
@@ -130,7 +131,7 @@ def notebook_launcher(
     """
     __tracebackhide__ = True
     _accept_reference_options(options)
-    _reject_unknown("notebook_launcher", options)
+    reject_unknown_options("notebook_launcher", options)
     launch_options = LaunchOptions(
         num_processes=num_processes,
         mixed_precision=mixed_precision,
@@ -153,6 +154,6 @@ def debug_launcher(
     """
     __tracebackhide__ = True
     _accept_reference_options(options)
-    _reject_unknown("debug_launcher", {k: v for k, v in options.items() if k != "reporter"})
+    reject_unknown_options("debug_launcher", {k: v for k, v in options.items() if k != "reporter"})
     options.setdefault("cpu", True)
     return notebook_launcher(function, args, num_processes=num_processes, **options)

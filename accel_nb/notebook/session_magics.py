@@ -22,7 +22,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from .session import Session, show_status
+from .session_view import Session, show_status
 
 VERBS_USAGE = (
     "%accelerate start [-n N] [--mixed_precision no|fp16|bf16] [--gpu_ids 0,1] [--start_method auto|fork|spawn] "

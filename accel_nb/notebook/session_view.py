@@ -21,7 +21,7 @@ from ..launch.options import LaunchOptions
 from ..launch.session import SessionError, WarmSession
 from ..utils import human_bytes
 from .display import make_reporter, resolve_progress_mode, widget_frontend_available
-from .launcher import _reject_unknown
+from .launcher import reject_unknown_options
 
 __all__ = ["Session", "SessionError", "show_status", "status_text"]
 
@@ -45,7 +45,7 @@ class Session(WarmSession):
         cpu: bool = False,
         **options: Any,
     ) -> None:
-        _reject_unknown("Session", options)
+        reject_unknown_options("Session", options)
         launch_options = LaunchOptions(
             num_processes=num_processes, mixed_precision=mixed_precision, start_method=start_method, cpu=cpu, **options
         )
