@@ -41,7 +41,8 @@ class RendezvousError(RuntimeError):
     """This process could not join the process group (main process unreachable, peers missing)."""
 
 
-def _float_env(name: str, default: float) -> float:
+def seconds_from_env(name: str, default: float) -> float:
+    """The number of seconds in the environment variable ``name`` (``default`` when unset or empty)."""
     raw = os.environ.get(name)
     if not raw:
         return default
@@ -57,11 +58,11 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
     ``collective_timeout`` (seconds; None: ``ACCEL_NB_COLLECTIVE_TIMEOUT`` or 30 minutes) bounds
     every collective once the group is formed.
     """
-    rdzv_timeout = _float_env(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S)
+    rdzv_timeout = seconds_from_env(ENV_RENDEZVOUS_TIMEOUT, DEFAULT_RENDEZVOUS_TIMEOUT_S)
     coll_timeout = (
         collective_timeout
         if collective_timeout is not None
-        else _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+        else seconds_from_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
     )
     rank, world = topo["rank"], topo["world_size"]
     addr, port = topo["master_addr"], topo["master_port"]

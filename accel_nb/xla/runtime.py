@@ -156,9 +156,10 @@ def devices_meet() -> None:
     """
     if _THREAD_BARRIER is None:
         return
-    from ..process_group import DEFAULT_COLLECTIVE_TIMEOUT_S, ENV_COLLECTIVE_TIMEOUT, _float_env
+    from ..env_names import ENV_COLLECTIVE_TIMEOUT
+    from ..process_group import DEFAULT_COLLECTIVE_TIMEOUT_S, seconds_from_env
 
-    seconds = _float_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    seconds = seconds_from_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
     try:
         _THREAD_BARRIER.wait(timeout=seconds)
     except threading.BrokenBarrierError:
