@@ -71,7 +71,7 @@ _EXPORTS: dict[str, str] = {
     "InitProcessGroupKwargs": ".kwargs_handlers",
     "ProfileKwargs": ".kwargs_handlers",
     "find_executable_batch_size": ".memory",
-    "synchronize_rng_states": ".random_sync",
+    "synchronize_rng_states": ".data.random_sync",
     "cpu_offload_with_hook": ".big_model.model_hooks",
 }
 

@@ -30,13 +30,13 @@ from .accelerator_views import StateViews
 from .compile_options import resolve_compile_options
 from .data import DataLoaderConfiguration, prepare_data_loader
 from .data import skip_first_batches as _skip_first_batches
+from .data.random_sync import check_rng_types
 from .deepspeed.plugin import resolve_deepspeed_plugin
 from .fsdp.options import resolve_fsdp_options
 from .fsdp.sharding import is_fsdp_model, no_gradient_sync
 from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
 from .precision import PrecisionPolicy
-from .rng import check_rng_types
 from .state import (
     ENV_GRADIENT_ACCUMULATION_STEPS,
     AcceleratorState,

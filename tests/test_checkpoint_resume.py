@@ -267,7 +267,7 @@ def test_a_rank_that_cannot_load_stops_every_rank_before_any_change(tmp_path, ha
     import json
     import shutil
 
-    from accel_nb.checkpoint_layout import file_digest
+    from accel_nb.checkpoint.layout import file_digest
 
     ckpt = str(tmp_path / "ckpt")
     shutil.copytree(half_run[0], ckpt)

@@ -96,16 +96,16 @@ def test_reexports_are_the_one_implementation():
     import accel_nb
     import accel_nb.big_model
     import accel_nb.data
+    import accel_nb.data.samplers
     import accel_nb.data_loader
     import accel_nb.hooks
     import accel_nb.ops
-    import accel_nb.samplers
     import accel_nb.utils
     from accel_nb import big_modeling
 
     assert accel_nb.utils.gather is accel_nb.ops.gather
     assert accel_nb.utils.DistributedType is accel_nb.DistributedType
-    assert accel_nb.data_loader.BatchSamplerShard is accel_nb.samplers.BatchSamplerShard
+    assert accel_nb.data_loader.BatchSamplerShard is accel_nb.data.samplers.BatchSamplerShard
     assert accel_nb.data_loader.prepare_data_loader is accel_nb.data.prepare_data_loader
     assert big_modeling.dispatch_model is accel_nb.big_model.dispatch_model
     assert big_modeling.cpu_offload_with_hook is accel_nb.hooks.cpu_offload_with_hook

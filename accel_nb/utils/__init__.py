@@ -159,7 +159,7 @@ _REFERENCE_PATHS: dict[str, str] = {
     "write_basic_config": "..basic_config",
     **dict.fromkeys(["FSDPOptions", "FullyShardedDataParallelPlugin"], "..fsdp"),
     "LoggerType": "..tracking",
-    **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], "..random_sync"),
+    **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], "..data.random_sync"),
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "..unwrap"),
     **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], "..compile_options"),
     **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..compiling"),

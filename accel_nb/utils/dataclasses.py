@@ -26,7 +26,7 @@ _EXPORTS = {
     **dict.fromkeys(["DistributedType"], "accel_nb.state"),
     **dict.fromkeys(["DynamoBackend", "TorchDynamoPlugin"], "accel_nb.compile_options"),
     **dict.fromkeys(["LoggerType"], "accel_nb.tracking"),
-    **dict.fromkeys(["RNGType"], "accel_nb.random_sync"),
+    **dict.fromkeys(["RNGType"], "accel_nb.data.random_sync"),
     **dict.fromkeys(["DataLoaderConfiguration"], "accel_nb.data"),
     **dict.fromkeys(["ProjectConfiguration"], "accel_nb.checkpoint"),
     **dict.fromkeys(["FullyShardedDataParallelPlugin"], "accel_nb.fsdp"),

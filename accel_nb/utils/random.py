@@ -11,7 +11,7 @@ from ..lazy_exports import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(["set_seed"], "accel_nb.utils"),
-    **dict.fromkeys(["synchronize_rng_state", "synchronize_rng_states"], "accel_nb.random_sync"),
+    **dict.fromkeys(["synchronize_rng_state", "synchronize_rng_states"], "accel_nb.data.random_sync"),
 }
 
 __all__ = sorted(_EXPORTS)

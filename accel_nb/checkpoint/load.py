@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from .checkpoint_folders import CHECKPOINT_DIR, MANIFEST_NAME, is_complete_checkpoint, list_checkpoints
-from .checkpoint_layout import FORMAT, FORMAT_VERSION, file_digest, file_suffix, project_config, unwrapped
+from ..serialization import CheckpointError, check_against, index_checkpoint, load_safetensors_into
+from .folders import CHECKPOINT_DIR, MANIFEST_NAME, is_complete_checkpoint, list_checkpoints
+from .layout import FORMAT, FORMAT_VERSION, file_digest, file_suffix, project_config, unwrapped
 from .rng import set_rng_state
-from .serialization import CheckpointError, check_against, index_checkpoint, load_safetensors_into
 
 __all__ = ["load_accelerator_state"]
 
@@ -149,7 +149,7 @@ def _read_checkpoint(
     manifest = _read_manifest(path)
     _verify_files(path, manifest, rank, world)
     counts = manifest.get("counts", {})
-    from .accelerator_extras import run_load_hooks
+    from ..accelerator_extras import run_load_hooks
 
     models = list(getattr(accelerator, "_models", []))
     run_load_hooks(accelerator, models, path)  # they may pop the models they load themselves
@@ -163,8 +163,8 @@ def _read_checkpoint(
         _count_check(path, "scheduler(s)", counts["schedulers"], len(schedulers))
         _count_check(path, "registered object(s)", counts["custom_objects"], len(customs))
 
-    from .deepspeed.checkpointing import engine_source
-    from .fsdp.checkpointing import SHARDED, sharded_folder
+    from ..deepspeed.checkpointing import engine_source
+    from ..fsdp.checkpointing import SHARDED, sharded_folder
 
     model_sources = []
     for i, model in enumerate(models):
@@ -243,7 +243,7 @@ def load_accelerator_state(
     checksums, tensor names and shapes, state files); only when every rank succeeded are the model,
     optimizers, ... updated, so a bad checkpoint changes nothing anywhere.
     """
-    from .ops import gather_object
+    from ..ops import gather_object
 
     failure: BaseException | None = None
     try:
@@ -263,14 +263,14 @@ def load_accelerator_state(
     elif failure is not None:
         raise failure
     _read_fsdp_shards(accelerator, plan)
-    from .deepspeed.checkpointing import load_engines
+    from ..deepspeed.checkpointing import load_engines
 
     load_engines(accelerator, plan)  # DeepSpeed engines restore their models and optimizers (every rank)
     path, manifest = plan["path"], plan["manifest"]
     model_sources = plan["models"]
     scaler, scaler_state = plan["scaler"]
 
-    from .fsdp.checkpointing import apply_optimizer, load_model
+    from ..fsdp.checkpointing import apply_optimizer, load_model
 
     fsdp_models = [module for module, _ in model_sources]
     for module, source in model_sources:
@@ -322,8 +322,8 @@ def _read_fsdp_shards(accelerator: Any, plan: dict[str, Any]) -> None:
     """FSDP: every rank reads its shards (a collective, so only after every rank's checks passed); all or nothing."""
     if getattr(accelerator, "fsdp_options", None) is None:
         return
-    from .fsdp.checkpointing import read_sharded_parts
-    from .ops import gather_object
+    from ..fsdp.checkpointing import read_sharded_parts
+    from ..ops import gather_object
 
     error = None
     try:

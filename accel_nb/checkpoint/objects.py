@@ -1,18 +1,8 @@
-"""Checkpoints that never lose a run: save_state / load_state / save_model behind ``Accelerator``.
+"""Single saves beside checkpoints: ``save_model`` (HF-layout weights), ``save`` (one object), and
+the check that ``register_for_checkpointing`` gets objects with ``state_dict`` / ``load_state_dict``.
 
-A checkpoint is a folder written atomically: every file goes into ``.tmp-<name>-<pid>`` beside
-the target, is fsynced, a manifest (``checkpoint.json``) is written last, and only then is the
-folder renamed into place. A save killed half-way leaves the previous checkpoint untouched, and
-a folder without a manifest is never loaded.
-
-    accelerator = Accelerator(project_config=ProjectConfiguration("runs/a", automatic_checkpoint_naming=True,
-                                                                    total_limit=3))
-    accelerator.save_state()            # runs/a/checkpoints/checkpoint_0, _1, ... (3 kept)
-    accelerator.load_state()            # the newest complete one
-
-Loading never unpickles arbitrary objects unless asked: tensors come from safetensors and the
-small state files go through ``torch.load(weights_only=True)``; ``load_state(dir,
-weights_only=False)`` opts in for checkpoints you trust.
+    save_model(accelerator, model, "out", max_shard_size="2GB")
+    save_object(accelerator, {"step": 3}, "extra.pt")
 """
 
 from __future__ import annotations
@@ -22,24 +12,10 @@ from typing import Any
 
 import torch
 
-from .checkpoint_folders import MANIFEST_NAME, is_complete_checkpoint, list_checkpoints
-from .checkpoint_layout import ProjectConfiguration, unwrapped
-from .checkpoint_load import load_accelerator_state
-from .checkpoint_save import save_accelerator_state
-from .serialization import CheckpointError, save_sharded_safetensors
+from ..serialization import CheckpointError, save_sharded_safetensors
+from .layout import unwrapped
 
-__all__ = [
-    "CheckpointError",
-    "ProjectConfiguration",
-    "MANIFEST_NAME",
-    "save_accelerator_state",
-    "load_accelerator_state",
-    "save_model",
-    "save_object",
-    "checkpointable",
-    "list_checkpoints",
-    "is_complete_checkpoint",
-]
+__all__ = ["checkpointable", "save_model", "save_object"]
 
 
 def checkpointable(objects: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -77,15 +53,15 @@ def save_model(
     if os.path.isfile(save_directory):
         raise CheckpointError(f"save_model needs a folder, but {save_directory} is a file")
     inner = unwrapped(accelerator, model)
-    from .fsdp.sharding import is_fsdp_model
+    from ..fsdp.sharding import is_fsdp_model
 
     sharded = is_fsdp_model(inner)  # FSDP: every rank takes part in gathering the full weights
     if sharded:
-        from .fsdp.state_dicts import full_model_state
+        from ..fsdp.state_dicts import full_model_state
 
         state = full_model_state(inner)
     if getattr(accelerator, "deepspeed_plugin", None) is not None:  # every rank: ZeRO-3 shards are gathered
-        from .deepspeed.training import engine_state_dict
+        from ..deepspeed.training import engine_state_dict
 
         engine_state = engine_state_dict(accelerator, inner)
         if engine_state is not None:
@@ -93,11 +69,11 @@ def save_model(
     if not getattr(accelerator, "is_main_process", True):
         return []
     if not sharded:
-        from .xla.training import host_copy  # XLA tensors are written as CPU tensors
+        from ..xla.training import host_copy  # XLA tensors are written as CPU tensors
 
         state = host_copy(inner.state_dict())
     if any(t.device.type == "meta" for t in state.values()):
-        from .big_model.module_helpers import get_state_dict_offloaded_model
+        from ..big_model.module_helpers import get_state_dict_offloaded_model
 
         state = get_state_dict_offloaded_model(inner)
     return save_sharded_safetensors(
@@ -113,13 +89,13 @@ def save_object(accelerator: Any, obj: Any, f: Any, safe_serialization: bool = F
     """
     if not getattr(accelerator, "is_main_process", True):
         return
-    from .xla.training import host_copy  # XLA tensors are written as CPU tensors
+    from ..xla.training import host_copy  # XLA tensors are written as CPU tensors
 
     obj = host_copy(obj)
     if not isinstance(f, (str, os.PathLike)):
         torch.save(obj, f)
         return
-    from .serialization.files import atomic_save_file, atomic_torch_save
+    from ..serialization.files import atomic_save_file, atomic_torch_save
 
     if safe_serialization:
         atomic_save_file(dict(obj), os.fspath(f), {"format": "pt"})

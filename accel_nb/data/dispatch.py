@@ -23,7 +23,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .data import DataLoaderShard, _loader_kwargs
+from ..ops import broadcast_object_list
+from ..xla import runtime as xla_runtime
+from .loader import DataLoaderShard, loader_kwargs
 
 __all__ = ["DataLoaderDispatcher", "prepare_dispatcher"]
 
@@ -162,11 +164,7 @@ class DataLoaderDispatcher(DataLoaderShard):
         plan = next(plans, None) if plans is not None else None
         if self.num_processes == 1:
             return None if plan is None else plan[0]
-        from .xla import runtime as xla_runtime
-
         if xla_runtime.in_use():  # no scatter on XLA devices: each one receives the plan, keeps its part
-            from .ops import broadcast_object_list
-
             everyone = broadcast_object_list([plan], from_process=0)[0]
             return None if everyone is None else everyone[self.process_index]
         inbox: list[Any] = [None]
@@ -223,7 +221,7 @@ def prepare_dispatcher(
             "dispatch_batches=True needs a DataLoader that makes batches (batch_size is None over a map-style "
             "dataset); set batch_size or pass dispatch_batches=False"
         )
-    kwargs = _loader_kwargs(dataloader)
+    kwargs = loader_kwargs(dataloader)
     info = {"num_processes": num_processes, "process_index": process_index, "split_batches": split_batches,
             "even_batches": True, "batch_size": dataloader.batch_size}  # fmt: skip
     if iterable:  # batch_size=None: each item the dataset yields is one batch, split as one (the reference's way)

@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 
-from .serialization import fsync_path
+from ..serialization import fsync_path
 
 MANIFEST_NAME = "checkpoint.json"
 CHECKPOINT_DIR = re.compile(r"^checkpoint_(\d+)$")

@@ -3,7 +3,8 @@
     synchronize_rng_states(["torch", "generator"], generator=loader_generator)
 
 Each process then draws the same random numbers (the same shuffle, the same dropout mask) from
-that point on. Outside a process group it does nothing.
+that point on. Outside a process group it does nothing. ``check_rng_types`` validates
+``Accelerator(rng_types=...)`` against the generators synchronised here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["RNGType", "synchronize_rng_state", "synchronize_rng_states"]
+from ..ops import _rank, _world, broadcast_object_list
+from ..xla import runtime
+
+__all__ = ["RNGType", "RNG_TYPES", "check_rng_types", "synchronize_rng_state", "synchronize_rng_states"]
 
 
 class RNGType(str, enum.Enum):
@@ -34,6 +38,35 @@ class RNGType(str, enum.Enum):
 
 
 _SUPPORTED = (RNGType.TORCH, RNGType.CUDA, RNGType.GENERATOR, RNGType.XLA)
+
+# the names Accelerator(rng_types=...) accepts: the generators synchronised here
+RNG_TYPES = tuple(t.value for t in _SUPPORTED)
+
+
+def check_rng_types(rng_types: Any, device: torch.device) -> list[str] | None:
+    """Validate ``Accelerator(rng_types=...)`` for this process's device; None when nothing is synced.
+
+    check_rng_types(["torch", "generator"], torch.device("cpu"))   # ['torch', 'generator']
+    """
+    if rng_types is None:
+        return None
+    if isinstance(rng_types, str) or not all(isinstance(t, str) for t in rng_types):
+        raise TypeError(f"rng_types={rng_types!r} must be a list of names such as ['torch', 'generator']")
+    chosen = [t.strip().lower() for t in rng_types]
+    unknown = [t for t in chosen if t not in RNG_TYPES]
+    if unknown:
+        raise ValueError(f"rng_types: {unknown[0]!r} is not one of {', '.join(RNG_TYPES)}")
+    if "xla" in chosen and torch.device(device).type != "xla":
+        raise ValueError(
+            f"rng_types: 'xla' needs the XLA device path (torch_xla with PJRT_DEVICE=TPU or CPU), but this "
+            f"process runs on {device}; drop 'xla' (use 'torch' and 'generator')"
+        )
+    if "cuda" in chosen and torch.device(device).type != "cuda":
+        raise ValueError(
+            f"rng_types: 'cuda' synchronises the CUDA generator, but this process runs on {device}; "
+            "drop 'cuda' (use 'torch' and 'generator')"
+        )
+    return chosen
 
 
 def _rng_type(value: Any) -> RNGType:
@@ -55,8 +88,6 @@ def _read(kind: RNGType, generator: torch.Generator | None) -> torch.Tensor | No
     if kind is RNGType.CUDA:
         return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
     if kind is RNGType.XLA:  # the device's seed state, an unsigned 64-bit integer: two 32-bit halves
-        from .xla import runtime
-
         seed = runtime.rng_state()
         return torch.tensor([seed >> 32, seed & 0xFFFFFFFF], dtype=torch.int64)
     return generator.get_state()
@@ -68,8 +99,6 @@ def _write(kind: RNGType, state: torch.Tensor, generator: torch.Generator | None
     elif kind is RNGType.CUDA:
         torch.cuda.set_rng_state_all([state] * torch.cuda.device_count())
     elif kind is RNGType.XLA:
-        from .xla import runtime
-
         runtime.set_rng_state((int(state[0]) << 32) | int(state[1]))
     else:
         generator.set_state(state)
@@ -83,9 +112,6 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
 
         synchronize_rng_state("torch")
     """
-    from .ops import _rank, _world, broadcast_object_list
-    from .xla import runtime
-
     kind = _rng_type(rng_type if rng_type is not None else RNGType.TORCH)
     if kind is RNGType.GENERATOR and generator is None:
         return

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import RandomSampler
 
+from ..ops import broadcast_object_list
 from .samplers import SeedableRandomSampler
 
 __all__ = ["resolve_sampler", "random_sampler", "give_generator", "shared_seed", "PassShuffle"]
@@ -71,8 +72,6 @@ def give_generator(sampler: RandomSampler | None) -> torch.Generator | None:
 
 def shared_seed() -> int:
     """Process 0's ``torch.initial_seed()``, sent to every process (no random number is drawn)."""
-    from .ops import broadcast_object_list
-
     return int(broadcast_object_list([torch.initial_seed()], from_process=0)[0])
 
 

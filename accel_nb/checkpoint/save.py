@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from .checkpoint_folders import (
+from ..serialization import CheckpointError, fsync_path, save_sharded_safetensors
+from .folders import (
     CHECKPOINT_DIR,
     MANIFEST_NAME,
     commit_dir,
@@ -26,7 +27,7 @@ from .checkpoint_folders import (
     next_iteration,
     remove_stale_temps,
 )
-from .checkpoint_layout import (
+from .layout import (
     FORMAT,
     FORMAT_VERSION,
     ProjectConfiguration,
@@ -36,7 +37,6 @@ from .checkpoint_layout import (
     unwrapped,
 )
 from .rng import rng_state
-from .serialization import CheckpointError, fsync_path, save_sharded_safetensors
 
 __all__ = ["save_accelerator_state"]
 
@@ -48,7 +48,7 @@ def _is_writer(accelerator: Any) -> bool:
 
 
 def _torch_save(obj: Any, path: str) -> None:
-    from .xla.training import host_copy  # XLA tensors are written as CPU tensors (loadable anywhere)
+    from ..xla.training import host_copy  # XLA tensors are written as CPU tensors (loadable anywhere)
 
     torch.save(host_copy(obj), path)  # fsynced with every other file before the manifest is written
 
@@ -89,7 +89,7 @@ def _check_replaceable(final: str) -> None:
 
 def _all_ok(error: str | None, what: str) -> None:
     """Barrier that also shares failures: every rank raises if any rank failed."""
-    from .ops import gather_object
+    from ..ops import gather_object
 
     errors = gather_object([error])
     bad = [(r, e) for r, e in enumerate(errors) if e]
@@ -128,7 +128,7 @@ def save_accelerator_state(
         weights = _weights_after_hooks(accelerator, tmp)
         overrides = _fsdp_parts(accelerator, tmp, weights)
         if getattr(accelerator, "deepspeed_plugin", None) is not None:  # engines write their sharded checkpoints
-            from .deepspeed.checkpointing import save_engines
+            from ..deepspeed.checkpointing import save_engines
 
             overrides.update(save_engines(accelerator, tmp, weights))
         if writer:
@@ -163,7 +163,7 @@ def save_accelerator_state(
 
 def _agree_on_folder(accelerator: Any, output_dir: str | None) -> tuple[str, bool, int]:
     """Process 0 picks the folder (and whether it was named automatically); every rank gets its choice."""
-    from .ops import broadcast_object_list
+    from ..ops import broadcast_object_list
 
     plan: list[Any] = [None, None, None, None]
     if getattr(accelerator, "is_main_process", True):
@@ -213,11 +213,11 @@ def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
     Called on every process, like the hooks; they get the folder being written (``tmp``, renamed
     into place when the save completes), so what they write there is part of the checkpoint.
     """
-    from .accelerator_extras import run_save_hooks
-    from .fsdp.checkpointing import model_weights
+    from ..accelerator_extras import run_save_hooks
+    from ..fsdp.checkpointing import model_weights
 
     models = list(getattr(accelerator, "_models", []))
-    from .xla.training import host_copy  # XLA tensors are written as CPU tensors (loadable anywhere)
+    from ..xla.training import host_copy  # XLA tensors are written as CPU tensors (loadable anywhere)
 
     weights = [host_copy(model_weights(accelerator, unwrapped(accelerator, model))) for model in models]
     run_save_hooks(accelerator, models, weights, tmp)
@@ -231,7 +231,7 @@ def _fsdp_parts(accelerator: Any, tmp: str, weights: list[Any]) -> dict[int, Any
     """
     if getattr(accelerator, "fsdp_options", None) is None:
         return {}
-    from .fsdp.checkpointing import save_sharded_parts
+    from ..fsdp.checkpointing import save_sharded_parts
 
     models = [unwrapped(accelerator, m) for m in getattr(accelerator, "_models", [])]
     return save_sharded_parts(accelerator, tmp, weights, models)

@@ -2,7 +2,7 @@
 
 ``Accelerator.prepare`` turns a ``torch.utils.data.DataLoader`` into a :class:`DataLoaderShard`:
 every process reads its own share of the batches, batches arrive on the process's device,
-shuffling is the same on every rank (``accel_nb.shuffling``: the sampler's generator is copied from
+shuffling is the same on every rank (``accel_nb.data.shuffling``: the sampler's generator is copied from
 rank 0 at each pass, or a seeded sampler reshuffled per epoch), the loader tells
 ``GradientState`` when it yields its last batch, and ``state_dict()`` / ``load_state_dict()``
 let a resumed run continue with the next batch.
@@ -17,54 +17,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
-from .ops import send_to_device
+from ..ops import broadcast_object_list, send_to_device
+from ..state import GradientState
+from .random_sync import synchronize_rng_states
 from .samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
-from .shuffling import PassShuffle, give_generator, random_sampler, resolve_sampler
-from .state import GradientState
+from .shuffling import PassShuffle, random_sampler
 
-__all__ = [
-    "DataLoaderConfiguration",
-    "SeedableRandomSampler",
-    "BatchSamplerShard",
-    "SkipBatchSampler",
-    "IterableDatasetShard",
-    "DataLoaderShard",
-    "SkipDataLoader",
-    "prepare_data_loader",
-    "skip_first_batches",
-]
-
-
-@dataclass
-class DataLoaderConfiguration:
-    """How ``Accelerator.prepare`` shards data loaders (same names as the reference library).
-
-    By default a shuffled loader keeps its ``RandomSampler`` and generator (the order plain PyTorch
-    gives), copied from rank 0 at each pass. ``use_seedable_sampler=True`` or a ``data_seed`` uses
-    a ``SeedableRandomSampler`` (order = f(seed, epoch)); without ``data_seed`` its seed is
-    rank 0's ``torch.initial_seed()`` (your ``set_seed``), shared with every rank.
-
-    ``dispatch_batches=True`` has process 0 read every batch and send each process its slice
-    (``accel_nb.data_dispatch``); ``None`` (the default) does so for iterable datasets only.
-    ``use_stateful_dataloader=True`` (needs ``torchdata``) makes the prepared loader iterate a
-    ``torchdata.stateful_dataloader.StatefulDataLoader`` underneath (``loader.base_dataloader``);
-    ``state_dict()`` / ``load_state_dict()`` and ``save_state`` / ``load_state`` resume it mid-epoch
-    exactly as they do the plain loader.
-    """
-
-    split_batches: bool = False
-    dispatch_batches: bool | None = None
-    even_batches: bool = True
-    use_seedable_sampler: bool = False
-    data_seed: int | None = None
-    non_blocking: bool = False
-    use_stateful_dataloader: bool = False
+__all__ = ["DataLoaderShard", "SkipDataLoader", "skip_first_batches", "loader_kwargs", "require_torchdata"]
 
 
 # -- the loader -------------------------------------------------------------------------------------
@@ -79,7 +43,7 @@ def _innermost_sampler(batch_sampler: Any) -> Any:
     return batch_sampler
 
 
-def _loader_kwargs(dl: DataLoader) -> dict[str, Any]:
+def loader_kwargs(dl: DataLoader) -> dict[str, Any]:
     """The settings of ``dl`` that a rebuilt loader keeps (workers, collate, pinning...)."""
     kw: dict[str, Any] = {
         "num_workers": dl.num_workers,
@@ -266,9 +230,6 @@ class DataLoaderShard(DataLoader):
 
     def _synchronize_rngs(self) -> None:
         """Give every rank process 0's generator states (``rng_types``, the shuffle's) before a pass."""
-        from .ops import broadcast_object_list
-        from .random_sync import synchronize_rng_states
-
         kinds = [t for t in self.rng_types or () if t != "generator"]
         target = _innermost_sampler(self.batch_sampler)
         if "generator" in (self.rng_types or ()) and isinstance(target, SeedableRandomSampler):
@@ -347,7 +308,7 @@ class DataLoaderShard(DataLoader):
         """
         it = iter(self.base_dataloader) if self.base_dataloader is not None else DataLoader.__iter__(self)
         if self.device is not None and self.device.type == "xla":
-            from .xla.loader import device_feed
+            from ..xla.loader import device_feed
 
             return device_feed(it, self.device)
         return it
@@ -363,105 +324,6 @@ class DataLoaderShard(DataLoader):
         return send_to_device(batch, self.device, non_blocking=non_blocking)
 
 
-def prepare_data_loader(
-    dataloader: DataLoader,
-    device: torch.device | None = None,
-    num_processes: int | None = None,
-    process_index: int | None = None,
-    split_batches: bool = False,
-    even_batches: bool = True,
-    put_on_device: bool = True,
-    use_seedable_sampler: bool = False,
-    data_seed: int | None = None,
-    non_blocking: bool = False,
-    rng_types: list[str] | None = None,
-    dispatch_batches: bool | None = None,
-    use_stateful_dataloader: bool = False,
-) -> DataLoader:
-    """Shard ``dataloader`` for this process and place its batches on ``device``.
-
-    ``dispatch_batches`` (``None``: for iterable datasets) makes process 0 read the batches and
-    send each process its slice (:class:`accel_nb.data_dispatch.DataLoaderDispatcher`).
-
-    ``rng_types`` (e.g. ``["torch", "generator"]``) are synchronised from process 0 at the start
-    of every pass, so random draws agree across processes; a shuffle's generator always is
-    (``accel_nb.shuffling``). ``data_seed`` implies ``use_seedable_sampler``.
-
-    ``use_stateful_dataloader=True`` (needs ``torchdata``) reads through a torchdata
-    ``StatefulDataLoader`` (``loader.base_dataloader``); batches and resumption are unchanged.
-
-        loader = prepare_data_loader(DataLoader(ds, batch_size=16, shuffle=True))
-    """
-    if num_processes is None or process_index is None:
-        from .state import PartialState
-
-        state = PartialState()
-        num_processes = state.num_processes if num_processes is None else num_processes
-        process_index = state.process_index if process_index is None else process_index
-        device = state.device if device is None and put_on_device else device
-    if isinstance(dataloader, DataLoaderShard):
-        raise ValueError(
-            "this data loader was already prepared; pass the original DataLoader to prepare() once "
-            "and keep the object it returns"
-        )
-    if use_stateful_dataloader:
-        _require_torchdata()
-    if dispatch_batches is None:
-        dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
-    if dispatch_batches:
-        if not put_on_device:
-            raise ValueError("dispatch_batches=True needs put_on_device=True (batches are sent to each device)")
-        from .data_dispatch import prepare_dispatcher
-
-        return prepare_dispatcher(dataloader, device, num_processes, process_index, split_batches, non_blocking,
-                                  rng_types, use_stateful_dataloader)  # fmt: skip
-    if not put_on_device:
-        device = None
-    kwargs = _loader_kwargs(dataloader)
-    info = {"num_processes": num_processes, "process_index": process_index, "split_batches": split_batches,
-            "even_batches": even_batches}
-    dataset = dataloader.dataset
-    if isinstance(dataset, IterableDataset):
-        batch_size = dataloader.batch_size
-        if batch_size is None:
-            warnings.warn("a DataLoader with batch_size=None over an iterable dataset is not sharded", stacklevel=2)
-            return dataloader
-        info["batch_size"] = batch_size
-        shard = IterableDatasetShard(
-            dataset, batch_size=batch_size, drop_last=dataloader.drop_last, num_processes=num_processes,
-            process_index=process_index, split_batches=split_batches, even_batches=even_batches,
-        )
-        per_rank = batch_size // num_processes if split_batches else batch_size
-        return DataLoaderShard(
-            shard, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-            batch_size=per_rank, drop_last=dataloader.drop_last, rng_types=rng_types,
-            use_stateful_dataloader=use_stateful_dataloader, **kwargs,
-        )
-    batch_sampler = dataloader.batch_sampler
-    if batch_sampler is None:
-        warnings.warn(
-            "a DataLoader with batch_size=None (no automatic batching) is not sharded; it is returned unchanged",
-            stacklevel=2,
-        )
-        return dataloader
-    if type(batch_sampler) is BatchSampler:  # the user's sampler is the batch sampler's, not dl.sampler
-        sampler = resolve_sampler(batch_sampler.sampler, data_seed, use_seedable_sampler or data_seed is not None)
-        if sampler is not batch_sampler.sampler:
-            batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
-    info["batch_size"] = getattr(batch_sampler, "batch_size", None)
-    synchronized = give_generator(random_sampler(batch_sampler)) if num_processes > 1 else None
-    if num_processes > 1 or split_batches:
-        batch_sampler = BatchSamplerShard(
-            batch_sampler, num_processes=num_processes, process_index=process_index,
-            split_batches=split_batches, even_batches=even_batches,
-        )
-    return DataLoaderShard(
-        dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-        batch_sampler=SkipBatchSampler(batch_sampler, 0), rng_types=rng_types,
-        synchronized_generator=synchronized, use_stateful_dataloader=use_stateful_dataloader, **kwargs,
-    )
-
-
 class SkipDataLoader(DataLoaderShard):
     """A ``DataLoader`` whose every pass leaves out its first ``skip_batches`` batches (they are still loaded).
 
@@ -470,7 +332,7 @@ class SkipDataLoader(DataLoaderShard):
 
     def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any) -> None:
         if use_stateful_dataloader:
-            _require_torchdata()
+            require_torchdata()
         super().__init__(dataset, device=None, skip_batches=skip_batches,
                          use_stateful_dataloader=use_stateful_dataloader, **kwargs)  # fmt: skip
 
@@ -478,7 +340,7 @@ class SkipDataLoader(DataLoaderShard):
         return max(DataLoader.__len__(self) - self.skip_batches, 0)
 
 
-def _require_torchdata() -> None:
+def require_torchdata() -> None:
     """Raise a clear ImportError when torchdata's StatefulDataLoader is not installed."""
     try:
         import torchdata.stateful_dataloader  # noqa: F401
@@ -492,10 +354,10 @@ def _require_torchdata() -> None:
 
 def _stateful_twin(loader: DataLoader) -> Any:
     """A torchdata ``StatefulDataLoader`` reading what ``loader`` reads, the same way (same batch sampler)."""
-    _require_torchdata()
+    require_torchdata()
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    kwargs = _loader_kwargs(loader)
+    kwargs = loader_kwargs(loader)
     if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
         batching: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
     else:  # the very batch sampler object: skips set on it reach the twin too
@@ -518,7 +380,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         raise ValueError(f"num_batches={num_batches} must be >= 0")
     if isinstance(dataloader, DataLoaderShard):
         new = DataLoaderShard.__new__(DataLoaderShard)
-        kwargs = _loader_kwargs(dataloader)
+        kwargs = loader_kwargs(dataloader)
         if isinstance(dataloader.dataset, IterableDataset):
             DataLoaderShard.__init__(
                 new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
@@ -538,7 +400,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
             )
         new.epoch = dataloader.epoch
         return new
-    kwargs = _loader_kwargs(dataloader)
+    kwargs = loader_kwargs(dataloader)
     if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
         return DataLoaderShard(
             dataloader.dataset, device=None, skip_batches=num_batches, _source=dataloader,

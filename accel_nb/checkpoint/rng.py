@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .xla import runtime as xla_runtime
+from ..xla import runtime as xla_runtime
 
 
 def rng_state() -> dict[str, Any]:
@@ -53,33 +53,3 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-
-# -- which generators Accelerator(rng_types=...) synchronises (accel_nb.random_sync does it) ---------
-RNG_TYPES = ("torch", "cuda", "generator", "xla")
-
-
-def check_rng_types(rng_types: Any, device: torch.device) -> list[str] | None:
-    """Validate ``Accelerator(rng_types=...)`` for this process's device; None when nothing is synced.
-
-    check_rng_types(["torch", "generator"], torch.device("cpu"))   # ['torch', 'generator']
-    """
-    if rng_types is None:
-        return None
-    if isinstance(rng_types, str) or not all(isinstance(t, str) for t in rng_types):
-        raise TypeError(f"rng_types={rng_types!r} must be a list of names such as ['torch', 'generator']")
-    chosen = [t.strip().lower() for t in rng_types]
-    unknown = [t for t in chosen if t not in RNG_TYPES]
-    if unknown:
-        raise ValueError(f"rng_types: {unknown[0]!r} is not one of {', '.join(RNG_TYPES)}")
-    if "xla" in chosen and torch.device(device).type != "xla":
-        raise ValueError(
-            f"rng_types: 'xla' needs the XLA device path (torch_xla with PJRT_DEVICE=TPU or CPU), but this "
-            f"process runs on {device}; drop 'xla' (use 'torch' and 'generator')"
-        )
-    if "cuda" in chosen and torch.device(device).type != "cuda":
-        raise ValueError(
-            f"rng_types: 'cuda' synchronises the CUDA generator, but this process runs on {device}; "
-            "drop 'cuda' (use 'torch' and 'generator')"
-        )
-    return chosen
