@@ -108,13 +108,15 @@ def _xla() -> Any:
     return collectives
 
 
-def _world() -> int:
+def world_size() -> int:
+    """Processes in the run: the XLA world or the process group's size; 1 outside a process group."""
     if _xla_runtime.in_use():
         return _xla_runtime.world_size()
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _rank() -> int:
+def rank() -> int:
+    """This process's index in the run (XLA ordinal or process-group rank); 0 outside a process group."""
     if _xla_runtime.in_use():
         return _xla_runtime.ordinal()
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -152,7 +154,7 @@ def _exchange_meta(tensors: list[torch.Tensor]) -> torch.Tensor:
         return _xla().all_gather(meta.unsqueeze(0))
     device = _comm_device(tensors[0]) if tensors else torch.device("cpu")
     meta = meta.to(device)
-    out = [torch.empty_like(meta) for _ in range(_world())]
+    out = [torch.empty_like(meta) for _ in range(world_size())]
     dist.all_gather(out, meta)
     return torch.stack(out).cpu()
 
@@ -196,7 +198,7 @@ def gather(tensor: Any) -> Any:
     Shapes must agree across ranks; if they do not, a ``ShapeMismatchError`` names every
     rank's shape.
     """
-    if _world() == 1:
+    if world_size() == 1:
         return tensor
     leaves = _leaves(tensor)
     if not leaves:
@@ -209,7 +211,7 @@ def gather(tensor: Any) -> Any:
         if _xla() is not None:
             return _xla().all_gather(t)
         src = t.contiguous().to(_comm_device(t))
-        out = [torch.empty_like(src) for _ in range(_world())]
+        out = [torch.empty_like(src) for _ in range(world_size())]
         dist.all_gather(out, src)
         return torch.cat(out, dim=0).to(t.device)
 
@@ -222,9 +224,9 @@ def gather_object(obj: Any) -> list[Any]:
     A list or tuple from each rank is concatenated in rank order; any other object gives a
     list with one entry per rank.
     """
-    if _world() == 1:
+    if world_size() == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
-    out: list[Any] = [None] * _world()
+    out: list[Any] = [None] * world_size()
     if _xla() is not None:
         out = _xla().gather_objects(obj)
     else:
@@ -237,7 +239,7 @@ def gather_object(obj: Any) -> list[Any]:
 # -- broadcast --------------------------------------------------------------------------------------
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """Copy each tensor of ``tensor`` from ``from_process`` into every other process (in place)."""
-    if _world() == 1:
+    if world_size() == 1:
         return tensor
     leaves = _leaves(tensor)
     if leaves:
@@ -260,9 +262,9 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replace the contents of ``object_list`` on every rank with ``from_process``'s (in place)."""
-    if _world() > 1 and _xla() is not None:
+    if world_size() > 1 and _xla() is not None:
         object_list[:] = _xla().gather_objects(list(object_list))[from_process]
-    elif _world() > 1:
+    elif world_size() > 1:
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
@@ -276,7 +278,7 @@ def gather_for_metrics(input_data: Any, use_gather_object: bool = False, gradien
     flat = _nested_values(input_data)
     as_objects = use_gather_object or not flat or not all(isinstance(x, torch.Tensor) for x in flat)
     data = gather_object(input_data) if as_objects else gather(input_data)
-    if _world() == 1 or gradient_state is None or not gradient_state.end_of_dataloader:
+    if world_size() == 1 or gradient_state is None or not gradient_state.end_of_dataloader:
         return data
     real = getattr(gradient_state.active_dataloader, "last_round_real", None)
     if real is None:
@@ -314,7 +316,7 @@ def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         raise ValueError(
             f"reduction={reduction!r} is not supported; choose one of {', '.join(map(repr, _REDUCE_OPS))} or 'none'"
         )
-    world = _world()
+    world = world_size()
     if world > 1:
         leaves = _leaves(tensor)
         if leaves:
@@ -343,7 +345,7 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 
     Padding uses ``pad_index`` and goes at the end (or the start with ``pad_first``).
     """
-    if _world() == 1:
+    if world_size() == 1:
         return tensor
     leaves = _leaves(tensor)
     if not leaves:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..ops import _rank, _world, broadcast_object_list
+from ..ops import broadcast_object_list, rank, world_size
 from ..xla import runtime
 
 __all__ = ["RNGType", "RNG_TYPES", "check_rng_types", "synchronize_rng_state", "synchronize_rng_states"]
@@ -117,13 +117,13 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
         return
     if kind is RNGType.XLA and not runtime.in_use():
         raise ValueError("synchronizing the 'xla' generator needs a run on XLA devices (torch_xla, PJRT_DEVICE)")
-    if _world() == 1:  # one process (also outside a process group)
+    if world_size() == 1:  # one process (also outside a process group)
         return
     if kind is RNGType.CUDA and not torch.cuda.is_available():
         return
 
     state = _read(kind, generator)
-    payload = [state.cpu() if _rank() == 0 else None]
+    payload = [state.cpu() if rank() == 0 else None]
     broadcast_object_list(payload, from_process=0)
     _write(kind, payload[0], generator)
 
