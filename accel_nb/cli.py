@@ -31,7 +31,7 @@ from .config import (
     load_config,
     save_config,
 )
-from .launch.elastic_failures import failure_summary, order_failures
+from .launch.elastic.failures import failure_summary, order_failures
 from .launch.errors import signal_name
 
 PROG = "accel-nb"
@@ -398,9 +398,9 @@ def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: 
                        endpoint: tuple[str, int] | None = None, rdzv_timeout: float | None = None) -> list[str]:  # fmt: skip
     """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says.
 
-    ``endpoint`` is where the machines meet (default: :func:`accel_nb.launch.elastic.main_endpoint`).
+    ``endpoint`` is where the machines meet (default: :func:`accel_nb.launch.elastic.rendezvous.main_endpoint`).
     """
-    from .launch.elastic import agent_arguments, main_endpoint
+    from .launch.elastic.rendezvous import agent_arguments, main_endpoint
 
     addr, port = endpoint or main_endpoint(cfg)
     args = agent_arguments(cfg.num_machines, cfg.machine_rank, nproc, cfg.rdzv_backend, addr, port,
@@ -415,7 +415,7 @@ def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: 
 
 def cmd_launch(ns: argparse.Namespace) -> int:
     from .hardware import detect
-    from .launch.elastic import check_endpoint, main_endpoint, rendezvous_failure
+    from .launch.elastic.rendezvous import check_endpoint, main_endpoint, rendezvous_failure
     from .launch.errors import LaunchSetupError
     from .launch.plan import CLI_CHOICES, check_one_gpu_per_rank
 
@@ -468,7 +468,7 @@ def agent_environment(cfg: LaunchConfig, main_ip: str, device: str, template: st
     defaults to one naming the machine and the rank, and gloo gets the interface that reaches
     machine 0 unless ``GLOO_SOCKET_IFNAME`` is already set.
     """
-    from .launch.elastic import gloo_interface_env, machine_label_template
+    from .launch.elastic.rendezvous import gloo_interface_env, machine_label_template
 
     env: dict[str, str] = {}
     if template is None and cfg.num_machines > 1:

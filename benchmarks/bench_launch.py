@@ -26,7 +26,7 @@ if ROOT not in sys.path:
 SETUP = """
 import os, time, json, statistics
 from accel_nb import notebook_launcher, PartialState
-from accel_nb.launch.reporting import ListReporter
+from accel_nb.launch.parent.reporting import ListReporter
 
 def trivial():
     import torch.distributed as dist
@@ -124,7 +124,7 @@ def time_first_step(library, repeat):
         launch = lambda i: bare_fork_gloo(first_step, ("accel_nb",))
     elif library == "accel_nb":
         from accel_nb import notebook_launcher
-        from accel_nb.launch.reporting import ListReporter
+        from accel_nb.launch.parent.reporting import ListReporter
         launch = lambda i: notebook_launcher(first_step, args=(library,), num_processes=2, cpu=True,
                                              reporter=ListReporter())
     else:

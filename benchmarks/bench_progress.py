@@ -301,7 +301,7 @@ def rank_ddp_training(chunk: int, pairs: int) -> dict[str, list]:
 def in_real_launch(fn, *args) -> list:
     """``fn(*args)`` on 2 CPU ranks through notebook_launcher (events go through the real channel)."""
     from accel_nb import notebook_launcher
-    from accel_nb.launch.reporting import ListReporter
+    from accel_nb.launch.parent.reporting import ListReporter
 
     return notebook_launcher(fn, args=args, num_processes=2, cpu=True, reporter=ListReporter())
 

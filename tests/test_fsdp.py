@@ -360,7 +360,7 @@ def _example_train(options):
 @pytest.mark.multiproc
 def test_notebook_launcher_runs_fsdp():
     from accel_nb import notebook_launcher
-    from accel_nb.launch.reporting import ListReporter
+    from accel_nb.launch.parent.reporting import ListReporter
 
     out = notebook_launcher(
         _example_train, args=(FSDPOptions(auto_wrap_classes=["Block"]),), num_processes=2, cpu=True,

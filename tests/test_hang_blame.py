@@ -13,8 +13,8 @@ import time
 import pytest
 
 from accel_nb import LaunchError, PartialState, debug_launcher
-from accel_nb.launch.hang_blame import blame_stacks, collective_of, user_line
-from accel_nb.launch.reporting import ListReporter
+from accel_nb.launch.parent.hang_blame import blame_stacks, collective_of, user_line
+from accel_nb.launch.parent.reporting import ListReporter
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
 IN_ALL_REDUCE = f"""Current thread 0x00007f (most recent call first):

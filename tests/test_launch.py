@@ -15,8 +15,8 @@ from accel_nb import LaunchError, PartialState, debug_launcher, notebook_launche
 from accel_nb.events import Dropped, Failure, Log, Phase, Progress, Result, emit
 from accel_nb.launch.errors import LaunchSetupError, PayloadError, RankFailure
 from accel_nb.launch.options import LaunchOptions
+from accel_nb.launch.parent.reporting import ListReporter, TextReporter
 from accel_nb.launch.plan import make_plan
-from accel_nb.launch.reporting import ListReporter, TextReporter
 from tests.cuda_pretend import pretend_cuda_initialised
 from tests.process_helpers import live_descendants
 
@@ -503,13 +503,13 @@ def _imported_already():
 
 
 def test_after_the_first_fork_launch_ranks_inherit_what_their_first_ddp_step_imports(monkeypatch):
-    from accel_nb.launch import warm
+    from accel_nb.launch import preimport
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     before = dict(os.environ)
     debug_launcher(_trivial, reporter=ListReporter())  # the first launch starts the one background import
-    warm.wait_until_warm()
-    assert warm.failures == {}
+    preimport.wait()
+    assert preimport.failures == {}
     assert debug_launcher(_imported_already, reporter=ListReporter()) == [[True, True, True]] * 2
     assert dict(os.environ) == before  # torch._inductor's import-time TORCHINDUCTOR_CACHE_DIR was put back
 

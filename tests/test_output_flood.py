@@ -13,8 +13,8 @@ import re
 
 from accel_nb import debug_launcher
 from accel_nb.events import Dropped
-from accel_nb.launch.capture import HEAD_LINES, TAIL_LINES
-from accel_nb.launch.reporting import ListReporter, TextReporter
+from accel_nb.launch.parent.reporting import ListReporter, TextReporter
+from accel_nb.launch.rank.capture import HEAD_LINES, TAIL_LINES
 from tests.kernel_helpers import KernelSession
 
 FLOOD = 200_000

@@ -223,7 +223,7 @@ def test_format_helpers():
 TQDM_SCRIPT = r"""
 import io, sys
 from accel_nb import events
-from accel_nb.launch import tqdm_bridge
+from accel_nb.launch.rank import tqdm_bridge
 got = []
 events.set_event_sink(got.append)
 assert tqdm_bridge.install()

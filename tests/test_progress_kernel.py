@@ -252,7 +252,7 @@ def stuck_cell(sleep_s: float = 8, reporter: str | None = None) -> str:
     extra = f", reporter={reporter}" if reporter else ""
     return f"""
 from accel_nb import notebook_launcher, progress
-from accel_nb.launch.reporting import TextReporter
+from accel_nb.launch.parent.reporting import TextReporter
 from accel_nb.notebook.progress_widget import WidgetReporter
 
 def one_rank_sleeps():
@@ -294,7 +294,7 @@ def test_stuck_ranks_say_how_long_they_have_been_quiet_while_it_lasts(kernel):
 
 OUTPUT_CELL = """
 from accel_nb import notebook_launcher
-from accel_nb.launch.reporting import TextReporter
+from accel_nb.launch.parent.reporting import TextReporter
 
 def chatty_then_fails():
     import os

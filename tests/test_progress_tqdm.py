@@ -6,7 +6,7 @@ import pytest
 
 from accel_nb import debug_launcher
 from accel_nb.events import Progress
-from accel_nb.launch.reporting import ListReporter
+from accel_nb.launch.parent.reporting import ListReporter
 
 pytestmark = pytest.mark.multiproc
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from accel_nb.events import Dropped, Failure, Heartbeat, Log, Metrics, Phase, Progress, Result, Stacks
-from accel_nb.launch.launch_progress import LaunchProgress
-from accel_nb.launch.reporting import TextReporter
+from accel_nb.launch.parent.launch_progress import LaunchProgress
+from accel_nb.launch.parent.reporting import TextReporter
 from accel_nb.notebook import display
 
 pytest.importorskip("ipywidgets")

@@ -7,7 +7,7 @@ import pytest
 
 from accel_nb import LaunchError, Session
 from accel_nb.launch.errors import LaunchSetupError
-from accel_nb.launch.session import SessionError
+from accel_nb.launch.session.warm_session import SessionError
 from accel_nb.notebook.session_view import status_text
 from tests.process_helpers import assert_no_descendants
 
@@ -149,7 +149,7 @@ def test_start_flags_become_launch_options_and_gpu_ids_are_checked():
 RESTART_AFTER_A_FAILED_START = """
 import os
 from accel_nb import LaunchError, Session
-from accel_nb.launch import session_worker
+from accel_nb.launch.session import loop as session_worker
 
 serve = session_worker.SessionLoop.serve
 def rank_1_dies_at_once(self, runtime):

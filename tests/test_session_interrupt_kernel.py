@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from accel_nb.launch.worker import STACKS_SIGNAL, stacks_path
+from accel_nb.launch.rank.worker import STACKS_SIGNAL, stacks_path
 from tests.kernel_helpers import KernelSession
 
 pytestmark = [pytest.mark.kernel, pytest.mark.multiproc, pytest.mark.slow]

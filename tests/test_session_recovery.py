@@ -13,7 +13,7 @@ import pytest
 
 from accel_nb.launch.errors import LaunchError
 from accel_nb.launch.options import LaunchOptions
-from accel_nb.launch.session import WarmSession
+from accel_nb.launch.session.warm_session import WarmSession
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from accel_nb import debug_launcher
-from accel_nb.launch.reporting import ListReporter
+from accel_nb.launch.parent.reporting import ListReporter
 
 pytestmark = pytest.mark.multiproc
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from accel_nb.events import Metrics, Progress, Result
-from accel_nb.launch.metric_history import MetricHistory
+from accel_nb.launch.parent.metric_history import MetricHistory
 
 pytest.importorskip("ipywidgets")
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -7,8 +7,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CODE = """
-from accel_nb.launch import warm
-warm.start_warming()                 # what the first fork launch of a kernel does
+from accel_nb.launch import preimport
+preimport.start()                 # what the first fork launch of a kernel does
 from accel_nb import Session         # the user's next cell, while torch is still importing
 from accel_nb.launch import cuda_guard
 print("ok", Session.__name__, cuda_guard.cuda_initialized())

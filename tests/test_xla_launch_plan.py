@@ -19,7 +19,7 @@ from accel_nb.launch.channel import EventReader, EventWriter
 from accel_nb.launch.errors import LaunchSetupError
 from accel_nb.launch.options import LaunchOptions
 from accel_nb.launch.plan import LaunchPlan
-from accel_nb.launch.xla_launch import Relay, choose_xla, xla_headline
+from accel_nb.launch.xla.launcher import Relay, choose_xla, xla_headline
 from accel_nb.xla_detect import XlaRuntime
 
 CPU2 = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}

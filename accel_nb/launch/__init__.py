@@ -1,13 +1,24 @@
 """Launching a function or a cell on N processes: options -> plan -> start -> supervise -> collect -> clean up.
 
-Modules, one job each: ``options`` (what the user asked, checked once), ``plan`` (processes,
-start method, port), ``payload`` (what runs; pickling checks for spawn), ``start`` (fork, the
-warm spawn server ``zygote``, fresh interpreters: one ``RankProcess`` interface), ``worker``
-(the one rank entry), ``channel`` (events over a pipe), ``capture`` (fd-level output capture),
-``supervisor`` (watch, stop, stacks on hang or interrupt), ``reporting`` (text / list
-reporters), ``run`` (one launch end to end), ``warm`` (imports a rank's first DDP step needs,
-once per kernel), ``cuda_guard`` (fork safety), ``ports``, ``pythonpath``, ``errors``. Nothing
-here imports ``accel_nb.notebook``.
+Shared plumbing, here: ``options`` (what the user asked, checked once), ``plan`` (processes,
+start method, port), ``payload`` (what runs; pickling checks for spawn), ``channel`` (events over
+a pipe), ``errors``, ``ports``, ``pythonpath``, ``cuda_guard`` (fork safety), ``zygote`` (the spawn
+server: a clean interpreter that forks spawned ranks), ``preimport`` (imports a rank's first DDP
+step needs, once per kernel).
+
+By side and job, sub-packages:
+
+- ``rank/`` runs inside a rank: ``worker`` (the one rank entry), ``capture`` (fd-level output
+  capture), ``tqdm_bridge``.
+- ``parent/`` runs in the launching process: ``start`` (fork, spawn server, fresh interpreters: one
+  ``RankProcess`` interface), ``supervisor`` (watch, stop, stacks on hang or interrupt),
+  ``hang_blame``, ``run`` (one launch end to end), ``reporting`` (text / list reporters),
+  ``launch_progress``, ``output_lines``, ``metric_history``.
+- ``session/`` interactive sessions: ``warm_session``, ``cell_supervisor``, ``loop`` (rank side).
+- ``elastic/`` several machines: ``rendezvous``, ``multinode``, ``failures``.
+- ``xla/`` XLA devices: ``launcher`` (the host process), ``ordinal`` (rank side).
+
+Nothing here imports ``accel_nb.notebook``.
 
     from accel_nb.launch import LaunchOptions, make_plan, run_launch, FunctionPayload, TextReporter
     run_launch(FunctionPayload(fn), make_plan(LaunchOptions(num_processes=2, cpu=True)), TextReporter())
@@ -28,9 +39,9 @@ _EXPORTS = {
     "FunctionPayload": ".payload",
     "CellPayload": ".payload",
     "check_picklable": ".payload",
-    "run_launch": ".run",
-    "TextReporter": ".reporting",
-    "ListReporter": ".reporting",
+    "run_launch": ".parent.run",
+    "TextReporter": ".parent.reporting",
+    "ListReporter": ".parent.reporting",
     "pick_free_port": ".ports",
 }
 

@@ -18,7 +18,7 @@ from typing import Any
 from ..config import START_METHODS
 from ..precision_setting import validate_mixed_precision
 from .errors import LaunchSetupError
-from .reporting import parse_show_ranks
+from .parent.reporting import parse_show_ranks
 
 
 def _whole_at_least_one(name: str, value: Any) -> int | None:
@@ -115,7 +115,7 @@ class LaunchOptions:
         set_(self, "cpu", bool(self.cpu))
         if self.xla is not None and not isinstance(self.xla, bool):
             raise LaunchSetupError(f"xla={self.xla!r} must be True, False or None (None: XLA when an XLA runtime is present)")
-        from .multinode import check_machine_options
+        from .elastic.multinode import check_machine_options
 
         check_machine_options(self)
 

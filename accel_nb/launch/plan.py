@@ -32,7 +32,7 @@ class LaunchPlan:
     master_port: int
     fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
     seat: Any = None  # launch.multinode.MachineSeat when the job spans several machines
-    xla: Any = None  # xla_detect.XlaRuntime when the ranks are XLA devices (see launch.xla_launch)
+    xla: Any = None  # xla_detect.XlaRuntime when the ranks are XLA devices (see launch.xla.launcher)
 
     @property
     def master_addr(self) -> str:
@@ -54,7 +54,7 @@ class LaunchPlan:
 
     def headline(self) -> str:
         if self.xla is not None:
-            from .xla_launch import xla_headline
+            from .xla.launcher import xla_headline
 
             return xla_headline(self)
         what = (
@@ -81,7 +81,7 @@ class LaunchPlan:
     def rank_env(self, rank: int) -> dict[str, str]:
         """The torchrun environment of ``rank`` plus accel_nb's own settings."""
         if self.xla is not None:
-            from .xla_launch import xla_rank_env
+            from .xla.launcher import xla_rank_env
 
             return xla_rank_env(self)
         n = str(self.num_processes)
@@ -161,7 +161,7 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
 
     plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
     """
-    from .xla_launch import choose_xla
+    from .xla.launcher import choose_xla
 
     xla = choose_xla(options)
     if xla is not None:  # TPU cores or XLA's CPU devices: one host process runs torch_xla.launch
@@ -190,7 +190,7 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
 
     seat = None
     if options.num_nodes > 1:
-        from .multinode import plan_seat
+        from .elastic.multinode import plan_seat
 
         seat = plan_seat(options, num_processes)
         port = seat.port
@@ -201,7 +201,7 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
         ensure_port_free(options.master_addr, port)
     fork_threads = None
     if method == "fork" and "torch" in sys.modules:
-        from .worker import native_threads_running
+        from .rank.worker import native_threads_running
 
         if native_threads_running():
             fork_threads = 1

@@ -1,4 +1,4 @@
-"""A warm spawn server: one clean interpreter with torch imported that forks spawned ranks on request.
+"""The spawn server (zygote): one clean interpreter with torch imported that forks spawned ranks on request.
 
 Spawning a rank normally costs a fresh interpreter plus ``import torch`` (seconds). The server is
 started once, by the first spawn launch of a session, from a fresh interpreter: it never touches
@@ -121,7 +121,7 @@ class SpawnServer:
         """Fork a rank in the server; returns its pid (the rank is in its own process group).
 
         ``last`` says no more ranks of this launch follow: only then may the server start its
-        background warm-up (a fork waits for it, so warming between two ranks would hold back the rest).
+        background pre-import (a fork waits for it, so pre-importing between two ranks would hold back the rest).
         """
         request = pickle.dumps({"spec_file": spec_file, "rank": rank, "env": env, "last": last})
         with self._lock:
@@ -185,11 +185,11 @@ atexit.register(_shutdown_at_exit)
 
 # ---------------------------------------------------------------------------- the server side
 def serve(argv: list[str] | None = None) -> None:
-    """Server main: warm up (import torch), then fork a rank per request and report exits."""
+    """Server main: import torch, then fork a rank per request and report exits."""
     argv = sys.argv[1:] if argv is None else argv
     fd, parent_pid = int(argv[0]), int(argv[1])
-    from . import warm
-    from .worker import die_with_parent
+    from . import preimport
+    from .rank.worker import die_with_parent
 
     die_with_parent(parent_pid)
     sock = socket.socket(fileno=fd)
@@ -200,15 +200,15 @@ def serve(argv: list[str] | None = None) -> None:
 
     import accel_nb.state  # noqa: F401
 
-    from . import worker  # noqa: F401
+    from .rank import worker  # noqa: F401
 
     sock.send(pickle.dumps(("ready", os.getpid())))
     children: set[int] = set()
-    launch_started = False  # every rank of a launch is forked: warming can no longer hold one back
+    launch_started = False  # every rank of a launch is forked: pre-importing can no longer hold one back
     while True:
         ready, _, _ = select.select([sock], [], [], 0.02)
         if launch_started:  # the first ranks run: import what their first DDP step imports, once, for later ranks
-            warm.start_warming()
+            preimport.start()
         if ready:
             try:
                 data, fds, _, _ = socket.recv_fds(sock, _MAX_MSG, 4)
@@ -217,7 +217,7 @@ def serve(argv: list[str] | None = None) -> None:
             if not data:
                 break  # the notebook is gone
             request = pickle.loads(data)
-            warm.wait_until_warm()  # never fork while the warm-up thread holds an import lock
+            preimport.wait()  # never fork while the pre-import thread holds an import lock
             pid = os.fork()
             if pid == 0:
                 _rank_child(sock, request, fds)  # never returns
@@ -255,7 +255,7 @@ def _rank_child(sock: socket.socket, request: dict[str, Any], fds: list[int]) ->
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
         os.environ.update(request["env"])
-        from .worker import spawn_main
+        from .rank.worker import spawn_main
 
         spawn_main([request["spec_file"], str(request["rank"]), str(event_fd), str(os.getppid())])
     finally:

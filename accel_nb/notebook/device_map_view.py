@@ -451,7 +451,7 @@ def show_device_map(
     dispatched) or a plain ``{module: device}`` dict. ``interactive`` (default: in Jupyter with
     ipywidgets) adds one budget slider per device that recomputes the map live.
     """
-    from ..notebook.display import widget_frontend_available
+    from .display import widget_frontend_available
 
     if isinstance(model_or_map, Mapping):
         view = DeviceMapView(None, model_or_map, max_memory)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..launch.reporting import TextReporter
+from ..launch.parent.reporting import TextReporter
 from ..utils import in_ipython_kernel
 
 ENV_PROGRESS = "ACCEL_NB_PROGRESS"

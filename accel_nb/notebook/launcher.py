@@ -14,12 +14,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..launch import cuda_guard, warm
+from ..launch import cuda_guard, preimport
 from ..launch.errors import LaunchSetupError
 from ..launch.options import LaunchOptions
+from ..launch.parent.run import run_launch
 from ..launch.payload import FunctionPayload
 from ..launch.plan import make_plan
-from ..launch.run import run_launch
 from ..utils import in_ipython_kernel
 from .display import make_reporter
 
@@ -30,7 +30,7 @@ cuda_guard.install_cuda_init_recorder()
 # what a first DDP step imports) now, in the background, while the user writes the training function;
 # the first fork launch waits for what is left and its ranks inherit it instead of importing it each.
 if in_ipython_kernel():
-    warm.start_warming()
+    preimport.start()
 
 
 def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -> list[Any]:
@@ -39,7 +39,7 @@ def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -
         launch_payload(FunctionPayload(fn), LaunchOptions(num_processes=2, cpu=True))
     """
     __tracebackhide__ = True
-    warm.wait_until_warm()  # the session's background import is over: torch is whole, no import lock held
+    preimport.wait()  # the session's background import is over: torch is whole, no import lock held
     cuda_guard.install_cuda_init_recorder()
     plan = make_plan(options)
     if reporter is None:  # the live widget in a Jupyter kernel, else text; a bad progress= is a ValueError
@@ -66,7 +66,7 @@ def _accept_reference_options(options: dict[str, Any]) -> None:
     """Take the reference's multi-machine arguments out of ``options``: num_nodes, node_rank, rdzv_backend
     and rdzv_conf's timeout are launch options; the rest are fine at their defaults, a warning (once) for the
     two that change nothing here, a clear error for restarts and other rendezvous settings."""
-    from ..launch.multinode import take_reference_options
+    from ..launch.elastic.multinode import take_reference_options
 
     take_reference_options(options)  # num_nodes, node_rank, rdzv_backend pass on; rdzv_conf's timeout too
     for key in list(options):

@@ -18,7 +18,7 @@ import html
 from typing import Any
 
 from ..launch.options import LaunchOptions
-from ..launch.session import SessionError, WarmSession
+from ..launch.session.warm_session import SessionError, WarmSession
 from ..utils import human_bytes
 from .display import make_reporter, resolve_progress_mode, widget_frontend_available
 from .launcher import reject_unknown_options

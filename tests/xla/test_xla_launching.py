@@ -22,7 +22,7 @@ if importlib.util.find_spec("torch_xla") is None:
 from accel_nb import notebook_launcher  # noqa: E402
 from accel_nb.events import Progress  # noqa: E402
 from accel_nb.launch.errors import LaunchError, LaunchSetupError  # noqa: E402
-from accel_nb.launch.reporting import ListReporter  # noqa: E402
+from accel_nb.launch.parent.reporting import ListReporter  # noqa: E402
 
 XLA_CPU_2 = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
 
@@ -240,7 +240,7 @@ def test_a_notebook_that_opened_the_tpu_itself_is_told_to_restart():
         import torch_xla
         from accel_nb.launch.errors import LaunchSetupError
         from accel_nb.launch.options import LaunchOptions
-        from accel_nb.launch.xla_launch import choose_xla, runtime_started_here
+        from accel_nb.launch.xla.launcher import choose_xla, runtime_started_here
 
         assert not runtime_started_here()
         torch_xla.device()  # starts the runtime in this process, as a notebook cell would

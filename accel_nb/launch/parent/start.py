@@ -1,4 +1,4 @@
-"""Start the ranks of a plan: forked from the notebook, forked by the warm spawn server, or fresh interpreters.
+"""Start the ranks of a plan: forked from the notebook, forked by the spawn server (``zygote``), or fresh interpreters.
 
 The three kinds of process share one small interface, ``RankProcess``: ``rank``, ``pid`` (also
 its process group), ``reader`` (its event channel), ``poll()`` (exit code or None),
@@ -20,12 +20,12 @@ import threading
 import weakref
 from typing import Any
 
-from . import warm, zygote
-from .channel import EventReader
-from .payload import dumps_payload
-from .plan import LaunchPlan
-from .pythonpath import with_package_on_path
-from .worker import RankSpec, fork_main, log_path
+from .. import preimport, zygote
+from ..channel import EventReader
+from ..payload import dumps_payload
+from ..plan import LaunchPlan
+from ..pythonpath import with_package_on_path
+from ..rank.worker import RankSpec, fork_main, log_path
 
 _live: weakref.WeakSet[RankProcess] = weakref.WeakSet()
 _live_lock = threading.Lock()
@@ -117,7 +117,7 @@ def start_ranks(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankPr
     """Start every rank of ``plan`` into ``procs`` (filled as they start, so a half-done start can be cleaned up)."""
     if plan.start_method == "fork":
         start_forked(plan, payload, log_dir, procs)
-        warm.start_warming()  # later forked ranks inherit what their first DDP step imports
+        preimport.start()  # later forked ranks inherit what their first DDP step imports
         return
     payload_path = os.path.join(log_dir, "payload.pkl")
     with open(payload_path, "wb") as f:
@@ -148,7 +148,7 @@ def start_forked(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankP
     KeyboardInterrupt into the notebook's code in the child (the worker unblocks it once set up).
     """
     parent_pid = os.getpid()
-    warm.wait_until_warm()  # never fork while the background import holds an import lock
+    preimport.wait()  # never fork while the background import holds an import lock
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken stream: nothing to flush
             stream.flush()
@@ -174,7 +174,7 @@ def start_forked(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankP
 def start_served(
     plan: LaunchPlan, server: zygote.SpawnServer, spec_file: str, log_dir: str, procs: list[RankProcess]
 ) -> None:
-    """Ask the warm spawn server to fork each rank (a clean interpreter that never touched CUDA)."""
+    """Ask the spawn server (``zygote``) to fork each rank (a clean interpreter that never touched CUDA)."""
     for rank in range(plan.num_processes):
         r, w = os.pipe()
         env = dict(os.environ)
@@ -193,7 +193,7 @@ def start_served(
 
 def start_fresh(plan: LaunchPlan, spec_file: str, log_dir: str, procs: list[RankProcess]) -> None:
     """Start one fresh interpreter per rank; each loads the cloudpickled payload named in ``spec_file``."""
-    code = "from accel_nb.launch.worker import spawn_main; spawn_main()"
+    code = "from accel_nb.launch.rank.worker import spawn_main; spawn_main()"
     for rank in range(plan.num_processes):
         r, w = os.pipe()
         env = dict(os.environ)

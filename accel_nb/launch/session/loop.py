@@ -20,7 +20,7 @@ import socket
 import struct
 from typing import Any
 
-from .payload import _split_last_expression, register_sources
+from ..payload import _split_last_expression, register_sources
 
 _HEADER = struct.Struct("!Q")
 
@@ -81,7 +81,7 @@ class SessionCommand:
 
     def _with_stale(self, answer: dict[str, Any]) -> dict[str, Any]:
         if self.check_stale:
-            from ..process_group import stale_group_holders
+            from ...process_group import stale_group_holders
 
             answer["stale"] = stale_group_holders(self.namespace)
         return answer
@@ -196,7 +196,7 @@ class FormGroup(SessionCommand):
         return "session start"
 
     def run(self, rank: int) -> Any:
-        from ..state import PartialState
+        from ...state import PartialState
 
         state = PartialState()
         return {"value": {"device": str(state.device), "pid": os.getpid()}, "names": {}}
@@ -276,8 +276,8 @@ class Regroup(SessionCommand):
         return "re-form the process group"
 
     def run(self, rank: int) -> Any:
-        from ..process_group import rebind_ddp_models, rejoin_process_group, stale_group_holders
-        from ..state import PartialState, read_topology
+        from ...process_group import rebind_ddp_models, rejoin_process_group, stale_group_holders
+        from ...state import PartialState, read_topology
 
         state = PartialState._shared_state
         if not state.get("initialized") or not state.get("backend"):

@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any, TextIO
 
-from ..events import Dropped, Event, Failure, Heartbeat, Log, Metrics, Phase, Progress, Result, Stacks
-from ..progress_format import format_metrics, format_progress_line, one_line
+from ...events import Dropped, Event, Failure, Heartbeat, Log, Metrics, Phase, Progress, Result, Stacks
+from ...progress_format import format_metrics, format_progress_line, one_line
 from .launch_progress import STALL_AFTER, LaunchProgress
 from .output_lines import MERGE_WINDOW_S, OutputRelay
 

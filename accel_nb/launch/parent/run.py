@@ -14,10 +14,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from ..utils import human_bytes, imported_module
-from .errors import LaunchError
-from .payload import PayloadCheck, check_picklable, notebook_sources
-from .plan import LaunchPlan
+from ...utils import human_bytes, imported_module
+from ..errors import LaunchError
+from ..payload import PayloadCheck, check_picklable, notebook_sources
+from ..plan import LaunchPlan
 from .start import RankProcess, start_ranks
 from .supervisor import Supervisor
 
@@ -111,7 +111,7 @@ def run_launch(
             if plan.xla is None:
                 start_ranks(plan, payload, log_dir, procs)
             else:  # one host process runs torch_xla.launch; its ordinals report as ranks 0..N-1
-                from .xla_launch import host_start
+                from ..xla.launcher import host_start
 
                 start_ranks(*host_start(plan, payload), log_dir, procs)
         except BaseException:  # interrupted or failed half-way: take down what was started

@@ -19,7 +19,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 _DISTRIBUTED = re.compile(r"[/\\]torch[/\\](distributed|nn[/\\]parallel)[/\\]")
 _AUTOGRAD = re.compile(r"[/\\]torch[/\\]autograd[/\\]")
 _LIBRARY = re.compile(r"[/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|^<frozen ")
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # accel_nb/
 _WRAPPERS = ("wrapper", "inner", "_fn")  # decorators around torch.distributed's calls: not the call's name
 
 

@@ -1,18 +1,18 @@
-"""Import once per kernel what every forked rank would otherwise import at every launch.
+"""Pre-import, once per kernel, what every forked rank would otherwise import at every launch.
 
 A rank imports torch when the notebook has not, and building ``DistributedDataParallel`` (or an
 optimizer) imports ``torch._dynamo`` (with sympy: some 800 modules, seconds of CPU) lazily, in
 every rank, at every launch. The notebook process imports them once, in a background thread, so
 forked ranks inherit them: in a kernel as soon as the launcher is imported (the user is still
 writing the training function), elsewhere after the first fork launch started its ranks. The
-warm spawn server does the same after the first launch's last rank is forked.
+spawn server (``zygote``) does the same after the first launch's last rank is forked.
 The imports touch no GPU and leave ``os.environ`` as it was. While they run, a half-imported torch
 is in ``sys.modules`` and the thread may hold import locks (a forked child would inherit locks
-nobody releases), so a launch first calls ``wait_until_warm()``, and so does every fork of the
+nobody releases), so a launch first calls ``wait()``, and so does every fork of the
 process (``os.register_at_fork``), the launcher's or anyone else's.
 
-    start_warming()        # the launcher was imported in a kernel, or a fork launch started its ranks
-    wait_until_warm()      # before the next fork
+    preimport.start()      # the launcher was imported in a kernel, or a fork launch started its ranks
+    preimport.wait()       # before the next fork
 """
 
 from __future__ import annotations
@@ -51,22 +51,22 @@ def import_modules() -> None:
             os.environ[key] = value
 
 
-def warm() -> bool:
+def done() -> bool:
     """True when every module of ``MODULES`` is already imported in this process."""
     return all(name in sys.modules for name in MODULES)
 
 
-def start_warming() -> None:
+def start() -> None:
     """Import ``MODULES`` in a background thread, once per process."""
     global _thread
     with _lock:
-        if _thread is not None or warm():
+        if _thread is not None or done():
             return
-        _thread = threading.Thread(target=import_modules, name="accel_nb-warm-imports", daemon=True)
+        _thread = threading.Thread(target=import_modules, name="accel_nb-preimport", daemon=True)
         _thread.start()
 
 
-def wait_until_warm() -> None:
+def wait() -> None:
     """Block until the background import (if any) is over: no import lock is held after this returns."""
     thread = _thread
     if thread is not None and thread.is_alive() and thread is not threading.current_thread():
@@ -74,4 +74,4 @@ def wait_until_warm() -> None:
 
 
 # any fork of this process (a DataLoader's workers, multiprocessing...) waits for the import too
-os.register_at_fork(before=wait_until_warm)
+os.register_at_fork(before=wait)

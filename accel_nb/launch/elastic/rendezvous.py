@@ -16,8 +16,8 @@ import errno
 import socket
 from typing import Any
 
-from ..config_values import ConfigError
-from .ports import pick_free_port, port_is_free
+from ...config_values import ConfigError
+from ..ports import pick_free_port, port_is_free
 
 __all__ = [
     "DEFAULT_PORT",

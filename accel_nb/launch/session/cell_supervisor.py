@@ -26,13 +26,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Event, Failure, Log, Result, Stacks
-from .errors import RankFailure
-from .start import RankProcess
-from .supervisor import FAILURE_GRACE_S, STACKS_WAIT_S, Outcome, Supervisor, clean_stacks
-from .worker import STACKS_SIGNAL, stacks_path
+from ...events import Event, Failure, Log, Result, Stacks
+from ..errors import RankFailure
+from ..parent.start import RankProcess
+from ..parent.supervisor import FAILURE_GRACE_S, STACKS_WAIT_S, Outcome, Supervisor, clean_stacks
+from ..rank.worker import STACKS_SIGNAL, stacks_path
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # accel_nb/
 INTERRUPT_GRACE_S = 2.0  # after SIGINT, how long a rank may take to raise KeyboardInterrupt and answer
 FREE_GRACE_S = 5.0  # after the group was closed under a stuck rank, how long until it is killed
 

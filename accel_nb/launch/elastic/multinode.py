@@ -24,8 +24,8 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .elastic import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
-from .errors import LaunchSetupError
+from ..errors import LaunchSetupError
+from .rendezvous import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
 
 __all__ = ["MachineSeat", "NOTEBOOK_NAMES", "check_machine_options", "take_reference_options", "plan_seat"]
 
@@ -175,7 +175,7 @@ def plan_seat(options: Any, nproc: int) -> MachineSeat:
     The port is ``use_port`` (29500 when None, as ``accel-nb launch``); machine 0 must own
     ``master_addr`` and find the port free.
     """
-    from .elastic import DEFAULT_PORT, endpoint_problem
+    from .rendezvous import DEFAULT_PORT, endpoint_problem
 
     port = options.use_port or DEFAULT_PORT
     problem = endpoint_problem(options.num_nodes, options.node_rank, options.master_addr, port)

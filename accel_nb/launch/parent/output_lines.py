@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from ..events import Dropped, Log
-from ..progress_format import plural
+from ...events import Dropped, Log
+from ...progress_format import plural
 
 MERGE_WINDOW_S = 0.5  # how long a line waits for the same line from the other ranks
 

@@ -1,6 +1,6 @@
 """The one rank entry: set the rank up, run its payload, report the result or the failure, shut down.
 
-A rank is forked from the notebook (``fork_main``), forked by the warm spawn server or started
+A rank is forked from the notebook (``fork_main``), forked by the spawn server (``zygote``) or started
 as a fresh interpreter (both ``spawn_main``, which loads the cloudpickled payload). Both build a
 ``WorkerRuntime``: it dies with its parent, captures fds 1/2 into events and a log file,
 installs the event sink (``accel_nb.events.set_event_sink``), registers faulthandler (the
@@ -24,16 +24,16 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
-from .. import events
-from ..utils import imported_module
+from ... import events
+from ...utils import imported_module
+from ..channel import ChannelClosed, EventWriter, encode_event
 from . import tqdm_bridge
 from .capture import OutputCapture
-from .channel import ChannelClosed, EventWriter, encode_event
 
 HEARTBEAT_S = 2.0
 EXIT_BARRIER_S = 60.0  # after success, ranks wait this long for each other before leaving the group
 STACKS_SIGNAL = signal.SIGUSR1
-_LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+_LAUNCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # accel_nb/launch
 
 
 @dataclass
@@ -315,7 +315,7 @@ class WorkerRuntime:
                 import torch.distributed as dist
 
                 if dist.is_available() and dist.is_initialized():
-                    from ..state import PartialState
+                    from ...state import PartialState
 
                     # a group formed by PartialState finished its handshakes when it formed
                     formed_by_state = bool(PartialState._shared_state.get("_owns_group"))

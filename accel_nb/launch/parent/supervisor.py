@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import Dropped, Event, Failure, Heartbeat, Phase, Result, Stacks
-from .errors import RankFailure, signal_name
+from ...events import Dropped, Event, Failure, Heartbeat, Phase, Result, Stacks
+from ..errors import RankFailure, signal_name
+from ..rank.worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
 from .hang_blame import Blame, blame_stacks
 from .start import RankProcess
-from .worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
 
 STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every rank runs the payload
 FAILURE_GRACE_S = 0.5  # after a first failure, let the others report their own errors this long
@@ -87,7 +87,7 @@ def _tail(path: str, lines: int = 20) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-_LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+_LAUNCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # accel_nb/launch
 _INTERNAL_THREADS = ("in _pump", "in _heartbeat")
 
 

@@ -1,7 +1,7 @@
 """An interactive session: N warm ranks that keep their namespace and process group across commands.
 
 The lifecycle of a one-shot launch (plan -> start -> supervise -> collect) with "supervise and
-collect" repeated per command: the ranks run ``SessionLoop`` (see ``session_worker``), each
+collect" repeated per command: the ranks run ``SessionLoop`` (see ``loop``), each
 command is supervised by a ``CellSupervisor`` and shown by a fresh reporter, exactly as a launch.
 
     with WarmSession(LaunchOptions(num_processes=2, cpu=True)) as s:
@@ -26,17 +26,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import cuda_guard, warm
-from .errors import LaunchError, RankFailure, UserFramesOnly
-from .hang_blame import blame_stacks, collective_of
-from .options import LaunchOptions
-from .plan import LaunchPlan, make_plan
-from .ports import pick_free_port
-from .reporting import ListReporter, TextReporter
-from .run import _finish
-from .run import _start_reporter as _start
-from .session_supervisor import CellOutcome, CellSupervisor
-from .session_worker import (
+from .. import cuda_guard, preimport
+from ..errors import LaunchError, RankFailure, UserFramesOnly
+from ..options import LaunchOptions
+from ..parent.hang_blame import blame_stacks, collective_of
+from ..parent.reporting import ListReporter, TextReporter
+from ..parent.run import _finish
+from ..parent.run import _start_reporter as _start
+from ..parent.start import RankProcess, start_ranks
+from ..parent.supervisor import STARTUP_GRACE_S, Supervisor
+from ..plan import LaunchPlan, make_plan
+from ..ports import pick_free_port
+from .cell_supervisor import CellOutcome, CellSupervisor
+from .loop import (
     BreakGroup,
     FormGroup,
     Pull,
@@ -50,8 +52,6 @@ from .session_worker import (
     recv_message,
     send_message,
 )
-from .start import RankProcess, start_ranks
-from .supervisor import STARTUP_GRACE_S, Supervisor
 
 STOP_GRACE_S = 3.0  # after Stop, how long ranks may take to leave before they are killed
 REGROUP_TRIES = 3  # fresh groups tried after a broken one (a new port each: another program may take the one picked)
@@ -126,7 +126,7 @@ class WarmSession:
         """
         if self.running:
             raise SessionError("the session is already running; stop() or restart() it first")
-        warm.wait_until_warm()  # the background import of a first launch is over: torch is whole
+        preimport.wait()  # the background import of a first launch is over: torch is whole
         cuda_guard.install_cuda_init_recorder()
         plan = make_plan(self.options)
         self.plan, self.broken, self.group_broken, self.cell = plan, None, None, 0
@@ -371,7 +371,7 @@ class WarmSession:
 
     def _pass_on_earlier_events(self, reporter: Any) -> None:
         """What ranks printed between commands (a background thread) goes to this command's display."""
-        from ..events import Failure, Heartbeat, Phase, Result
+        from ...events import Failure, Heartbeat, Phase, Result
 
         for p in self.procs:
             for event in p.reader.read_available():

@@ -21,8 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import events as ev
-from ..progress_format import (
+from ... import events as ev
+from ...progress_format import (
     eta_seconds,
     format_duration,
     format_metrics,

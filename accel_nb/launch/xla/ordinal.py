@@ -3,7 +3,7 @@
 ``torch_xla.launch`` calls :func:`ordinal_main` once per device, in a thread of a process it
 started (one process per TPU chip; one process with a thread per device on XLA's CPU backend).
 The first ordinal of a process connects that process to the host's relay socket
-(:class:`accel_nb.launch.xla_launch.Relay`) and installs, once:
+(:class:`accel_nb.launch.xla.launcher.Relay`) and installs, once:
 
 - the event sink: events sent from an ordinal's thread carry that ordinal as their rank (a
   progress bar or ``log_metrics`` call need not know it);
@@ -26,10 +26,10 @@ import sys
 import threading
 from typing import Any
 
-from .. import events
-from . import tqdm_bridge
-from .channel import ChannelClosed, EventWriter
-from .worker import RankSpec, WorkerRuntime, crash_path, die_with_parent, log_path
+from ... import events
+from ..channel import ChannelClosed, EventWriter
+from ..rank import tqdm_bridge
+from ..rank.worker import RankSpec, WorkerRuntime, crash_path, die_with_parent, log_path
 
 _local = threading.local()  # .ordinal: the ordinal this thread runs; .partial: {stream: unfinished line}
 _process: _OrdinalProcess | None = None

@@ -28,8 +28,8 @@ import sys
 import types
 from typing import Any
 
-from .. import events
-from ..progress_format import plain_value
+from ... import events
+from ...progress_format import plain_value
 
 _counter = itertools.count(1)
 

@@ -3,7 +3,7 @@
 torch_xla starts its own processes (one per TPU chip; one process with a thread per device on the
 CPU backend), so the launch machinery starts ONE rank process, the *host*, the usual way (a
 spawned interpreter: never a fork of a notebook that may hold XLA state). The host calls
-``torch_xla.launch`` with :func:`accel_nb.launch.xla_ordinal.ordinal_main`; every ordinal, in
+``torch_xla.launch`` with :func:`accel_nb.launch.xla.ordinal.ordinal_main`; every ordinal, in
 whichever process or thread torch_xla puts it, connects back to a relay socket of the host and
 sends its events (output, progress, its result or failure) under its own ordinal as rank. So the
 notebook sees N ranks as in a CPU or GPU launch: results by ordinal, the first failure raised in
@@ -27,10 +27,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from .. import xla_detect
-from .channel import _HEADER
-from .errors import LaunchSetupError
-from .options import LaunchOptions
+from ... import xla_detect
+from ..channel import _HEADER
+from ..errors import LaunchSetupError
+from ..options import LaunchOptions
 
 RELAY_NAME = "xla-relay.sock"
 START_METHOD_ENV = "ACCEL_NB_XLA_START_METHOD"
@@ -161,7 +161,7 @@ class XlaHostPayload:
         """Run every ordinal; True when torch_xla ran them all (each reported its own result or failure)."""
         import cloudpickle
 
-        from .xla_ordinal import ordinal_main
+        from .ordinal import ordinal_main
 
         log_dir = runtime.spec.log_dir
         relay = Relay(os.path.join(log_dir, RELAY_NAME), runtime.writer)
@@ -188,8 +188,8 @@ class OrdinalProcessDied(RuntimeError):
 
 def _crash_stacks(log_dir: str) -> str:
     """What the host's faulthandler file says about a crash (forked ordinal processes share it)."""
-    from .supervisor import _tail, clean_stacks
-    from .worker import crash_path
+    from ..parent.supervisor import _tail, clean_stacks
+    from ..rank.worker import crash_path
 
     stacks = clean_stacks(_tail(crash_path(log_dir, 0), 200))
     where = f"; Python stacks at the crash (faulthandler):\n{stacks}" if stacks else " (no Python stack was recorded)"

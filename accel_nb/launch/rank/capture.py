@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ..events import Dropped, Event, Log
+from ...events import Dropped, Event, Log
 
 PARTIAL_FLUSH_S = 0.5  # a line without its newline is sent after this long
 DROPPED_NOTE_S = 1.0  # while lines are dropped, the running count is sent at most this often

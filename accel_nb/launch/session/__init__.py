@@ -1,0 +1,5 @@
+"""Interactive sessions: ranks kept alive across commands, each command supervised until every rank answered.
+
+``warm_session`` (``WarmSession``: the parent side's lifecycle), ``cell_supervisor`` (one command's
+supervision), ``loop`` (``SessionLoop``: the rank side, running commands in one namespace).
+"""
