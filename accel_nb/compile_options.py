@@ -18,13 +18,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .config_values import DYNAMO_MODES
 from .kwargs_handlers import KwargsHandler
 
 __all__ = [
     "CompileOptions", "DynamoBackend", "TorchDynamoPlugin", "compile_options_from_env", "resolve_compile_options",
-    "DYNAMO_ENV",
+    "DYNAMO_ENV", "DYNAMO_MODES",
 ]  # fmt: skip
+
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # option -> (accel_nb's variable, the reference library's); the launchers set both
 DYNAMO_ENV = {

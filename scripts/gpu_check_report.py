@@ -111,7 +111,7 @@ def refusal(path: str) -> int:
         lines = [x for x in nb.stdout.splitlines() if x.startswith("{")]
         notebook = json.loads(lines[-1]) if lines else {"refused": False, "error": nb.stderr[-500:]}
         notebook["rank_ran"] = os.path.exists(marker)
-        cli = subprocess.run([sys.executable, "-m", "accel_nb.cli", "launch", "--num_processes", str(n), script],
+        cli = subprocess.run([sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", str(n), script],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         result = {"processes": n, "gpus": n - 1, "notebook_launcher": notebook,
                   "cli": {"exit_code": cli.returncode, "stderr": cli.stderr.strip()[-600:], "rank_ran": os.path.exists(marker)}}  # fmt: skip

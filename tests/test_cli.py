@@ -9,8 +9,8 @@ import sys
 import pytest
 import yaml
 
-from accel_nb.cli import launch_command_line, torchrun_arguments
-from accel_nb.config import LaunchConfig, load_config
+from accel_nb.commands.launch import torchrun_arguments
+from accel_nb.config import LaunchConfig, launch_command_line, load_config
 from tests.test_hardware import fake_nvml_dir  # noqa: F401 - the stand-in NVIDIA driver fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ def accel_nb(*args: str, cfg: str, stdin: str | None = None, console: bool = Fal
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.update(extra)
-    cmd = [CONSOLE] if console and os.path.exists(CONSOLE) else [sys.executable, "-m", "accel_nb.cli"]
+    cmd = [CONSOLE] if console and os.path.exists(CONSOLE) else [sys.executable, "-m", "accel_nb.commands"]
     return subprocess.run(cmd + list(args), input=stdin, env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=cwd or ROOT)  # fmt: skip
 
@@ -290,7 +290,7 @@ def test_interrupt_stops_every_rank(cfg, tmp_path):
     script = tmp_path / "sleepy.py"
     script.write_text("import os, time\nprint('started', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "accel_nb.cli", "launch", "--num_processes", "2", str(script)],
+    proc = subprocess.Popen([sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", "2", str(script)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
     try:
         agent = psutil.Process(proc.pid)

@@ -429,7 +429,7 @@ def test_accel_nb_launch_applies_the_config_files_dynamo_backend(tmp_path):
     script.write_text(_LAUNCHED_SCRIPT)
     env = {k: v for k, v in os.environ.items() if "DYNAMO" not in k}
     out = subprocess.run(
-        [sys.executable, "-m", "accel_nb.cli", "launch", "--config_file", str(cfg), str(script)],
+        [sys.executable, "-m", "accel_nb.commands", "launch", "--config_file", str(cfg), str(script)],
         env=dict(env, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300, cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr

@@ -11,9 +11,8 @@ import textwrap
 
 import pytest
 
-from accel_nb.config_values import ConfigError
+from accel_nb.config import ConfigError, LaunchConfig
 from accel_nb.deepspeed import DeepSpeedPlugin
-from accel_nb.launch_config import LaunchConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_deepspeed = pytest.mark.skipif(
@@ -61,7 +60,7 @@ def _launch(tmp_path, *args, config: str | None = None, timeout: float = 600):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
                ACCEL_NB_CONFIG_FILE=config or str(tmp_path / "none" / "default_config.yaml"))  # fmt: skip
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "accel_nb.cli", "launch", *args, str(script), str(tmp_path)]
+    cmd = [sys.executable, "-m", "accel_nb.commands", "launch", *args, str(script), str(tmp_path)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
@@ -237,7 +236,7 @@ def test_a_deepspeed_launch_without_deepspeed_installed_stops_before_any_rank(tm
     out = _run_python(f"""
         import sys
         sys.modules["deepspeed"] = None  # what the launcher's check meets where deepspeed is not installed
-        from accel_nb.cli import main
+        from accel_nb.commands.main import main
         sys.exit(main(["launch", "--use_deepspeed", "--cpu", "--num_processes", "2", {str(script)!r}]))
     """, env={"ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml")})
     assert out.returncode == 2, out.stdout + out.stderr

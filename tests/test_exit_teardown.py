@@ -29,7 +29,7 @@ def _launch(*args: str, cwd: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=os.path.join(cwd, "default_config.yaml"), OMP_NUM_THREADS="1",
                PYTHONPATH=ROOT)  # fmt: skip
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    cmd = [sys.executable, "-m", "accel_nb.cli", "launch", "--num_processes", "2", "--cpu", *args]
+    cmd = [sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", "2", "--cpu", *args]
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 

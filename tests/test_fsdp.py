@@ -387,7 +387,7 @@ def test_accel_nb_launch_with_an_fsdp_config_file(tmp_path):
     )
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root, ACCEL_NB_CONFIG_FILE=str(tmp_path / "none.yaml"))
     out = subprocess.run(
-        [sys.executable, "-m", "accel_nb.cli", "launch", "--config_file", str(cfg), "examples/fsdp_finetune.py",
+        [sys.executable, "-m", "accel_nb.commands", "launch", "--config_file", str(cfg), "examples/fsdp_finetune.py",
          "--out", str(tmp_path / "run"), "--epochs", "1"],
         env=env, cwd=root, capture_output=True, text=True, timeout=300,
     )  # fmt: skip

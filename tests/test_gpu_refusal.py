@@ -66,7 +66,7 @@ def test_a_session_refuses_two_gpu_ranks_on_one_gpu(monkeypatch):
 
 
 def test_accel_nb_launch_refuses_two_gpu_ranks_on_one_gpu(monkeypatch, tmp_path, capsys):
-    from accel_nb import cli
+    from accel_nb.commands import main as cli
 
     pretend_gpus(monkeypatch, 1)
     monkeypatch.setenv("ACCEL_NB_CONFIG_FILE", str(tmp_path / "no_config.yaml"))

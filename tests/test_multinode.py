@@ -81,7 +81,7 @@ def launch_on(host: Host, machine_rank: int, main: Host, port: int, *args: str,
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     for name in ("GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
         env.pop(name, None)
-    cmd = host.command(sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_machines", "2",
+    cmd = host.command(sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_machines", "2",
                        "--machine_rank", str(machine_rank), "--main_process_ip", main.ip,
                        "--main_process_port", str(port), *args)  # fmt: skip
     return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -136,7 +136,7 @@ RESTART_EXAMPLE = os.path.join(ROOT, "examples", "elastic_restart.py")
 
 def _launch_restart_example(project: str, cfg: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_processes", str(nproc),
+    cmd = [sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_processes", str(nproc),
            "--max_restarts", "1", RESTART_EXAMPLE, "--project", project, *extra]  # fmt: skip
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 

@@ -122,15 +122,16 @@ def test_a_dynamo_backend_in_the_config_reaches_the_ranks_environment():
 def test_the_questionnaire_asks_for_a_compile_backend_now_that_it_works():
     import inspect
 
-    from accel_nb import cli
+    from accel_nb.commands import config
 
-    assert "dynamo_backend" in inspect.getsource(cli.questionnaire)
+    assert "dynamo_backend" in inspect.getsource(config.questionnaire)
 
 
 def test_monitor_interval_reaches_torchrun():
     from torch.distributed.run import parse_args
 
-    from accel_nb.cli import build_parser, torchrun_arguments
+    from accel_nb.commands.launch import torchrun_arguments
+    from accel_nb.commands.main import build_parser
 
     ns = build_parser().parse_args(["launch", "--monitor_interval", "0.5", "x.py"])
     args = torchrun_arguments(LaunchConfig().validate(), 1, "x.py", [], "/tmp/logs", monitor_interval=ns.monitor_interval)
@@ -145,7 +146,7 @@ def test_log_line_prefix_template_prefixes_each_ranks_lines(tmp_path):
     script.write_text("import os\nprint('hello from', os.environ['RANK'], flush=True)\n")
     env = {**os.environ, "ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml"), "PYTHONPATH": ROOT}
     out = subprocess.run(
-        [sys.executable, "-m", "accel_nb.cli", "launch", "--cpu", "--num_processes", "2",
+        [sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_processes", "2",
          "--log_line_prefix_template", "[custom${rank}]:", str(script)],
         capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
     )  # fmt: skip

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..config import START_METHODS
+from ..config.values import whole_number
 from ..precision_setting import validate_mixed_precision
 from .errors import LaunchSetupError
 from .parent.reporting import parse_show_ranks
@@ -24,13 +25,8 @@ from .parent.reporting import parse_show_ranks
 def _whole_at_least_one(name: str, value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise LaunchSetupError(f"{name}={value!r} must be a whole number of at least 1")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise LaunchSetupError(f"{name}={value!r} must be a whole number of at least 1") from None
-    if number != value and str(number) != str(value).strip():
+    number = whole_number(value)
+    if number is None:
         raise LaunchSetupError(f"{name}={value!r} must be a whole number of at least 1")
     if number < 1:
         raise LaunchSetupError(f"{name}={number} must be at least 1")

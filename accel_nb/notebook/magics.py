@@ -26,8 +26,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from .. import config as config_module
-from ..cli import positive_seconds
-from ..config import START_METHODS
+from ..config import LAUNCHER_RDZV_BACKENDS, START_METHODS
+from ..config.arguments import positive_int, positive_seconds
 from ..launch import cuda_guard
 from ..launch.options import LaunchOptions
 from ..launch.payload import CellPayload
@@ -37,7 +37,7 @@ from ..precision_setting import MIXED_PRECISION_CHOICES
 USAGE = (
     "%%accelerate [-n/--num_processes N] [--mixed_precision no|fp16|bf16] [--gradient_accumulation_steps K] "
     "[--start_method auto|fork|spawn] [--timeout S] [--rank R|all] [--return NAME[,NAME...]] [--use_port P] [--cpu] "
-    "[--num_nodes M --node_rank R --master_addr IP [--rdzv_backend static|c10d] [--rdzv_timeout S]]"
+    f"[--num_nodes M --node_rank R --master_addr IP [--rdzv_backend {'|'.join(LAUNCHER_RDZV_BACKENDS)}] [--rdzv_timeout S]]"
 )
 
 
@@ -47,16 +47,6 @@ class _Parser(argparse.ArgumentParser):
 
     def exit(self, status: int = 0, message: str | None = None) -> None:
         raise UsageError(message or USAGE)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _rank(text: str) -> Any:
@@ -81,14 +71,14 @@ def _names(text: str) -> tuple[str, ...]:
 
 def add_launch_flags(p: argparse.ArgumentParser) -> None:
     """The flags ``%%accelerate`` and ``%accelerate start`` share (what ``launch_options`` reads)."""
-    p.add_argument("-n", "--num_processes", "--num-processes", type=_positive_int, default=None)
+    p.add_argument("-n", "--num_processes", "--num-processes", type=positive_int, default=None)
     p.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None)
     p.add_argument(
-        "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=_positive_int, default=None
+        "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=positive_int, default=None
     )
     p.add_argument("--start_method", "--start-method", choices=START_METHODS, default=None)
     p.add_argument("--timeout", type=positive_seconds, default=None)
-    p.add_argument("--use_port", "--use-port", type=_positive_int, default=None)
+    p.add_argument("--use_port", "--use-port", type=positive_int, default=None)
     p.add_argument("--cpu", action="store_true", default=False)
 
 
@@ -97,10 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch_flags(p)
     p.add_argument("--rank", type=_rank, default=None)
     p.add_argument("--return", dest="return_names", type=_names, default=())
-    p.add_argument("--num_nodes", "--num-nodes", type=_positive_int, default=None)
+    p.add_argument("--num_nodes", "--num-nodes", type=positive_int, default=None)
     p.add_argument("--node_rank", "--node-rank", type=_rank_number, default=None)
     p.add_argument("--master_addr", "--master-addr", default=None)
-    p.add_argument("--rdzv_backend", "--rdzv-backend", choices=("static", "c10d"), default=None)
+    p.add_argument("--rdzv_backend", "--rdzv-backend", choices=LAUNCHER_RDZV_BACKENDS, default=None)
     p.add_argument("--rdzv_timeout", "--rdzv-timeout", type=positive_seconds, default=None)
     return p
 

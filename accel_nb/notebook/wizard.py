@@ -16,9 +16,8 @@ import dataclasses
 import html
 from typing import Any
 
-from ..cli import launch_command_line
 from ..config import (
-    MIXED_PRECISIONS,
+    MIXED_PRECISION_CHOICES,
     RDZV_BACKENDS,
     START_METHODS,
     ConfigError,
@@ -26,6 +25,7 @@ from ..config import (
     default_config,
     default_config_path,
     derive_distributed_type,
+    launch_command_line,
     load_config,
     save_config,
 )
@@ -204,7 +204,7 @@ class ConfigWizard:
             "compute": w.Dropdown(options=options, value=compute, description="Compute on"),
             "num_processes": w.IntText(value=b.num_processes or max(self.hw.num_gpus, 1),
                                        description="Processes (all machines)", **text),
-            "mixed_precision": w.Dropdown(options=list(MIXED_PRECISIONS), value=b.mixed_precision,
+            "mixed_precision": w.Dropdown(options=list(MIXED_PRECISION_CHOICES), value=b.mixed_precision,
                                           description="Mixed precision"),
             "gradient_accumulation_steps": w.IntSlider(value=min(b.gradient_accumulation_steps, 64), min=1, max=64,
                                                        description="Gradient accumulation"),

@@ -156,7 +156,7 @@ _REFERENCE_PATHS: dict[str, str] = {
         ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"], "..memory"
     ),
     **dict.fromkeys(["patch_environment", "clear_environment"], "..environment"),
-    "write_basic_config": "..basic_config",
+    "write_basic_config": "..config.basic",
     **dict.fromkeys(["FSDPOptions", "FullyShardedDataParallelPlugin"], "..fsdp"),
     "LoggerType": "..tracking",
     **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], "..data.random_sync"),

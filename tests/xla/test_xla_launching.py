@@ -225,7 +225,7 @@ def test_accel_nb_env_shows_the_xla_runtime_it_would_launch_on():
     import sys
 
     env = dict(os.environ, **XLA_CPU_2)
-    out = subprocess.run([sys.executable, "-m", "accel_nb.cli", "env"], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "accel_nb.commands", "env"], env=env, capture_output=True, text=True,
                          timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "- TPU/XLA: no TPU, torch_xla installed" in out.stdout

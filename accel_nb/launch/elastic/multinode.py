@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from ...config import LAUNCHER_RDZV_BACKENDS
 from ..errors import LaunchSetupError
 from .rendezvous import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
 
@@ -32,6 +33,7 @@ __all__ = ["MachineSeat", "NOTEBOOK_NAMES", "check_machine_options", "take_refer
 # the notebook_launcher arguments named in rendezvous errors
 NOTEBOOK_NAMES = {"ip": "master_addr", "port": "use_port", "rank": "node_rank",
                   "timeout": "rdzv_conf={'timeout': seconds}"}  # fmt: skip
+_BACKENDS_SAID = ", ".join(repr(b) for b in LAUNCHER_RDZV_BACKENDS)  # 'static', 'c10d'
 
 
 class MachineSeat:
@@ -39,8 +41,8 @@ class MachineSeat:
 
     def __init__(self, num_machines: int, machine_rank: int, nproc: int, addr: str, port: int,
                  backend: str = "static", timeout: float | None = None) -> None:  # fmt: skip
-        if backend not in ("static", "c10d"):
-            raise LaunchSetupError(f"rdzv_backend={backend!r} is not one of 'static', 'c10d'")
+        if backend not in LAUNCHER_RDZV_BACKENDS:
+            raise LaunchSetupError(f"rdzv_backend={backend!r} is not one of {_BACKENDS_SAID}")
         self.num_machines, self.machine_rank, self.nproc = num_machines, machine_rank, nproc
         self.addr, self.port, self.backend, self.timeout = addr, port, backend, timeout
         self._agent: Any = None
@@ -149,8 +151,8 @@ def check_machine_options(options: Any) -> None:
             f"node_rank={options.node_rank} must be smaller than num_nodes={options.num_nodes} "
             f"(machines are numbered 0 to {options.num_nodes - 1}; 0 is the one at master_addr)"
         )
-    if options.rdzv_backend not in ("static", "c10d"):
-        raise LaunchSetupError(f"rdzv_backend={options.rdzv_backend!r} is not one of 'static', 'c10d'")
+    if options.rdzv_backend not in LAUNCHER_RDZV_BACKENDS:
+        raise LaunchSetupError(f"rdzv_backend={options.rdzv_backend!r} is not one of {_BACKENDS_SAID}")
     timeout = options.rdzv_timeout
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise LaunchSetupError(f"rdzv_timeout={timeout!r} must be a number of seconds above 0 (None: 600)")

@@ -16,7 +16,7 @@ import errno
 import socket
 from typing import Any
 
-from ...config_values import ConfigError
+from ...config import ConfigError
 from ..ports import pick_free_port, port_is_free
 
 __all__ = [

@@ -10,26 +10,29 @@ the file. ``LaunchConfig.validate`` calls them; so may anything that reads a con
 from __future__ import annotations
 
 import ipaddress
+import operator
 import re
 import warnings
 from typing import Any
 
-from .precision_setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
+from ..precision_setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
 
 CONFIG_FILE_ENV = "ACCEL_NB_CONFIG_FILE"
 CONFIG_FILE_NAME = "default_config.yaml"
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP", "DEEPSPEED")
-MIXED_PRECISIONS = MIXED_PRECISION_CHOICES
 START_METHODS = ("auto", "fork", "spawn")
-RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+# The rendezvous accel_nb sets up itself (no server to run): the choices of the launch flags
+# (accel-nb launch, %%accelerate) and of notebook launches across machines.
+LAUNCHER_RDZV_BACKENDS = ("static", "c10d")
+# What a config file may name: those, and the etcd backends torchrun reaches when one is running.
+RDZV_BACKENDS = (*LAUNCHER_RDZV_BACKENDS, "etcd", "etcd-v2")
 DYNAMO_BACKENDS = (
     "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi",
     "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torchxla_trace_once", "ipex", "tvm",
     "hpu_backend", "openxla", "neuron",
 )  # fmt: skip
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # Keys of the reference library's config that accel_nb accepts, keeps (they are written back on
 # save so the file stays the user's) and does not act on.
@@ -81,19 +84,35 @@ class ConfigWarning(UserWarning):
 
 
 def is_whole_number(value: Any) -> bool:
+    """An ``int`` proper (not a bool, not a string or float that spells one)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def whole_number(value: Any) -> int | None:
+    """``value`` as an int when it is a whole number, else None: THE rule every face's count check uses.
+
+    An int (or an integer-like such as numpy's), a float without a fraction, or digits in a string
+    count; a bool does not. The caller words its own error (ConfigError, LaunchSetupError, argparse).
+
+        whole_number("2"), whole_number(2.0)    # 2, 2
+        whole_number(2.5), whole_number(True)   # None, None
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        return int(value) if re.fullmatch(r"\s*[+-]?\d+\s*", value) else None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def check_int(cfg: Any, key: str, low: int, high: int | None, path: str | None) -> int:
     value = getattr(cfg, key)
     allowed = f"a whole number >= {low}" if high is None else f"a whole number from {low} to {high}"
-    number: int | None = None
-    if is_whole_number(value):
-        number = value
-    elif isinstance(value, float) and value.is_integer():
-        number = int(value)
-    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        number = int(value)
+    number = whole_number(value)
     if number is None:
         raise ConfigError(key, value, allowed, path, f"expected a whole number, got {type(value).__name__}")
     if number < low or (high is not None and number > high):
@@ -129,7 +148,7 @@ def check_mixed_precision(value: Any, path: str | None) -> str:
     try:
         return validate_mixed_precision(value)
     except ValueError as exc:
-        raise ConfigError("mixed_precision", value, ", ".join(MIXED_PRECISIONS), path, str(exc)) from None
+        raise ConfigError("mixed_precision", value, ", ".join(MIXED_PRECISION_CHOICES), path, str(exc)) from None
 
 
 def check_host(value: Any, path: str | None) -> str | None:

@@ -1,52 +1,15 @@
-"""The launch config: one dataclass, validated, stored as YAML in a per-user directory.
+"""The launch config a machine gets when none is saved, and the ``distributed_type`` a compute choice implies.
 
-The file uses the key names and values of the reference library's ``default_config.yaml``
-(``distributed_type: MULTI_GPU``, ``mixed_precision: bf16``, ``gpu_ids: all`` ...), so a config
-written for it loads here unchanged. ``accel-nb config``, ``config_wizard()``, ``accel-nb launch``,
-``notebook_launcher`` and ``%%accelerate`` all read the same file.
-
-This module is the public face; the work is done in ``config_values`` (allowed values, checks,
-errors), ``launch_config`` (the dataclass) and ``config_files`` (paths, YAML, atomic writes).
-
-    from accel_nb.config import load_config, save_config, default_config
-    cfg = load_config() or default_config()      # the saved config, else one for this machine
-    cfg.num_processes = 2
-    save_config(cfg)                             # validated first, written atomically
+    cfg = default_config()                                  # one process per GPU, else one CPU process
+    derive_distributed_type(cfg.replace(num_processes=2), "cpu")   # 'MULTI_CPU'
 """
 
 from __future__ import annotations
 
-from .config_files import (
-    default_config_path,
-    find_config_file,
-    load_config,
-    reference_config_path,
-    save_config,
-)
-from .config_values import (
-    COMPUTE_ENVIRONMENTS,
-    CONFIG_FILE_ENV,
-    CONFIG_FILE_NAME,
-    DISTRIBUTED_TYPES,
-    DYNAMO_BACKENDS,
-    DYNAMO_MODES,
-    MIXED_PRECISIONS,
-    RDZV_BACKENDS,
-    REFERENCE_KEYS_KEPT,
-    START_METHODS,
-    ConfigError,
-    ConfigFileError,
-    ConfigWarning,
-)
-from .hardware import HardwareInfo, detect
+from ..hardware import HardwareInfo, detect
 from .launch_config import LaunchConfig
 
-__all__ = [
-    "COMPUTE_ENVIRONMENTS", "CONFIG_FILE_ENV", "CONFIG_FILE_NAME", "DISTRIBUTED_TYPES", "DYNAMO_BACKENDS",
-    "DYNAMO_MODES", "MIXED_PRECISIONS", "RDZV_BACKENDS", "REFERENCE_KEYS_KEPT", "START_METHODS", "ConfigError",
-    "ConfigFileError", "ConfigWarning", "LaunchConfig", "default_config", "default_config_path",
-    "derive_distributed_type", "find_config_file", "load_config", "reference_config_path", "save_config",
-]  # fmt: skip
+__all__ = ["COMPUTE_KINDS", "default_config", "derive_distributed_type"]
 
 COMPUTE_KINDS = ("cpu", "gpu", "xla")
 

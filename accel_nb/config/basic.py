@@ -9,6 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..precision_setting import validate_mixed_precision
+from .defaults import default_config
+from .files import default_config_path
+from .launch_config import save_config
+
 __all__ = ["write_basic_config"]
 
 
@@ -20,9 +25,6 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
 
         write_basic_config(mixed_precision="fp16", save_location="launch.yaml")
     """
-    from .config import default_config, default_config_path, save_config
-    from .state import validate_mixed_precision
-
     mixed_precision = validate_mixed_precision(mixed_precision)
     path = Path(os.path.abspath(os.path.expanduser(os.fspath(save_location)))) if save_location else Path(default_config_path())
     if path.exists():

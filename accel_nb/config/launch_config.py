@@ -1,7 +1,7 @@
-"""``LaunchConfig``: the launch settings as one validated dataclass (reference key names).
+"""``LaunchConfig``: the launch settings as one validated dataclass (reference key names), loaded and saved.
 
-Reading and writing the YAML file is :mod:`accel_nb.config_files`; the checks of single values
-are :mod:`accel_nb.config_values`. Import all of it from :mod:`accel_nb.config`.
+Where the file is and its YAML are :mod:`accel_nb.config.files`; the checks of single values
+are :mod:`accel_nb.config.values`. Import all of it from :mod:`accel_nb.config`.
 
     cfg = LaunchConfig(distributed_type="MULTI_CPU", num_processes=2).validate()
     cfg.to_env()      # the environment a launched rank reads
@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
+import json
+import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config_values import (
+from ..compile_options import DYNAMO_ENV, DYNAMO_MODES
+from ..fsdp.options import ENV_FSDP_CONFIG, options_from_config
+from ..hardware import HardwareInfo, cuda_device_count, detect
+from ..precision_setting import bf16_gpu_problem
+from .files import default_config_path, find_config_file, read_config_mapping, write_config_mapping
+from .values import (
     COMPUTE_ENVIRONMENTS,
     DISTRIBUTED_TYPES,
     DYNAMO_BACKENDS,
-    DYNAMO_MODES,
     RDZV_BACKENDS,
     REFERENCE_KEYS_KEPT,
     START_METHODS,
@@ -36,10 +43,8 @@ from .config_values import (
     is_whole_number,
     warn_once,
 )
-from .hardware import HardwareInfo, cuda_device_count, detect
-from .precision_setting import bf16_gpu_problem
 
-__all__ = ["LaunchConfig"]
+__all__ = ["LaunchConfig", "load_config", "save_config"]
 
 # the dynamo_config switches (reference key names)
 DYNAMO_FLAGS = ("dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
@@ -144,8 +149,6 @@ class LaunchConfig:
         if self.num_processes is not None and self.num_processes < 2:
             raise ConfigError("num_processes", self.num_processes, "2 or more with distributed_type FSDP", path,
                               "FSDP shards the model over several processes")  # fmt: skip
-        from .fsdp.options import options_from_config
-
         config = self.extras.get("fsdp_config") or {}
         if not isinstance(config, dict):
             raise ConfigError("fsdp_config", config, "a mapping of fsdp_* keys", path)
@@ -164,7 +167,9 @@ class LaunchConfig:
             return
         if config is not None and not isinstance(config, dict):
             raise ConfigError("deepspeed_config", config, "a mapping such as {zero_stage: 2}", path)
-        from .deepspeed.plugin import plugin_from_launch_settings
+        from ..deepspeed.plugin import (
+            plugin_from_launch_settings,  # deferred: accel_nb.deepspeed imports torch
+        )
 
         try:
             plugin_from_launch_settings(config or {})
@@ -234,8 +239,6 @@ class LaunchConfig:
         if self.mixed_precision == "fp16" and not uses_gpu:
             notes.append("mixed_precision='fp16' on CPU is slow and rarely helps; bf16 or no is usual on CPU")
         if self.distributed_type == "DEEPSPEED":
-            import importlib.util
-
             if importlib.util.find_spec("deepspeed") is None:
                 raise ConfigError("distributed_type", "DEEPSPEED", "a back-end installed here", path,
                                   "deepspeed is not installed; pip install 'accel_nb[deepspeed]' (DS_BUILD_OPS=0 "
@@ -252,8 +255,6 @@ class LaunchConfig:
 
         cfg = LaunchConfig.load("default_config.yaml")
         """
-        from .config_files import default_config_path, load_config
-
         cfg = load_config(path)
         if cfg is None:
             where = path or default_config_path()
@@ -264,8 +265,6 @@ class LaunchConfig:
 
     def save(self, path: str | None = None) -> str:
         """Validate and write this config (default: the per-user file) atomically; return the path."""
-        from .config_files import save_config
-
         return save_config(self, path)
 
     # ---------------------------------------------------------------- conversions
@@ -379,9 +378,7 @@ class LaunchConfig:
         """
         if self.distributed_type != "DEEPSPEED":
             return {}
-        import json
-
-        from .deepspeed.plugin import ENV_DEEPSPEED_CONFIG
+        from ..deepspeed.plugin import ENV_DEEPSPEED_CONFIG  # deferred: accel_nb.deepspeed imports torch
 
         env = {ENV_DEEPSPEED_CONFIG: json.dumps(self.extras.get("deepspeed_config") or {}), "ACCELERATE_USE_DEEPSPEED": "true"}
         if self.use_cpu:
@@ -395,10 +392,6 @@ class LaunchConfig:
         """
         if self.distributed_type != "FSDP":
             return {}
-        import json
-
-        from .fsdp.options import ENV_FSDP_CONFIG
-
         return {ENV_FSDP_CONFIG: json.dumps(self.extras.get("fsdp_config") or {}), "ACCELERATE_USE_FSDP": "true"}
 
     def compile_env(self) -> dict[str, str]:
@@ -406,8 +399,6 @@ class LaunchConfig:
 
         LaunchConfig(dynamo_backend="eager").compile_env()["ACCEL_NB_DYNAMO_BACKEND"]   # 'eager'
         """
-        from .compile_options import DYNAMO_ENV
-
         values = {
             "backend": self.dynamo_backend, "mode": self.dynamo_mode,
             "fullgraph": self.dynamo_use_fullgraph, "dynamic": self.dynamo_use_dynamic,
@@ -428,3 +419,27 @@ class LaunchConfig:
             count = hw.num_gpus if hw is not None else cuda_device_count()
             return max(count, 1)
         return self.num_processes // self.num_machines
+
+
+def load_config(path: str | None = None) -> LaunchConfig | None:
+    """Read and validate the launch config; ``None`` when there is no file.
+
+    cfg = load_config()              # accel_nb's file, else the reference library's
+    cfg = load_config("my.yaml")
+    """
+    found = find_config_file(path)
+    if found is None:
+        return None
+    return LaunchConfig.from_dict(read_config_mapping(found), path=found)
+
+
+def save_config(cfg: LaunchConfig, path: str | None = None) -> str:
+    """Validate, then write the YAML atomically (temp file + rename); return the path written.
+
+    An invalid config raises ``ConfigError`` and leaves any existing file untouched.
+    """
+    target = os.path.abspath(os.path.expanduser(path)) if path else default_config_path()
+    cfg.validate(target)
+    write_config_mapping(target, cfg.to_dict())
+    cfg.source = target
+    return target

@@ -1,21 +1,25 @@
-"""Where the launch config lives and how it is read and written (YAML, atomically).
+"""Where the launch config file lives and how its YAML mapping is read and written (atomically).
 
 ``$ACCEL_NB_CONFIG_FILE``, else the per-user file, else the reference library's file is read;
 writes go to accel_nb's own file through :func:`accel_nb.atomic_files.atomic_write_bytes`.
+This module knows files and YAML, not ``LaunchConfig`` (``load_config``/``save_config`` in
+:mod:`accel_nb.config.launch_config` turn the mapping into one and back).
 
-    cfg = load_config()              # None when there is no file
-    save_config(cfg, "my.yaml")      # validated first
+    found = find_config_file()       # None when there is no file
+    data = read_config_mapping(found)
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from .atomic_files import atomic_write_bytes
-from .config_values import CONFIG_FILE_ENV, CONFIG_FILE_NAME, ConfigFileError
-from .launch_config import LaunchConfig
+from ..atomic_files import atomic_write_bytes
+from .values import CONFIG_FILE_ENV, CONFIG_FILE_NAME, ConfigFileError
 
-__all__ = ["default_config_path", "reference_config_path", "find_config_file", "load_config", "save_config"]
+__all__ = [
+    "default_config_path", "reference_config_path", "find_config_file", "read_config_mapping", "write_config_mapping",
+]  # fmt: skip
 
 
 def default_config_path() -> str:
@@ -57,15 +61,8 @@ def find_config_file(path: str | None = None) -> str | None:
     return reference_config_path()
 
 
-def load_config(path: str | None = None) -> LaunchConfig | None:
-    """Read and validate the launch config; ``None`` when there is no file.
-
-    cfg = load_config()              # accel_nb's file, else the reference library's
-    cfg = load_config("my.yaml")
-    """
-    found = find_config_file(path)
-    if found is None:
-        return None
+def read_config_mapping(found: str) -> dict[str, Any]:
+    """The YAML mapping in the config file ``found``; ``ConfigFileError`` when it is unreadable, empty or not a mapping."""
     import yaml
 
     try:
@@ -87,20 +84,13 @@ def load_config(path: str | None = None) -> LaunchConfig | None:
         raise ConfigFileError(found, "is empty; run `accel-nb config default` to write a config")
     if not isinstance(data, dict):
         raise ConfigFileError(found, f"must be a mapping of key: value lines, not a {type(data).__name__}")
-    return LaunchConfig.from_dict(data, path=found)
+    return data
 
 
-def save_config(cfg: LaunchConfig, path: str | None = None) -> str:
-    """Validate, then write the YAML atomically (temp file + rename); return the path written.
-
-    An invalid config raises ``ConfigError`` and leaves any existing file untouched.
-    """
+def write_config_mapping(target: str, data: dict[str, Any]) -> None:
+    """Write ``data`` as YAML to ``target`` atomically (temp file + rename), creating its folder."""
     import yaml
 
-    target = os.path.abspath(os.path.expanduser(path)) if path else default_config_path()
-    cfg.validate(target)
-    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     atomic_write_bytes(target, text.encode("utf-8"), mode=0o644)
-    cfg.source = target
-    return target

@@ -1,0 +1,216 @@
+"""``accel-nb config``: the terminal questionnaire (every answer validated), and ``config default``.
+
+    accel-nb config                          # questions; Enter keeps the value in [brackets]
+    accel-nb config default --mixed_precision bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..config import (
+    DYNAMO_BACKENDS,
+    LAUNCHER_RDZV_BACKENDS,
+    MIXED_PRECISION_CHOICES,
+    START_METHODS,
+    ConfigError,
+    LaunchConfig,
+    default_config,
+    derive_distributed_type,
+    launch_command_line,
+    load_config,
+    save_config,
+)
+from ..config.command_line import PROG
+from ..hardware import detect
+
+__all__ = ["add_parser", "run", "questionnaire", "describe"]
+
+
+def add_parser(sub: Any) -> None:
+    """The ``config`` and ``config default`` subcommands of the ``accel-nb`` parser."""
+    cfg = sub.add_parser("config", help="answer a few questions and save the launch config")
+    cfg.add_argument(
+        "--config_file", "--config-file", default=None, help="where to save (default: %(default)s)"
+    )
+    cfg_sub = cfg.add_subparsers(dest="config_command", metavar="{default}")
+    dflt = cfg_sub.add_parser("default", help="save a config for this machine without questions")
+    dflt.add_argument("--config_file", "--config-file", default=None, dest="config_file_default")
+    dflt.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None)
+
+
+def run(ns: argparse.Namespace) -> int:
+    """``accel-nb config [default]``: the questions, or a config for this machine without them."""
+    if ns.config_command == "default":
+        return cmd_config_default(ns.config_file_default or ns.config_file, ns.mixed_precision)
+    return cmd_config_questions(ns.config_file)
+
+
+def cmd_config_default(path: str | None, mixed_precision: str | None = None) -> int:
+    cfg = default_config()
+    if mixed_precision:
+        cfg = cfg.replace(mixed_precision=mixed_precision)
+    written = save_config(cfg, path)
+    print(f"accel_nb config written to {written}")
+    print(f"  {describe(cfg)}")
+    return 0
+
+
+def describe(cfg: LaunchConfig) -> str:
+    """One line: what a launch with this config does."""
+    where = "CPU" if cfg.use_cpu or cfg.distributed_type == "MULTI_CPU" else cfg.distributed_type
+    n = "every GPU (else 1)" if cfg.num_processes is None else str(cfg.num_processes)
+    return (
+        f"distributed_type={cfg.distributed_type}, num_processes={n} on {cfg.num_machines} machine(s), "
+        f"mixed_precision={cfg.mixed_precision}, gradient_accumulation_steps={cfg.gradient_accumulation_steps}"
+        + (" (CPU)" if where == "CPU" else "")
+    )
+
+
+class _Aborted(Exception):
+    pass
+
+
+def _ask(prompt: str, default: Any, parse: Callable[[str], Any], out: Any) -> Any:
+    """Ask until ``parse`` accepts the answer; an empty answer means the default (parsed the same way)."""
+    shown = (
+        "yes" if default is True else "no" if default is False else "" if default is None else str(default)
+    )
+    while True:
+        try:
+            raw = input(f"{prompt} [{shown}]: ")
+        except EOFError:
+            raise _Aborted from None
+        try:
+            return parse(raw.strip() or shown)
+        except (ConfigError, ValueError) as exc:
+            print(f"  ! {exc}", file=out, flush=True)
+
+
+def _checked(cfg: LaunchConfig, compute: str, **change: Any) -> LaunchConfig:
+    """``cfg`` with ``change`` applied and validated; a ConfigError about that key propagates."""
+    new = dataclasses.replace(cfg, **change)
+    new.extras = dict(cfg.extras)
+    new.use_cpu = compute == "cpu"
+    try:
+        new.validate()  # normalises the answer's type (e.g. "2" -> 2)
+    except ConfigError as exc:
+        if exc.key in change:
+            raise
+    new.distributed_type = derive_distributed_type(new, compute)
+    try:
+        return new.validate()
+    except ConfigError as exc:
+        if exc.key in change or (exc.key == "distributed_type" and "num_processes" in change):
+            raise
+        return new  # a consistency problem with a later answer: checked again at the end
+
+
+def _one_of(options: tuple[str, ...] | list[str], key: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in [o.lower() for o in options]:
+            raise ConfigError(key, raw, ", ".join(options))
+        return value
+
+    return parse
+
+
+def _yes_no(key: str) -> Callable[[str], bool]:
+    def parse(raw: str) -> bool:
+        value = raw.strip().lower()
+        if value in ("y", "yes", "true", "1"):
+            return True
+        if value in ("n", "no", "false", "0"):
+            return False
+        raise ConfigError(key, raw, "yes or no")
+
+    return parse
+
+
+def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
+    """Ask for each setting in the terminal (``input()``), validating every answer; return the config."""
+    out = out or sys.stdout
+    hw = detect()
+    try:
+        base = load_config(path) if path is None or os.path.exists(path) else None
+    except ConfigError as exc:
+        print(f"The saved config cannot be used ({exc}); starting from this machine's defaults.", file=out)
+        base = None
+    base = base or default_config(hw)
+    print(f"Detected: {hw.cpu_logical_cores} CPU cores, {hw.num_gpus} GPU(s)"
+          + (f" ({', '.join(g.name for g in hw.gpus)})" if hw.gpus else "")
+          + (f", TPU ({hw.tpu_chips} chips)" if hw.tpu_detected else "")
+          + (f"; {hw.xla_runtime.describe()}" if hw.xla_runtime is not None else ""), file=out)  # fmt: skip
+    print("Press Enter to keep the value in [brackets].", file=out, flush=True)
+
+    choices = ["cpu"] + (["gpu"] if hw.num_gpus else []) + (["xla"] if hw.xla_available else [])
+    current = {"XLA": "xla", "MULTI_GPU": "gpu", "MULTI_CPU": "cpu"}.get(base.distributed_type)
+    if current is None:
+        current = "cpu" if base.use_cpu or not hw.num_gpus else "gpu"
+    if current not in choices:
+        current = "gpu" if hw.num_gpus else "cpu"
+    compute = _ask(f"Compute on ({'/'.join(choices)})", current, _one_of(choices, "compute"), out)
+    cfg = _checked(base, compute)
+
+    def field(key: str, prompt: str, default: Any, convert: Callable[[str], Any] = str) -> None:
+        nonlocal cfg
+        cfg = _ask(prompt, default, lambda raw: _checked(cfg, compute, **{key: convert(raw)}), out)
+
+    field("num_machines", "How many machines", cfg.num_machines)
+    if cfg.num_machines > 1:
+        field("machine_rank", "Rank of this machine (0 = the main one)", cfg.machine_rank)
+        field("main_process_ip", "IP address or host name of machine 0", cfg.main_process_ip)
+        field("main_process_port", "Port on machine 0", cfg.main_process_port or 29500)
+        field("rdzv_backend", f"Rendezvous backend ({'/'.join(LAUNCHER_RDZV_BACKENDS)})", cfg.rdzv_backend)
+        field("same_network", "Are all machines on the same network (yes/no)", cfg.same_network,
+              _yes_no("same_network"))  # fmt: skip
+    else:
+        cfg = _checked(cfg, compute, machine_rank=0)
+    xla_devices = hw.xla_runtime.num_devices if hw.xla_runtime is not None else 1
+    per_machine = {"gpu": max(hw.num_gpus, 1), "cpu": 1, "xla": xla_devices}[compute]
+    default_n = cfg.num_processes if cfg.num_processes is not None else per_machine * cfg.num_machines
+    if compute == "gpu" and base.use_cpu:
+        default_n = per_machine * cfg.num_machines
+    field("num_processes", "How many processes in total (all machines)", default_n)
+    if compute == "gpu":
+        field("gpu_ids", "Which GPUs (all, or ids like 0,1)", cfg.gpu_ids)
+    mp_default = "no" if compute == "cpu" and cfg.mixed_precision == "fp16" else cfg.mixed_precision
+    field("mixed_precision", f"Mixed precision ({'/'.join(MIXED_PRECISION_CHOICES)})", mp_default,
+          _one_of(MIXED_PRECISION_CHOICES, "mixed_precision"))  # fmt: skip
+    field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
+    field("start_method", f"Start method for notebook launches ({'/'.join(START_METHODS)})", cfg.start_method,
+          _one_of(START_METHODS, "start_method"))  # fmt: skip
+    field("dynamo_backend", "torch.compile backend (no/inductor/aot_eager/eager)", cfg.dynamo_backend,
+          _one_of(DYNAMO_BACKENDS, "dynamo_backend"))  # fmt: skip
+    if cfg.dynamo_backend != "no":
+        field("dynamo_use_regional_compilation", "Compile only the repeated blocks (regional) (yes/no)",
+              cfg.dynamo_use_regional_compilation, _yes_no("dynamo_use_regional_compilation"))  # fmt: skip
+    cfg.validate()
+    try:
+        for note in cfg.check_hardware(hw):
+            print(f"  note: {note}", file=out)
+    except ConfigError as exc:
+        print(f"  warning: {exc} (saved anyway: the config may be meant for another machine)", file=out)
+    return cfg
+
+
+def cmd_config_questions(path: str | None) -> int:
+    try:
+        cfg = questionnaire(path)
+    except _Aborted:
+        print(f"\n{PROG} config: no answer (end of input); nothing was written", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"\n{PROG} config: interrupted; nothing was written", file=sys.stderr)
+        return 130
+    written = save_config(cfg, path)
+    print(f"accel_nb config written to {written}")
+    print(f"  {describe(cfg)}")
+    print(f"  launch a script with: {launch_command_line(cfg)}")
+    return 0

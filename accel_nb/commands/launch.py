@@ -1,0 +1,268 @@
+"""``accel-nb launch``: run a script on N processes through torch.distributed's elastic agent (torchrun).
+
+The saved config's values apply where a flag is absent; a rank's failure is summarised in one
+line per rank (first to fail first), and the exit code is that rank's.
+
+    accel-nb launch --num_processes 2 train.py --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from ..config import (
+    LAUNCHER_RDZV_BACKENDS,
+    MIXED_PRECISION_CHOICES,
+    ConfigError,
+    LaunchConfig,
+    default_config,
+    load_config,
+)
+from ..config.arguments import positive_seconds
+from ..config.command_line import PROG
+from ..hardware import detect
+from ..launch.elastic.rendezvous import (
+    agent_arguments,
+    check_endpoint,
+    gloo_interface_env,
+    machine_label_template,
+    main_endpoint,
+    rendezvous_failure,
+)
+from ..launch.elastic.failures import failure_summary, order_failures
+from ..launch.errors import LaunchSetupError, signal_name
+from ..launch.plan import CLI_CHOICES, check_one_gpu_per_rank
+
+__all__ = ["add_parser", "run", "add_deepspeed_flags", "config_for_launch", "torchrun_arguments", "run_elastic"]
+
+
+def add_parser(sub: Any) -> None:
+    """The ``launch`` subcommand of the ``accel-nb`` parser (torchrun's flags, the config's names)."""
+    launch = sub.add_parser(
+        "launch",
+        help="run a script on several processes through torch.distributed's elastic agent",
+        description="Run SCRIPT on N processes. Flags override the saved config (accel-nb config).",
+    )
+    launch.add_argument(
+        "--config_file", "--config-file", default=None, help="config to read (default: saved one)"
+    )
+    launch.add_argument(
+        "--num_processes", "--num-processes", type=int, default=None, help="all machines together"
+    )
+    launch.add_argument("--num_machines", "--num-machines", type=int, default=None)
+    launch.add_argument("--machine_rank", "--machine-rank", type=int, default=None)
+    launch.add_argument("--main_process_ip", "--main-process-ip", default=None)
+    launch.add_argument("--main_process_port", "--main-process-port", type=int, default=None)
+    launch.add_argument(
+        "--rdzv_backend", "--rdzv-backend", choices=LAUNCHER_RDZV_BACKENDS, default=None,
+        help="how the machines meet at main_process_ip:main_process_port (default: the config's, static)",
+    )  # fmt: skip
+    launch.add_argument(
+        "--rdzv_timeout", "--rdzv-timeout", type=positive_seconds, default=None,
+        help="seconds to wait for every machine to join before giving up (default: 600)",
+    )  # fmt: skip
+    launch.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None)
+    launch.add_argument(
+        "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=int, default=None
+    )
+    launch.add_argument("--gpu_ids", "--gpu-ids", default=None, help="'all' or e.g. 0,1")
+    launch.add_argument("--cpu", action="store_true", help="run on CPU processes even when GPUs are present")
+    launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
+    add_deepspeed_flags(launch)
+    launch.add_argument(
+        "--monitor_interval", "--monitor-interval", type=positive_seconds, default=None,
+        help="seconds between the elastic agent's checks of the ranks (torchrun's --monitor-interval; 0.1)",
+    )  # fmt: skip
+    launch.add_argument(
+        "--log_line_prefix_template", "--log-line-prefix-template", default=None,
+        help="prefix of each rank's output lines, e.g. '[${rank}]:' (torchrun's; placeholders ${rank}, "
+        "${local_rank}, ${role_name})",
+    )  # fmt: skip
+    launch.add_argument("--log_dir", "--log-dir", default=None, help="keep per-rank logs here")
+    launch.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
+    launch.add_argument("script", help="the training script (or module with -m)")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
+
+
+def add_deepspeed_flags(parser: argparse.ArgumentParser) -> None:
+    """``--use_deepspeed`` and the reference's DeepSpeed flags (they fill the config's deepspeed_config)."""
+    group = parser.add_argument_group("DeepSpeed (distributed_type DEEPSPEED; docs/deepspeed.md)")
+    group.add_argument("--use_deepspeed", "--use-deepspeed", action="store_true", help="train with DeepSpeed ZeRO")
+    group.add_argument("--zero_stage", "--zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
+    for name in ("offload_optimizer_device", "offload_param_device"):
+        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", choices=("none", "cpu", "nvme"), default=None)
+    for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path", "deepspeed_config_file"):
+        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", default=None)
+    group.add_argument("--gradient_clipping", "--gradient-clipping", type=float, default=None)
+    for name in ("zero3_init_flag", "zero3_save_16bit_model"):
+        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", choices=("true", "false"), default=None)
+
+
+_DEEPSPEED_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
+                    "offload_param_nvme_path", "deepspeed_config_file", "gradient_clipping", "zero3_init_flag",
+                    "zero3_save_16bit_model")  # fmt: skip
+
+
+def _deepspeed_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[str, Any]) -> None:
+    given = {k: getattr(ns, k, None) for k in _DEEPSPEED_FLAGS if getattr(ns, k, None) is not None}
+    if given and not getattr(ns, "use_deepspeed", False) and cfg.distributed_type != "DEEPSPEED":
+        raise ConfigError(f"--{sorted(given)[0]}", next(iter(given.values())), "together with --use_deepspeed", None,
+                          "a DeepSpeed flag without DeepSpeed would be ignored")  # fmt: skip
+    if getattr(ns, "use_deepspeed", False):
+        changes["distributed_type"] = "DEEPSPEED"
+    if given:
+        cfg.extras = {**cfg.extras, "deepspeed_config": {**(cfg.extras.get("deepspeed_config") or {}), **given}}
+
+
+def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
+    """The saved (or default) config with the command-line flags applied, validated."""
+    if ns.config_file and not os.path.exists(ns.config_file):
+        raise ConfigError("--config_file", ns.config_file, "an existing config file", None, "no such file")
+    cfg = load_config(ns.config_file) or default_config()
+    changes = {
+        "num_processes": ns.num_processes,
+        "num_machines": ns.num_machines,
+        "machine_rank": ns.machine_rank,
+        "main_process_ip": ns.main_process_ip,
+        "main_process_port": ns.main_process_port,
+        "mixed_precision": ns.mixed_precision,
+        "gradient_accumulation_steps": ns.gradient_accumulation_steps,
+        "gpu_ids": ns.gpu_ids,
+        "max_restarts": ns.max_restarts,
+        "rdzv_backend": ns.rdzv_backend,
+    }
+    if ns.cpu:
+        changes["use_cpu"] = True
+    _deepspeed_changes(ns, cfg, changes)
+    try:
+        return cfg.replace(**changes)
+    except ConfigError as exc:
+        flag = f"--{exc.key}" if changes.get(exc.key) is not None else exc.key
+        raise ConfigError(flag, exc.value, exc.allowed, exc.path, getattr(exc, "reason", "")) from None
+
+
+def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: list[str], log_dir: str,
+                       module: bool = False, monitor_interval: float | None = None,
+                       endpoint: tuple[str, int] | None = None, rdzv_timeout: float | None = None) -> list[str]:  # fmt: skip
+    """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says.
+
+    ``endpoint`` is where the machines meet (default: :func:`accel_nb.launch.elastic.rendezvous.main_endpoint`).
+    """
+    addr, port = endpoint or main_endpoint(cfg)
+    args = agent_arguments(cfg.num_machines, cfg.machine_rank, nproc, cfg.rdzv_backend, addr, port,
+                           rdzv_timeout, cfg.max_restarts)  # fmt: skip
+    args += ["--log_dir", log_dir, "--tee", "3"]
+    if monitor_interval is not None:
+        args += ["--monitor_interval", str(monitor_interval)]
+    if module:
+        args.append("--module")
+    return args + [script] + list(script_args)
+
+
+def run(ns: argparse.Namespace) -> int:
+    """``accel-nb launch``: check the config against this machine, then run the agent; the exit code."""
+    cfg = config_for_launch(ns)
+    hw = detect()
+    if not cfg.use_cpu and cfg.distributed_type != "MULTI_CPU":  # a GPU launch: one GPU per process, first
+        gpus = hw.num_gpus if cfg.gpu_ids == "all" else min(hw.num_gpus, len(cfg.gpu_ids.split(",")))
+        try:
+            check_one_gpu_per_rank(cfg.processes_here(hw), gpus, CLI_CHOICES)
+        except LaunchSetupError as exc:
+            from_file = ns.num_processes is None and cfg.source
+            source = f" (num_processes={cfg.num_processes} is from {cfg.source})" if from_file else ""
+            print(f"{PROG} launch: error: {exc}{source}", file=sys.stderr)
+            return 2
+    for note in cfg.check_hardware(hw):
+        print(f"{PROG} launch: note: {note}", file=sys.stderr)
+    if not ns.module and not os.path.isfile(ns.script):
+        print(f"{PROG} launch: error: script {ns.script!r} not found (from {os.getcwd()})", file=sys.stderr)
+        return 2
+    endpoint = main_endpoint(cfg)
+    check_endpoint(cfg, *endpoint)
+    nproc = cfg.processes_here(hw)
+    own_log_dir = ns.log_dir is None
+    log_dir = ns.log_dir or tempfile.mkdtemp(prefix="accel_nb_launch_")
+    device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
+    os.environ.update(cfg.to_env())
+    os.environ.update(agent_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
+    args = torchrun_arguments(cfg, nproc, ns.script, ns.script_args, log_dir, ns.module, ns.monitor_interval,
+                              endpoint, ns.rdzv_timeout)  # fmt: skip
+    print(f"{PROG} launch: {nproc} {device} process(es) on this machine"
+          + (f" (machine {cfg.machine_rank} of {cfg.num_machines}, meeting at {endpoint[0]}:{endpoint[1]}, "
+             f"{cfg.rdzv_backend} rendezvous)" if cfg.num_machines > 1 else "")
+          + f", mixed_precision={cfg.mixed_precision}"
+          + (f", torch.compile backend={cfg.dynamo_backend}" if cfg.dynamo_backend != "no" else ""),
+          file=sys.stderr, flush=True)  # fmt: skip
+    code = run_elastic(args, ns.script, log_dir,
+                       lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint,
+                                                     ns.rdzv_timeout))  # fmt: skip
+    if code == 0 and own_log_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    return code
+
+
+def agent_environment(cfg: LaunchConfig, main_ip: str, device: str, template: str | None) -> dict[str, str]:
+    """What the agent and its ranks need in the environment beyond the config's values.
+
+    torchrun reads the log-line prefix template from the environment only; across machines it
+    defaults to one naming the machine and the rank, and gloo gets the interface that reaches
+    machine 0 unless ``GLOO_SOCKET_IFNAME`` is already set.
+    """
+    env: dict[str, str] = {}
+    if template is None and cfg.num_machines > 1:
+        template = machine_label_template(cfg.machine_rank)
+    if template is not None:
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = template
+    if cfg.num_machines > 1 and device == "CPU":
+        env.update(gloo_interface_env(main_ip))
+    return env
+
+
+class _DropFailureLine:
+    """Logging filter: torch's own "failed (exitcode ...)" line is replaced by our summary."""
+
+    def filter(self, record: Any) -> bool:
+        return not str(record.getMessage()).startswith("failed (exitcode")
+
+
+def run_elastic(args: list[str], script: str, log_dir: str,
+                explain: Callable[[BaseException], str | None] | None = None) -> int:  # fmt: skip
+    """Run torch.distributed's elastic agent in this process; a readable summary when a rank fails.
+
+    ``explain`` turns an error of the agent itself (a rendezvous that never completed) into one line.
+    """
+    import logging
+
+    # deferred: torch (and its elastic agent) is imported only when a launch runs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    api_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    drop = _DropFailureLine()
+    api_logger.addFilter(drop)
+    try:
+        run(parse_args(args))
+        return 0
+    except ChildFailedError as exc:
+        print(failure_summary(exc.failures, script, log_dir), file=sys.stderr, flush=True)
+        first = order_failures(exc.failures, log_dir)[0][1]
+        return first.exitcode if first.exitcode > 0 else 128 + (-first.exitcode or 1)
+    except (KeyboardInterrupt, SignalException) as exc:
+        sig = getattr(exc, "sigval", signal.SIGINT)
+        print(f"{PROG} launch: stopped by {signal_name(sig)}; every rank was stopped "
+              f"(logs under {log_dir})", file=sys.stderr)  # fmt: skip
+        return 128 + int(sig)
+    except Exception as exc:  # rendezvous errors and the like: one line, not a traceback
+        said = explain(exc) if explain is not None else None
+        print(f"{PROG} launch: error: {said or f'{type(exc).__name__}: {exc}'}", file=sys.stderr)
+        return 1
+    finally:
+        api_logger.removeFilter(drop)

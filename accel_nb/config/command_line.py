@@ -1,0 +1,37 @@
+"""The ``accel-nb launch`` command line a config stands for (the terminal questionnaire and the wizard show it).
+
+    launch_command_line(LaunchConfig(distributed_type="MULTI_CPU", num_processes=2))
+    # 'accel-nb launch --num_processes 2 --mixed_precision no --cpu train.py'
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from .launch_config import LaunchConfig
+
+__all__ = ["PROG", "launch_command_line"]
+
+PROG = "accel-nb"  # the script face's command (pyproject.toml's console script)
+
+
+def launch_command_line(cfg: LaunchConfig, script: str = "train.py", explicit: bool = True) -> str:
+    """The ``accel-nb launch`` command equivalent to ``cfg`` (every flag given when ``explicit``)."""
+    parts = [PROG, "launch"]
+    if cfg.num_processes is not None:
+        parts += ["--num_processes", str(cfg.num_processes)]
+    if cfg.num_machines > 1:
+        parts += ["--num_machines", str(cfg.num_machines), "--machine_rank", str(cfg.machine_rank)]
+        parts += ["--main_process_ip", cfg.main_process_ip or "?"]
+    if cfg.main_process_port:
+        parts += ["--main_process_port", str(cfg.main_process_port)]
+    if explicit or cfg.mixed_precision != "no":
+        parts += ["--mixed_precision", cfg.mixed_precision]
+    if cfg.gradient_accumulation_steps != 1:
+        parts += ["--gradient_accumulation_steps", str(cfg.gradient_accumulation_steps)]
+    if cfg.gpu_ids != "all" and not cfg.use_cpu:
+        parts += ["--gpu_ids", cfg.gpu_ids]
+    if cfg.use_cpu or cfg.distributed_type == "MULTI_CPU":
+        parts.append("--cpu")
+    parts.append(script)
+    return " ".join(shlex.quote(p) for p in parts)
