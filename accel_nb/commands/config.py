@@ -2,6 +2,8 @@
 
     accel-nb config                          # questions; Enter keeps the value in [brackets]
     accel-nb config default --mixed_precision bf16
+
+The notebook's twin is ``config_wizard()``; both validate through ``LaunchConfig``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """``accel-nb env``: versions, hardware and the launch config in effect (the report for bug reports).
 
     accel-nb env                          # what `%accelerate_env` prints in a notebook
+
+The report itself is :func:`accel_nb.env_report.environment_report`.
 """
 
 from __future__ import annotations

@@ -40,7 +40,14 @@ from ..launch.elastic.failures import failure_summary, order_failures
 from ..launch.errors import LaunchSetupError, signal_name
 from ..launch.plan import CLI_CHOICES, check_one_gpu_per_rank
 
-__all__ = ["add_parser", "run", "add_deepspeed_flags", "config_for_launch", "torchrun_arguments", "run_elastic"]
+__all__ = [
+    "add_parser",
+    "run",
+    "add_deepspeed_flags",
+    "config_for_launch",
+    "torchrun_arguments",
+    "run_elastic",
+]
 
 
 def add_parser(sub: Any) -> None:
@@ -68,7 +75,9 @@ def add_parser(sub: Any) -> None:
         "--rdzv_timeout", "--rdzv-timeout", type=positive_seconds, default=None,
         help="seconds to wait for every machine to join before giving up (default: 600)",
     )  # fmt: skip
-    launch.add_argument("--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None)
+    launch.add_argument(
+        "--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None
+    )
     launch.add_argument(
         "--gradient_accumulation_steps", "--gradient-accumulation-steps", type=int, default=None
     )
@@ -94,15 +103,21 @@ def add_parser(sub: Any) -> None:
 def add_deepspeed_flags(parser: argparse.ArgumentParser) -> None:
     """``--use_deepspeed`` and the reference's DeepSpeed flags (they fill the config's deepspeed_config)."""
     group = parser.add_argument_group("DeepSpeed (distributed_type DEEPSPEED; docs/deepspeed.md)")
-    group.add_argument("--use_deepspeed", "--use-deepspeed", action="store_true", help="train with DeepSpeed ZeRO")
+    group.add_argument(
+        "--use_deepspeed", "--use-deepspeed", action="store_true", help="train with DeepSpeed ZeRO"
+    )
     group.add_argument("--zero_stage", "--zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
     for name in ("offload_optimizer_device", "offload_param_device"):
-        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", choices=("none", "cpu", "nvme"), default=None)
+        group.add_argument(
+            f"--{name}", f"--{name.replace('_', '-')}", choices=("none", "cpu", "nvme"), default=None
+        )
     for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path", "deepspeed_config_file"):
         group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", default=None)
     group.add_argument("--gradient_clipping", "--gradient-clipping", type=float, default=None)
     for name in ("zero3_init_flag", "zero3_save_16bit_model"):
-        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", choices=("true", "false"), default=None)
+        group.add_argument(
+            f"--{name}", f"--{name.replace('_', '-')}", choices=("true", "false"), default=None
+        )
 
 
 _DEEPSPEED_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
@@ -118,7 +133,10 @@ def _deepspeed_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[
     if getattr(ns, "use_deepspeed", False):
         changes["distributed_type"] = "DEEPSPEED"
     if given:
-        cfg.extras = {**cfg.extras, "deepspeed_config": {**(cfg.extras.get("deepspeed_config") or {}), **given}}
+        cfg.extras = {
+            **cfg.extras,
+            "deepspeed_config": {**(cfg.extras.get("deepspeed_config") or {}), **given},
+        }
 
 
 def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:

@@ -2,6 +2,8 @@
 
     from accel_nb.utils import write_basic_config
     write_basic_config(mixed_precision="bf16")    # one process per GPU, or one CPU process
+
+The reference library's name and arguments; an existing file is kept.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from .launch_config import save_config
 __all__ = ["write_basic_config"]
 
 
-def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None) -> Path | bool:
+def write_basic_config(
+    mixed_precision: str = "no", save_location: str | os.PathLike | None = None
+) -> Path | bool:
     """Write a config for this machine (every GPU, else the CPU) with ``mixed_precision``; keep an existing one.
 
     Returns the path written, or False (with a message) when a config file is already there. The
@@ -26,7 +30,11 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
         write_basic_config(mixed_precision="fp16", save_location="launch.yaml")
     """
     mixed_precision = validate_mixed_precision(mixed_precision)
-    path = Path(os.path.abspath(os.path.expanduser(os.fspath(save_location)))) if save_location else Path(default_config_path())
+    path = (
+        Path(os.path.abspath(os.path.expanduser(os.fspath(save_location))))
+        if save_location
+        else Path(default_config_path())
+    )
     if path.exists():
         print(
             f"A config already exists at {path}; it was kept. Edit it with `accel-nb config`, or pass another "

@@ -2,6 +2,8 @@
 
     launch_command_line(LaunchConfig(distributed_type="MULTI_CPU", num_processes=2))
     # 'accel-nb launch --num_processes 2 --mixed_precision no --cpu train.py'
+
+The command's name, ``PROG``, lives here too: the script face prints it in its messages.
 """
 
 from __future__ import annotations

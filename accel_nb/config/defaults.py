@@ -2,6 +2,8 @@
 
     cfg = default_config()                                  # one process per GPU, else one CPU process
     derive_distributed_type(cfg.replace(num_processes=2), "cpu")   # 'MULTI_CPU'
+
+The wizard, ``accel-nb config`` and ``write_basic_config`` all start from ``default_config()``.
 """
 
 from __future__ import annotations

@@ -104,7 +104,11 @@ class LaunchConfig:
             )  # fmt: skip
         self.distributed_type = dt
         self.distributed_type = check_choice(self, "distributed_type", DISTRIBUTED_TYPES, path, upper=True)
-        if self.num_processes is not None and is_whole_number(self.num_processes) and int(self.num_processes) == -1:
+        if (
+            self.num_processes is not None
+            and is_whole_number(self.num_processes)
+            and int(self.num_processes) == -1
+        ):
             self.num_processes = None  # the reference library's "unset"
         if self.num_processes is not None:
             self.num_processes = check_int(self, "num_processes", 1, None, path)
@@ -119,7 +123,9 @@ class LaunchConfig:
         self.gradient_accumulation_steps = check_int(self, "gradient_accumulation_steps", 1, None, path)
         self.max_restarts = check_int(self, "max_restarts", 0, None, path)
         self.main_process_port = (
-            None if self.main_process_port in (None, "") else check_int(self, "main_process_port", 1, 65535, path)
+            None
+            if self.main_process_port in (None, "")
+            else check_int(self, "main_process_port", 1, 65535, path)
         )
         self.main_process_ip = check_host(self.main_process_ip, path)
         self.gpu_ids = check_gpu_ids(self.gpu_ids, path)
@@ -155,7 +161,9 @@ class LaunchConfig:
         try:
             options_from_config(config)
         except (ValueError, TypeError) as exc:
-            raise ConfigError("fsdp_config", config, "the fsdp_* keys of docs/configuration.md", path, str(exc)) from None
+            raise ConfigError(
+                "fsdp_config", config, "the fsdp_* keys of docs/configuration.md", path, str(exc)
+            ) from None
 
     def _validate_deepspeed(self, path: str | None) -> None:
         """``deepspeed_config`` is read (accel_nb.deepspeed) with ``distributed_type: DEEPSPEED``; elsewhere: a warning."""
@@ -174,7 +182,9 @@ class LaunchConfig:
         try:
             plugin_from_launch_settings(config or {})
         except (ValueError, TypeError) as exc:
-            raise ConfigError("deepspeed_config", config, "the keys of docs/deepspeed.md", path, str(exc)) from None
+            raise ConfigError(
+                "deepspeed_config", config, "the keys of docs/deepspeed.md", path, str(exc)
+            ) from None
 
     def _validate_consistency(self, path: str | None) -> None:
         n, dt = self.num_processes, self.distributed_type
@@ -380,7 +390,10 @@ class LaunchConfig:
             return {}
         from ..deepspeed.plugin import ENV_DEEPSPEED_CONFIG  # deferred: accel_nb.deepspeed imports torch
 
-        env = {ENV_DEEPSPEED_CONFIG: json.dumps(self.extras.get("deepspeed_config") or {}), "ACCELERATE_USE_DEEPSPEED": "true"}
+        env = {
+            ENV_DEEPSPEED_CONFIG: json.dumps(self.extras.get("deepspeed_config") or {}),
+            "ACCELERATE_USE_DEEPSPEED": "true",
+        }
         if self.use_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator (gloo) in every rank
         return env
@@ -392,7 +405,10 @@ class LaunchConfig:
         """
         if self.distributed_type != "FSDP":
             return {}
-        return {ENV_FSDP_CONFIG: json.dumps(self.extras.get("fsdp_config") or {}), "ACCELERATE_USE_FSDP": "true"}
+        return {
+            ENV_FSDP_CONFIG: json.dumps(self.extras.get("fsdp_config") or {}),
+            "ACCELERATE_USE_FSDP": "true",
+        }
 
     def compile_env(self) -> dict[str, str]:
         """The ``dynamo_config`` as the environment each rank's Accelerator reads (accel_nb's and the reference's names).

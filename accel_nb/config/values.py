@@ -64,7 +64,11 @@ class ConfigError(ValueError):
         where = f" in {path}" if path else ""
         why = f": {reason}" if reason else ""
         fix = f"; fix it with `accel-nb config` or edit {path}" if path else ""
-        head = f"{key}{where} is empty" if value is None or value == "" else f"{key}={value!r}{where} is not valid"
+        head = (
+            f"{key}{where} is empty"
+            if value is None or value == ""
+            else f"{key}={value!r}{where} is not valid"
+        )
         super().__init__(f"{head}{why}. Allowed: {allowed}{fix}")
 
 
@@ -132,9 +136,7 @@ def check_bool(cfg: Any, key: str, path: str | None) -> bool:
     raise ConfigError(key, value, "true or false", path)
 
 
-def check_choice(
-    cfg: Any, key: str, allowed: tuple[str, ...], path: str | None, upper: bool = False
-) -> str:
+def check_choice(cfg: Any, key: str, allowed: tuple[str, ...], path: str | None, upper: bool = False) -> str:
     value = getattr(cfg, key)
     value = value.value if hasattr(value, "value") else value  # enums (e.g. DistributedType)
     if isinstance(value, str):
@@ -148,7 +150,9 @@ def check_mixed_precision(value: Any, path: str | None) -> str:
     try:
         return validate_mixed_precision(value)
     except ValueError as exc:
-        raise ConfigError("mixed_precision", value, ", ".join(MIXED_PRECISION_CHOICES), path, str(exc)) from None
+        raise ConfigError(
+            "mixed_precision", value, ", ".join(MIXED_PRECISION_CHOICES), path, str(exc)
+        ) from None
 
 
 def check_host(value: Any, path: str | None) -> str | None:
