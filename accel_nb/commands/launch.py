@@ -28,6 +28,7 @@ from ..config import (
 from ..config.arguments import positive_seconds
 from ..config.command_line import PROG
 from ..hardware import detect
+from ..launch.elastic.failures import failure_summary, order_failures
 from ..launch.elastic.rendezvous import (
     agent_arguments,
     check_endpoint,
@@ -36,7 +37,6 @@ from ..launch.elastic.rendezvous import (
     main_endpoint,
     rendezvous_failure,
 )
-from ..launch.elastic.failures import failure_summary, order_failures
 from ..launch.errors import LaunchSetupError, signal_name
 from ..launch.plan import CLI_CHOICES, check_one_gpu_per_rank
 
