@@ -12,10 +12,11 @@ terminal, a list in tests).
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass
@@ -87,14 +88,33 @@ class Result(Event):
     value: Any
 
 
+class FailureKind(enum.Enum):
+    """How a rank failed. ``accel_nb.launch.failures`` words each kind and decides who failed first."""
+
+    EXCEPTION = "exception"  # the function raised (``exc_type`` names the exception's class)
+    EXIT_CODE = "exit_code"  # the process ended with an exit code, without a Python exception
+    SIGNAL = "signal"  # the process was killed by a signal (``signal``)
+    HANG = "hang"  # the hang watchdog stopped it: no progress for ``timeout`` seconds
+    STUCK = "stuck"  # a session rank that answered neither SIGINT nor the closing of the group: killed
+    PEER_LOST = "peer_lost"  # a collective broke because another rank went away (raised as an exception)
+    INTERRUPTED = "interrupted"  # stopped by the launcher (SIGINT) after another failed or a stop
+
+
 @dataclass
 class Failure(Event):
-    """The function raised on this rank."""
+    """The function raised on this rank, or (sent by the parent's supervisor) its process died.
 
-    exc_type: str
+    ``exc_type`` is the exception's class name, ``None`` when no Python exception was raised
+    (``kind`` says what happened then: an exit code, a signal...).
+    """
+
+    exc_type: str | None
     message: str
     traceback: str
     exception: BaseException | None = None  # the original, when it could be pickled
+    kind: FailureKind = FailureKind.EXCEPTION
+    exit_code: int | None = None
+    signal: int | None = None
 
 
 @dataclass
@@ -105,11 +125,12 @@ class Stacks(Event):
     reason: str = "hang"
 
 
+@runtime_checkable
 class Reporter(Protocol):
     """What the parent's supervisor feeds. Implementations: text, list (tests), widget.
 
-    A reporter may also define ``tick()``: the supervisor then calls it a few times a second from
-    the launching thread, so what it shows moves on while no event arrives (quiet ranks).
+    ``tick()`` is optional for a reporter written elsewhere: a class that subclasses ``Reporter``
+    inherits the no-op below, and the launcher wraps a reporter that has none (:func:`as_reporter`).
     """
 
     def start(self, num_processes: int, info: dict[str, Any]) -> None: ...
@@ -117,6 +138,35 @@ class Reporter(Protocol):
     def handle(self, event: Event) -> None: ...
 
     def finish(self, ok: bool, summary: str | None = None) -> None: ...
+
+    def tick(self) -> None:
+        """Called a few times a second from the launching thread, so what is shown moves on while
+        no event arrives (quiet ranks). Optional: this default does nothing."""
+        return None
+
+
+class _WithTick(Reporter):
+    """A reporter written without ``tick``: its own methods, and the default ``tick``."""
+
+    def __init__(self, reporter: Any) -> None:
+        self.reporter = reporter
+
+    def start(self, num_processes: int, info: dict[str, Any]) -> None:
+        self.reporter.start(num_processes, info)
+
+    def handle(self, event: Event) -> None:
+        self.reporter.handle(event)
+
+    def finish(self, ok: bool, summary: str | None = None) -> None:
+        self.reporter.finish(ok, summary)
+
+    def __getattr__(self, name: str) -> Any:  # anything else the reporter offers
+        return getattr(self.reporter, name)
+
+
+def as_reporter(reporter: Any) -> Reporter:
+    """``reporter`` as a full :class:`Reporter`: one with ``start``/``handle``/``finish`` but no ``tick`` gets the no-op one."""
+    return reporter if isinstance(reporter, Reporter) else _WithTick(reporter)
 
 
 _sink: Callable[[Event], None] | None = None

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from accel_nb import LaunchError, PartialState, debug_launcher, notebook_launcher
-from accel_nb.events import Dropped, Failure, Log, Phase, Progress, Result, emit
+from accel_nb.events import Dropped, Failure, FailureKind, Log, Phase, Progress, Result, emit
 from accel_nb.launch.errors import LaunchSetupError, PayloadError, RankFailure
 from accel_nb.launch.options import LaunchOptions
 from accel_nb.launch.parent.reporting import ListReporter, TextReporter
@@ -237,7 +237,7 @@ def test_hang_watchdog_shows_each_rank_stack_and_stops_them():
     err = info.value
     assert "hung" in str(err) and {f.rank for f in err.failures} == {0, 1}
     for f in err.failures:
-        assert f.exc_type == "Hang" and "_hangs" in f.traceback
+        assert f.kind is FailureKind.HANG and f.exc_type is None and "_hangs" in f.traceback
     stacks = [e for e in rep.events if type(e).__name__ == "Stacks"]
     assert {s.rank for s in stacks} == {0, 1} and all("in _hangs" in s.text for s in stacks)
     assert not _no_children()

@@ -204,12 +204,12 @@ def test_a_rank_that_only_lost_its_peer_is_reported_as_stopped_not_as_a_second_f
         "try:\n"
         "    notebook_launcher(one_dies, num_processes=2)\n"
         "except LaunchError as e:\n"
-        "    print('FAILURES', [(f.rank, f.exc_type) for f in e.failures], 'STOPPED', e.stopped)\n"
+        "    print('FAILURES', [(f.rank, f.kind.value, f.exc_type) for f in e.failures], 'STOPPED', e.stopped)\n"
         "    print(str(e))",
         timeout=120,
     )
     assert out.error is None, out.traceback
-    assert "FAILURES [(1, 'ExitCode')] STOPPED [0]" in out.stdout, out.text
+    assert "FAILURES [(1, 'exit_code', None)] STOPPED [0]" in out.stdout, out.text
     assert "Connection closed by peer" not in out.stdout + out.stderr  # not shown as rank 0's own failure
     _assert_no_children(kernel)
 

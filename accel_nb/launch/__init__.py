@@ -31,6 +31,7 @@ from ..lazy_exports import lazy_exports
 _EXPORTS = {
     "LaunchError": ".errors",
     "RankFailure": ".errors",
+    "FailureKind": ".failures",
     "PayloadError": ".errors",
     "LaunchSetupError": ".errors",
     "LaunchOptions": ".options",

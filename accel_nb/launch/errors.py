@@ -3,16 +3,18 @@
 try:
     notebook_launcher(train, num_processes=2)
 except LaunchError as err:
-    print(err.failures[0].rank, err.failures[0].exc_type)
+    print(err.failures[0].rank, err.failures[0].kind, err.failures[0].exc_type)
 """
 
 from __future__ import annotations
 
 import os
-import signal as _signal
 import types
 from dataclasses import dataclass, field
 from typing import Any
+
+from .failures import FailureKind, describe, in_order
+from .failures import signal_name as signal_name  # re-exported: the CLI imports it from here
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -57,54 +59,26 @@ class UserFramesOnly:
         exc: Any = self
         return shell.InteractiveTB.structured_traceback(type(exc), exc, user_frames(exc.__traceback__))
 
-# signal number -> what it most likely means for a training process
-_SIGNAL_CAUSES: dict[int, str] = {
-    _signal.SIGKILL: "likely out of memory (the kernel's OOM killer) or killed from outside with kill -9",
-    _signal.SIGSEGV: "a crash in native code (segmentation fault in a C/C++/CUDA extension)",
-    _signal.SIGABRT: "aborted by native code (a failed C++ assertion or an uncaught C++ exception)",
-    _signal.SIGBUS: "a bus error in native code (often a full /dev/shm or a truncated memory-mapped file)",
-    _signal.SIGFPE: "an arithmetic fault in native code",
-    _signal.SIGILL: "an illegal instruction in native code (a binary built for another CPU)",
-    _signal.SIGTERM: "terminated from outside (SIGTERM)",
-    _signal.SIGINT: "interrupted (SIGINT)",
-}
-
-
-def signal_name(signum: int) -> str:
-    """``9`` -> ``"SIGKILL"``."""
-    try:
-        return _signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def signal_cause(signum: int) -> str:
-    """A short human explanation of why a process may have died from ``signum``."""
-    return _SIGNAL_CAUSES.get(signum, "killed by a signal")
-
 
 @dataclass
 class RankFailure:
-    """How one rank failed: a Python exception, or a death with an exit code / signal."""
+    """How one rank failed (``kind``): a Python exception (``exc_type``), or a death with an exit code /
+    signal, a hang... ``exc_type`` is ``None`` when no Python exception was raised."""
 
     rank: int
-    exc_type: str
+    exc_type: str | None
     message: str
     traceback: str = ""
     exit_code: int | None = None
     signal: int | None = None
     first: bool = False
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    kind: FailureKind = FailureKind.EXCEPTION
 
-    def summary(self) -> str:
-        """One line: ``rank 1 failed: ValueError: boom`` or ``rank 0 died: SIGKILL (...)``."""
-        if self.signal is not None:
-            return f"rank {self.rank} died from {signal_name(self.signal)}: {signal_cause(self.signal)}"
-        if self.exc_type == "Hang":
-            return f"rank {self.rank} hung: {self.message}"
-        if self.exc_type == "ExitCode":
-            return f"rank {self.rank} exited with code {self.exit_code} without a Python exception: {self.message}"
-        return f"rank {self.rank} failed: {self.exc_type}: {self.message}"
+    def summary(self, first: bool = False) -> str:
+        """One line: ``rank 1 failed: ValueError: boom`` or ``rank 0 died from SIGKILL: ...``
+        (``first``: ``rank 1 (first to fail) failed: ...``)."""
+        return describe(self, first=first)
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -116,7 +90,7 @@ class LaunchError(UserFramesOnly, RuntimeError):
 
     except LaunchError as err:
         for f in err.failures:
-            print(f.rank, f.exc_type, f.message)
+            print(f.rank, f.kind, f.exc_type, f.message)
     """
 
     def __init__(
@@ -127,7 +101,7 @@ class LaunchError(UserFramesOnly, RuntimeError):
         stopped: list[int] | None = None,
         log_dir: str | None = None,
     ) -> None:
-        self.failures = sorted(failures, key=lambda f: (not f.first, f.rank))
+        self.failures = in_order(failures)
         self.headline = headline
         self.stopped = sorted(stopped or [])
         self.log_dir = log_dir
@@ -144,9 +118,7 @@ class LaunchError(UserFramesOnly, RuntimeError):
         if self.headline:
             lines.append(self.headline)
         elif first is not None:
-            lines.append(
-                first.summary().replace(f"rank {first.rank} ", f"rank {first.rank} (first to fail) ", 1)
-            )
+            lines.append(first.summary(first=True))
         else:
             lines.append("the launch failed")
         if first is not None and first.traceback:
@@ -154,7 +126,7 @@ class LaunchError(UserFramesOnly, RuntimeError):
             lines.append(_indent(first.traceback))
         for other in self.failures[1:]:
             lines.append(other.summary())
-            if other.traceback and other.exc_type == "Hang":
+            if other.traceback and other.kind is FailureKind.HANG:
                 lines.append(_indent(other.traceback))
         if self.stopped:
             who = ", ".join(str(r) for r in self.stopped)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..events import Reporter
 from ..launch.parent.reporting import TextReporter
 from ..utils import in_ipython_kernel
 
@@ -53,7 +54,7 @@ def resolve_progress_mode(progress: Any = None) -> str:
     return mode
 
 
-def make_reporter(num_processes: int, progress: Any = None, **info: Any) -> Any:
+def make_reporter(num_processes: int, progress: Any = None, **info: Any) -> Reporter:
     """The Reporter for one launch (not yet started: the caller calls ``start(num_processes, info)``).
 
     ``progress`` may also be a ready Reporter object, which is returned unchanged.

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..events import Reporter
 from ..launch import cuda_guard, preimport
 from ..launch.errors import LaunchSetupError
 from ..launch.options import LaunchOptions
@@ -33,7 +34,7 @@ if in_ipython_kernel():
     preimport.start()
 
 
-def launch_payload(payload: Any, options: LaunchOptions, reporter: Any = None) -> list[Any]:
+def launch_payload(payload: Any, options: LaunchOptions, reporter: Reporter | None = None) -> list[Any]:
     """The one code path behind ``notebook_launcher``, ``debug_launcher`` and ``%%accelerate``.
 
         launch_payload(FunctionPayload(fn), LaunchOptions(num_processes=2, cpu=True))
@@ -112,7 +113,7 @@ def notebook_launcher(
     start_method: str = "auto",
     timeout: float | None = None,
     show_ranks: Any = "all",
-    reporter: Any = None,
+    reporter: Reporter | None = None,
     **options: Any,
 ) -> list[Any]:
     """Run ``function(*args, **kwargs)`` on ``num_processes`` ranks; return each rank's result in rank order.

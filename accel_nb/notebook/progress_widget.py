@@ -20,6 +20,7 @@ the bars (``metric_chart``), with the final picture kept in the output as ``imag
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import sys
 import threading
@@ -27,6 +28,7 @@ import time
 from typing import Any
 
 from .. import events as ev
+from ..launch.failures import describe
 from ..launch.parent.launch_progress import QUIET_AFTER, LaunchProgress
 from ..launch.parent.output_lines import OutputRelay
 from ..launch.parent.reporting import TextReporter, parse_show_ranks
@@ -52,7 +54,7 @@ def _esc(text: Any) -> str:
     return html.escape(str(text), quote=False)
 
 
-class WidgetReporter:
+class WidgetReporter(ev.Reporter):
     """Draws one launch in a Jupyter cell; thread-safe; see the module docstring."""
 
     def __init__(
@@ -351,8 +353,8 @@ class WidgetReporter:
         colour = STATUS_STYLE.get(status, ("", "#757575"))[1]
         text = status
         v = self.state.ranks[rank]
-        if status == "failed" and v.exc_type:
-            text = f"failed: {v.exc_type}"
+        if status == "failed" and v.failure is not None:
+            text = f"failed: {describe(v.failure, form='label')}"
         shown = f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
         if status in ("starting", "running", "stalled") or (self.state.ended is None and status not in STATUS_STYLE):
             gone = f"<span style='color:{STATUS_STYLE['stopped'][1]};font-weight:600;white-space:nowrap'>stopped (kernel gone)</span>"
@@ -377,7 +379,8 @@ class WidgetReporter:
             message = str(v.message or "")
             if len(message) > 300:
                 message = message[:300] + " ..."
-            head = f"rank {v.rank} failed: {_esc(one_line(f'{v.exc_type}: {message}'))}"
+            said = describe(dataclasses.replace(v.failure, message=message), brief=True) if v.failure else f"rank {v.rank} failed"
+            head = _esc(said)
             body = _esc((v.traceback or "").rstrip())
             if final:
                 where = " (its traceback is in the error below)" if v.traceback else ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from ..events import Reporter
 from ..launch.options import LaunchOptions
 from ..launch.session.warm_session import SessionError, WarmSession
 from ..utils import human_bytes
@@ -58,7 +59,7 @@ class Session(WarmSession):
         WarmSession.__init__(session, options, reporter_factory=session._make_reporter)
         return session
 
-    def _make_reporter(self, num_processes: int, show_ranks: Any, title: str) -> Any:
+    def _make_reporter(self, num_processes: int, show_ranks: Any, title: str) -> Reporter:
         start = title == "session start"  # its widget says the workers are ready (idle), then stopped
         progress = self.options.progress
         own = hasattr(progress, "handle")  # a ready reporter object is used as it is

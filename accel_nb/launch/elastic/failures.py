@@ -14,7 +14,7 @@ import re
 import signal
 from typing import Any
 
-from ..errors import signal_cause, signal_name
+from ..failures import signal_cause, signal_name
 
 __all__ = ["order_failures", "failure_summary"]
 

@@ -31,6 +31,7 @@ from ...progress_format import (
     one_line,
     plural,
 )
+from ..failures import FirstToFail, describe
 from .metric_history import MetricHistory
 
 STALL_AFTER = 30.0  # seconds without any event from a running rank that showed progress
@@ -55,7 +56,7 @@ class RankView:
     step: int | None = None  # the step of the last log_metrics call
     finished: bool = False  # Result seen
     failed: bool = False
-    exc_type: str | None = None
+    failure: ev.Failure | None = None  # how it failed (``failures.describe`` words it)
     message: str | None = None
     traceback: str | None = None
     last_event: float = field(default_factory=time.monotonic)  # any event but a heartbeat
@@ -130,7 +131,7 @@ class LaunchProgress:
         self.started = time.monotonic()
         self.ended: float | None = None
         self.ok: bool | None = None
-        self.first_failure: int | None = None
+        self.first_to_fail = FirstToFail()
         self.history = MetricHistory()  # numeric metrics per rank over time, for the live curves
 
     def view(self, rank: int) -> RankView:
@@ -182,9 +183,8 @@ class LaunchProgress:
         elif isinstance(event, ev.Failure):
             v.failed = True
             v.phase = "failed"
-            v.exc_type, v.message, v.traceback = event.exc_type, event.message, event.traceback
-            if self.first_failure is None:
-                self.first_failure = v.rank
+            v.failure, v.message, v.traceback = event, event.message, event.traceback
+            self.first_to_fail.record(v.rank)
             v.last_event = now
         elif isinstance(event, ev.Dropped):
             v.dropped = max(v.dropped, event.count)
@@ -196,6 +196,11 @@ class LaunchProgress:
                 v.logs.append(("stacks", line))
             v.log_count += len(lines)
         return self.status(v.rank, now) != before
+
+    @property
+    def first_failure(self) -> int | None:
+        """The rank that failed first (``None`` while none failed)."""
+        return self.first_to_fail.rank
 
     def finish(self, ok: bool) -> None:
         self.ended = time.monotonic()
@@ -246,8 +251,8 @@ class LaunchProgress:
             parts.append(metrics)
         if v.logged:
             parts.append(v.logged_text())
-        if v.failed:
-            parts.append(one_line(f"{v.exc_type}: {v.message}"))
+        if v.failure is not None:
+            parts.append(describe(v.failure, form="detail", brief=True))
         if v.dropped:
             parts.append(f"[{plural(v.dropped, 'output line')} dropped]")
         return " ".join(parts).rstrip()

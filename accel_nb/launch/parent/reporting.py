@@ -15,8 +15,21 @@ import threading
 import time
 from typing import Any, TextIO
 
-from ...events import Dropped, Event, Failure, Heartbeat, Log, Metrics, Phase, Progress, Result, Stacks
+from ...events import (
+    Dropped,
+    Event,
+    Failure,
+    Heartbeat,
+    Log,
+    Metrics,
+    Phase,
+    Progress,
+    Reporter,
+    Result,
+    Stacks,
+)
 from ...progress_format import format_metrics, format_progress_line, one_line
+from ..failures import describe
 from .launch_progress import STALL_AFTER, LaunchProgress
 from .output_lines import MERGE_WINDOW_S, OutputRelay
 
@@ -44,7 +57,7 @@ def parse_show_ranks(show_ranks: Any) -> set[int] | None:
         ) from None
 
 
-class TextReporter:
+class TextReporter(Reporter):
     """Rank-prefixed whole lines; progress at most once per ``progress_interval`` s per loop (plus the last).
 
     Identical lines from several ranks are printed once (``[ranks 0,1] ...``); a rank silent for
@@ -129,10 +142,9 @@ class TextReporter:
         elif isinstance(event, Failure):
             # one line, after what the rank printed before it; the traceback is shown once, in the
             # LaunchError the cell raises
-            first = not self._failure_shown
             self._failure_shown = True
-            then = ", stopping the other ranks" if first else ""
-            line = f"[rank {rank}] failed: {one_line(f'{event.exc_type}: {event.message}')}{then}"
+            then = ", stopping the other ranks" if self.state.first_failure == rank else ""
+            line = describe(event, who=f"[rank {rank}]", brief=True) + then
             self.relay.add_line(rank, "stderr", line)
         elif isinstance(event, Stacks):
             why = "when stopped" if getattr(event, "reason", "hang") == "interrupt" else "hang watchdog"
@@ -171,7 +183,7 @@ class TextReporter:
             self._write(self.err, f"[accel_nb] {one_line(summary)}{where}\n")
 
 
-class ListReporter:
+class ListReporter(Reporter):
     """Keeps every event (and start/finish calls) in memory, for tests and programmatic use."""
 
     def __init__(self) -> None:

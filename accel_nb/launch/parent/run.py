@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from ...events import Reporter, as_reporter
 from ...utils import human_bytes, imported_module
 from ..errors import LaunchError
 from ..payload import PayloadCheck, check_picklable, notebook_sources
@@ -61,7 +62,7 @@ def prepare_payload(payload: Any, plan: LaunchPlan, say: Callable[[str], None] =
 def run_launch(
     payload: Any,
     plan: LaunchPlan,
-    reporter: Any,
+    reporter: Reporter,
     *,
     info: dict[str, Any] | None = None,
     say: Callable[[str], None] = _print,
@@ -173,9 +174,10 @@ def _remove_kept_logs() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) -> Any:
+def _start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) -> Reporter:
     """``reporter``, started; a plain ``TextReporter`` when it fails to start (a display must not stop a launch)."""
     try:
+        reporter = as_reporter(reporter)
         reporter.start(num_processes, details)
         return reporter
     except Exception as exc:  # noqa: BLE001 - any display fault: say it, show text instead
@@ -190,7 +192,7 @@ def _start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) 
     return reporter
 
 
-def _finish(reporter: Any, ok: bool, summary: str | None) -> None:
+def _finish(reporter: Reporter, ok: bool, summary: str | None) -> None:
     try:
         reporter.finish(ok, summary)
     except Exception as exc:  # noqa: BLE001

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import selectors
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...events import Dropped, Event, Failure, Heartbeat, Phase, Result, Stacks
-from ..errors import RankFailure, signal_name
+from ...events import Dropped, Event, Failure, FailureKind, Heartbeat, Phase, Reporter, Result, Stacks
+from ..errors import RankFailure
+from ..failures import FirstToFail, lost_a_peer, signal_name
 from ..rank.worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
 from .hang_blame import Blame, blame_stacks
 from .start import RankProcess
@@ -32,19 +32,6 @@ STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every ra
 FAILURE_GRACE_S = 0.5  # after a first failure, let the others report their own errors this long
 TERM_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 STACKS_WAIT_S = 3.0  # how long the watchdog waits at most for faulthandler to write the stacks (a loaded machine)
-
-# gloo / NCCL / TCPStore words for "the other side went away": a rank failing with these after a
-# peer died was stopped by that death, it did not fail on its own
-_PEER_LOST = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|failed to recv, got 0 bytes"
-    r"|remote process exited|NCCL communicator was aborted|Connection refused",
-    re.IGNORECASE,
-)
-
-
-def lost_a_peer(failure: Failure) -> bool:
-    """True when ``failure`` reads like a collective that broke because another rank went away."""
-    return bool(_PEER_LOST.search(f"{failure.exc_type}: {failure.message}"))
 
 
 @dataclass
@@ -57,6 +44,20 @@ class Outcome:
     hung_after: float | None = None
     hang_blame: Blame | None = None  # after a hang: who waited in a collective, who did not
     dropped_output: set[int] = field(default_factory=set)  # ranks whose output was not all shown (see the logs)
+
+
+def _from_event(event: Failure) -> RankFailure:
+    """The ``RankFailure`` a rank's ``Failure`` event tells of."""
+    return RankFailure(
+        event.rank,
+        event.exc_type,
+        event.message,
+        event.traceback,
+        exit_code=event.exit_code,
+        signal=event.signal,
+        exception=event.exception,
+        kind=event.kind,
+    )
 
 
 def _hang_message(rank: int, idle: float, blame: Blame) -> str:
@@ -114,7 +115,7 @@ class Supervisor:
     """Feed events to the reporter, decide when ranks failed, stop the rest, watch for hangs."""
 
     def __init__(
-        self, procs: list[RankProcess], reporter: Any, log_dir: str, timeout: float | None = None
+        self, procs: list[RankProcess], reporter: Reporter, log_dir: str, timeout: float | None = None
     ) -> None:
         self.procs = procs
         self.reporter = reporter
@@ -122,6 +123,7 @@ class Supervisor:
         self.timeout = timeout
         self.outcome = Outcome()
         self._first_failure_at: float | None = None
+        self._first_to_fail = FirstToFail()
         self._term_sent_at: float | None = None
         self._killed = False
         self._last_progress = time.monotonic()
@@ -144,9 +146,7 @@ class Supervisor:
             if lost_a_peer(event):
                 self._peer_lost[event.rank] = (event, time.monotonic())
                 return  # reported by _settle_peer_lost: as stopped when a peer died, else as a failure
-            self._add_failure(
-                RankFailure(event.rank, event.exc_type, event.message, event.traceback, exception=event.exception)
-            )
+            self._add_failure(_from_event(event))
         self._report(event)
 
     def _report(self, event: Event) -> None:
@@ -157,17 +157,15 @@ class Supervisor:
 
     def _tick(self) -> None:
         """Let the reporter redraw what time alone changes (quiet ranks' rows), from this thread."""
-        tick = getattr(self.reporter, "tick", None)
-        if tick is None:
-            return
         try:
-            tick()
+            self.reporter.tick()
         except Exception as exc:  # noqa: BLE001 - a broken display must not break the launch
             print(f"[accel_nb] the reporter failed to redraw: {exc}", file=sys.stderr)
 
-    def _add_failure(self, failure: RankFailure) -> None:
-        if not self.outcome.failures:
-            failure.first = True
+    def _add_failure(self, failure: RankFailure, stop_the_rest: bool = True) -> None:
+        """Record ``failure`` (is it the first?); the first one stops the other ranks unless told not to."""
+        failure.first = self._first_to_fail.record(failure.rank)
+        if failure.first and stop_the_rest:
             self._first_failure_at = time.monotonic()
         self.outcome.failures[failure.rank] = failure
 
@@ -184,9 +182,8 @@ class Supervisor:
                 self._mark_stopped(rank)
             elif final or now - seen_at >= FAILURE_GRACE_S:
                 del self._peer_lost[rank]
-                self._add_failure(
-                    RankFailure(rank, event.exc_type, event.message, event.traceback, exception=event.exception)
-                )
+                event = replace(event, kind=FailureKind.PEER_LOST)
+                self._add_failure(_from_event(event))
                 self._report(event)
 
     def _drain(self, proc: RankProcess) -> None:
@@ -208,7 +205,15 @@ class Supervisor:
         failure = self._death(rank, code)
         self._add_failure(failure)
         self._report(
-            Failure(rank=rank, exc_type=failure.exc_type, message=failure.summary(), traceback=failure.traceback)
+            Failure(
+                rank=rank,
+                exc_type=None,
+                message=failure.message,
+                traceback=failure.traceback,
+                kind=failure.kind,
+                exit_code=failure.exit_code,
+                signal=failure.signal,
+            )
         )
 
     def _death(self, rank: int, code: int | None) -> RankFailure:
@@ -222,14 +227,13 @@ class Supervisor:
             details += f"last output of rank {rank}:\n{log_tail}\n"
         if code is not None and code < 0:
             sig = -code
-            return RankFailure(
-                rank, signal_name(sig), f"killed by {signal_name(sig)}", details, exit_code=code, signal=sig
-            )
+            killed = f"killed by {signal_name(sig)}"
+            return RankFailure(rank, None, killed, details, exit_code=code, signal=sig, kind=FailureKind.SIGNAL)
         if code == 0:
             why = "it ended without returning a result (os._exit(0) or sys.exit inside the function?)"
         else:
             why = "the process ended abruptly (os._exit, or a fatal error in native code)"
-        return RankFailure(rank, "ExitCode", why, details, exit_code=code)
+        return RankFailure(rank, None, why, details, exit_code=code, kind=FailureKind.EXIT_CODE)
 
     # -- stopping -----------------------------------------------------------------------------
     def _signal_live(self, sig: int) -> None:
@@ -298,10 +302,10 @@ class Supervisor:
         cause = blame.likely_cause
         for rank in sorted(stopped, key=lambda r: (r not in cause, r)):  # the likely cause first
             text = stacks.get(rank, "(no stack: the rank did not answer)")
-            self.outcome.failures[rank] = RankFailure(
-                rank, "Hang", _hang_message(rank, idle, blame), f"Python stacks of rank {rank}:\n{text}",
-                first=not self.outcome.failures,
-            )  # fmt: skip
+            failure = RankFailure(
+                rank, None, _hang_message(rank, idle, blame), f"Python stacks of rank {rank}:\n{text}", kind=FailureKind.HANG
+            )
+            self._add_failure(failure, stop_the_rest=False)  # stopped already
 
     def _on_interrupt(self) -> None:
         """The user pressed stop: show where every rank was, then stop them all (a second stop is ignored)."""

@@ -24,10 +24,11 @@ import selectors
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
 
-from ...events import Event, Failure, Log, Result, Stacks
+from ...events import Event, Failure, FailureKind, Log, Reporter, Result, Stacks
 from ..errors import RankFailure
+from ..failures import describe
 from ..parent.start import RankProcess
 from ..parent.supervisor import FAILURE_GRACE_S, STACKS_WAIT_S, Outcome, Supervisor, clean_stacks
 from ..rank.worker import STACKS_SIGNAL, stacks_path
@@ -67,7 +68,7 @@ class CellSupervisor(Supervisor):
     def __init__(
         self,
         procs: list[RankProcess],
-        reporter: Any,
+        reporter: Reporter,
         log_dir: str,
         timeout: float | None = None,
         on_stuck: Callable[[list[int]], None] | None = None,
@@ -90,7 +91,8 @@ class CellSupervisor(Supervisor):
             if event.rank not in self.outcome.stopped:
                 where = _innermost_user_frame(event.traceback)
                 where = f" at {where}" if where else ""
-                self._report(Log(rank=event.rank, stream="stderr", text=f"stopped: {event.exc_type}{where}\n"))
+                stopped = describe(replace(event, kind=FailureKind.INTERRUPTED), who="")
+                self._report(Log(rank=event.rank, stream="stderr", text=f"{stopped}{where}\n"))
                 self._mark_stopped(event.rank)
             return
         super()._handle(event)
@@ -167,15 +169,15 @@ class CellSupervisor(Supervisor):
     def _on_exit(self, proc: RankProcess) -> None:
         if proc.rank in self.outcome.killed:
             self._drain(proc)
-            self.outcome.failures.setdefault(
-                proc.rank,
-                RankFailure(
+            if proc.rank not in self.outcome.failures:
+                stuck = RankFailure(
                     proc.rank,
-                    "Stuck",
+                    None,
                     "it did not answer SIGINT nor the closing of the process group, so it was killed",
                     self.outcome.stuck_stacks.get(proc.rank, ""),
-                ),
-            )
+                    kind=FailureKind.STUCK,
+                )
+                self._add_failure(stuck, stop_the_rest=False)  # the last step: nothing left to stop
             return
         super()._on_exit(proc)
 

@@ -26,8 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...events import Failure, FailureKind, Heartbeat, Phase, Reporter, Result
 from .. import cuda_guard, preimport
 from ..errors import LaunchError, RankFailure, UserFramesOnly
+from ..failures import first_failure
 from ..options import LaunchOptions
 from ..parent.hang_blame import blame_stacks, collective_of
 from ..parent.reporting import ListReporter, TextReporter
@@ -55,6 +57,8 @@ from .loop import (
 
 STOP_GRACE_S = 3.0  # after Stop, how long ranks may take to leave before they are killed
 REGROUP_TRIES = 3  # fresh groups tried after a broken one (a new port each: another program may take the one picked)
+# the failures that leave a rank's process gone: the session is broken then
+_DEATHS = (FailureKind.SIGNAL, FailureKind.EXIT_CODE, FailureKind.STUCK)
 
 
 class SessionError(RuntimeError):
@@ -69,7 +73,7 @@ def _rss_bytes(pid: int) -> int | None:
         return None
 
 
-def _default_reporter(num_processes: int, show_ranks: Any, title: str) -> Any:
+def _default_reporter(num_processes: int, show_ranks: Any, title: str) -> Reporter:
     return TextReporter(show_ranks=show_ranks)
 
 
@@ -82,7 +86,7 @@ class WarmSession:
     def __init__(
         self,
         options: LaunchOptions,
-        reporter_factory: Callable[[int, Any, str], Any] | None = None,
+        reporter_factory: Callable[[int, Any, str], Reporter] | None = None,
         say: Callable[[str], None] | None = None,
     ) -> None:
         self.options = options
@@ -369,10 +373,8 @@ class WarmSession:
                 self.stale = {r: items for r, items in self.stale.items() if items}
             return {r: outcome.results[r] for r in ranks if r in outcome.results}
 
-    def _pass_on_earlier_events(self, reporter: Any) -> None:
+    def _pass_on_earlier_events(self, reporter: Reporter) -> None:
         """What ranks printed between commands (a background thread) goes to this command's display."""
-        from ...events import Failure, Heartbeat, Phase, Result
-
         for p in self.procs:
             for event in p.reader.read_available():
                 if not isinstance(event, (Heartbeat, Phase, Result, Failure)):
@@ -392,14 +394,14 @@ class WarmSession:
         for p in self.procs:
             if p.poll() is not None:
                 self.states[p.rank] = "dead"
-            elif p.rank in outcome.failures and outcome.failures[p.rank].exc_type != "Hang":
+            elif p.rank in outcome.failures and outcome.failures[p.rank].kind is not FailureKind.HANG:
                 self.states[p.rank] = f"failed in {cell}"
             elif p.rank in outcome.stopped or p.rank in outcome.failures:  # stopped by the user, a peer or the watchdog
                 why = "interrupted" if outcome.interrupted else "hung" if outcome.hung_after is not None else "stopped"
                 self.states[p.rank] = f"{why} in {cell}"
             elif self.states.get(p.rank, "").startswith("running"):
                 self.states[p.rank] = "idle"
-        dead = [f for f in outcome.failures.values() if f.signal is not None or f.exc_type in ("ExitCode", "Stuck")]
+        dead = [f for f in outcome.failures.values() if f.kind in _DEATHS]
         if dead and not self.broken:
             self.broken = dead[0].summary()
         if outcome.group_broken and not self.group_broken:
@@ -468,16 +470,14 @@ class WarmSession:
     def _error(self, outcome: CellOutcome, cell: str, recovered: str | None = None) -> LaunchError:
         failures = list(outcome.failures.values())
         stopped = [r for r in outcome.stopped if r not in outcome.failures]
-        first = next((f for f in failures if f.first), failures[0] if failures else None)
+        first = first_failure(failures)
         if first is None:  # the hang watchdog ended it
             blame = blame_stacks(outcome.stuck_stacks, stopped or None) if outcome.stuck_stacks else None
             said = f"; {blame.sentence()}" if blame is not None and blame.sentence() else ""
             what = f"{cell} hung: no rank made progress for {outcome.hung_after:.0f} s{said}; each rank was interrupted"
-            failures = [RankFailure(r, "Hang", "interrupted by the hang watchdog") for r in stopped]
+            failures = [RankFailure(r, None, "interrupted by the hang watchdog", kind=FailureKind.HANG) for r in stopped]
         else:
-            what = f"{cell}: " + first.summary().replace(
-                f"rank {first.rank} ", f"rank {first.rank} (first to fail) ", 1
-            )
+            what = f"{cell}: " + first.summary(first=True)
         if self.broken:
             then = f"the session is broken ({self.broken}): restart it"
         elif self.group_broken:
