@@ -2,7 +2,8 @@
 
 Shared plumbing, here: ``options`` (what the user asked, checked once), ``plan`` (processes,
 start method, port), ``payload`` (what runs; pickling checks for spawn), ``channel`` (events over
-a pipe), ``errors``, ``ports``, ``pythonpath``, ``cuda_guard`` (fork safety), ``zygote`` (the spawn
+a pipe), ``errors``, ``failures`` (the failure model: a ``FailureKind``, its words, who failed
+first), ``ports``, ``pythonpath``, ``cuda_guard`` (fork safety), ``zygote`` (the spawn
 server: a clean interpreter that forks spawned ranks), ``preimport`` (imports a rank's first DDP
 step needs, once per kernel).
 
