@@ -35,7 +35,7 @@ _EXPORTS: dict[str, str] = {
     "ProjectConfiguration": ".checkpoint",
     "CheckpointError": ".serialization",
     "DataLoaderConfiguration": ".data",
-    "CompileOptions": ".compile_options",
+    "CompileOptions": ".accelerator.compile_options",
     "set_seed": ".utils",
     # progress inside a launch
     "progress": ".progress_bar",
@@ -100,6 +100,7 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator
+    from .accelerator.compile_options import CompileOptions
     from .big_model import (
         compute_module_sizes,
         cpu_offload,
@@ -114,7 +115,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_checkpoint_in_model,
     )
     from .checkpoint import ProjectConfiguration
-    from .compile_options import CompileOptions
     from .config import LaunchConfig
     from .data import DataLoaderConfiguration, skip_first_batches
     from .deepspeed import DeepSpeedPlugin

@@ -499,7 +499,7 @@ def test_launch_options_normalise_what_they_accept():
 def _imported_already():
     import sys
 
-    return [name in sys.modules for name in ("torch", "torch._dynamo", "accel_nb.accelerator")]
+    return [name in sys.modules for name in ("torch", "torch._dynamo", "accel_nb.accelerator.accelerator")]
 
 
 def test_after_the_first_fork_launch_ranks_inherit_what_their_first_ddp_step_imports(monkeypatch):

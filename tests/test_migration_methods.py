@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from accel_nb.accelerator_extras import _shard_sampler
+from accel_nb.accelerator.sync_contexts import shard_sampler
 from tests.dist_helpers import run_ranks
 
 pytest.importorskip("accelerate")
@@ -132,13 +132,13 @@ def _uneven(even_batches):
     model, optimizer, loader = acc.prepare(model, optimizer, loader)
     steps = 0
     with acc.join_uneven_inputs([model], even_batches=even_batches):
-        inside = _shard_sampler(loader).even_batches
+        inside = shard_sampler(loader).even_batches
         for x, y in loader:
             acc.backward(torch.nn.functional.mse_loss(model(x), y))
             optimizer.step()
             optimizer.zero_grad()
             steps += 1
-    return steps, inside, _shard_sampler(loader).even_batches, acc.unwrap_model(model).weight.detach().clone()
+    return steps, inside, shard_sampler(loader).even_batches, acc.unwrap_model(model).weight.detach().clone()
 
 
 def test_join_uneven_inputs_lets_ranks_with_fewer_batches_finish():

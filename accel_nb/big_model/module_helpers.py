@@ -346,7 +346,7 @@ def is_peft_model(model: nn.Module) -> bool:
         return False
     from peft import PeftModel
 
-    from ..unwrap import extract_model_from_parallel
+    from ..accelerator.unwrap import extract_model_from_parallel
 
     return isinstance(extract_model_from_parallel(model), PeftModel)
 

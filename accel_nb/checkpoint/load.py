@@ -149,7 +149,7 @@ def _read_checkpoint(
     manifest = _read_manifest(path)
     _verify_files(path, manifest, rank, world)
     counts = manifest.get("counts", {})
-    from ..accelerator_extras import run_load_hooks
+    from ..accelerator.weights import run_load_hooks
 
     models = list(getattr(accelerator, "_models", []))
     run_load_hooks(accelerator, models, path)  # they may pop the models they load themselves

@@ -213,7 +213,7 @@ def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
     Called on every process, like the hooks; they get the folder being written (``tmp``, renamed
     into place when the save completes), so what they write there is part of the checkpoint.
     """
-    from ..accelerator_extras import run_save_hooks
+    from ..accelerator.weights import run_save_hooks
     from ..fsdp.checkpointing import model_weights
 
     models = list(getattr(accelerator, "_models", []))

@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compile_options import DYNAMO_ENV, DYNAMO_MODES
+from ..accelerator.compile_options import DYNAMO_ENV, DYNAMO_MODES
 from ..fsdp.options import ENV_FSDP_CONFIG, options_from_config
 from ..hardware import HardwareInfo, cuda_device_count, detect
 from ..precision_setting import bf16_gpu_problem

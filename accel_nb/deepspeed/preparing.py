@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..model_wrapping import adopt_prepared, mark_prepared
-from ..optim import AcceleratedScheduler, is_lr_scheduler
+from ..accelerator.model_wrapping import adopt_prepared, mark_prepared
+from ..accelerator.optim import AcceleratedScheduler, is_lr_scheduler
 from .plugin import AUTO, EXTRA_HINT, DeepSpeedPlugin, get_value
 from .wrappers import (
     DeepSpeedEngineWrapper,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..optim import AcceleratedOptimizer, AcceleratedScheduler
+from ..accelerator.optim import AcceleratedOptimizer, AcceleratedScheduler
 
 __all__ = ["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper", "DummyOptim",
            "DummyScheduler"]  # fmt: skip

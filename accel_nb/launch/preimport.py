@@ -24,7 +24,7 @@ import threading
 
 # what a training rank imports when the notebook has not: torch itself, and what the first
 # DistributedDataParallel(...) / optimizer of a rank imports lazily (torch._dynamo, with sympy)
-MODULES = ("torch", "torch.distributed", "torch._dynamo", "accel_nb.accelerator")
+MODULES = ("torch", "torch.distributed", "torch._dynamo", "accel_nb.accelerator.accelerator")
 
 SET_ON_IMPORT = ("TORCHINDUCTOR_CACHE_DIR",)  # environment variables those imports set: put back after
 

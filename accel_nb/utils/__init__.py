@@ -160,9 +160,9 @@ _REFERENCE_PATHS: dict[str, str] = {
     **dict.fromkeys(["FSDPOptions", "FullyShardedDataParallelPlugin"], "..fsdp"),
     "LoggerType": "..tracking",
     **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], "..data.random_sync"),
-    **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "..unwrap"),
-    **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], "..compile_options"),
-    **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..compiling"),
+    **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "..accelerator.unwrap"),
+    **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], "..accelerator.compile_options"),
+    **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..accelerator.compiling"),
     **dict.fromkeys(
         [
             "find_tied_parameters", "load_state_dict", "named_module_tensors", "set_module_tensor_to_device",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["extract_model_from_parallel", "is_compiled_module"]
+__all__ = ["extract_model_from_parallel", "is_compiled_module", "strip_parallel"]
 
 # the attribute accel_nb's precision policy keeps the user's forward under while autocast wraps it
 _ORIGINAL_FORWARD = "_accel_nb_original_forward"
@@ -27,7 +27,8 @@ def _is_parallel(module: object) -> bool:
     return isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel))
 
 
-def _strip_parallel(model: nn.Module) -> nn.Module:
+def strip_parallel(model: nn.Module) -> nn.Module:
+    """The model inside every DDP / DataParallel / DeepSpeed wrapper around ``model`` (not inside torch.compile)."""
     while _is_parallel(model):
         model = model.module
     return model
@@ -45,7 +46,7 @@ def _remove_autocast_forward(model: nn.Module) -> None:
 
 def _strip_children(model: nn.Module) -> None:
     for name, child in list(model.named_children()):
-        inner = _strip_parallel(child)
+        inner = strip_parallel(child)
         if inner is not child:
             setattr(model, name, inner)
         _strip_children(inner)
@@ -69,9 +70,9 @@ def extract_model_from_parallel(
     compiled = None
     if is_compiled_module(model):
         compiled, model = model, model._orig_mod
-    model = _strip_parallel(model)
+    model = strip_parallel(model)
     if is_compiled_module(model):  # DDP around a compiled module
-        compiled, model = model, _strip_parallel(model._orig_mod)
+        compiled, model = model, strip_parallel(model._orig_mod)
     if not keep_fp32_wrapper:
         _remove_autocast_forward(model)
     if recursive:

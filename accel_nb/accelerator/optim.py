@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .state import GradientState
-from .xla import runtime as xla_runtime
+from ..state import GradientState
+from ..xla import runtime as xla_runtime
 
 __all__ = ["AcceleratedOptimizer", "AcceleratedScheduler", "is_lr_scheduler"]
 
@@ -79,7 +79,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.scaler is None:
             self._step_was_skipped = False
             if xla_runtime.in_use():  # no DDP on XLA devices: the gradients are averaged here
-                from .xla.training import optimizer_step
+                from ..xla.training import optimizer_step
 
                 return optimizer_step(self, closure)
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()

@@ -4,7 +4,7 @@ Three spellings lead here: ``compile=True`` / ``compile=CompileOptions(...)`` (a
 ``dynamo_backend="inductor"`` / ``dynamo_plugin=TorchDynamoPlugin(...)`` (the reference
 library's), and the launch config's ``dynamo_config`` (it reaches each rank as
 ``ACCEL_NB_DYNAMO_*`` environment variables, the reference's ``ACCELERATE_DYNAMO_*`` are read
-too). Applying the options to a model is :mod:`accel_nb.compiling`.
+too). Applying the options to a model is :mod:`accel_nb.accelerator.compiling`.
 
     options = resolve_compile_options(compile=CompileOptions(backend="aot_eager", regional=True))
     options.torch_compile_kwargs()   # {'backend': 'aot_eager', 'fullgraph': False, 'dynamic': None}
@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .kwargs_handlers import KwargsHandler
+from ..kwargs_handlers import KwargsHandler
 
 __all__ = [
     "CompileOptions", "DynamoBackend", "TorchDynamoPlugin", "compile_options_from_env", "resolve_compile_options",

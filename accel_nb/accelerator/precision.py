@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .ops import recursively_apply
-from .precision_setting import validate_mixed_precision
+from ..ops import recursively_apply
+from ..precision_setting import validate_mixed_precision
 
 __all__ = ["PrecisionPolicy", "check_mixed_precision_supported", "convert_outputs_to_fp32"]
 

@@ -149,7 +149,7 @@ class StateViews:
         A collective (every process must call it at the same point); the flag is lowered again
         when it reports True.
         """
-        from .ops import reduce
+        from ..ops import reduce
 
         flag = torch.tensor(int(getattr(self, "_trigger_raised", False)), device=self.device)
         if int(reduce(flag, "sum").item()) >= 1:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from .checkpoint import ProjectConfiguration
-from .kwargs_handlers import HandlerArguments, read_kwargs_handlers
+from ..checkpoint import ProjectConfiguration
+from ..kwargs_handlers import HandlerArguments, read_kwargs_handlers
 
 __all__ = ["handler_options", "project_configuration", "warn_once"]
 

@@ -1,6 +1,6 @@
 """What ``Accelerator.prepare`` does to a model.
 
-``Accelerator.unwrap_model`` undoes it with ``accel_nb.unwrap.extract_model_from_parallel``.
+``Accelerator.unwrap_model`` undoes it with ``accel_nb.accelerator.unwrap.extract_model_from_parallel``.
 A prepared model is moved to the process's device, runs its forward under the run's autocast
 (outputs back in fp32), and is wrapped in ``DistributedDataParallel`` when several processes
 train it. Nothing here keeps state: the Accelerator remembers what it prepared.
@@ -61,7 +61,7 @@ def place_and_wrap(
 
     A model dispatched over several devices (``hf_device_map``) stays where it is, and cannot be
     trained by several processes (a clear error). ``compile_options`` (a CompileOptions) compiles
-    it before the DDP wrapping, as torch recommends (accel_nb.compiling).
+    it before the DDP wrapping, as torch recommends (accel_nb.accelerator.compiling).
     """
     device_map = getattr(model, "hf_device_map", None)
     if device_map and len(set(device_map.values())) > 1:
@@ -74,12 +74,12 @@ def place_and_wrap(
     if device_placement and fsdp is None:  # fully_shard moves each unit itself: never the whole model at once
         before = None
         if device.type == "xla":  # .to() makes new Parameter objects there: optimizers must follow them
-            from .xla.training import parameter_slots
+            from ..xla.training import parameter_slots
 
             before = parameter_slots(model)
         model = model.to(device)
         if before is not None and fsdp_swap is not None:
-            from .xla.training import parameter_swap
+            from ..xla.training import parameter_swap
 
             fsdp_swap.update(parameter_swap(before))
     if precision.enabled and not getattr(model.forward, "_accel_nb_autocast", False):
@@ -90,7 +90,7 @@ def place_and_wrap(
 
         model = compile_model(model, compile_options, in_place=fsdp is not None)
     if fsdp is not None:
-        from .fsdp.sharding import shard_model
+        from ..fsdp.sharding import shard_model
 
         swap = shard_model(model, fsdp, precision.mixed_precision, device, num_processes, local_processes)
         if fsdp_swap is not None:

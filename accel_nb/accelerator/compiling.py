@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .compile_options import CompileOptions
-from .unwrap import _strip_parallel, is_compiled_module
+from .unwrap import is_compiled_module, strip_parallel
 
 __all__ = ["compile_model", "compile_regions", "find_repeated_blocks", "has_compiled_regions"]
 
@@ -153,7 +153,7 @@ def compile_regions(model: nn.Module, options: CompileOptions | None = None, **c
     """
     options = options if options is not None else CompileOptions(regional=True, **compile_kwargs)
     options.check_backend()
-    inner = _strip_parallel(model._orig_mod if is_compiled_module(model) else model)
+    inner = strip_parallel(model._orig_mod if is_compiled_module(model) else model)
     blocks = find_repeated_blocks(inner, options.block_class)
     if not blocks:
         if options.block_class is not None:
@@ -196,7 +196,7 @@ def compile_model(model: nn.Module, options: CompileOptions, in_place: bool = Fa
         )  # fmt: skip
         return model
     if options.regional:
-        inner = _strip_parallel(model)
+        inner = strip_parallel(model)
         if options.block_class is not None or find_repeated_blocks(inner):
             return compile_regions(model, options)
         warnings.warn(
@@ -211,7 +211,7 @@ def compile_model(model: nn.Module, options: CompileOptions, in_place: bool = Fa
         return model
     compiled = torch.compile(model, **options.torch_compile_kwargs())
     eager = model.__call__
-    fallback = _EagerFallback(type(_strip_parallel(model)).__name__, options)
+    fallback = _EagerFallback(type(strip_parallel(model)).__name__, options)
     compiled.forward = fallback.guard(compiled.forward, eager)
     fallback.undo.append(lambda: setattr(compiled, "forward", eager))
     return compiled

@@ -23,21 +23,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from . import ops
-from .accelerator_extras import AcceleratorExtras
-from .accelerator_options import handler_options, project_configuration
-from .accelerator_views import StateViews
-from .compile_options import resolve_compile_options
-from .data import DataLoaderConfiguration, prepare_data_loader
-from .data import skip_first_batches as _skip_first_batches
-from .data.random_sync import check_rng_types
-from .deepspeed.plugin import resolve_deepspeed_plugin
-from .fsdp.options import resolve_fsdp_options
-from .fsdp.sharding import is_fsdp_model, no_gradient_sync
-from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
-from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
-from .precision import PrecisionPolicy
-from .state import (
+from .. import ops
+from ..data import DataLoaderConfiguration, prepare_data_loader
+from ..data import skip_first_batches as _skip_first_batches
+from ..data.random_sync import check_rng_types
+from ..deepspeed.plugin import resolve_deepspeed_plugin
+from ..fsdp.options import resolve_fsdp_options
+from ..fsdp.sharding import is_fsdp_model, no_gradient_sync
+from ..state import (
     ENV_GRADIENT_ACCUMULATION_STEPS,
     AcceleratorState,
     DistributedType,
@@ -45,13 +38,22 @@ from .state import (
     PartialState,
     env_value,
 )
-from .tracking import find_tracker, log_to_trackers, resolve_log_with, start_trackers
+from ..tracking import find_tracker, log_to_trackers, resolve_log_with, start_trackers
+from .compile_options import resolve_compile_options
+from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
+from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
+from .options import handler_options, project_configuration
+from .precision import PrecisionPolicy
+from .resources import Resources
+from .sync_contexts import SyncContexts
 from .unwrap import extract_model_from_parallel, is_compiled_module
+from .views import StateViews
+from .weights import ModelWeights
 
 __all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
 
 
-class Accelerator(StateViews, AcceleratorExtras):
+class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
     """Run one training loop unchanged on a CPU, one GPU, many GPUs or many machines.
 
         accelerator = Accelerator(mixed_precision="fp16")
@@ -111,7 +113,7 @@ class Accelerator(StateViews, AcceleratorExtras):
         self.deepspeed_engine_wrapped: Any = None
         explicit_steps = gradient_accumulation_steps != 1 or gradient_accumulation_plugin is not None
         if self.deepspeed_plugin is not None:  # the config's fp16/bf16 and the argument agree, or an error
-            from .deepspeed.training import precision_for
+            from ..deepspeed.training import precision_for
 
             mixed_precision = precision_for(self.deepspeed_plugin, mixed_precision)
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, **handlers.init_process_group)
@@ -160,7 +162,7 @@ class Accelerator(StateViews, AcceleratorExtras):
         )
         self._fsdp_swap: dict[int, Any] = {}  # id(original parameter) -> weakrefs to it and its sharded parameter
         if self.deepspeed_plugin is not None:
-            from .deepspeed.training import configure
+            from ..deepspeed.training import configure
 
             configure(self, explicit_steps)
 
@@ -191,7 +193,7 @@ class Accelerator(StateViews, AcceleratorExtras):
                 f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
             )
         if self.deepspeed_plugin is not None:  # one DeepSpeed engine for the model, optimizer and scheduler
-            from .deepspeed.preparing import prepare_deepspeed
+            from ..deepspeed.preparing import prepare_deepspeed
 
             result = prepare_deepspeed(self, args, device_placement)
             return result[0] if len(result) == 1 else tuple(result)
@@ -250,7 +252,7 @@ class Accelerator(StateViews, AcceleratorExtras):
         )  # fmt: skip
         if self.fsdp_options is not None or self.device.type == "xla":  # optimizers prepared before the model
             # optimizers follow the new parameters (XLA: .to() made new ones)
-            from .fsdp.sharding import repoint_optimizer
+            from ..fsdp.sharding import repoint_optimizer
 
             for opt in self._optimizers:
                 repoint_optimizer(opt.optimizer, self._fsdp_swap)
@@ -269,13 +271,13 @@ class Accelerator(StateViews, AcceleratorExtras):
         if device_placement is None:
             device_placement = self.device_placement
         if self.fsdp_options is not None:  # point it at the sharded parameters of the models prepared before
-            from .fsdp.sharding import check_optimizer_params, repoint_optimizer
+            from ..fsdp.sharding import check_optimizer_params, repoint_optimizer
 
             repoint_optimizer(optimizer, self._fsdp_swap)
             if self._models:
                 check_optimizer_params(optimizer)
         elif self.device.type == "xla":  # point it at the moved parameters of the models prepared before
-            from .fsdp.sharding import repoint_optimizer
+            from ..fsdp.sharding import repoint_optimizer
 
             repoint_optimizer(optimizer, self._fsdp_swap)
         if device_placement and optimizer.state:
@@ -347,7 +349,7 @@ class Accelerator(StateViews, AcceleratorExtras):
                 "function returned (not loss.item())"
             )
         if self.deepspeed_plugin is not None:  # the engine scales for accumulation and steps on sync steps
-            from .deepspeed.training import backward
+            from ..deepspeed.training import backward
 
             return backward(self, loss, **kwargs)
         if self.gradient_accumulation_steps > 1:
@@ -427,14 +429,14 @@ class Accelerator(StateViews, AcceleratorExtras):
         With DeepSpeed the engine clipped in its step (config ``gradient_clipping``): its norm is returned.
         """
         if self.deepspeed_plugin is not None:
-            from .deepspeed.training import clip_grad_norm
+            from ..deepspeed.training import clip_grad_norm
 
             return clip_grad_norm(self, max_norm, norm_type)
         if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
             return None
         if self.scaler is not None:
             self.unscale_gradients()
-        from .xla.training import reduce_before_clipping
+        from ..xla.training import reduce_before_clipping
 
         reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
@@ -448,7 +450,7 @@ class Accelerator(StateViews, AcceleratorExtras):
             return
         if self.scaler is not None:
             self.unscale_gradients()
-        from .xla.training import reduce_before_clipping
+        from ..xla.training import reduce_before_clipping
 
         reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
@@ -489,7 +491,7 @@ class Accelerator(StateViews, AcceleratorExtras):
 
         accelerator.log_metrics({"loss": loss.item()}, step=step)
         """
-        from .events import Metrics, emit
+        from ..events import Metrics, emit
 
         clean = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
         return emit(Metrics(rank=self.process_index, values=clean, step=step))
@@ -549,19 +551,19 @@ class Accelerator(StateViews, AcceleratorExtras):
     # -- checkpointing (implemented in accel_nb.checkpoint) -------------------------------------------
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save/restore ``objects`` (anything with state_dict/load_state_dict) with save_state/load_state."""
-        from .checkpoint import checkpointable
+        from ..checkpoint import checkpointable
 
         self._custom_objects.extend(checkpointable(objects))
 
     def save_state(self, output_dir: str | None = None, **kwargs: Any) -> Any:
         """Save models, optimizers, schedulers, scaler, RNG states, loader positions and registered objects."""
-        from .checkpoint import save_accelerator_state
+        from ..checkpoint import save_accelerator_state
 
         return save_accelerator_state(self, output_dir, **kwargs)
 
     def load_state(self, input_dir: str | None = None, **kwargs: Any) -> Any:
         """Restore what :meth:`save_state` saved (the latest checkpoint of the project by default)."""
-        from .checkpoint import load_accelerator_state
+        from ..checkpoint import load_accelerator_state
 
         return load_accelerator_state(self, input_dir, **kwargs)
 
@@ -573,7 +575,7 @@ class Accelerator(StateViews, AcceleratorExtras):
         safe_serialization: bool = True,
     ) -> Any:
         """Save the unwrapped model's weights (sharded safetensors + index) on the main process."""
-        from . import checkpoint
+        from .. import checkpoint
 
         return checkpoint.save_model(self, model, save_directory, max_shard_size, safe_serialization)
 
@@ -582,7 +584,7 @@ class Accelerator(StateViews, AcceleratorExtras):
 
             accelerator.save(unwrapped.state_dict(), "weights.pt")
         """
-        from .checkpoint import save_object
+        from ..checkpoint import save_object
 
         save_object(self, obj, f, safe_serialization)
 

@@ -1,0 +1,43 @@
+"""The Accelerator and its parts; ``accel_nb.accelerator`` is also the reference's ``accelerate.accelerator`` path.
+
+Names resolve lazily, so importing one part (``accel_nb.accelerator.compile_options``) does not
+import the Accelerator and all it needs.
+
+- ``accelerator``: the ``Accelerator`` class, the training core (prepare, backward, accumulate, …)
+- ``options``: its constructor options (kwargs handlers, project configuration)
+- ``views``: what it shows of the shared state (process index, device, main_process_first, …)
+- ``weights``: ``get_state_dict`` and the save/load pre-hooks
+- ``sync_contexts``: ``trigger_sync_in_backward``, ``join_uneven_inputs``
+- ``resources``: ``free_memory`` and ``profile``
+- ``model_wrapping`` / ``unwrap``: what ``prepare`` does to a model, and how ``unwrap_model`` undoes it
+- ``optim``: prepared optimizers and LR schedulers
+- ``precision``: the mixed-precision policy (autocast, grad scaler)
+- ``compile_options`` / ``compiling``: ``Accelerator(compile=...)``'s options, and applying them
+
+    from accel_nb.accelerator import Accelerator
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "Accelerator": ".accelerator",
+    "AcceleratedOptimizer": ".optim",
+    "AcceleratedScheduler": ".optim",
+    # the reference's accelerate.accelerator has the state classes in its namespace too
+    "AcceleratorState": "..state",
+    "DistributedType": "..state",
+    "GradientState": "..state",
+    "PartialState": "..state",
+}
+
+__all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .accelerator import Accelerator
+    from .optim import AcceleratedOptimizer, AcceleratedScheduler

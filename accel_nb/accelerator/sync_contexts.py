@@ -1,0 +1,102 @@
+"""The Accelerator's gradient-synchronisation contexts for DDP beyond ``no_sync``: ``trigger_sync_in_backward``, ``join_uneven_inputs``.
+
+Mixed into ``Accelerator``; each call has the reference library's name, arguments and meaning.
+
+    with accelerator.trigger_sync_in_backward(model): accelerator.backward(loss)
+    with accelerator.join_uneven_inputs([model], even_batches=False): ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["SyncContexts", "shard_sampler"]
+
+
+def shard_sampler(loader: Any) -> Any:
+    """The batch sampler that shards ``loader`` over the processes (the one with ``even_batches``), or None."""
+    sampler = getattr(loader, "batch_sampler", None)
+    while sampler is not None and not hasattr(sampler, "even_batches"):
+        sampler = getattr(sampler, "batch_sampler", None)
+    return sampler
+
+
+class SyncContexts:
+    """``trigger_sync_in_backward`` and ``join_uneven_inputs``."""
+
+    _dataloaders: list[Any]
+
+    @staticmethod
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward of a DDP model all-reduce its gradients, even after ``no_sync`` forwards.
+
+            with accelerator.no_sync(model):
+                loss_a = loss_fn(model(a))
+            accelerator.backward(loss_a)                  # not synchronised
+            with accelerator.trigger_sync_in_backward(model):
+                accelerator.backward(loss_fn(model(b)))   # synchronised, with loss_a's gradients
+
+        Nothing happens for a model that is not wrapped in DDP (one process).
+        """
+        model = getattr(model, "_orig_mod", model)  # a compiled DDP model: the DDP wrapper inside
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        saved = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])  # the reducer expects every parameter's gradient
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = saved
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[Any]:
+        """torch's ``Join`` around a loop whose processes get different numbers of batches.
+
+        ``even_batches`` overrides the Accelerator's setting for the prepared loaders inside the
+        block; with even batches every process has the same count and ``Join`` is not needed
+        (disabled). With one process it does nothing.
+
+            with accelerator.join_uneven_inputs([model], even_batches=False):
+                for x, y in loader:
+                    accelerator.backward(loss_fn(model(x), y)); optimizer.step(); optimizer.zero_grad()
+        """
+        if not self.use_distributed:  # type: ignore[attr-defined]
+            yield joinables
+            return
+        from torch.distributed.algorithms.join import Join
+
+        restore: list[tuple[Any, bool]] = []
+        if even_batches is not None:
+            iterable_seen = False
+            for loader in self._dataloaders:
+                sampler = shard_sampler(loader)
+                if sampler is None:
+                    iterable_seen = True
+                    continue
+                restore.append((sampler, sampler.even_batches))
+                sampler.even_batches = even_batches
+            if iterable_seen:
+                warnings.warn(
+                    "join_uneven_inputs(even_batches=...) changes map-style loaders only; the iterable-dataset "
+                    "loaders keep their setting",
+                    UserWarning,
+                    stacklevel=3,
+                )
+        else:
+            even_batches = self.even_batches  # type: ignore[attr-defined]
+        try:
+            with Join(joinables, enable=not even_batches, throw_on_early_termination=False):
+                yield joinables
+        finally:
+            for sampler, value in restore:
+                sampler.even_batches = value
