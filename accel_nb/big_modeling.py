@@ -1,4 +1,6 @@
-"""The reference library's ``big_modeling`` module path: build empty, dispatch, offload.
+"""Shim at the reference's ``accelerate.big_modeling`` path; the code lives in ``accel_nb.big_model``.
+
+Build empty, dispatch, offload:
 
     from accel_nb.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
 
