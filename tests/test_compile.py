@@ -398,7 +398,7 @@ def test_the_reference_spellings_and_the_launch_environment(fresh_state):
 
 def test_the_config_reaches_the_magic_launch_options():
     from accel_nb.config import LaunchConfig
-    from accel_nb.notebook.magics import launch_options, parse_accelerate_line
+    from accel_nb.notebook.magic_flags import launch_options, parse_accelerate_line
 
     cfg = LaunchConfig(dynamo_backend="aot_eager", dynamo_use_regional_compilation=True).validate()
     env = launch_options(parse_accelerate_line("-n 2 --cpu"), cfg).env

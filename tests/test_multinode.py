@@ -295,7 +295,7 @@ def test_notebook_machine_options_bad_input_is_one_clear_error(capfd):
 
 
 def test_accelerate_magic_flags_for_several_machines():
-    from accel_nb.notebook.magics import launch_options, parse_accelerate_line
+    from accel_nb.notebook.magic_flags import launch_options, parse_accelerate_line
 
     line = "-n 2 --cpu --num_nodes 2 --node_rank 1 --master_addr 10.0.0.1 --rdzv_backend c10d --rdzv_timeout 30"
     options = launch_options(parse_accelerate_line(line), None)

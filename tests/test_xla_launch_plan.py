@@ -75,7 +75,7 @@ def test_the_host_gets_accel_nb_settings_not_torchrun_ranks():
 
 def test_the_magic_takes_xla_from_the_saved_config():
     from accel_nb.config import LaunchConfig
-    from accel_nb.notebook.magics import launch_options, parse_accelerate_line
+    from accel_nb.notebook.magic_flags import launch_options, parse_accelerate_line
 
     cfg = LaunchConfig(distributed_type="XLA", num_processes=8, mixed_precision="bf16")
     options = launch_options(parse_accelerate_line(""), cfg)

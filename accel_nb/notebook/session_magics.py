@@ -22,6 +22,14 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from .magic_flags import (
+    UsageParser,
+    add_launch_flags,
+    launch_options,
+    parse_accelerate_line,
+    rank_or_all,
+    saved_config,
+)
 from .session_view import Session, show_status
 
 VERBS_USAGE = (
@@ -39,14 +47,6 @@ def active_session() -> Session | None:
     return None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise UsageError(f"%accelerate: {message}. Usage: {VERBS_USAGE}")
-
-    def exit(self, status: int = 0, message: str | None = None) -> None:
-        raise UsageError(message or VERBS_USAGE)
-
-
 def _gpu_ids(text: str) -> tuple[int, ...]:
     try:
         ids = tuple(int(x) for x in text.split(",") if x.strip())
@@ -58,9 +58,9 @@ def _gpu_ids(text: str) -> tuple[int, ...]:
 
 
 def _start_parser() -> argparse.ArgumentParser:
-    from .magics import add_launch_flags
-
-    p = _Parser(prog="%accelerate start", add_help=False, allow_abbrev=False)
+    p = UsageParser(
+        prog="%accelerate start", add_help=False, allow_abbrev=False, label="%accelerate", usage_line=VERBS_USAGE
+    )
     add_launch_flags(p)
     p.add_argument("--gpu_ids", "--gpu-ids", type=_gpu_ids, default=None)
     return p
@@ -70,7 +70,6 @@ def start_options(line: str) -> Any:
     """The ``LaunchOptions`` of ``%accelerate start <flags>`` (absent flags: the saved config, as ``%%accelerate``)."""
     from .. import hardware
     from ..launch.plan import MAGIC_CHOICES, check_gpu_processes
-    from .magics import launch_options, saved_config
 
     args = _start_parser().parse_args(shlex.split(line))
     args.rank = None
@@ -161,11 +160,11 @@ def _push(shell: Any, rest: str) -> None:
 
 
 def _pull(shell: Any, rest: str) -> None:
-    from .magics import _rank
-
-    p = _Parser(prog="%accelerate pull", add_help=False, allow_abbrev=False)
+    p = UsageParser(
+        prog="%accelerate pull", add_help=False, allow_abbrev=False, label="%accelerate", usage_line=VERBS_USAGE
+    )
     p.add_argument("name")
-    p.add_argument("--rank", type=_rank, default=0)
+    p.add_argument("--rank", type=rank_or_all, default=0)
     args = p.parse_args(shlex.split(rest))
     if not args.name.isidentifier():
         raise UsageError(f"%accelerate pull: {args.name!r} is not a Python name")
@@ -181,8 +180,6 @@ _FIXED_AT_START = ("num_processes", "mixed_precision", "gradient_accumulation_st
 def run_cell_on_session(magics: Any, session: Session, line: str, cell: str) -> None:
     """``%%accelerate`` while a session is up: the cell runs in every warm rank's namespace (or ``--rank R``)."""
     __tracebackhide__ = True
-    from .magics import parse_accelerate_line
-
     args = parse_accelerate_line(line)
     fixed = [f"--{name}" for name in _FIXED_AT_START if getattr(args, name) is not None]
     if args.cpu:
