@@ -19,6 +19,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from .counts import is_count
+
 __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
@@ -293,9 +295,7 @@ class GradientAccumulationPlugin(KwargsHandler):
     sync_each_batch: bool = False
 
     def __post_init__(self) -> None:
-        if self.num_steps is not None and (
-            isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1
-        ):
+        if self.num_steps is not None and not is_count(self.num_steps):
             raise ValueError(f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): num_steps is a whole number >= 1")
 
 

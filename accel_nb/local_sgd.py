@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .counts import is_count
+
 __all__ = ["LocalSGD"]
 
 
@@ -34,7 +36,7 @@ class LocalSGD:
     """
 
     def __init__(self, accelerator: Any, model: nn.Module, local_sgd_steps: int, enabled: bool = True) -> None:
-        if isinstance(local_sgd_steps, bool) or not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
+        if not is_count(local_sgd_steps):
             raise ValueError(f"local_sgd_steps={local_sgd_steps!r} must be a whole number >= 1")
         from .state import DistributedType
 

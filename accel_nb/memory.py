@@ -14,6 +14,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .counts import is_count
+
 __all__ = [
     "clear_device_cache",
     "find_executable_batch_size",
@@ -125,7 +127,7 @@ def find_executable_batch_size(
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
         )
-    if isinstance(starting_batch_size, bool) or not isinstance(starting_batch_size, int) or starting_batch_size < 0:
+    if not is_count(starting_batch_size, low=0):
         raise ValueError(f"starting_batch_size={starting_batch_size!r} must be a whole number >= 1")
     # 0 is accepted here and fails at the call with RuntimeError, as in the reference
 

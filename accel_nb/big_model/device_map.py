@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..counts import is_count
 from ..utils import human_bytes
 from .headroom import EngineReservation
 from .map_errors import DeviceMapError
@@ -310,7 +311,7 @@ def plan_device_map(
     size the GPU headroom for the offload engine.
     """
     dtype = as_dtype(dtype)
-    if isinstance(num_buffers, bool) or not isinstance(num_buffers, int) or num_buffers < 1:
+    if not is_count(num_buffers):
         raise ValueError(f"num_buffers must be a positive int (the offload engine's device buffers), got {num_buffers!r}")
     budgets = get_max_memory(max_memory)
     if not budgets:

@@ -1,6 +1,6 @@
 """argparse types for the flags both faces take (``accel-nb launch`` and ``%%accelerate``): counts and seconds.
 
-The rule itself (what a whole number is) is :func:`accel_nb.config.values.whole_number`; these
+The rule itself (what a whole number is) is :func:`accel_nb.counts.whole_number`; these
 turn a flag's text into the value or an ``argparse.ArgumentTypeError`` the parser words.
 
     parser.add_argument("-n", "--num_processes", type=positive_int)
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from .values import whole_number
+from ..counts import whole_number
 
 __all__ = ["positive_int", "positive_seconds"]
 

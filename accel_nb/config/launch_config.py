@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..accelerator.compile_options import DYNAMO_ENV, DYNAMO_MODES
+from ..counts import is_whole_number
 from ..fsdp.options import ENV_FSDP_CONFIG, options_from_config
 from ..hardware import HardwareInfo, cuda_device_count, detect
 from ..precision_setting import bf16_gpu_problem
@@ -40,7 +41,6 @@ from .values import (
     check_host,
     check_int,
     check_mixed_precision,
-    is_whole_number,
     warn_once,
 )
 

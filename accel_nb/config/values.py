@@ -10,11 +10,11 @@ the file. ``LaunchConfig.validate`` calls them; so may anything that reads a con
 from __future__ import annotations
 
 import ipaddress
-import operator
 import re
 import warnings
 from typing import Any
 
+from ..counts import is_count, is_whole_number, whole_number
 from ..precision_setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
 
 CONFIG_FILE_ENV = "ACCEL_NB_CONFIG_FILE"
@@ -85,32 +85,6 @@ class ConfigWarning(UserWarning):
 
 
 # -------------------------------------------------------------------- value checks
-
-
-def is_whole_number(value: Any) -> bool:
-    """An ``int`` proper (not a bool, not a string or float that spells one)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def whole_number(value: Any) -> int | None:
-    """``value`` as an int when it is a whole number, else None: THE rule every face's count check uses.
-
-    An int (or an integer-like such as numpy's), a float without a fraction, or digits in a string
-    count; a bool does not. The caller words its own error (ConfigError, LaunchSetupError, argparse).
-
-        whole_number("2"), whole_number(2.0)    # 2, 2
-        whole_number(2.5), whole_number(True)   # None, None
-    """
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else None
-    if isinstance(value, str):
-        return int(value) if re.fullmatch(r"\s*[+-]?\d+\s*", value) else None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def check_int(cfg: Any, key: str, low: int, high: int | None, path: str | None) -> int:
@@ -190,7 +164,7 @@ def check_gpu_ids(value: Any, path: str | None) -> str:
         raise ConfigError("gpu_ids", value, allowed, path)
     ids: list[int] = []
     for item in items:
-        if is_whole_number(item) and item >= 0:
+        if is_count(item, low=0):
             ids.append(item)
         elif isinstance(item, str) and item.isdigit():
             ids.append(int(item))

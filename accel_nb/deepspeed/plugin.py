@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..counts import is_count
 from ..env_names import ENV_DEEPSPEED_CONFIG, REFERENCE_USE_DEEPSPEED
 
 __all__ = ["DeepSpeedPlugin", "ENV_DEEPSPEED_CONFIG", "plugin_from_env", "resolve_deepspeed_plugin",
@@ -229,7 +230,7 @@ class DeepSpeedPlugin:
                 "the optimizer as it is)"
             )
         gas = self.deepspeed_config.get("gradient_accumulation_steps")
-        if gas != AUTO and (isinstance(gas, bool) or not isinstance(gas, int) or gas < 1):
+        if gas != AUTO and not is_count(gas):
             raise ValueError(f"gradient_accumulation_steps={gas!r} in the DeepSpeed config must be a whole number >= 1 or 'auto'")
         clip = self.deepspeed_config.get("gradient_clipping")
         if clip not in (None, AUTO) and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..config import START_METHODS
-from ..config.values import whole_number
+from ..counts import whole_number
 from ..precision_setting import validate_mixed_precision
 from .errors import LaunchSetupError
 from .parent.reporting import parse_show_ranks

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...config import LAUNCHER_RDZV_BACKENDS
+from ...counts import is_count
 from ..errors import LaunchSetupError
 from .rendezvous import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
 
@@ -144,7 +145,7 @@ def check_machine_options(options: Any) -> None:
     """
     for name, low in (("num_nodes", 1), ("node_rank", 0)):
         value = getattr(options, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_count(value, low):
             raise LaunchSetupError(f"{name}={value!r} must be a whole number of at least {low}")
     if options.node_rank >= options.num_nodes:
         raise LaunchSetupError(
