@@ -9,6 +9,7 @@ line per rank (first to fail first), and the exit code is that rank's.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -256,9 +257,7 @@ def run_elastic(args: list[str], script: str, log_dir: str,
 
     ``explain`` turns an error of the agent itself (a rendezvous that never completed) into one line.
     """
-    import logging
-
-    # deferred: torch (and its elastic agent) is imported only when a launch runs
+    # deferred: import time (torch and its elastic agent only when a launch runs)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run

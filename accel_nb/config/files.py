@@ -63,7 +63,7 @@ def find_config_file(path: str | None = None) -> str | None:
 
 def read_config_mapping(found: str) -> dict[str, Any]:
     """The YAML mapping in the config file ``found``; ``ConfigFileError`` when it is unreadable, empty or not a mapping."""
-    import yaml
+    import yaml  # deferred: import time (yaml only when a file is read or written)
 
     try:
         with open(found, encoding="utf-8") as f:
@@ -89,7 +89,7 @@ def read_config_mapping(found: str) -> dict[str, Any]:
 
 def write_config_mapping(target: str, data: dict[str, Any]) -> None:
     """Write ``data`` as YAML to ``target`` atomically (temp file + rename), creating its folder."""
-    import yaml
+    import yaml  # deferred: import time (yaml only when a file is read or written)
 
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -18,9 +18,21 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..accelerator.compile_options import DYNAMO_ENV, DYNAMO_MODES
+from ..accelerator.compile_options import DYNAMO_MODES
 from ..counts import is_whole_number
-from ..fsdp.options import ENV_FSDP_CONFIG, options_from_config
+from ..env_names import (
+    DYNAMO_ENV,
+    ENV_DEEPSPEED_CONFIG,
+    ENV_FSDP_CONFIG,
+    ENV_GRADIENT_ACCUMULATION_STEPS,
+    ENV_MIXED_PRECISION,
+    ENV_USE_CPU,
+    REFERENCE_NAMES,
+    REFERENCE_USE_CPU,
+    REFERENCE_USE_DEEPSPEED,
+    REFERENCE_USE_FSDP,
+)
+from ..fsdp.options import options_from_config
 from ..hardware import HardwareInfo, cuda_device_count, detect
 from ..precision_setting import bf16_gpu_problem
 from .files import default_config_path, find_config_file, read_config_mapping, write_config_mapping
@@ -367,13 +379,13 @@ class LaunchConfig:
     def to_env(self) -> dict[str, str]:
         """Environment variables a launched rank reads (accel_nb's names and the reference's)."""
         env = {
-            "ACCEL_NB_MIXED_PRECISION": self.mixed_precision,
-            "ACCELERATE_MIXED_PRECISION": self.mixed_precision,
-            "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS": str(self.gradient_accumulation_steps),
-            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(self.gradient_accumulation_steps),
+            ENV_MIXED_PRECISION: self.mixed_precision,
+            REFERENCE_NAMES[ENV_MIXED_PRECISION]: self.mixed_precision,
+            ENV_GRADIENT_ACCUMULATION_STEPS: str(self.gradient_accumulation_steps),
+            REFERENCE_NAMES[ENV_GRADIENT_ACCUMULATION_STEPS]: str(self.gradient_accumulation_steps),
         }
         if self.use_cpu or self.distributed_type == "MULTI_CPU":
-            env.update({"ACCEL_NB_USE_CPU": "1", "ACCELERATE_USE_CPU": "true"})
+            env.update({ENV_USE_CPU: "1", REFERENCE_USE_CPU: "true"})
         if self.gpu_ids != "all" and not self.use_cpu:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
         env.update(self.compile_env())
@@ -388,11 +400,9 @@ class LaunchConfig:
         """
         if self.distributed_type != "DEEPSPEED":
             return {}
-        from ..deepspeed.plugin import ENV_DEEPSPEED_CONFIG  # deferred: accel_nb.deepspeed imports torch
-
         env = {
             ENV_DEEPSPEED_CONFIG: json.dumps(self.extras.get("deepspeed_config") or {}),
-            "ACCELERATE_USE_DEEPSPEED": "true",
+            REFERENCE_USE_DEEPSPEED: "true",
         }
         if self.use_cpu:
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator (gloo) in every rank
@@ -407,7 +417,7 @@ class LaunchConfig:
             return {}
         return {
             ENV_FSDP_CONFIG: json.dumps(self.extras.get("fsdp_config") or {}),
-            "ACCELERATE_USE_FSDP": "true",
+            REFERENCE_USE_FSDP: "true",
         }
 
     def compile_env(self) -> dict[str, str]:
