@@ -29,7 +29,6 @@ import torch.distributed as dist
 from .env_names import (  # the launcher's variables (the reference's spellings are read too)
     ENV_DEEPSPEED_CONFIG,
     ENV_FORKED,
-    ENV_GRADIENT_ACCUMULATION_STEPS,  # noqa: F401 - accelerator.py imports it from here
     ENV_MIXED_PRECISION,
     ENV_USE_CPU,
     REFERENCE_NAMES,

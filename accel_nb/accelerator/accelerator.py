@@ -28,10 +28,10 @@ from ..data import DataLoaderConfiguration, prepare_data_loader
 from ..data import skip_first_batches as _skip_first_batches
 from ..data.random_sync import check_rng_types
 from ..deepspeed.plugin import resolve_deepspeed_plugin
+from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS
 from ..fsdp.options import resolve_fsdp_options
 from ..fsdp.sharding import is_fsdp_model, no_gradient_sync
 from ..state import (
-    ENV_GRADIENT_ACCUMULATION_STEPS,
     AcceleratorState,
     DistributedType,
     GradientState,

@@ -18,23 +18,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..env_names import DYNAMO_ENV  # option -> (accel_nb's variable, the reference's); launchers set both
 from ..kwargs_handlers import KwargsHandler
 
 __all__ = [
     "CompileOptions", "DynamoBackend", "TorchDynamoPlugin", "compile_options_from_env", "resolve_compile_options",
-    "DYNAMO_ENV", "DYNAMO_MODES",
+    "DYNAMO_MODES",
 ]  # fmt: skip
 
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-# option -> (accel_nb's variable, the reference library's); the launchers set both
-DYNAMO_ENV = {
-    "backend": ("ACCEL_NB_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND"),
-    "mode": ("ACCEL_NB_DYNAMO_MODE", "ACCELERATE_DYNAMO_MODE"),
-    "fullgraph": ("ACCEL_NB_DYNAMO_USE_FULLGRAPH", "ACCELERATE_DYNAMO_USE_FULLGRAPH"),
-    "dynamic": ("ACCEL_NB_DYNAMO_USE_DYNAMIC", "ACCELERATE_DYNAMO_USE_DYNAMIC"),
-    "regional": ("ACCEL_NB_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"),
-}
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
