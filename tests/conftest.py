@@ -6,6 +6,14 @@ import sys
 
 import pytest
 
+from accel_nb.env_names import (
+    DYNAMO_ENV,
+    ENV_GRADIENT_ACCUMULATION_STEPS,
+    ENV_MIXED_PRECISION,
+    ENV_USE_CPU,
+    REFERENCE_NAMES,
+)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -38,13 +46,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs Debian's chromium (scripts/test.sh installs it)"))
 
 
-# environment variables a launch sets for a rank; tests of the core start without them
+# environment variables a launch sets for a rank (accel_nb's names and the reference's, from their one
+# home, accel_nb.env_names: light, no torch); tests of the core start without them
 _LAUNCH_ENV = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "ACCEL_NB_MIXED_PRECISION", "ACCELERATE_MIXED_PRECISION", "ACCEL_NB_GRADIENT_ACCUMULATION_STEPS",
-    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCEL_NB_USE_CPU", "ACCELERATE_USE_CPU",
-    *(f"{prefix}_DYNAMO_{name}" for prefix in ("ACCEL_NB", "ACCELERATE")
-      for name in ("BACKEND", "MODE", "USE_FULLGRAPH", "USE_DYNAMIC", "USE_REGIONAL_COMPILATION")),
+    *(name for ours in (ENV_MIXED_PRECISION, ENV_GRADIENT_ACCUMULATION_STEPS, ENV_USE_CPU)
+      for name in (ours, REFERENCE_NAMES[ours])),
+    *(name for pair in DYNAMO_ENV.values() for name in pair),
 )  # fmt: skip
 
 
