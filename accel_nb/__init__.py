@@ -35,7 +35,7 @@ _EXPORTS: dict[str, str] = {
     "ProjectConfiguration": ".checkpoint",
     "CheckpointError": ".serialization",
     "DataLoaderConfiguration": ".data",
-    "CompileOptions": ".accelerator.compile_options",
+    "CompileOptions": ".compile",
     "set_seed": ".utils",
     # progress inside a launch
     "progress": ".progress_bar",
@@ -100,7 +100,6 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator
-    from .accelerator.compile_options import CompileOptions
     from .big_model import (
         compute_module_sizes,
         cpu_offload,
@@ -115,6 +114,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         load_checkpoint_in_model,
     )
     from .checkpoint import ProjectConfiguration
+    from .compile import CompileOptions
     from .config import LaunchConfig
     from .data import DataLoaderConfiguration, skip_first_batches
     from .deepspeed import DeepSpeedPlugin

@@ -34,7 +34,7 @@ from .env_names import (  # the launcher's variables (the reference's spellings 
     REFERENCE_NAMES,
     REFERENCE_USE_DEEPSPEED,
 )
-from .precision_setting import MIXED_PRECISION_CHOICES, check_xla_mixed_precision, validate_mixed_precision
+from .precision.setting import MIXED_PRECISION_CHOICES, check_xla_mixed_precision, validate_mixed_precision
 from .process_group import (
     RendezvousError,
     check_backend,

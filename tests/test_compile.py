@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from accel_nb.accelerator import Accelerator
-from accel_nb.accelerator.compile_options import CompileOptions, TorchDynamoPlugin, resolve_compile_options
-from accel_nb.accelerator.compiling import compile_regions, find_repeated_blocks, has_compiled_regions
+from accel_nb.compile.apply import compile_regions, find_repeated_blocks, has_compiled_regions
+from accel_nb.compile.options import CompileOptions, TorchDynamoPlugin, resolve_compile_options
 from accel_nb.state import _reset_all_states
 from accel_nb.utils import set_seed
 from tests.dist_helpers import run_ranks

@@ -1,7 +1,8 @@
 """The Accelerator and its parts; ``accel_nb.accelerator`` is also the reference's ``accelerate.accelerator`` path.
 
-Names resolve lazily, so importing one part (``accel_nb.accelerator.compile_options``) does not
-import the Accelerator and all it needs.
+Names resolve lazily, so importing one part (``accel_nb.accelerator.optim``) does not import the
+Accelerator and all it needs. Mixed precision is ``accel_nb.precision``, torch.compile
+``accel_nb.compile`` (a back-end behind ``prepare`` like ``fsdp/`` and ``deepspeed/``).
 
 - ``accelerator``: the ``Accelerator`` class, the training core (prepare, backward, accumulate, …)
 - ``options``: its constructor options (kwargs handlers, project configuration)
@@ -11,8 +12,6 @@ import the Accelerator and all it needs.
 - ``resources``: ``free_memory`` and ``profile``
 - ``model_wrapping`` / ``unwrap``: what ``prepare`` does to a model, and how ``unwrap_model`` undoes it
 - ``optim``: prepared optimizers and LR schedulers
-- ``precision``: the mixed-precision policy (autocast, grad scaler)
-- ``compile_options`` / ``compiling``: ``Accelerator(compile=...)``'s options, and applying them
 
     from accel_nb.accelerator import Accelerator
 """

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from .. import ops
+from ..compile.options import resolve_compile_options
 from ..data import DataLoaderConfiguration, prepare_data_loader
 from ..data import skip_first_batches as _skip_first_batches
 from ..data.random_sync import check_rng_types
@@ -31,6 +32,7 @@ from ..deepspeed.plugin import resolve_deepspeed_plugin
 from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS
 from ..fsdp.options import resolve_fsdp_options
 from ..fsdp.sharding import is_fsdp_model, no_gradient_sync
+from ..precision.policy import PrecisionPolicy
 from ..state import (
     AcceleratorState,
     DistributedType,
@@ -39,11 +41,9 @@ from ..state import (
     env_value,
 )
 from ..tracking import find_tracker, log_to_trackers, resolve_log_with, start_trackers
-from .compile_options import resolve_compile_options
 from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
 from .options import handler_options, project_configuration
-from .precision import PrecisionPolicy
 from .resources import Resources
 from .sync_contexts import SyncContexts
 from .unwrap import extract_model_from_parallel, is_compiled_module
@@ -160,7 +160,9 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         self.state.distributed_type = (
             DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
         )
-        self._fsdp_swap: dict[int, Any] = {}  # id(original parameter) -> weakrefs to it and its sharded parameter
+        self._fsdp_swap: dict[
+            int, Any
+        ] = {}  # id(original parameter) -> weakrefs to it and its sharded parameter
         if self.deepspeed_plugin is not None:
             from ..deepspeed.training import configure
 
@@ -394,7 +396,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
         if self.deepspeed_plugin is not None:  # the engine reduces only at the boundary backward() sets
             return contextlib.nullcontext()
-        if is_compiled_module(model):  # torch.compile(DDP(...)): the DDP wrapper inside (prepare compiles inside DDP)
+        # torch.compile(DDP(...)): the DDP wrapper inside (prepare compiles inside DDP)
+        if is_compiled_module(model):
             model = model._orig_mod
         if not isinstance(model, DistributedDataParallel):
             # the user may hold the inner module: find the DDP wrapper prepare() made for it
@@ -440,12 +443,16 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
 
         reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP: a DTensor of the global norm
+        return (
+            norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        )  # FSDP: a DTensor of the global norm
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients (sync steps only with fp16 or FSDP)."""
         if self.deepspeed_plugin is not None:
-            raise ValueError("DeepSpeed clips by norm only (gradient_clipping in its config); use clip_grad_norm_")
+            raise ValueError(
+                "DeepSpeed clips by norm only (gradient_clipping in its config); use clip_grad_norm_"
+            )
         if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
             return
         if self.scaler is not None:
@@ -505,7 +512,9 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
 
             accelerator.log({"loss": loss, "lr": scheduler.get_last_lr()[0]}, step=step)
         """
-        clean = log_to_trackers(self.trackers, self.log_with, values, step, log_kwargs, self._tracking_started)
+        clean = log_to_trackers(
+            self.trackers, self.log_with, values, step, log_kwargs, self._tracking_started
+        )
         return self.log_metrics({k: v for k, v in clean.items() if not isinstance(v, str)}, step=step)
 
     def init_trackers(
@@ -529,8 +538,12 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         self.project_name = project_name
         self.tracker_config = config
         self.trackers = start_trackers(
-            self.log_with, project_name, getattr(self.project_configuration, "logging_dir", None),
-            config, init_kwargs, self.is_main_process,
+            self.log_with,
+            project_name,
+            getattr(self.project_configuration, "logging_dir", None),
+            config,
+            init_kwargs,
+            self.is_main_process,
         )
         self._tracking_started = True
 
@@ -538,6 +551,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         """The tracker called ``name`` (its run object with ``unwrap=True``); a do-nothing stand-in on other processes.
 
             writer = accelerator.get_tracker("tensorboard", unwrap=True)   # a SummaryWriter on process 0
+
+        Ask for it after ``init_trackers``; the name is the tracker's (``"tensorboard"``, ``"wandb"``, …).
         """
         return find_tracker(self.trackers, self.log_with, name, unwrap, self._tracking_started)
 
@@ -583,6 +598,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         """``torch.save`` (or safetensors for a dict of tensors) on the main process only, atomically.
 
             accelerator.save(unwrapped.state_dict(), "weights.pt")
+
+        The other processes return at once without writing.
         """
         from ..checkpoint import save_object
 

@@ -61,7 +61,7 @@ def place_and_wrap(
 
     A model dispatched over several devices (``hf_device_map``) stays where it is, and cannot be
     trained by several processes (a clear error). ``compile_options`` (a CompileOptions) compiles
-    it before the DDP wrapping, as torch recommends (accel_nb.accelerator.compiling).
+    it before the DDP wrapping, as torch recommends (accel_nb.compile.apply).
     """
     device_map = getattr(model, "hf_device_map", None)
     if device_map and len(set(device_map.values())) > 1:
@@ -86,7 +86,7 @@ def place_and_wrap(
         model._accel_nb_original_forward = model.forward
         model.forward = precision.wrap_forward(model.forward)
     if compile_options is not None:  # inside DDP's wrapper, around the autocast forward; FSDP: in place
-        from .compiling import compile_model
+        from ..compile.apply import compile_model
 
         model = compile_model(model, compile_options, in_place=fsdp is not None)
     if fsdp is not None:
@@ -96,7 +96,12 @@ def place_and_wrap(
         if fsdp_swap is not None:
             fsdp_swap.update(swap)
     # no DDP on XLA devices: the prepared optimizer all-reduces the gradients (accel_nb.xla.training)
-    elif distributed and device.type != "xla" and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+    elif (
+        distributed
+        and device.type != "xla"
+        and not evaluation_mode
+        and any(p.requires_grad for p in model.parameters())
+    ):
         kwargs = dict(ddp_kwargs)
         if device.type == "cuda":
             kwargs.setdefault("device_ids", [device.index])

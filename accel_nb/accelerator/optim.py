@@ -84,7 +84,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 return optimizer_step(self, closure)
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale_before = self.scaler.get_scale()
-        result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
+        result = (
+            self.scaler.step(self.optimizer, closure)
+            if closure is not None
+            else self.scaler.step(self.optimizer)
+        )
         self.scaler.update()
         # the scaler lowers its scale exactly when it found inf/nan gradients and skipped the step
         self._step_was_skipped = self.scaler.get_scale() < scale_before
@@ -179,6 +183,8 @@ class AcceleratedScheduler:
 def is_lr_scheduler(obj: Any) -> bool:
     """Whether ``obj`` looks like an LR scheduler (torch's or one with ``step`` and an ``optimizer``)."""
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-        hasattr(obj, "step") and hasattr(obj, "optimizer") and isinstance(obj.optimizer, torch.optim.Optimizer)
+        hasattr(obj, "step")
+        and hasattr(obj, "optimizer")
+        and isinstance(obj.optimizer, torch.optim.Optimizer)
         and not isinstance(obj, torch.optim.Optimizer)
     )

@@ -42,7 +42,9 @@ def handler_options(
             raise ValueError(
                 "a GradientAccumulationPlugin is both in kwargs_handlers and gradient_accumulation_plugin=; pass one"
             )
-        found.gradient_accumulation = read_kwargs_handlers([gradient_accumulation_plugin]).gradient_accumulation
+        found.gradient_accumulation = read_kwargs_handlers(
+            [gradient_accumulation_plugin]
+        ).gradient_accumulation
     plugin = found.gradient_accumulation
     if plugin is not None:
         if gradient_accumulation_steps != 1:

@@ -32,8 +32,16 @@ class Resources:
         """Drop every prepared object's reference here, collect garbage and empty the CUDA cache.
 
             model, optimizer = accelerator.free_memory(model, optimizer)
+
+        Returns one None per object passed, so the caller's names let go of them too.
         """
-        for prepared in (self._models, self._optimizers, self._schedulers, self._dataloaders, self._custom_objects):
+        for prepared in (
+            self._models,
+            self._optimizers,
+            self._schedulers,
+            self._dataloaders,
+            self._custom_objects,
+        ):
             prepared.clear()
         self.step = 0
         gc.collect()

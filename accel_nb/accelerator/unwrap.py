@@ -1,6 +1,6 @@
 """Get the user's model back out of DDP, DataParallel, torch.compile and the autocast forward.
 
-    model = extract_model_from_parallel(prepared_model)
+model = extract_model_from_parallel(prepared_model)
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def is_compiled_module(module: object) -> bool:
 
 
 def _is_parallel(module: object) -> bool:
-    if type(module).__name__ == "DeepSpeedEngine":  # accel_nb.deepspeed: the engine holds the model as .module
+    # accel_nb.deepspeed: the engine holds the model as .module
+    if type(module).__name__ == "DeepSpeedEngine":
         return True
     return isinstance(module, (nn.parallel.DistributedDataParallel, nn.DataParallel))
 

@@ -140,6 +140,8 @@ class StateViews:
                 accelerator.set_trigger()
             if accelerator.check_trigger():   # on every process, at the same step
                 break
+
+        Any one process may raise it; every process reads the same answer.
         """
         self._trigger_raised = True
 

@@ -48,8 +48,11 @@ class ModelWeights:
         """The state dict of a prepared model: of the user's model inside (``unwrap=True``) or of the wrapper.
 
             weights = accelerator.get_state_dict(model)       # keys as in the plain model
+
+        Under FSDP or DeepSpeed ZeRO-3 call it on every process: the shards are gathered.
         """
-        if getattr(self, "deepspeed_plugin", None) is not None:  # every rank: ZeRO-3 shards gathered on the main one
+        # every rank: ZeRO-3 shards gathered on the main one
+        if getattr(self, "deepspeed_plugin", None) is not None:
             from ..deepspeed.training import engine_state_dict
 
             state = engine_state_dict(self, model)
@@ -59,7 +62,8 @@ class ModelWeights:
             model = self.unwrap_model(model)  # type: ignore[attr-defined]
         from ..fsdp.sharding import is_fsdp_model
 
-        if is_fsdp_model(model):  # gathered from every rank (call it on all): the full weights on the main process
+        # gathered from every rank (call it on all): the full weights on the main process
+        if is_fsdp_model(model):
             from ..fsdp.state_dicts import full_model_state
 
             return full_model_state(model)

@@ -19,7 +19,7 @@ equivalent ``accel-nb launch`` line), ``arguments`` (argparse types both faces' 
 
 from __future__ import annotations
 
-from ..accelerator.compile_options import DYNAMO_MODES
+from ..compile.options import DYNAMO_MODES
 from .command_line import launch_command_line
 from .defaults import COMPUTE_KINDS, default_config, derive_distributed_type
 from .files import default_config_path, find_config_file, reference_config_path

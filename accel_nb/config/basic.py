@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..precision_setting import validate_mixed_precision
+from ..precision.setting import validate_mixed_precision
 from .defaults import default_config
 from .files import default_config_path
 from .launch_config import save_config

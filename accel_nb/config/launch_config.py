@@ -18,7 +18,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..accelerator.compile_options import DYNAMO_MODES
+from ..compile.options import DYNAMO_MODES
 from ..counts import is_whole_number
 from ..env_names import (
     DYNAMO_ENV,
@@ -34,7 +34,7 @@ from ..env_names import (
 )
 from ..fsdp.options import options_from_config
 from ..hardware import HardwareInfo, cuda_device_count, detect
-from ..precision_setting import bf16_gpu_problem
+from ..precision.setting import bf16_gpu_problem
 from .files import default_config_path, find_config_file, read_config_mapping, write_config_mapping
 from .values import (
     COMPUTE_ENVIRONMENTS,

@@ -15,7 +15,7 @@ import warnings
 from typing import Any
 
 from ..counts import is_count, is_whole_number, whole_number
-from ..precision_setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
+from ..precision.setting import MIXED_PRECISION_CHOICES, validate_mixed_precision
 
 CONFIG_FILE_ENV = "ACCEL_NB_CONFIG_FILE"
 CONFIG_FILE_NAME = "default_config.yaml"

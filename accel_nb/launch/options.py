@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import START_METHODS
 from ..counts import whole_number
-from ..precision_setting import validate_mixed_precision
+from ..precision.setting import validate_mixed_precision
 from .errors import LaunchSetupError
 from .parent.reporting import parse_show_ranks
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import hardware
-from ..precision_setting import bf16_gpu_problem
+from ..precision.setting import bf16_gpu_problem
 from . import cuda_guard
 from .errors import LaunchSetupError
 from .options import LaunchOptions

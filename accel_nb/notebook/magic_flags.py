@@ -20,7 +20,7 @@ from .. import config as config_module
 from ..config import LAUNCHER_RDZV_BACKENDS, START_METHODS
 from ..config.arguments import positive_int, positive_seconds
 from ..launch.options import LaunchOptions
-from ..precision_setting import MIXED_PRECISION_CHOICES
+from ..precision.setting import MIXED_PRECISION_CHOICES
 
 USAGE = (
     "%%accelerate [-n/--num_processes N] [--mixed_precision no|fp16|bf16] [--gradient_accumulation_steps K] "

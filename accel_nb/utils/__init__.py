@@ -161,8 +161,8 @@ _REFERENCE_PATHS: dict[str, str] = {
     "LoggerType": "..tracking",
     **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], "..data.random_sync"),
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "..accelerator.unwrap"),
-    **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], "..accelerator.compile_options"),
-    **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..accelerator.compiling"),
+    **dict.fromkeys(["TorchDynamoPlugin", "DynamoBackend"], "..compile.options"),
+    **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..compile.apply"),
     **dict.fromkeys(
         [
             "find_tied_parameters", "load_state_dict", "named_module_tensors", "set_module_tensor_to_device",

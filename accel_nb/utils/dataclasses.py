@@ -24,7 +24,7 @@ _EXPORTS = {
         "accel_nb.kwargs_handlers",
     ),
     **dict.fromkeys(["DistributedType"], "accel_nb.state"),
-    **dict.fromkeys(["DynamoBackend", "TorchDynamoPlugin"], "accel_nb.accelerator.compile_options"),
+    **dict.fromkeys(["DynamoBackend", "TorchDynamoPlugin"], "accel_nb.compile.options"),
     **dict.fromkeys(["LoggerType"], "accel_nb.tracking"),
     **dict.fromkeys(["RNGType"], "accel_nb.data.random_sync"),
     **dict.fromkeys(["DataLoaderConfiguration"], "accel_nb.data"),

@@ -4,7 +4,7 @@ Three spellings lead here: ``compile=True`` / ``compile=CompileOptions(...)`` (a
 ``dynamo_backend="inductor"`` / ``dynamo_plugin=TorchDynamoPlugin(...)`` (the reference
 library's), and the launch config's ``dynamo_config`` (it reaches each rank as
 ``ACCEL_NB_DYNAMO_*`` environment variables, the reference's ``ACCELERATE_DYNAMO_*`` are read
-too). Applying the options to a model is :mod:`accel_nb.accelerator.compiling`.
+too). Applying the options to a model is :mod:`accel_nb.compile.apply`.
 
     options = resolve_compile_options(compile=CompileOptions(backend="aot_eager", regional=True))
     options.torch_compile_kwargs()   # {'backend': 'aot_eager', 'fullgraph': False, 'dynamic': None}
@@ -119,7 +119,9 @@ class CompileOptions:
                 raise ValueError("CompileOptions(block_class=...) picks the block of regional compilation: "
                                  "pass regional=True with it")  # fmt: skip
             if not isinstance(self.block_class, (str, type)):
-                raise TypeError(f"CompileOptions(block_class={self.block_class!r}) must be a module class or its name")
+                raise TypeError(
+                    f"CompileOptions(block_class={self.block_class!r}) must be a module class or its name"
+                )
         if (self.mode is not None or self.options) and self.backend != "inductor":
             what = f"mode={self.mode!r}" if self.mode is not None else "options="
             raise ValueError(
@@ -130,7 +132,9 @@ class CompileOptions:
     @property
     def backend_label(self) -> str:
         """The backend's name (a callable's function name)."""
-        return self.backend if isinstance(self.backend, str) else getattr(self.backend, "__name__", "callable")
+        return (
+            self.backend if isinstance(self.backend, str) else getattr(self.backend, "__name__", "callable")
+        )
 
     def check_backend(self) -> None:
         """Raise a clear error when torch has no backend of this name (imports ``torch._dynamo``: at prepare time)."""
@@ -148,7 +152,11 @@ class CompileOptions:
 
     def torch_compile_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.compile`` / ``module.compile``."""
-        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        kwargs: dict[str, Any] = {
+            "backend": self.backend,
+            "fullgraph": self.fullgraph,
+            "dynamic": self.dynamic,
+        }
         if self.mode is not None:
             kwargs["mode"] = self.mode
         if self.options:
@@ -214,7 +222,9 @@ def _env_settings() -> dict[str, Any]:
         if name is None:
             continue
         raw = os.environ[name]
-        found[option] = _env_bool(name, raw) if option in ("fullgraph", "dynamic", "regional") else raw.lower()
+        found[option] = (
+            _env_bool(name, raw) if option in ("fullgraph", "dynamic", "regional") else raw.lower()
+        )
     return found
 
 
@@ -228,9 +238,9 @@ def resolve_compile_options(
 ) -> CompileOptions | None:
     """The one compile setting of an Accelerator: its arguments first, else the launch environment.
 
-        resolve_compile_options(compile=True)               # CompileOptions() (inductor)
-        resolve_compile_options(dynamo_backend="eager")     # CompileOptions(backend='eager')
-        resolve_compile_options(compile=False)              # None, whatever the launch config says
+    resolve_compile_options(compile=True)               # CompileOptions() (inductor)
+    resolve_compile_options(dynamo_backend="eager")     # CompileOptions(backend='eager')
+    resolve_compile_options(compile=False)              # None, whatever the launch config says
     """
     given = [n for n, v in (("compile", compile), ("dynamo_backend", dynamo_backend),
                             ("dynamo_plugin", dynamo_plugin)) if v is not None]  # fmt: skip

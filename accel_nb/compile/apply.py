@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compile_options import CompileOptions
-from .unwrap import is_compiled_module, strip_parallel
+from ..accelerator.unwrap import is_compiled_module, strip_parallel
+from .options import CompileOptions
 
 __all__ = ["compile_model", "compile_regions", "find_repeated_blocks", "has_compiled_regions"]
 
@@ -142,7 +142,9 @@ def has_compiled_regions(model: nn.Module) -> bool:
     return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
 
-def compile_regions(model: nn.Module, options: CompileOptions | None = None, **compile_kwargs: Any) -> nn.Module:
+def compile_regions(
+    model: nn.Module, options: CompileOptions | None = None, **compile_kwargs: Any
+) -> nn.Module:
     """Compile each repeated block of ``model`` in place (as ``block.compile()`` does) and return ``model``.
 
     Every block runs the same code, so torch compiles it once and reuses it for the others.

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..ops import recursively_apply
-from ..precision_setting import validate_mixed_precision
+from .setting import validate_mixed_precision
 
 __all__ = ["PrecisionPolicy", "check_mixed_precision_supported", "convert_outputs_to_fp32"]
 
