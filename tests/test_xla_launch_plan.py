@@ -19,7 +19,7 @@ from accel_nb.launch.channel import EventReader, EventWriter
 from accel_nb.launch.errors import LaunchSetupError
 from accel_nb.launch.options import LaunchOptions
 from accel_nb.launch.plan import LaunchPlan
-from accel_nb.launch.xla.launcher import Relay, choose_xla, xla_headline
+from accel_nb.launch.xla.launcher import Relay, XlaLauncher, choose_xla, xla_headline
 from accel_nb.xla_detect import XlaRuntime
 
 CPU2 = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}
@@ -61,7 +61,7 @@ def test_a_bad_mix_is_one_clear_error(options, installed, expected):
 
 def test_the_host_gets_accel_nb_settings_not_torchrun_ranks():
     options = LaunchOptions(mixed_precision="bf16", gradient_accumulation_steps=2, env={"MY_FLAG": "1"})
-    plan = LaunchPlan(options, 2, False, "spawn", None, 0, xla=XlaRuntime("CPU", 2, "PJRT_DEVICE=CPU"))
+    plan = LaunchPlan(options, 2, False, "spawn", None, 0, launcher=XlaLauncher(XlaRuntime("CPU", 2, "PJRT_DEVICE=CPU")))
     env = plan.rank_env(0)
     assert env["PJRT_DEVICE"] == "CPU" and env["CPU_NUM_DEVICES"] == "2" and env["MY_FLAG"] == "1"
     assert env["ACCEL_NB_MIXED_PRECISION"] == "bf16" and env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] == "2"
@@ -69,7 +69,7 @@ def test_the_host_gets_accel_nb_settings_not_torchrun_ranks():
         assert name not in env  # torch_xla gives each ordinal its rank; XLA must not be told "use the CPU"
     assert plan.backend == "xla"
     assert xla_headline(plan).startswith("Launching on 2 XLA CPU devices through torch_xla.launch")
-    tpu = LaunchPlan(LaunchOptions(), 8, False, "spawn", None, 0, xla=XlaRuntime("TPU", 8, "8 Google PCI devices"))
+    tpu = LaunchPlan(LaunchOptions(), 8, False, "spawn", None, 0, launcher=XlaLauncher(XlaRuntime("TPU", 8, "8 Google PCI devices")))
     assert tpu.headline().startswith("Launching on 8 TPU devices") and "CPU_NUM_DEVICES" not in tpu.rank_env(0)
 
 

@@ -1,11 +1,12 @@
 """Launching a function or a cell on N processes: options -> plan -> start -> supervise -> collect -> clean up.
 
 Shared plumbing, here: ``options`` (what the user asked, checked once), ``plan`` (processes,
-start method, port), ``payload`` (what runs; pickling checks for spawn), ``channel`` (events over
-a pipe), ``errors``, ``failures`` (the failure model: a ``FailureKind``, its words, who failed
-first), ``ports``, ``pythonpath``, ``cuda_guard`` (fork safety), ``zygote`` (the spawn
-server: a clean interpreter that forks spawned ranks), ``preimport`` (imports a rank's first DDP
-step needs, once per kernel).
+start method, port, the launch kind), ``launcher`` (the ``Launcher`` interface: one class per
+launch kind, ``ProcessLauncher`` for rank processes; XLA's is in ``xla/``), ``payload`` (what runs;
+pickling checks for spawn), ``channel`` (events over a pipe), ``errors``, ``failures`` (the failure
+model: a ``FailureKind``, its words, who failed first), ``ports``, ``pythonpath``, ``cuda_guard``
+(fork safety), ``zygote`` (the spawn server: a clean interpreter that forks spawned ranks),
+``preimport`` (imports a rank's first DDP step needs, once per kernel).
 
 By side and job, sub-packages:
 
@@ -17,7 +18,7 @@ By side and job, sub-packages:
   ``launch_progress``, ``output_lines``, ``metric_history``.
 - ``session/`` interactive sessions: ``warm_session``, ``cell_supervisor``, ``loop`` (rank side).
 - ``elastic/`` several machines: ``rendezvous``, ``multinode``, ``failures``.
-- ``xla/`` XLA devices: ``launcher`` (the host process), ``ordinal`` (rank side).
+- ``xla/`` XLA devices: ``launcher`` (``XlaLauncher``: the host process), ``ordinal`` (rank side).
 
 Nothing here imports ``accel_nb.notebook``.
 

@@ -19,7 +19,7 @@ import threading
 
 from ..events import Event, Failure
 
-_HEADER = struct.Struct("!Q")
+HEADER = struct.Struct("!Q")  # a frame: its length (8 bytes, big-endian), then the pickled event
 
 
 def encode_event(event: Event) -> bytes:
@@ -30,7 +30,7 @@ def encode_event(event: Event) -> bytes:
         import cloudpickle
 
         data = cloudpickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
-    return _HEADER.pack(len(data)) + data
+    return HEADER.pack(len(data)) + data
 
 
 class ChannelClosed(OSError):
@@ -106,12 +106,12 @@ class EventReader:
         events: list[Event] = []
         buf = self._buf
         pos = 0
-        while len(buf) - pos >= _HEADER.size:
-            (size,) = _HEADER.unpack_from(buf, pos)
-            end = pos + _HEADER.size + size
+        while len(buf) - pos >= HEADER.size:
+            (size,) = HEADER.unpack_from(buf, pos)
+            end = pos + HEADER.size + size
             if len(buf) < end:
                 break
-            data = bytes(buf[pos + _HEADER.size : end])
+            data = bytes(buf[pos + HEADER.size : end])
             pos = end
             events.append(self._load(data))
         del buf[:pos]

@@ -93,7 +93,7 @@ class CellPayload:
         self.skipped: dict[str, str] = {}  # name -> why it could not be sent (spawn only)
         self.tensor_bytes = 0  # bytes of tensors in the namespace sent to spawned ranks
         self.sources: dict[str, list[str]] = {}  # notebook cells' source lines, filled for spawn
-        _split_last_expression(source, filename)  # a SyntaxError now, before any process starts
+        split_last_expression(source, filename)  # a SyntaxError now, before any process starts
 
     def describe(self) -> str:
         return self.filename
@@ -162,7 +162,7 @@ class CellPayload:
         register_sources(self.sources)
         register_sources({self.filename: self.source.splitlines(keepends=True)})
         ns = self._materialise_namespace()
-        body, last = _split_last_expression(self.source, self.filename)
+        body, last = split_last_expression(self.source, self.filename)
         try:
             exec(body, ns)
             if last is not None:  # like a notebook cell: show the value of a final expression
@@ -215,7 +215,7 @@ def register_sources(sources: dict[str, list[str]]) -> None:
         linecache.cache[filename] = (sum(map(len, lines)), None, lines, filename)
 
 
-def _split_last_expression(source: str, filename: str) -> tuple[Any, Any]:
+def split_last_expression(source: str, filename: str) -> tuple[Any, Any]:
     """(code of every statement, code of the final expression or None), line numbers kept."""
     import ast
 

@@ -1,21 +1,21 @@
 """Plan a launch before anything starts: how many processes, on what, how started, which port.
 
 plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
-plan.headline()            # "Launching 2 CPU processes (gloo), fork start..."
+plan.headline()            # "Launching 2 CPU processes (gloo) with fork..."
 plan.rank_env(1)           # RANK=1, WORLD_SIZE=2, LOCAL_RANK=1, MASTER_PORT=..., ...
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import hardware
 from ..precision.setting import bf16_gpu_problem
 from . import cuda_guard
 from .errors import LaunchSetupError
+from .launcher import Launcher, ProcessLauncher
 from .options import LaunchOptions
 from .ports import ensure_port_free, pick_free_port
 
@@ -31,8 +31,8 @@ class LaunchPlan:
     spawn_reason: str | None  # why "auto" chose spawn (None when it chose fork or the user asked)
     master_port: int
     fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
-    seat: Any = None  # launch.multinode.MachineSeat when the job spans several machines
-    xla: Any = None  # xla_detect.XlaRuntime when the ranks are XLA devices (see launch.xla.launcher)
+    seat: Any = None  # launch.elastic.multinode.MachineSeat when the job spans several machines
+    launcher: Launcher = field(default_factory=ProcessLauncher)  # the launch kind: how the ranks start
 
     @property
     def master_addr(self) -> str:
@@ -48,24 +48,10 @@ class LaunchPlan:
 
     @property
     def backend(self) -> str:
-        if self.xla is not None:
-            return "xla"
-        return "nccl" if self.use_gpu else "gloo"
+        return self.launcher.backend(self)
 
     def headline(self) -> str:
-        if self.xla is not None:
-            from .xla.launcher import xla_headline
-
-            return xla_headline(self)
-        what = (
-            f"{self.num_processes} GPU process{'es' if self.num_processes != 1 else ''} (nccl)"
-            if self.use_gpu
-            else (f"{self.num_processes} CPU process{'es' if self.num_processes != 1 else ''} (gloo)")
-        )
-        extra = (
-            f", mixed_precision={self.mixed_precision}" if self.mixed_precision not in (None, "no") else ""
-        )
-        return f"Launching {what} with {self.start_method}{extra}..."
+        return self.launcher.headline(self)
 
     def training_env(self) -> dict[str, str]:
         """The launch's training settings as the environment every rank's Accelerator reads (both names)."""
@@ -79,39 +65,8 @@ class LaunchPlan:
         return env
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        """The torchrun environment of ``rank`` plus accel_nb's own settings."""
-        if self.xla is not None:
-            from .xla.launcher import xla_rank_env
-
-            return xla_rank_env(self)
-        n = str(self.num_processes)
-        env = {
-            "RANK": str(rank),
-            "WORLD_SIZE": n,
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": n,
-            "GROUP_RANK": "0",
-            "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": n,
-            "ROLE_NAME": "default",
-            "GROUP_WORLD_SIZE": "1",
-            "NODE_RANK": "0",
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(self.master_port),
-            "TORCHELASTIC_RUN_ID": "accel_nb",
-        }
-        env.update(self.training_env())
-        if not self.use_gpu:
-            env["ACCEL_NB_USE_CPU"] = "1"
-            env["ACCELERATE_USE_CPU"] = "true"
-        if self.start_method == "fork":
-            env["ACCEL_NB_FORKED"] = "1"
-        if self.num_processes > 1 and not self.use_gpu and "OMP_NUM_THREADS" not in os.environ:
-            env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks must not each use every core
-        if self.seat is not None:  # global ranks, world size and store from the machines' rendezvous
-            env.update(self.seat.rank_env(rank))
-        env.update(self.options.env)
-        return env
+        """The environment of ``rank``'s process (the launcher's: torchrun's variables for rank processes)."""
+        return self.launcher.rank_env(self, rank)
 
 
 def _check_bf16_hardware(num_gpus: int) -> None:
@@ -161,11 +116,11 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
 
     plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
     """
-    from .xla.launcher import choose_xla
+    from .xla.launcher import XlaLauncher, choose_xla  # deferred: import time (most launches are not XLA)
 
     xla = choose_xla(options)
-    if xla is not None:  # TPU cores or XLA's CPU devices: one host process runs torch_xla.launch
-        return LaunchPlan(options, xla.num_devices, False, "spawn", None, 0, xla=xla)
+    if xla is not None:  # TPU cores or XLA's CPU devices: one spawned host process runs torch_xla.launch
+        return LaunchPlan(options, xla.num_devices, False, "spawn", None, 0, launcher=XlaLauncher(xla))
     gpus = 0 if options.cpu else hardware.cuda_device_count()
     num_processes = options.num_processes
     if num_processes is None:

@@ -19,7 +19,7 @@ from ...utils import human_bytes, imported_module
 from ..errors import LaunchError
 from ..payload import PayloadCheck, check_picklable, notebook_sources
 from ..plan import LaunchPlan
-from .start import RankProcess, start_ranks
+from .start import RankProcess
 from .supervisor import Supervisor
 
 LARGE_ARGS_ENV = "ACCEL_NB_LARGE_ARGS_WARN_MB"
@@ -104,17 +104,12 @@ def run_launch(
         say(f"[accel_nb] {plan.seat.describe()}: waiting for every machine...")
         plan.seat.join()
         say(f"[accel_nb] this machine runs global ranks {', '.join(map(str, plan.seat.global_ranks))}")
-    reporter = _start_reporter(reporter, plan.num_processes, details)
+    reporter = start_reporter(reporter, plan.num_processes, details)
     ok = False
     procs: list[RankProcess] = []
     try:
         try:
-            if plan.xla is None:
-                start_ranks(plan, payload, log_dir, procs)
-            else:  # one host process runs torch_xla.launch; its ordinals report as ranks 0..N-1
-                from ..xla.launcher import host_start
-
-                start_ranks(*host_start(plan, payload), log_dir, procs)
+            plan.launcher.start(plan, payload, log_dir, procs)  # the launch kind's way: processes, or XLA's host
         except BaseException:  # interrupted or failed half-way: take down what was started
             Supervisor(procs, reporter, log_dir).cleanup()
             raise
@@ -122,7 +117,7 @@ def run_launch(
         try:
             outcome = supervisor.run()
         except KeyboardInterrupt:
-            _finish(reporter, False, "interrupted: every rank was stopped")  # the stacks were just shown
+            finish_reporter(reporter, False, "interrupted: every rank was stopped")  # the stacks were just shown
             raise
         if outcome.failures:
             failures = list(outcome.failures.values())
@@ -135,12 +130,12 @@ def run_launch(
                     f"{blame}each rank's Python stack is below, every rank was stopped"
                 )
             error = LaunchError(failures, headline=headline, stopped=stopped, log_dir=log_dir)
-            _finish(reporter, False, error.failures[0].summary())
+            finish_reporter(reporter, False, error.failures[0].summary())
             raise error
         missing = [r for r in range(plan.num_processes) if r not in outcome.results]
         if missing:  # pragma: no cover - the supervisor turns these into failures
             raise LaunchError([], headline=f"ranks {missing} returned nothing", log_dir=log_dir)
-        _finish(reporter, True, None)
+        finish_reporter(reporter, True, None)
         ok = True
         return [outcome.results[r] for r in range(plan.num_processes)]
     finally:
@@ -174,7 +169,7 @@ def _remove_kept_logs() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) -> Reporter:
+def start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) -> Reporter:
     """``reporter``, started; a plain ``TextReporter`` when it fails to start (a display must not stop a launch)."""
     try:
         reporter = as_reporter(reporter)
@@ -192,7 +187,8 @@ def _start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) 
     return reporter
 
 
-def _finish(reporter: Reporter, ok: bool, summary: str | None) -> None:
+def finish_reporter(reporter: Reporter, ok: bool, summary: str | None) -> None:
+    """``reporter.finish``; a fault of the display is said on stderr, never raised over the launch's outcome."""
     try:
         reporter.finish(ok, summary)
     except Exception as exc:  # noqa: BLE001

@@ -18,14 +18,16 @@ import subprocess
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import preimport, zygote
 from ..channel import EventReader
 from ..payload import dumps_payload
-from ..plan import LaunchPlan
 from ..pythonpath import with_package_on_path
 from ..rank.worker import RankSpec, fork_main, log_path
+
+if TYPE_CHECKING:
+    from ..plan import LaunchPlan
 
 _live: weakref.WeakSet[RankProcess] = weakref.WeakSet()
 _live_lock = threading.Lock()

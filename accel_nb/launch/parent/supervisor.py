@@ -13,6 +13,7 @@ and reported before the ranks are stopped.
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import selectors
 import signal
@@ -76,7 +77,7 @@ def _hang_message(rank: int, idle: float, blame: Blame) -> str:
     return f"no progress for {idle:.0f} s{f' at {where}' if where else ''}; it was stopped"
 
 
-def _tail(path: str, lines: int = 20) -> str:
+def read_tail(path: str, lines: int = 20) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -111,6 +112,15 @@ def clean_stacks(text: str) -> str:
     return "\n\n".join(kept)
 
 
+class SupervisorState(enum.Enum):
+    """Where a launch stands in stopping its ranks: the steps after a first failure, in order."""
+
+    RUNNING = "running"  # no rank failed (yet)
+    FAILED = "failed"  # a first rank failed: the others have FAILURE_GRACE_S to report their own failures
+    TERMINATING = "terminating"  # SIGTERM sent to every live rank; a rank that ends now was stopped
+    KILLED = "killed"  # SIGKILL sent to what was left TERM_GRACE_S after SIGTERM
+
+
 class Supervisor:
     """Feed events to the reporter, decide when ranks failed, stop the rest, watch for hangs."""
 
@@ -122,10 +132,9 @@ class Supervisor:
         self.log_dir = log_dir
         self.timeout = timeout
         self.outcome = Outcome()
-        self._first_failure_at: float | None = None
+        self.state = SupervisorState.RUNNING
+        self.state_since = time.monotonic()  # when ``state`` was entered
         self._first_to_fail = FirstToFail()
-        self._term_sent_at: float | None = None
-        self._killed = False
         self._last_progress = time.monotonic()
         self._running: set[int] = set()  # ranks that reached the payload (startup is over for them)
         self._peer_lost: dict[int, tuple[Failure, float]] = {}  # held until it is clear whether a peer died
@@ -166,7 +175,7 @@ class Supervisor:
         """Record ``failure`` (is it the first?); the first one stops the other ranks unless told not to."""
         failure.first = self._first_to_fail.record(failure.rank)
         if failure.first and stop_the_rest:
-            self._first_failure_at = time.monotonic()
+            self._enter(SupervisorState.FAILED, time.monotonic())
         self.outcome.failures[failure.rank] = failure
 
     def _mark_stopped(self, rank: int) -> None:
@@ -199,7 +208,7 @@ class Supervisor:
             return
         if code == 0 and rank in self.outcome.results:
             return
-        if self._term_sent_at is not None:
+        if self.state in (SupervisorState.TERMINATING, SupervisorState.KILLED):
             self._mark_stopped(rank)
             return
         failure = self._death(rank, code)
@@ -218,8 +227,8 @@ class Supervisor:
 
     def _death(self, rank: int, code: int | None) -> RankFailure:
         """A rank that ended without a result or a Python exception: what its exit code and logs say."""
-        crash = clean_stacks(_tail(crash_path(self.log_dir, rank), 200))
-        log_tail = _tail(log_path(self.log_dir, rank))
+        crash = clean_stacks(read_tail(crash_path(self.log_dir, rank), 200))
+        log_tail = read_tail(log_path(self.log_dir, rank))
         details = ""
         if crash:
             details += f"Python stack when it crashed (faulthandler):\n{crash}\n"
@@ -241,16 +250,16 @@ class Supervisor:
             if p.alive:
                 p.signal_group(sig)
 
+    def _enter(self, state: SupervisorState, now: float) -> None:
+        self.state, self.state_since = state, now
+
     def _escalate(self, now: float) -> None:
-        if (
-            self._first_failure_at is not None
-            and self._term_sent_at is None
-            and now - self._first_failure_at >= FAILURE_GRACE_S
-        ):
-            self._term_sent_at = now
+        """After a first failure: SIGTERM the live ranks once the grace is over, then SIGKILL what is left."""
+        if self.state is SupervisorState.FAILED and now - self.state_since >= FAILURE_GRACE_S:
+            self._enter(SupervisorState.TERMINATING, now)
             self._signal_live(signal.SIGTERM)
-        if self._term_sent_at is not None and not self._killed and now - self._term_sent_at >= TERM_GRACE_S:
-            self._killed = True
+        if self.state is SupervisorState.TERMINATING and now - self.state_since >= TERM_GRACE_S:
+            self._enter(SupervisorState.KILLED, now)
             self._signal_live(signal.SIGKILL)
 
     def stop_all(self, grace: float = TERM_GRACE_S) -> list[int]:
@@ -277,12 +286,12 @@ class Supervisor:
         stacks: dict[int, str] = {}
         while time.monotonic() < deadline:
             for p in live:
-                text = _tail(stacks_path(self.log_dir, p.rank), 400)
+                text = read_tail(stacks_path(self.log_dir, p.rank), 400)
                 if text:
                     stacks[p.rank] = text
             if len(stacks) == len(live):
                 time.sleep(0.05)  # let faulthandler finish writing
-                stacks = {p.rank: _tail(stacks_path(self.log_dir, p.rank), 400) for p in live}
+                stacks = {p.rank: read_tail(stacks_path(self.log_dir, p.rank), 400) for p in live}
                 stacks = {r: clean_stacks(t) or t for r, t in stacks.items()}
                 break
             time.sleep(0.05)

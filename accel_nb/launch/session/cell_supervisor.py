@@ -18,6 +18,7 @@ through three steps, each only if the last did not end it:
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import re
 import selectors
@@ -30,7 +31,14 @@ from ...events import Event, Failure, FailureKind, Log, Reporter, Result, Stacks
 from ..errors import RankFailure
 from ..failures import describe
 from ..parent.start import RankProcess
-from ..parent.supervisor import FAILURE_GRACE_S, STACKS_WAIT_S, Outcome, Supervisor, clean_stacks
+from ..parent.supervisor import (
+    FAILURE_GRACE_S,
+    STACKS_WAIT_S,
+    Outcome,
+    Supervisor,
+    SupervisorState,
+    clean_stacks,
+)
 from ..rank.worker import STACKS_SIGNAL, stacks_path
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # accel_nb/
@@ -62,6 +70,15 @@ class CellOutcome(Outcome):
         self.stuck: list[int] = []  # the ranks that did not answer SIGINT (the group was closed under them)
 
 
+class CellStep(enum.Enum):
+    """How far the supervisor went to end a command that does not end by itself: the steps, in order."""
+
+    RUNNING = "running"  # the command runs
+    INTERRUPTED = "interrupted"  # the running ranks were sent SIGINT (their stacks shown first)
+    GROUP_CLOSED = "group closed"  # INTERRUPT_GRACE_S later: the process group was closed under them (on_stuck)
+    KILLED = "killed"  # FREE_GRACE_S later: what still ran was killed
+
+
 class CellSupervisor(Supervisor):
     """Supervise one session command on ``procs``; ``run()`` returns when each has answered or died."""
 
@@ -78,8 +95,8 @@ class CellSupervisor(Supervisor):
         self.on_stuck = on_stuck
         self.answered: set[int] = set()
         self._signalled: set[int] = set()  # ranks sent SIGINT by this supervisor
-        self._step = 0  # 0: running; 1: SIGINT sent; 2: group closed; 3: killed
-        self._step_at = 0.0
+        self.step = CellStep.RUNNING
+        self.step_since = 0.0  # when ``step`` was entered
         self._why = "failure"
 
     # -- events ---------------------------------------------------------------------------------
@@ -136,7 +153,7 @@ class CellSupervisor(Supervisor):
         """Step 1: show where the running ranks are, then raise KeyboardInterrupt in them."""
         running = self._still_running()
         self._why = why
-        self._step, self._step_at = 1, time.monotonic()
+        self.step, self.step_since = CellStep.INTERRUPTED, time.monotonic()
         stacks = self.stacks_of(running)
         self.outcome.stuck_stacks.update(stacks)
         for rank, text in sorted(stacks.items()):
@@ -150,18 +167,18 @@ class CellSupervisor(Supervisor):
         running = self._still_running()
         if not running:
             return
-        if self._step == 0:
-            if self._first_failure_at is not None and now - self._first_failure_at >= FAILURE_GRACE_S:
+        if self.step is CellStep.RUNNING:
+            if self.state is SupervisorState.FAILED and now - self.state_since >= FAILURE_GRACE_S:
                 self._interrupt_running("interrupt")  # shown as "stacks when stopped"
             return
-        if self._step == 1 and now - self._step_at >= INTERRUPT_GRACE_S:
-            self._step, self._step_at = 2, now
+        if self.step is CellStep.INTERRUPTED and now - self.step_since >= INTERRUPT_GRACE_S:
+            self.step, self.step_since = CellStep.GROUP_CLOSED, now
             self.outcome.group_broken = True
             self.outcome.stuck = sorted(p.rank for p in running)
             if self.on_stuck is not None:
                 self.on_stuck([p.rank for p in running])
-        elif self._step == 2 and now - self._step_at >= FREE_GRACE_S:
-            self._step, self._step_at = 3, now
+        elif self.step is CellStep.GROUP_CLOSED and now - self.step_since >= FREE_GRACE_S:
+            self.step, self.step_since = CellStep.KILLED, now
             for p in running:
                 self.outcome.killed.append(p.rank)
                 p.signal_group(signal.SIGKILL)
@@ -213,7 +230,7 @@ class CellSupervisor(Supervisor):
         self._settle_peer_lost(now, final=not waiting)
         self._advance(now)
         self._tick()
-        if self.timeout is not None and waiting and self._step == 0 and not self.outcome.failures:
+        if self.timeout is not None and waiting and self.step is CellStep.RUNNING and not self.outcome.failures:
             idle = now - self._last_progress
             if idle >= self.timeout:
                 self.outcome.hung_after = idle

@@ -20,7 +20,7 @@ import socket
 import struct
 from typing import Any
 
-from ..payload import _split_last_expression, register_sources
+from ..payload import register_sources, split_last_expression
 
 _HEADER = struct.Struct("!Q")
 
@@ -116,7 +116,7 @@ class RunCode(SessionCommand):
         self.show_value = show_value
         self.send_value = send_value
         self.return_names = tuple(return_names)
-        _split_last_expression(source, filename)  # a SyntaxError here, in the notebook
+        split_last_expression(source, filename)  # a SyntaxError here, in the notebook
 
     def describe(self) -> str:
         return self.filename
@@ -124,7 +124,7 @@ class RunCode(SessionCommand):
     def run(self, rank: int) -> Any:
         register_sources({self.filename: self.source.splitlines(keepends=True)})
         ns = self.namespace
-        body, last = _split_last_expression(self.source, self.filename)
+        body, last = split_last_expression(self.source, self.filename)
         exec(body, ns)
         value = eval(last, ns) if last is not None else None
         if value is not None and self.show_value:

@@ -33,8 +33,7 @@ from ..failures import first_failure
 from ..options import LaunchOptions
 from ..parent.hang_blame import blame_stacks, collective_of
 from ..parent.reporting import ListReporter, TextReporter
-from ..parent.run import _finish
-from ..parent.run import _start_reporter as _start
+from ..parent.run import finish_reporter, start_reporter
 from ..parent.start import RankProcess, start_ranks
 from ..parent.supervisor import STARTUP_GRACE_S, Supervisor
 from ..plan import LaunchPlan, make_plan
@@ -339,7 +338,7 @@ class WarmSession:
             cell = label
             show = rank if rank is not None else self.options.show_ranks
             reporter = TextReporter(show_ranks=show) if quiet else self.reporter_factory(self.num_processes, show, title)
-            reporter = _start(reporter, self.num_processes, {"title": title, "log_dir": self.log_dir})
+            reporter = start_reporter(reporter, self.num_processes, {"title": title, "log_dir": self.log_dir})
             procs = [self.procs[r] for r in ranks]
             self._pass_on_earlier_events(reporter)
             command.check_stale = bool(self.stale) and isinstance(command, (RunCode, RunFunction))
@@ -358,15 +357,15 @@ class WarmSession:
                 self._after(supervisor.outcome, cell)
                 recovered = self._recover_group()
                 note = f"{cell} interrupted: " + self._interrupted_note(supervisor.outcome, recovered)
-                _finish(reporter, False, note)
+                finish_reporter(reporter, False, note)
                 raise CellInterrupt(note) from None
             self._after(outcome, cell)
             recovered = self._recover_group()
             if outcome.failures or outcome.hung_after is not None:
                 error = self._error(outcome, cell, recovered)
-                _finish(reporter, False, error.failures[0].summary() if error.failures else error.headline)
+                finish_reporter(reporter, False, error.failures[0].summary() if error.failures else error.headline)
                 raise error
-            _finish(reporter, True, None)
+            finish_reporter(reporter, True, None)
             if command.check_stale:  # what the cell re-prepared is no longer named
                 for r in ranks:
                     self.stale[r] = list((outcome.results.get(r) or {}).get("stale", self.stale.get(r, [])))
@@ -422,7 +421,7 @@ class WarmSession:
         failure = None
         for _ in range(REGROUP_TRIES):
             port = pick_free_port(self.plan.options.master_addr)
-            reporter = _start(ListReporter(), self.num_processes, {"title": "re-form the process group", "log_dir": self.log_dir})
+            reporter = start_reporter(ListReporter(), self.num_processes, {"title": "re-form the process group", "log_dir": self.log_dir})
             for p in self.procs:
                 with contextlib.suppress(OSError):  # its end is closed: the supervisor reads how it died
                     send_message(self._conns[p.rank], Regroup(port))

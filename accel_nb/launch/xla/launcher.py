@@ -14,6 +14,7 @@ notebook never opens the TPU, so a failed or interrupted run cannot leave the ch
 kernel, and the next launch starts clean.
 
     rt = choose_xla(LaunchOptions())            # XlaRuntime(device='CPU', num_devices=2, ...) or None
+    plan.launcher = XlaLauncher(rt)             # what make_plan does with it: one host process starts
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ import socket
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import xla_detect
-from ..channel import _HEADER
+from ..channel import HEADER
 from ..errors import LaunchSetupError
+from ..launcher import Launcher
 from ..options import LaunchOptions
+
+if TYPE_CHECKING:
+    from ..parent.start import RankProcess
+    from ..plan import LaunchPlan
 
 RELAY_NAME = "xla-relay.sock"
 START_METHOD_ENV = "ACCEL_NB_XLA_START_METHOD"
@@ -110,27 +116,51 @@ def runtime_started_here() -> bool:
     return bool(started()) if started is not None else False
 
 
-def xla_rank_env(plan: Any) -> dict[str, str]:
+class XlaLauncher(Launcher):
+    """The XLA launch kind: ONE spawned host process runs ``torch_xla.launch``; its ordinals report as ranks 0..N-1."""
+
+    def __init__(self, runtime: xla_detect.XlaRuntime) -> None:
+        self.runtime = runtime
+
+    def __repr__(self) -> str:
+        return f"XlaLauncher({self.runtime!r})"
+
+    def backend(self, plan: LaunchPlan) -> str:
+        return "xla"
+
+    def headline(self, plan: LaunchPlan) -> str:
+        return xla_headline(plan)
+
+    def rank_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
+        return xla_rank_env(plan)
+
+    def start(self, plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> None:
+        """One rank process, the host, running an ``XlaHostPayload`` (started the usual way: spawned)."""
+        from ..parent.start import start_ranks
+
+        host_plan = dataclasses.replace(plan, num_processes=1)
+        host_payload = XlaHostPayload(payload, plan.num_processes, self.runtime.why)
+        start_ranks(host_plan, host_payload, log_dir, procs)
+
+
+def xla_rank_env(plan: LaunchPlan) -> dict[str, str]:
     """The host's environment: accel_nb's settings only (torch_xla gives each ordinal its rank, not RANK=)."""
-    env = {"ACCEL_NB_XLA_LAUNCH": "1", "PJRT_DEVICE": plan.xla.device}
-    if plan.xla.device == "CPU":
-        env["CPU_NUM_DEVICES"] = str(plan.xla.num_devices)
+    runtime = plan.launcher.runtime
+    env = {"ACCEL_NB_XLA_LAUNCH": "1", "PJRT_DEVICE": runtime.device}
+    if runtime.device == "CPU":
+        env["CPU_NUM_DEVICES"] = str(runtime.num_devices)
     env.update(plan.training_env())
     env.update(plan.options.env)
     return env
 
 
-def xla_headline(plan: Any) -> str:
+def xla_headline(plan: LaunchPlan) -> str:
     n = plan.num_processes
-    devices = f"{n} {'TPU' if plan.xla.device == 'TPU' else 'XLA ' + plan.xla.device} device{'s' if n != 1 else ''}"
-    how = "threads of one process" if plan.xla.device == "CPU" else "torch_xla's processes"
+    device = plan.launcher.runtime.device
+    devices = f"{n} {'TPU' if device == 'TPU' else 'XLA ' + device} device{'s' if n != 1 else ''}"
+    how = "threads of one process" if device == "CPU" else "torch_xla's processes"
     extra = f", mixed_precision={plan.mixed_precision}" if plan.mixed_precision not in (None, "no") else ""
     return f"Launching on {devices} through torch_xla.launch ({how}, started by one host process){extra}..."
-
-
-def host_start(plan: Any, payload: Any) -> tuple[Any, Any]:
-    """What the start step starts for an XLA plan: one rank (the host) running an ``XlaHostPayload``."""
-    return dataclasses.replace(plan, num_processes=1), XlaHostPayload(payload, plan.num_processes, plan.xla.why)
 
 
 @dataclass(frozen=True)
@@ -188,10 +218,10 @@ class OrdinalProcessDied(RuntimeError):
 
 def _crash_stacks(log_dir: str) -> str:
     """What the host's faulthandler file says about a crash (forked ordinal processes share it)."""
-    from ..parent.supervisor import _tail, clean_stacks
+    from ..parent.supervisor import clean_stacks, read_tail
     from ..rank.worker import crash_path
 
-    stacks = clean_stacks(_tail(crash_path(log_dir, 0), 200))
+    stacks = clean_stacks(read_tail(crash_path(log_dir, 0), 200))
     where = f"; Python stacks at the crash (faulthandler):\n{stacks}" if stacks else " (no Python stack was recorded)"
     return (
         "a process torch_xla started for the XLA devices ended abruptly (a crash in native code such as "
@@ -258,9 +288,9 @@ class Relay:
                 if not chunk:
                     return
                 buf += chunk
-                while len(buf) >= _HEADER.size:
-                    (size,) = _HEADER.unpack_from(buf, 0)
-                    end = _HEADER.size + size
+                while len(buf) >= HEADER.size:
+                    (size,) = HEADER.unpack_from(buf, 0)
+                    end = HEADER.size + size
                     if len(buf) < end:
                         break
                     frame = bytes(buf[:end])

@@ -1,0 +1,102 @@
+"""How a plan's ranks come to life: one ``Launcher`` per launch kind, held by the plan.
+
+A launcher says what the launch is called (``headline``), which process-group backend its ranks
+use, each rank's environment, and starts the ranks into the list the supervisor watches. The rest
+of a launch (payload checks, supervision, reporting, clean-up) is the same for every kind.
+
+- ``ProcessLauncher`` (here): N rank processes on this machine, forked from the notebook or
+  spawned (through the spawn server ``zygote``, or fresh interpreters), as ``plan.start_method``
+  says; with ``plan.seat``, this machine's share of a job of several machines.
+- ``XlaLauncher`` (``launch/xla/launcher.py``): one host process that runs ``torch_xla.launch``.
+
+A new launch kind subclasses ``Launcher`` and is chosen in ``make_plan`` (``launch/plan.py``).
+
+    plan.launcher.headline(plan)              # "Launching 2 CPU processes (gloo) with fork..."
+    plan.launcher.start(plan, payload, log_dir, procs)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .parent.start import RankProcess
+    from .plan import LaunchPlan
+
+
+class Launcher:
+    """One kind of launch: what it is called, each rank's environment, and how its ranks start."""
+
+    def backend(self, plan: LaunchPlan) -> str:
+        """The process-group backend the ranks use (shown in the launch details)."""
+        raise NotImplementedError
+
+    def headline(self, plan: LaunchPlan) -> str:
+        """The line printed before anything starts."""
+        raise NotImplementedError
+
+    def rank_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
+        """The environment ``rank``'s process gets on top of the notebook's."""
+        raise NotImplementedError
+
+    def start(self, plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> None:
+        """Start the rank processes into ``procs`` (filled as they start, so a half-done start can be cleaned up)."""
+        raise NotImplementedError
+
+
+class ProcessLauncher(Launcher):
+    """N rank processes on this machine with torchrun's environment: forked, or spawned (``plan.start_method``)."""
+
+    def backend(self, plan: LaunchPlan) -> str:
+        return "nccl" if plan.use_gpu else "gloo"
+
+    def headline(self, plan: LaunchPlan) -> str:
+        n = plan.num_processes
+        what = (
+            f"{n} GPU process{'es' if n != 1 else ''} (nccl)"
+            if plan.use_gpu
+            else f"{n} CPU process{'es' if n != 1 else ''} (gloo)"
+        )
+        extra = (
+            f", mixed_precision={plan.mixed_precision}" if plan.mixed_precision not in (None, "no") else ""
+        )
+        return f"Launching {what} with {plan.start_method}{extra}..."
+
+    def rank_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
+        """The torchrun environment of ``rank`` plus accel_nb's own settings."""
+        n = str(plan.num_processes)
+        env = {
+            "RANK": str(rank),
+            "WORLD_SIZE": n,
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": n,
+            "GROUP_RANK": "0",
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": n,
+            "ROLE_NAME": "default",
+            "GROUP_WORLD_SIZE": "1",
+            "NODE_RANK": "0",
+            "MASTER_ADDR": plan.master_addr,
+            "MASTER_PORT": str(plan.master_port),
+            "TORCHELASTIC_RUN_ID": "accel_nb",
+        }
+        env.update(plan.training_env())
+        if not plan.use_gpu:
+            env["ACCEL_NB_USE_CPU"] = "1"
+            env["ACCELERATE_USE_CPU"] = "true"
+        if plan.start_method == "fork":
+            env["ACCEL_NB_FORKED"] = "1"
+        if plan.num_processes > 1 and not plan.use_gpu and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks must not each use every core
+        if plan.seat is not None:  # global ranks, world size and store from the machines' rendezvous
+            env.update(plan.seat.rank_env(rank))
+        env.update(plan.options.env)
+        return env
+
+    def start(self, plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> None:
+        from .parent.start import (
+            start_ranks,  # deferred: import time (plan is imported by the faces at startup)
+        )
+
+        start_ranks(plan, payload, log_dir, procs)
