@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from ..env_names import ENV_FORKED, ENV_USE_CPU, REFERENCE_USE_CPU
+
 if TYPE_CHECKING:
     from .parent.start import RankProcess
     from .plan import LaunchPlan
@@ -83,10 +85,10 @@ class ProcessLauncher(Launcher):
         }
         env.update(plan.training_env())
         if not plan.use_gpu:
-            env["ACCEL_NB_USE_CPU"] = "1"
-            env["ACCELERATE_USE_CPU"] = "true"
+            env[ENV_USE_CPU] = "1"
+            env[REFERENCE_USE_CPU] = "true"
         if plan.start_method == "fork":
-            env["ACCEL_NB_FORKED"] = "1"
+            env[ENV_FORKED] = "1"
         if plan.num_processes > 1 and not plan.use_gpu and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks must not each use every core
         if plan.seat is not None:  # global ranks, world size and store from the machines' rendezvous

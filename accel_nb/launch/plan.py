@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import hardware
+from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS, ENV_MIXED_PRECISION, REFERENCE_NAMES
 from ..precision.setting import bf16_gpu_problem
 from . import cuda_guard
 from .errors import LaunchSetupError
@@ -57,11 +58,11 @@ class LaunchPlan:
         """The launch's training settings as the environment every rank's Accelerator reads (both names)."""
         env = {}
         if self.mixed_precision is not None:
-            env["ACCEL_NB_MIXED_PRECISION"] = self.mixed_precision
-            env["ACCELERATE_MIXED_PRECISION"] = self.mixed_precision
+            env[ENV_MIXED_PRECISION] = self.mixed_precision
+            env[REFERENCE_NAMES[ENV_MIXED_PRECISION]] = self.mixed_precision
         if self.gradient_accumulation_steps is not None:
-            env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] = str(self.gradient_accumulation_steps)
-            env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] = str(self.gradient_accumulation_steps)
+            env[ENV_GRADIENT_ACCUMULATION_STEPS] = str(self.gradient_accumulation_steps)
+            env[REFERENCE_NAMES[ENV_GRADIENT_ACCUMULATION_STEPS]] = str(self.gradient_accumulation_steps)
         return env
 
     def rank_env(self, rank: int) -> dict[str, str]:

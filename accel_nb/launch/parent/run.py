@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from ...env_names import ENV_KEEP_LOGS
 from ...events import Reporter, as_reporter
 from ...utils import human_bytes, imported_module
 from ..errors import LaunchError
@@ -75,7 +76,7 @@ def run_launch(
     prepare_payload(payload, plan, say)
     keep_logs = plan.options.keep_logs
     if keep_logs is None:
-        keep_logs = os.environ.get("ACCEL_NB_KEEP_LOGS", "") not in ("", "0")
+        keep_logs = os.environ.get(ENV_KEEP_LOGS, "") not in ("", "0")
     timeout = plan.options.timeout
     _remove_kept_logs()  # the previous launch's notes pointed there until now
     log_dir = tempfile.mkdtemp(prefix="accel_nb-launch-")

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
 from ... import events
+from ...env_names import ENV_FORKED
 from ...utils import imported_module
 from ..channel import ChannelClosed, EventWriter, encode_event
 from . import tqdm_bridge
@@ -226,7 +227,7 @@ class WorkerRuntime:
         if spec.env:
             os.environ.update(spec.env)
         if spec.forked:
-            os.environ["ACCEL_NB_FORKED"] = "1"
+            os.environ[ENV_FORKED] = "1"
             if "accel_nb.state" in sys.modules:  # the notebook may hold a PartialState of its own
                 sys.modules["accel_nb.state"]._reset_all_states()
         _set_torch_threads(spec.threads)

@@ -9,7 +9,7 @@ command is supervised by a ``CellSupervisor`` and shown by a fresh reporter, exa
         s.run("x")                     # [0, 1]
         s.pull("x", rank=1)            # 1
 
-``accel_nb.Session`` (``accel_nb.notebook.session``) is this class with the notebook's display.
+``accel_nb.Session`` (``accel_nb.notebook.session_view``) is this class with the notebook's display.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ...env_names import ENV_KEEP_LOGS
 from ...events import Failure, FailureKind, Heartbeat, Phase, Reporter, Result
 from .. import cuda_guard, preimport
 from ..errors import LaunchError, RankFailure, UserFramesOnly
@@ -207,7 +208,7 @@ class WarmSession:
         self.procs = []
         keep = self.options.keep_logs
         if keep is None:
-            keep = os.environ.get("ACCEL_NB_KEEP_LOGS", "") not in ("", "0")
+            keep = os.environ.get(ENV_KEEP_LOGS, "") not in ("", "0")
         if self.log_dir and not keep and not self.broken:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

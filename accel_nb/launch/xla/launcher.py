@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ... import xla_detect
+from ...env_names import ENV_XLA_LAUNCH
 from ..channel import HEADER
 from ..errors import LaunchSetupError
 from ..launcher import Launcher
@@ -146,7 +147,7 @@ class XlaLauncher(Launcher):
 def xla_rank_env(plan: LaunchPlan) -> dict[str, str]:
     """The host's environment: accel_nb's settings only (torch_xla gives each ordinal its rank, not RANK=)."""
     runtime = plan.launcher.runtime
-    env = {"ACCEL_NB_XLA_LAUNCH": "1", "PJRT_DEVICE": runtime.device}
+    env = {ENV_XLA_LAUNCH: "1", "PJRT_DEVICE": runtime.device}
     if runtime.device == "CPU":
         env["CPU_NUM_DEVICES"] = str(runtime.num_devices)
     env.update(plan.training_env())
