@@ -1,7 +1,7 @@
 """The package layout keeps its rules (issue 31). Read with ``ast`` only: nothing is imported.
 
 (a) No import cycle inside ``accel_nb``, function-level imports counted. An import inside a function is
-    left out of the graph only when one of its lines carries a comment saying why it is deferred:
+    left out of the graph only when one of its lines (or a comment line just above it) says why it is deferred:
 
         from peft import PeftModel  # deferred: optional dependency
         from .launch.start import start  # deferred: import time (the CLI's --help stays fast)
@@ -104,7 +104,10 @@ class _Collector(ast.NodeVisitor):
 
     def _marked(self, node: ast.stmt) -> bool:
         end = getattr(node, "end_lineno", node.lineno) or node.lineno
-        return any(DEFERRED.search(self.lines[i - 1]) for i in range(node.lineno, end + 1))
+        if any(DEFERRED.search(self.lines[i - 1]) for i in range(node.lineno, end + 1)):
+            return True
+        above = self.lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+        return above.startswith("#") and bool(DEFERRED.search(above))  # a comment line just above
 
     def _add(self, node: ast.stmt, target: str, names: tuple[str, ...] = ()) -> None:
         self.imports.append(
