@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "CheckpointError": ".serialization",
     "DataLoaderConfiguration": ".data",
     "CompileOptions": ".compile",
-    "set_seed": ".utils",
+    "set_seed": ".misc",
     # progress inside a launch
     "progress": ".progress_bar",
     # launching (notebook face)
@@ -120,6 +120,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .deepspeed import DeepSpeedPlugin
     from .fsdp import FSDPOptions
     from .launch.errors import LaunchError, RankFailure
+    from .misc import set_seed
     from .notebook.device_map_view import show_device_map
     from .notebook.launcher import debug_launcher, notebook_launcher
     from .notebook.session_view import Session
@@ -136,4 +137,3 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .progress_bar import progress
     from .serialization import CheckpointError
     from .state import AcceleratorState, DistributedType, GradientState, PartialState
-    from .utils import set_seed

@@ -1,4 +1,5 @@
-"""What this Python environment has: optional packages, torch features, accelerator kinds, versions.
+"""What this Python environment has: optional packages, torch features, accelerator kinds, versions,
+the modules this process has imported, whether it is a Jupyter kernel.
 
     is_transformers_available()             # True when `import transformers` would find the package
     is_torch_version(">=", "2.4")           # compares the installed torch
@@ -10,16 +11,21 @@ callers that care) and never starts a device.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from .utils.constants import STR_OPERATION_TO_FUNC
 
 __all__ = [
     "compare_versions",
+    "imported_module",
+    "in_ipython_kernel",
     "is_torch_version",
     "package_available",
 ]
@@ -262,3 +268,32 @@ def is_fp16_available() -> bool:
 
 
 __all__ += sorted(n for n in list(globals()) if n.startswith("is_") and n not in __all__)
+
+
+def imported_module(name: str) -> ModuleType | None:
+    """The module ``name`` if this process has imported it, else None; never starts an import.
+
+    A module another thread is still importing (accel_nb warms torch in the background after
+    the first launch) is waited for, so callers never see a half-initialised torch.
+
+        torch = imported_module("torch")
+    """
+    module = sys.modules.get(name)
+    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False):
+        module = importlib.import_module(name)  # blocks until the other thread's import is done
+    return module
+
+
+def in_ipython_kernel() -> bool:
+    """True in a Jupyter kernel (its shell or a subclass, e.g. Colab's), checked without importing IPython.
+
+    in_ipython_kernel()   # False in a script or a plain terminal IPython
+    """
+    ipython_mod = sys.modules.get("IPython")
+    if ipython_mod is None:  # IPython not even loaded: certainly no kernel
+        return False
+    try:
+        shell = ipython_mod.get_ipython()
+    except AttributeError:  # a half-imported or stand-in IPython module
+        return False
+    return shell is not None and any(c.__name__ == "ZMQInteractiveShell" for c in type(shell).__mro__)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import xla_detect
-from .utils import human_bytes, imported_module
+from .availability import imported_module
+from .byte_sizes import human_bytes
 
 _NVML_LIBRARIES = ("libnvidia-ml.so.1", "libnvidia-ml.so", "nvml.dll")
 _NVML_SUCCESS = 0

@@ -1,5 +1,5 @@
-"""Small general helpers code written for the reference library calls: save on the main process, kernel
-check, ports, byte counts, nested dicts and attributes.
+"""Small general helpers code written for the reference library calls: seeding, save on the main process,
+kernel check, ports, byte counts, nested dicts and attributes, the utils' ``reduce`` and ``wait_for_everyone``.
 
     save(model.state_dict(), "weights.safetensors", safe_serialization=True)   # main process only
     check_os_kernel()                # warns on a Linux kernel older than 5.5 (hangs have been seen there)
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import random
 import re
 import socket
 from collections import OrderedDict
@@ -25,8 +26,11 @@ __all__ = [
     "load",
     "merge_dicts",
     "recursive_getattr",
+    "reduce",
     "save",
+    "set_seed",
     "tqdm",
+    "wait_for_everyone",
 ]
 
 _MIN_KERNEL = "5.5.0"
@@ -175,3 +179,42 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     if main_process_only and not disable:
         disable = PartialState().local_process_index != 0
     return auto_tqdm(*args, **kwargs, disable=disable)
+
+
+def set_seed(seed: int, device_specific: bool = False) -> None:
+    """Seed python, numpy and torch (all devices). ``device_specific`` adds the process index.
+
+    set_seed(42)
+    """
+    import numpy as np
+    import torch
+
+    if device_specific:
+        from .state import PartialState
+
+        seed += PartialState().process_index
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def wait_for_everyone() -> None:
+    """Block until every process of the run reaches this line (nothing to wait for in one process).
+
+    wait_for_everyone()
+    """
+    from .state import PartialState
+
+    PartialState().wait_for_everyone()
+
+
+def reduce(tensor: object, reduction: str = "mean", scale: float = 1.0) -> object:
+    """``accel_nb.reduce`` with the default of the reference's ``utils.reduce``: the mean over processes.
+
+    loss = reduce(loss)            # mean; reduce(loss, "sum") sums, as Accelerator.reduce does by default
+    """
+    from .ops import reduce as reduce_across_processes
+
+    return reduce_across_processes(tensor, reduction, scale)

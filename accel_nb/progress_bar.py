@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
 from . import events as _events
+from .availability import in_ipython_kernel
 from .progress_format import format_progress_line, plain_value
-from .utils import in_ipython_kernel
 
 DEFAULT_INTERVAL = 0.1  # seconds between two updates sent from one rank (<= 10 per second)
 _TEXT_INTERVAL = 0.1  # seconds between two redraws of the terminal bar (a TTY)

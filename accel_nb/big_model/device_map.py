@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..byte_sizes import human_bytes
 from ..counts import is_count
-from ..utils import human_bytes
 from .headroom import EngineReservation
 from .map_errors import DeviceMapError
 from .offload import DEFAULT_NUM_BUFFERS

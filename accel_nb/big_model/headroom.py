@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..utils import human_bytes
+from ..byte_sizes import human_bytes
 from .offload import aligned_bytes
 from .sizes import Device, as_dtype, tensor_bytes
 from .units import offload_targets, tensor_slots

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..utils import parse_size
+from ..byte_sizes import parse_size
 
 Device = int | str
 

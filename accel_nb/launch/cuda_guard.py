@@ -17,7 +17,7 @@ import threading
 import traceback
 from typing import Any
 
-from ..utils import imported_module
+from ..availability import imported_module
 
 _first_init_stack: list[traceback.FrameSummary] | None = None
 _recorder_lock = threading.Lock()

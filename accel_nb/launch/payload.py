@@ -20,7 +20,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..utils import imported_module
+from ..availability import imported_module
 from .errors import PayloadError
 
 # names IPython puts in the user namespace that never travel to the workers

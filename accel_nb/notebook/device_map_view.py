@@ -18,7 +18,7 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..utils import human_bytes
+from ..byte_sizes import human_bytes
 
 _CSS = """
 <style>

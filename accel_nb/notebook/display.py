@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..availability import in_ipython_kernel
 from ..events import Reporter
 from ..launch.parent.reporting import TextReporter
-from ..utils import in_ipython_kernel
 
 ENV_PROGRESS = "ACCEL_NB_PROGRESS"
 _MODES = ("auto", "widget", "text")

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..availability import in_ipython_kernel
 from ..events import Reporter
 from ..launch import cuda_guard, preimport
 from ..launch.errors import LaunchSetupError
@@ -21,7 +22,6 @@ from ..launch.options import LaunchOptions
 from ..launch.parent.run import run_launch
 from ..launch.payload import FunctionPayload
 from ..launch.plan import make_plan
-from ..utils import in_ipython_kernel
 from .display import make_reporter
 
 # Remember where CUDA is first initialised from now on (names the line when spawn must be used).

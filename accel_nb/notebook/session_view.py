@@ -17,10 +17,10 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from ..byte_sizes import human_bytes
 from ..events import Reporter
 from ..launch.options import LaunchOptions
 from ..launch.session.warm_session import SessionError, WarmSession
-from ..utils import human_bytes
 from .display import make_reporter, resolve_progress_mode, widget_frontend_available
 from .launcher import reject_unknown_options
 

@@ -16,6 +16,7 @@ import dataclasses
 import html
 from typing import Any
 
+from ..byte_sizes import human_bytes
 from ..config import (
     MIXED_PRECISION_CHOICES,
     RDZV_BACKENDS,
@@ -30,7 +31,6 @@ from ..config import (
     save_config,
 )
 from ..hardware import HardwareInfo, detect
-from ..utils import human_bytes
 
 _CONTROL_ORDER = (
     "compute", "num_processes", "mixed_precision", "gradient_accumulation_steps", "gpu_ids", "start_method",

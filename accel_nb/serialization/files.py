@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ..atomic_files import atomic_write, atomic_write_bytes, fsync_path
-from ..utils import parse_size as _parse_size
+from ..byte_sizes import parse_size as _parse_size
 
 __all__ = [
     "ALIASES_KEY", "SAVE_ID_KEY", "SAFE_WEIGHTS_NAME", "SAFE_INDEX_SUFFIX", "CheckpointError", "parse_size",

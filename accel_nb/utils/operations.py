@@ -23,7 +23,7 @@ _EXPORTS = {
         ],
         "accel_nb.ops",
     ),
-    **dict.fromkeys(["reduce"], "accel_nb.utils"),
+    **dict.fromkeys(["reduce"], "accel_nb.misc"),
     **dict.fromkeys(
         [
             "CannotPadNestedTensorWarning",

@@ -12,7 +12,7 @@ from ..lazy_exports import lazy_exports
 _EXPORTS = {
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "accel_nb.accelerator.unwrap"),
     **dict.fromkeys(["compile_regions", "has_compiled_regions"], "accel_nb.compile.apply"),
-    **dict.fromkeys(["wait_for_everyone"], "accel_nb.utils"),
+    **dict.fromkeys(["wait_for_everyone"], "accel_nb.misc"),
     **dict.fromkeys(
         [
             "check_os_kernel",

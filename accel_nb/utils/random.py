@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..lazy_exports import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["set_seed"], "accel_nb.utils"),
+    **dict.fromkeys(["set_seed"], "accel_nb.misc"),
     **dict.fromkeys(["synchronize_rng_state", "synchronize_rng_states"], "accel_nb.data.random_sync"),
 }
 

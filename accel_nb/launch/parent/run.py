@@ -14,9 +14,10 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from ...availability import imported_module
+from ...byte_sizes import human_bytes
 from ...env_names import ENV_KEEP_LOGS
 from ...events import Reporter, as_reporter
-from ...utils import human_bytes, imported_module
 from ..errors import LaunchError
 from ..payload import PayloadCheck, check_picklable, notebook_sources
 from ..plan import LaunchPlan

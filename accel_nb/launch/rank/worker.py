@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NoReturn
 
 from ... import events
+from ...availability import imported_module
 from ...env_names import ENV_FORKED
-from ...utils import imported_module
 from ..channel import ChannelClosed, EventWriter, encode_event
 from . import tqdm_bridge
 from .capture import OutputCapture
