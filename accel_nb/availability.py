@@ -14,13 +14,12 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import operator
 import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
-
-from .utils.constants import STR_OPERATION_TO_FUNC
 
 __all__ = [
     "compare_versions",
@@ -28,7 +27,19 @@ __all__ = [
     "in_ipython_kernel",
     "is_torch_version",
     "package_available",
+    "STR_OPERATION_TO_FUNC",
 ]
+
+# how compare_versions reads an operation; the reference's accelerate.utils.constants name
+STR_OPERATION_TO_FUNC: dict[str, Callable[[Any, Any], bool]] = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<=": operator.le,
+    "<": operator.lt,
+}
+
 
 def package_available(module: str, *distributions: str) -> bool:
     """True when ``module`` can be imported and one of ``distributions`` (default: ``module``) is installed.

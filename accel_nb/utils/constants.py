@@ -10,9 +10,7 @@ tables (docs/migration.md lists them).
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable
-from typing import Any
+from ..lazy_exports import lazy_exports
 
 MODEL_NAME = "pytorch_model"
 SAFE_MODEL_NAME = "model"
@@ -26,18 +24,15 @@ OPTIMIZER_NAME = "optimizer"
 SCHEDULER_NAME = "scheduler"
 SCALER_NAME = "scaler.pt"
 PROFILE_PATTERN_NAME = "profile_{suffix}.json"
-STR_OPERATION_TO_FUNC: dict[str, Callable[[Any, Any], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<=": operator.le,
-    "<": operator.lt,
-}
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
 
 __all__ = [
     "MODEL_NAME", "OPTIMIZER_NAME", "PROFILE_PATTERN_NAME", "SAFE_MODEL_NAME", "SAFE_WEIGHTS_INDEX_NAME",
     "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_PATTERN_NAME", "SCALER_NAME", "SCHEDULER_NAME",
-    "STR_OPERATION_TO_FUNC", "TORCH_DYNAMO_MODES", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME",
+    "TORCH_DYNAMO_MODES", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME",
 ]  # fmt: skip
+
+# the version comparison table is compare_versions' (accel_nb.availability), read on first use
+_LAZY = {"STR_OPERATION_TO_FUNC": "accel_nb.availability"}
+__all__ += sorted(_LAZY)
+__getattr__, __dir__ = lazy_exports(globals(), _LAZY)
