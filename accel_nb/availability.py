@@ -12,7 +12,6 @@ callers that care) and never starts a device.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import operator
 import os
@@ -48,11 +47,15 @@ def package_available(module: str, *distributions: str) -> bool:
     """
     if importlib.util.find_spec(module) is None:
         return False
+    from importlib import (
+        metadata,  # deferred: import time (it pulls email, zipfile, csv; the launch path never asks)
+    )
+
     for dist in distributions or (module,):
         try:
-            importlib.metadata.version(dist)
+            metadata.version(dist)
             return True
-        except importlib.metadata.PackageNotFoundError:
+        except metadata.PackageNotFoundError:
             continue
     return False
 
@@ -66,10 +69,12 @@ def compare_versions(library_or_version: Any, operation: str, requirement_versio
         raise ValueError(
             f"`operation` must be one of {list(STR_OPERATION_TO_FUNC.keys())}, received {operation}"
         )
+    from importlib import metadata  # deferred: import time (see package_available)
+
     from packaging.version import parse
 
     if isinstance(library_or_version, str):
-        library_or_version = parse(importlib.metadata.version(library_or_version))
+        library_or_version = parse(metadata.version(library_or_version))
     return STR_OPERATION_TO_FUNC[operation](library_or_version, parse(requirement_version))
 
 
