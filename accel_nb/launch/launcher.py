@@ -5,8 +5,9 @@ use, each rank's environment, and starts the ranks into the list the supervisor 
 of a launch (payload checks, supervision, reporting, clean-up) is the same for every kind.
 
 - ``ProcessLauncher`` (here): N rank processes on this machine, forked from the notebook or
-  spawned (through the spawn server ``zygote``, or fresh interpreters), as ``plan.start_method``
-  says; with ``plan.seat``, this machine's share of a job of several machines.
+  spawned (through the spawn server ``zygote``, or fresh interpreters), as ``plan.start_method`` says.
+- ``MultiNodeLauncher`` (``launch/elastic/multinode.py``): the same processes as this machine's
+  share of a job of several machines (a rendezvous before, global ranks, leaving after).
 - ``XlaLauncher`` (``launch/xla/launcher.py``): one host process that runs ``torch_xla.launch``.
 
 A new launch kind subclasses ``Launcher`` and is chosen in ``make_plan`` (``launch/plan.py``).
@@ -18,6 +19,7 @@ A new launch kind subclasses ``Launcher`` and is chosen in ``make_plan`` (``laun
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..env_names import ENV_FORKED, ENV_USE_CPU, REFERENCE_USE_CPU
@@ -42,9 +44,15 @@ class Launcher:
         """The environment ``rank``'s process gets on top of the notebook's."""
         raise NotImplementedError
 
+    def prepare(self, plan: LaunchPlan, say: Callable[[str], None]) -> None:
+        """Before the display starts (nothing by default; a multi-machine launch waits for every machine)."""
+
     def start(self, plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> None:
         """Start the rank processes into ``procs`` (filled as they start, so a half-done start can be cleaned up)."""
         raise NotImplementedError
+
+    def release(self, plan: LaunchPlan, ok: bool) -> None:
+        """After the ranks are over, whatever the outcome (nothing by default)."""
 
 
 class ProcessLauncher(Launcher):
@@ -91,10 +99,13 @@ class ProcessLauncher(Launcher):
             env[ENV_FORKED] = "1"
         if plan.num_processes > 1 and not plan.use_gpu and "OMP_NUM_THREADS" not in os.environ:
             env["OMP_NUM_THREADS"] = "1"  # as torchrun: N ranks must not each use every core
-        if plan.seat is not None:  # global ranks, world size and store from the machines' rendezvous
-            env.update(plan.seat.rank_env(rank))
+        env.update(self.extra_env(plan, rank))
         env.update(plan.options.env)
         return env
+
+    def extra_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
+        """What a kind of process launch adds to (or changes in) the torchrun environment; the user's ``env`` comes after."""
+        return {}
 
     def start(self, plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> None:
         from .parent.start import (

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 from .. import hardware
 from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS, ENV_MIXED_PRECISION, REFERENCE_NAMES
@@ -32,7 +31,6 @@ class LaunchPlan:
     spawn_reason: str | None  # why "auto" chose spawn (None when it chose fork or the user asked)
     master_port: int
     fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
-    seat: Any = None  # launch.elastic.multinode.MachineSeat when the job spans several machines
     launcher: Launcher = field(default_factory=ProcessLauncher)  # the launch kind: how the ranks start
 
     @property
@@ -144,11 +142,12 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
     else:
         method = options.start_method
 
-    seat = None
-    if options.num_nodes > 1:
-        from .elastic.multinode import plan_seat
+    launcher: Launcher = ProcessLauncher()
+    if options.num_nodes > 1:  # this machine's share of a job of several machines
+        from .elastic.multinode import MultiNodeLauncher, plan_seat  # deferred: import time
 
         seat = plan_seat(options, num_processes)
+        launcher = MultiNodeLauncher(seat)
         port = seat.port
     elif options.use_port is None:
         port = pick_free_port(options.master_addr)
@@ -169,5 +168,5 @@ def make_plan(options: LaunchOptions) -> LaunchPlan:
         start_method=method,
         spawn_reason=spawn_reason,
         master_port=port,
-        seat=seat,
+        launcher=launcher,
     )

@@ -21,12 +21,13 @@ import socket
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...config import LAUNCHER_RDZV_BACKENDS
 from ...counts import is_count
 from ..errors import LaunchSetupError
+from ..launcher import ProcessLauncher
 from .rendezvous import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
 
 __all__ = ["MachineSeat", "NOTEBOOK_NAMES", "check_machine_options", "take_reference_options", "plan_seat"]
@@ -136,6 +137,24 @@ class MachineSeat:
                 agent._exit_barrier()  # logs and returns when another machine failed
         finally:
             agent._worker_group.spec.rdzv_handler.shutdown()
+
+
+class MultiNodeLauncher(ProcessLauncher):
+    """This machine's rank processes in a job of several machines: join the rendezvous first, leave it after."""
+
+    def __init__(self, seat: MachineSeat) -> None:
+        self.seat = seat
+
+    def prepare(self, plan: Any, say: Callable[[str], None]) -> None:
+        say(f"[accel_nb] {self.seat.describe()}: waiting for every machine...")
+        self.seat.join()
+        say(f"[accel_nb] this machine runs global ranks {', '.join(map(str, self.seat.global_ranks))}")
+
+    def extra_env(self, plan: Any, rank: int) -> dict[str, str]:
+        return self.seat.rank_env(rank)  # global ranks, world size and store from the machines' rendezvous
+
+    def release(self, plan: Any, ok: bool) -> None:
+        self.seat.leave(succeeded=ok)
 
 
 def check_machine_options(options: Any) -> None:

@@ -102,10 +102,7 @@ def run_launch(
         "master_port": plan.master_port,
     }
     details.update(info or {})
-    if plan.seat is not None:
-        say(f"[accel_nb] {plan.seat.describe()}: waiting for every machine...")
-        plan.seat.join()
-        say(f"[accel_nb] this machine runs global ranks {', '.join(map(str, plan.seat.global_ranks))}")
+    plan.launcher.prepare(plan, say)  # a job of several machines waits for every machine here
     reporter = start_reporter(reporter, plan.num_processes, details)
     ok = False
     procs: list[RankProcess] = []
@@ -141,8 +138,7 @@ def run_launch(
         ok = True
         return [outcome.results[r] for r in range(plan.num_processes)]
     finally:
-        if plan.seat is not None:
-            plan.seat.leave(succeeded=ok)
+        plan.launcher.release(plan, ok)
         if ok and not keep_logs:
             if outcome.dropped_output:  # a note names a log in it: kept until the next launch or the kernel ends
                 keep_until_next_launch(log_dir)
