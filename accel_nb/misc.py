@@ -165,7 +165,9 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     from .availability import is_tqdm_available
 
     if not is_tqdm_available():
-        raise ImportError("Accelerate's `tqdm` module requires `tqdm` to be installed. Please run `pip install tqdm`.")
+        raise ImportError(
+            "Accelerate's `tqdm` module requires `tqdm` to be installed. Please run `pip install tqdm`."
+        )
     if args and isinstance(args[0], bool):
         raise ValueError(
             "Passing `True` or `False` as the first argument to Accelerate's `tqdm` wrapper is unsupported. "

@@ -29,7 +29,8 @@ _EXPORTS = {
         "accel_nb.misc",
     ),
     **dict.fromkeys(
-        ["get_module_children_bottom_up", "has_repeated_blocks", "is_repeated_blocks"], "accel_nb.big_model.module_helpers"
+        ["get_module_children_bottom_up", "has_repeated_blocks", "is_repeated_blocks"],
+        "accel_nb.big_model.module_helpers",
     ),
 }
 
