@@ -19,7 +19,27 @@ from ..config import START_METHODS
 from ..counts import whole_number
 from ..precision.setting import validate_mixed_precision
 from .errors import LaunchSetupError
-from .parent.reporting import parse_show_ranks
+
+
+def parse_show_ranks(show_ranks: Any) -> set[int] | None:
+    """``"all"``/None -> None (every rank); ``0`` -> {0}; ``[0, 2]`` or ``"0,2"`` -> {0, 2}.
+
+    parse_show_ranks("0,2")   # {0, 2}
+    """
+    if show_ranks is None or show_ranks == "all":
+        return None
+    try:
+        if isinstance(show_ranks, bool):
+            raise TypeError
+        if isinstance(show_ranks, int):
+            return {show_ranks}
+        if isinstance(show_ranks, str):
+            return {int(x) for x in show_ranks.split(",") if x.strip()}
+        return {int(x) for x in show_ranks}
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"show_ranks={show_ranks!r} names no ranks; use 'all', a rank (0), a list ([0, 2]) or '0,2'"
+        ) from None
 
 
 def _whole_at_least_one(name: str, value: Any) -> int | None:

@@ -29,9 +29,10 @@ from typing import Any
 
 from .. import events as ev
 from ..launch.failures import describe
+from ..launch.options import parse_show_ranks
 from ..launch.parent.launch_progress import QUIET_AFTER, LaunchProgress
 from ..launch.parent.output_lines import OutputRelay
-from ..launch.parent.reporting import TextReporter, parse_show_ranks
+from ..launch.parent.reporting import TextReporter
 from ..progress_format import format_duration, format_metrics, format_rate, one_line, plural
 from .kernel_restart import GONE_CSS, GONE_NOTE, LIVE_VIEWS, live_or_gone, watch_kernel_shutdown
 from .metric_chart import MetricChart

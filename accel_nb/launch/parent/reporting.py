@@ -30,31 +30,11 @@ from ...events import (
 )
 from ...progress_format import format_metrics, format_progress_line, one_line
 from ..failures import describe
+from ..options import parse_show_ranks
 from .launch_progress import STALL_AFTER, LaunchProgress
 from .output_lines import MERGE_WINDOW_S, OutputRelay
 
 STALL_CHECK_S = 0.5  # how often ``tick`` looks for ranks that went quiet
-
-
-def parse_show_ranks(show_ranks: Any) -> set[int] | None:
-    """``"all"``/None -> None (every rank); ``0`` -> {0}; ``[0, 2]`` or ``"0,2"`` -> {0, 2}.
-
-    parse_show_ranks("0,2")   # {0, 2}
-    """
-    if show_ranks is None or show_ranks == "all":
-        return None
-    try:
-        if isinstance(show_ranks, bool):
-            raise TypeError
-        if isinstance(show_ranks, int):
-            return {show_ranks}
-        if isinstance(show_ranks, str):
-            return {int(x) for x in show_ranks.split(",") if x.strip()}
-        return {int(x) for x in show_ranks}
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"show_ranks={show_ranks!r} names no ranks; use 'all', a rank (0), a list ([0, 2]) or '0,2'"
-        ) from None
 
 
 class TextReporter(Reporter):
