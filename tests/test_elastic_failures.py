@@ -6,7 +6,7 @@ import os
 import signal
 from types import SimpleNamespace
 
-from accel_nb.launch.elastic.failures import failure_summary, order_failures
+from accel_nb.launch.elastic.agent_failures import failure_summary, order_failures
 
 
 def _log(log_dir, local_rank: int, text: str, mtime: float) -> None:

@@ -29,7 +29,7 @@ from ..config import (
 from ..config.arguments import positive_seconds
 from ..config.command_line import PROG
 from ..hardware import detect
-from ..launch.elastic.failures import failure_summary, order_failures
+from ..launch.elastic.agent_failures import failure_summary, order_failures
 from ..launch.elastic.rendezvous import (
     agent_arguments,
     check_endpoint,

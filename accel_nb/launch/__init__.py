@@ -17,7 +17,7 @@ By side and job, sub-packages:
   ``hang_blame``, ``run`` (one launch end to end), ``reporting`` (text / list reporters),
   ``launch_progress``, ``output_lines``, ``metric_history``.
 - ``session/`` interactive sessions: ``warm_session``, ``cell_supervisor``, ``loop`` (rank side).
-- ``elastic/`` several machines: ``rendezvous``, ``multinode``, ``failures``.
+- ``elastic/`` several machines: ``rendezvous``, ``multinode``, ``agent_failures``.
 - ``xla/`` XLA devices: ``launcher`` (``XlaLauncher``: the host process), ``ordinal`` (rank side).
 
 Nothing here imports ``accel_nb.notebook``.
