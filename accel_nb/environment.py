@@ -1,5 +1,6 @@
 """Environment-variable helpers: set some for a block, or run a block with none.
 
+Example:
     with patch_environment(master_port=29501, omp_num_threads=1):
         ...        # MASTER_PORT="29501", OMP_NUM_THREADS="1"; previous values back afterwards
 """
@@ -164,7 +165,11 @@ def purge_accelerate_environment(func_or_cls: Any) -> Any:
     def wrap_tests(cls: type) -> type:
         for name in dir(cls):
             method = getattr(cls, name)
-            if name.startswith("test") and callable(method) and not getattr(method, "_accel_nb_env_purged", False):
+            if (
+                name.startswith("test")
+                and callable(method)
+                and not getattr(method, "_accel_nb_env_purged", False)
+            ):
                 setattr(cls, name, wrap(method))
         return cls
 

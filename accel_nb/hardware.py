@@ -298,7 +298,9 @@ def tpu_report_lines(hw: HardwareInfo) -> list[str]:
     """The TPU/XLA lines of the report: chips and their evidence, the XLA runtime, auto-loaded backends."""
     xla = "torch_xla installed" if hw.xla_available else "torch_xla not installed"
     if hw.tpu_detected:
-        chips = f"{hw.tpu_chips} chip{'s' if hw.tpu_chips != 1 else ''}" if hw.tpu_chips else "chips not counted"
+        chips = (
+            f"{hw.tpu_chips} chip{'s' if hw.tpu_chips != 1 else ''}" if hw.tpu_chips else "chips not counted"
+        )
         tpu = f"TPU detected, {chips} ({'; '.join(hw.tpu_hints)})"
     else:
         tpu = f"no TPU runtime (hints: {'; '.join(hw.tpu_hints)})" if hw.tpu_hints else "no TPU"
@@ -307,8 +309,12 @@ def tpu_report_lines(hw: HardwareInfo) -> list[str]:
         lines.append(f"- XLA launch: {hw.xla_runtime.describe()}")
     elif hw.tpu_detected and not hw.xla_available:
         lines.append("- XLA launch: not possible: torch_xla is not installed (pip install 'accel_nb[xla]')")
-    lines += [f"- {line}" for line in xla_detect.backend_lines(hw.device_backends, {
-        xla_detect.AUTOLOAD_SWITCH: "1" if hw.backend_autoload else "0"})]  # fmt: skip
+    lines += [
+        f"- {line}"
+        for line in xla_detect.backend_lines(
+            hw.device_backends, {xla_detect.AUTOLOAD_SWITCH: "1" if hw.backend_autoload else "0"}
+        )
+    ]
     return lines
 
 

@@ -97,18 +97,28 @@ class DistributedDataParallelKwargs(KwargsHandler):
         _check_positive("DistributedDataParallelKwargs", bucket_cap_mb=self.bucket_cap_mb)
         self.comm_hook = _hook_type(self.comm_hook, "comm_hook")
         self.comm_wrapper = _hook_type(self.comm_wrapper, "comm_wrapper")
-        if self.comm_wrapper not in (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16):
-            raise ValueError(f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16' (or 'no')")
+        if self.comm_wrapper not in (
+            DDPCommunicationHookType.NO,
+            DDPCommunicationHookType.FP16,
+            DDPCommunicationHookType.BF16,
+        ):
+            raise ValueError(
+                f"comm_wrapper={self.comm_wrapper.value!r}: a wrapper compresses to 'fp16' or 'bf16' (or 'no')"
+            )
         if self.comm_wrapper is not DDPCommunicationHookType.NO and self.comm_hook not in (
             DDPCommunicationHookType.POWER_SGD,
             DDPCommunicationHookType.BATCHED_POWER_SGD,
         ):
-            raise ValueError("comm_wrapper wraps a PowerSGD hook; set comm_hook='power_sgd' or 'batched_power_sgd' too")
+            raise ValueError(
+                "comm_wrapper wraps a PowerSGD hook; set comm_hook='power_sgd' or 'batched_power_sgd' too"
+            )
         if self.comm_state_option and self.comm_hook not in (
             DDPCommunicationHookType.POWER_SGD,
             DDPCommunicationHookType.BATCHED_POWER_SGD,
         ):
-            raise ValueError("comm_state_option configures a PowerSGD hook; set comm_hook='power_sgd' or 'batched_power_sgd'")
+            raise ValueError(
+                "comm_state_option configures a PowerSGD hook; set comm_hook='power_sgd' or 'batched_power_sgd'"
+            )
 
     def to_kwargs(self) -> dict[str, Any]:
         """The DDP constructor arguments that differ from the defaults (the hook fields are not among them)."""
@@ -159,9 +169,13 @@ class GradScalerKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         _check_positive("GradScalerKwargs", init_scale=self.init_scale, growth_interval=self.growth_interval)
         if not self.growth_factor > 1.0:
-            raise ValueError(f"GradScalerKwargs(growth_factor={self.growth_factor!r}): it must be greater than 1")
+            raise ValueError(
+                f"GradScalerKwargs(growth_factor={self.growth_factor!r}): it must be greater than 1"
+            )
         if not 0.0 < self.backoff_factor < 1.0:
-            raise ValueError(f"GradScalerKwargs(backoff_factor={self.backoff_factor!r}): it must be between 0 and 1")
+            raise ValueError(
+                f"GradScalerKwargs(backoff_factor={self.backoff_factor!r}): it must be between 0 and 1"
+            )
 
 
 _BACKENDS = ("nccl", "gloo", "mpi", "ucc", "xla", "cuda:nccl,cpu:gloo")
@@ -180,7 +194,9 @@ class InitProcessGroupKwargs(KwargsHandler):
 
     def __post_init__(self) -> None:
         if self.backend is not None and self.backend not in _BACKENDS:
-            raise ValueError(f"InitProcessGroupKwargs(backend={self.backend!r}): use one of {', '.join(_BACKENDS)}")
+            raise ValueError(
+                f"InitProcessGroupKwargs(backend={self.backend!r}): use one of {', '.join(_BACKENDS)}"
+            )
         if isinstance(self.timeout, (int, float)) and not isinstance(self.timeout, bool):
             raise TypeError(
                 f"InitProcessGroupKwargs(timeout={self.timeout!r}): pass a datetime.timedelta, "
@@ -189,7 +205,9 @@ class InitProcessGroupKwargs(KwargsHandler):
         if self.timeout is not None and not isinstance(self.timeout, datetime.timedelta):
             raise TypeError(f"InitProcessGroupKwargs(timeout={self.timeout!r}): pass a datetime.timedelta")
         if self.timeout is not None and self.timeout.total_seconds() <= 0:
-            raise ValueError(f"InitProcessGroupKwargs(timeout={self.timeout!r}): the timeout must be positive")
+            raise ValueError(
+                f"InitProcessGroupKwargs(timeout={self.timeout!r}): the timeout must be positive"
+            )
 
 
 @dataclasses.dataclass
@@ -232,10 +250,14 @@ class ProfileKwargs(KwargsHandler):
     def __post_init__(self) -> None:
         bad = [a for a in self.activities or [] if a not in _ACTIVITIES]
         if bad:
-            raise ValueError(f"ProfileKwargs(activities=...): unknown {bad}; use some of {', '.join(_ACTIVITIES)}")
+            raise ValueError(
+                f"ProfileKwargs(activities=...): unknown {bad}; use some of {', '.join(_ACTIVITIES)}"
+            )
         unknown = sorted(set(self.schedule_option or {}) - set(_SCHEDULE_KEYS))
         if unknown:
-            raise ValueError(f"ProfileKwargs(schedule_option=...): unknown keys {unknown}; use {', '.join(_SCHEDULE_KEYS)}")
+            raise ValueError(
+                f"ProfileKwargs(schedule_option=...): unknown keys {unknown}; use {', '.join(_SCHEDULE_KEYS)}"
+            )
 
     def build(self) -> Any:
         """A ``torch.profiler.profile`` configured from these settings (not started).
@@ -296,7 +318,9 @@ class GradientAccumulationPlugin(KwargsHandler):
 
     def __post_init__(self) -> None:
         if self.num_steps is not None and not is_count(self.num_steps):
-            raise ValueError(f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): num_steps is a whole number >= 1")
+            raise ValueError(
+                f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): num_steps is a whole number >= 1"
+            )
 
 
 @dataclasses.dataclass
@@ -352,7 +376,9 @@ def read_kwargs_handlers(handlers: Iterable[Any] | None) -> HandlerArguments:
     for handler in handlers or []:
         slot, ours = _as_ours(handler)
         if slot in seen:
-            raise ValueError(f"kwargs_handlers holds two {type(ours).__name__}; pass one and merge their settings")
+            raise ValueError(
+                f"kwargs_handlers holds two {type(ours).__name__}; pass one and merge their settings"
+            )
         seen.add(slot)
         if slot in ("profile", "gradient_accumulation"):
             setattr(out, slot, ours)

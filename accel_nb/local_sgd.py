@@ -35,7 +35,9 @@ class LocalSGD:
             local_sgd.step()
     """
 
-    def __init__(self, accelerator: Any, model: nn.Module, local_sgd_steps: int, enabled: bool = True) -> None:
+    def __init__(
+        self, accelerator: Any, model: nn.Module, local_sgd_steps: int, enabled: bool = True
+    ) -> None:
         if not is_count(local_sgd_steps):
             raise ValueError(f"local_sgd_steps={local_sgd_steps!r} must be a whole number >= 1")
         from .state import DistributedType

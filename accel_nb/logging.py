@@ -81,7 +81,9 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
     if log_level is not None:
         level = str(log_level).upper()
         if not isinstance(logging.getLevelName(level), int):
-            raise ValueError(f"log_level={log_level!r} is not a logging level; use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+            raise ValueError(
+                f"log_level={log_level!r} is not a logging level; use DEBUG, INFO, WARNING, ERROR or CRITICAL"
+            )
         logger.setLevel(level)
         logger.root.setLevel(level)
     return MultiProcessAdapter(logger, {})

@@ -1,5 +1,6 @@
 """Memory helpers: free what a run holds, empty the device cache, find a batch size that fits.
 
+Example:
     @find_executable_batch_size(starting_batch_size=256)
     def train(batch_size):
         ...                       # retried with 0.9x the batch size after an out-of-memory error
@@ -89,7 +90,9 @@ def _check_call(function: Callable[..., Any], args: tuple, kwargs: dict) -> None
     """Refuse a call that passes the batch size itself (the decorator passes it)."""
     name = getattr(function, "__name__", "function")
     if "batch_size" in kwargs:
-        raise TypeError(f"{name}() got batch_size=...; remove it, find_executable_batch_size passes the batch size")
+        raise TypeError(
+            f"{name}() got batch_size=...; remove it, find_executable_batch_size passes the batch size"
+        )
     try:
         params = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
@@ -149,6 +152,8 @@ def find_executable_batch_size(
                     raise
                 del exc  # drop the traceback's frames (and the tensors they hold) before retrying
                 clear_device_cache(garbage_collection=True)
-                batch_size = int(reduce_batch_size_fn()) if reduce_batch_size_fn is not None else int(batch_size * 0.9)
+                batch_size = (
+                    int(reduce_batch_size_fn()) if reduce_batch_size_fn is not None else int(batch_size * 0.9)
+                )
 
     return run

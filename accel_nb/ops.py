@@ -71,11 +71,18 @@ def recursively_apply(
     if isinstance(data, (list, tuple)):
         return _rebuild(
             data,
-            [recursively_apply(func, x, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs) for x in data],
+            [
+                recursively_apply(
+                    func, x, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+                )
+                for x in data
+            ],
         )
     if isinstance(data, Mapping):
         out = {
-            k: recursively_apply(func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs)
+            k: recursively_apply(
+                func, v, *args, test_type=test_type, error_on_other_type=error_on_other_type, **kwargs
+            )
             for k, v in data.items()
         }
         try:
@@ -132,8 +139,18 @@ def _comm_device(t: torch.Tensor) -> torch.device:
 
 # dtypes are compared through a stable small code
 _DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8, torch.int16,
-    torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
 ]
 
 
@@ -146,7 +163,9 @@ def _exchange_meta(tensors: list[torch.Tensor]) -> torch.Tensor:
     meta = torch.full((len(tensors), 2 + _MAX_DIMS), -1, dtype=torch.int64)
     for i, t in enumerate(tensors):
         if t.dim() > _MAX_DIMS:
-            raise ValueError(f"tensors with more than {_MAX_DIMS} dimensions are not supported by collectives here")
+            raise ValueError(
+                f"tensors with more than {_MAX_DIMS} dimensions are not supported by collectives here"
+            )
         meta[i, 0] = t.dim()
         meta[i, 1] = _dtype_code(t.dtype)
         meta[i, 2 : 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
@@ -188,7 +207,9 @@ def _check_same(meta: torch.Tensor, op: str, ignore_dim: int | None = None) -> N
                 if op == "gather"
                 else "every rank must pass tensors of the same shape and dtype"
             )
-            raise ShapeMismatchError(f"{op} got different tensors on different ranks{where}: {shapes}; {hint}")
+            raise ShapeMismatchError(
+                f"{op} got different tensors on different ranks{where}: {shapes}; {hint}"
+            )
 
 
 # -- gather -----------------------------------------------------------------------------------------
@@ -355,7 +376,9 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
         ndims = {int(meta[r, i, 0]) for r in range(meta.shape[0])}
         if len(ndims) > 1:
             shapes = ", ".join(f"rank {r}: {_shape_str(meta[r, i])}" for r in range(meta.shape[0]))
-            raise ShapeMismatchError(f"pad_across_processes needs the same number of dimensions on every rank: {shapes}")
+            raise ShapeMismatchError(
+                f"pad_across_processes needs the same number of dimensions on every rank: {shapes}"
+            )
         if not -t.dim() <= dim < max(t.dim(), 1):
             raise IndexError(f"dim={dim} is out of range for a tensor of shape {tuple(t.shape)}")
     counter = iter(range(len(leaves)))
@@ -380,7 +403,9 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 
 
 # -- devices ----------------------------------------------------------------------------------------
-def send_to_device(obj: Any, device: torch.device | str, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+def send_to_device(
+    obj: Any, device: torch.device | str, non_blocking: bool = False, skip_keys: Any = None
+) -> Any:
     """Move every tensor (or object with ``.to``) in ``obj`` to ``device``; keep the structure."""
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]

@@ -21,9 +21,20 @@ import torch.distributed as dist
 from .env_names import ENV_COLLECTIVE_TIMEOUT, ENV_RENDEZVOUS_TIMEOUT
 
 __all__ = [
-    "ENV_RENDEZVOUS_TIMEOUT", "ENV_COLLECTIVE_TIMEOUT", "DEFAULT_RENDEZVOUS_TIMEOUT_S", "DEFAULT_COLLECTIVE_TIMEOUT_S",
-    "RendezvousError", "join_process_group", "release_process_groups", "rejoin_process_group", "rebind_ddp_models", "stale_group_holders", "set_group_timeout", "check_backend", "timeout_seconds",
-]  # fmt: skip
+    "ENV_RENDEZVOUS_TIMEOUT",
+    "ENV_COLLECTIVE_TIMEOUT",
+    "DEFAULT_RENDEZVOUS_TIMEOUT_S",
+    "DEFAULT_COLLECTIVE_TIMEOUT_S",
+    "RendezvousError",
+    "join_process_group",
+    "release_process_groups",
+    "rejoin_process_group",
+    "rebind_ddp_models",
+    "stale_group_holders",
+    "set_group_timeout",
+    "check_backend",
+    "timeout_seconds",
+]
 
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
@@ -88,7 +99,9 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
                 "check that rank 0 is running and that MASTER_ADDR/MASTER_PORT are reachable from this "
                 f"machine, or allow more time with {ENV_RENDEZVOUS_TIMEOUT}=<seconds>"
             )
-        raise RendezvousError(f"{cause} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from exc
+        raise RendezvousError(
+            f"{cause} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); {fix}"
+        ) from exc
     if agent_store:
         # the agent's store outlives a restart: each round of ranks gets its own keys, else the
         # restarted ranks read the dead ranks' addresses. The round is how many times this global
@@ -111,7 +124,8 @@ def join_process_group(topo: dict[str, Any], backend: str, collective_timeout: f
         # the rendezvous is over: collectives get the long timeout from here on
         set_group_timeout(coll_timeout)
         if backend == "gloo":
-            atexit.unregister(_destroy_gloo_group_at_exit)  # once, however often this process re-forms a group
+            # once, however often this process re-forms a group
+            atexit.unregister(_destroy_gloo_group_at_exit)
             atexit.register(_destroy_gloo_group_at_exit)
     except Exception as exc:
         # teardown of the half-formed group: the RendezvousError below carries the cause, and a
@@ -235,9 +249,7 @@ def timeout_seconds(timeout: Any) -> float | None:
     elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         seconds = float(timeout)
     else:
-        raise TypeError(
-            f"PartialState(timeout={timeout!r}): give seconds (a number) or a datetime.timedelta"
-        )
+        raise TypeError(f"PartialState(timeout={timeout!r}): give seconds (a number) or a datetime.timedelta")
     if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"PartialState(timeout={timeout!r}) must be a positive, finite number of seconds")
     return seconds
@@ -323,7 +335,9 @@ def stale_group_holders(namespace: dict[str, Any]) -> list[str]:
         with contextlib.suppress(Exception):
             params = [p for g in item.param_groups for p in g.get("params", ())]
             if any(id(p) in stale_params for p in params):
-                found.append(f"{label} ({type(item).__name__} over the parameters of a model bound to the old group)")
+                found.append(
+                    f"{label} ({type(item).__name__} over the parameters of a model bound to the old group)"
+                )
     return found
 
 

@@ -48,9 +48,17 @@ from .xla import runtime as xla_runtime
 PROCESS_GROUP_KEYWORDS = ("backend", "timeout")
 
 __all__ = [
-    "PartialState", "AcceleratorState", "GradientState", "DistributedType", "TopologyError", "RendezvousError",
-    "MIXED_PRECISION_CHOICES", "validate_mixed_precision", "split_for_process", "read_topology",
-]  # fmt: skip
+    "PartialState",
+    "AcceleratorState",
+    "GradientState",
+    "DistributedType",
+    "TopologyError",
+    "RendezvousError",
+    "MIXED_PRECISION_CHOICES",
+    "validate_mixed_precision",
+    "split_for_process",
+    "read_topology",
+]
 
 
 def env_value(name: str, default: str | None = None) -> str | None:
@@ -99,7 +107,9 @@ def _int_env(name: str, default: int | None) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise TopologyError(f"{name}={raw!r} is not an integer; the launcher must set it to a whole number") from None
+        raise TopologyError(
+            f"{name}={raw!r} is not an integer; the launcher must set it to a whole number"
+        ) from None
 
 
 def read_topology() -> dict[str, Any]:
@@ -179,7 +189,9 @@ class PartialState:
 
     _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
 
-    def __init__(self, cpu: bool = False, *, backend: str | None = None, timeout: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self, cpu: bool = False, *, backend: str | None = None, timeout: Any = None, **kwargs: Any
+    ) -> None:
         _reject_unknown_keywords("PartialState", kwargs, ("cpu",) + PROCESS_GROUP_KEYWORDS)
         use_xla = _choose_state_scope(PartialState, cpu)
         self.__dict__ = self._shared_state
@@ -218,7 +230,8 @@ class PartialState:
             self.backend = None  # one process: no group to form (a given backend was still checked)
             self.distributed_type = DistributedType.NO
         if env_value(ENV_DEEPSPEED_CONFIG) or env_flag(REFERENCE_USE_DEEPSPEED):
-            self.distributed_type = DistributedType.DEEPSPEED  # the launcher asked for DeepSpeed (accel_nb.deepspeed)
+            # the launcher asked for DeepSpeed (accel_nb.deepspeed)
+            self.distributed_type = DistributedType.DEEPSPEED
         self.fork_launched = os.environ.get(ENV_FORKED) == "1"
         self.initialized = True
 
@@ -365,7 +378,9 @@ class PartialState:
         """Decorator: the function runs on the last process only (returns None elsewhere)."""
         return self.on_process(function, process_index=self.num_processes - 1)
 
-    def on_local_process(self, function: Callable[..., Any] | None = None, local_process_index: int = 0) -> Any:
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int = 0
+    ) -> Any:
         """Decorator: the function runs on the process of each machine with ``local_process_index``
         (always with one process, as in the reference library).
 
@@ -438,7 +453,9 @@ def split_for_process(inputs: Any, index: int, parts: int, apply_padding: bool =
     if isinstance(inputs, dict):
         lengths = {k: len(v) for k, v in inputs.items()}
         if len(set(lengths.values())) > 1:
-            raise ValueError(f"split_between_processes needs every value of the dict to have the same length, got {lengths}")
+            raise ValueError(
+                f"split_between_processes needs every value of the dict to have the same length, got {lengths}"
+            )
         return {k: split_for_process(v, index, parts, apply_padding) for k, v in inputs.items()}
     if not hasattr(inputs, "__len__") or not hasattr(inputs, "__getitem__"):
         raise TypeError(
@@ -468,9 +485,10 @@ class AcceleratorState(PartialState):
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
         _reject_unknown_keywords(
-            "AcceleratorState", {k: v for k, v in kwargs.items() if k not in PROCESS_GROUP_KEYWORDS},
+            "AcceleratorState",
+            {k: v for k, v in kwargs.items() if k not in PROCESS_GROUP_KEYWORDS},
             ("mixed_precision", "cpu") + PROCESS_GROUP_KEYWORDS,
-        )  # fmt: skip
+        )
         _choose_state_scope(AcceleratorState, cpu)
         self.__dict__ = self._shared_state
         if not self._shared_state.get("initialized"):

@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 GOOGLE_PCI_VENDOR = "0x1ae0"
 AUTOLOAD_SWITCH = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 # variables a TPU VM (Kaggle's TPU runtime, Colab's, Cloud TPU) sets for libtpu
-TPU_VM_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_SKIP_MDS_QUERY")
+TPU_VM_VARIABLES = (
+    "TPU_ACCELERATOR_TYPE",
+    "TPU_WORKER_ID",
+    "TPU_CHIPS_PER_HOST_BOUNDS",
+    "TPU_SKIP_MDS_QUERY",
+)
 # older or remote-TPU spellings: hints only (a TPU node elsewhere, not chips on this machine)
 TPU_HINT_VARIABLES = ("COLAB_TPU_ADDR", "TPU_NAME", "XRT_TPU_CONFIG")
 
@@ -64,7 +69,9 @@ def _short(paths: list[str]) -> str:
     return ", ".join(paths[:4]) + (" ..." if len(paths) > 4 else "")
 
 
-def detect_tpu(env: Mapping[str, str] | None = None, dev_root: str = "/dev", sys_root: str = "/sys") -> TpuInfo:
+def detect_tpu(
+    env: Mapping[str, str] | None = None, dev_root: str = "/dev", sys_root: str = "/sys"
+) -> TpuInfo:
     """TPU chips on this machine, from sysfs, device files and TPU VM variables (never from a host's name).
 
     detect_tpu().detected                        # False on a machine without TPU
@@ -78,13 +85,17 @@ def detect_tpu(env: Mapping[str, str] | None = None, dev_root: str = "/dev", sys
     accel = sorted(glob.glob(os.path.join(dev_root, "accel[0-9]*")))
     vfio = sorted(p for p in glob.glob(os.path.join(dev_root, "vfio", "*")) if os.path.basename(p).isdigit())
     if google:
-        evidence.append(f"{len(google)} Google PCI device{'s' if len(google) != 1 else ''} ({_short(google)})")
+        evidence.append(
+            f"{len(google)} Google PCI device{'s' if len(google) != 1 else ''} ({_short(google)})"
+        )
     trusted_files = bool(google or tpu_vars)
     chip_files = accel or vfio
     if chip_files and trusted_files:
         evidence.append(f"TPU device files {_short(chip_files)}")
     elif accel:
-        hints.append(f"device files {_short(accel)} without a Google device or TPU variables (NVIDIA's driver makes them too)")
+        hints.append(
+            f"device files {_short(accel)} without a Google device or TPU variables (NVIDIA's driver makes them too)"
+        )
     if env.get("PJRT_DEVICE", "").upper() == "TPU":
         evidence.append("PJRT_DEVICE=TPU")
     evidence += [f"{name}={env[name]}" for name in tpu_vars]
@@ -160,7 +171,9 @@ class DeviceBackend:
 
     @property
     def is_torch_tpu(self) -> bool:
-        return self.distribution.lower().replace("_", "-") == "torch-tpu" or self.value.startswith("torch_tpu")
+        return self.distribution.lower().replace("_", "-") == "torch-tpu" or self.value.startswith(
+            "torch_tpu"
+        )
 
 
 def device_backends(paths: list[str] | None = None) -> list[DeviceBackend]:

@@ -94,10 +94,19 @@ print(json.dumps({"first_step_s": first, "later_step_s": later}))
 def measure(lib: str, variant: str, layers: int, cache_dir: str) -> dict:
     """One fresh interpreter's figures (``variant``: "whole" or "regional")."""
     env = {k: v for k, v in os.environ.items() if "DYNAMO" not in k}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT, TORCHINDUCTOR_CACHE_DIR=cache_dir,
-               TORCHINDUCTOR_COMPILE_THREADS="1")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", WORKER, lib, variant, str(layers)], capture_output=True,
-                          text=True, env=env, timeout=600)  # fmt: skip
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=ROOT,
+        TORCHINDUCTOR_CACHE_DIR=cache_dir,
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, lib, variant, str(layers)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{lib} {variant}: {done.stderr.strip().splitlines()[-1:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -120,28 +129,48 @@ def run(quick: bool = False) -> list[dict]:
             figures["reference", variant] = cold_and_warm("accelerate", variant, layers)
         except (RuntimeError, subprocess.SubprocessError):
             figures["reference", variant] = None  # the reference is not installed (the `bench` extra)
-    note = f"{layers} transformer blocks (width 64), batch 4x32, inductor, 1 CPU process, fresh interpreter each"
+    note = (
+        f"{layers} transformer blocks (width 64), batch 4x32, inductor, 1 CPU process, fresh interpreter each"
+    )
     rows = []
     for variant in ("whole", "regional"):
         for when, label in (("cold", "empty inductor cache"), ("warm", "second interpreter, same cache")):
             ours, ref = figures["accel_nb", variant], figures["reference", variant]
-            rows.append({
-                "benchmark": "compile", "metric": f"first step, {variant} model, {when} ({label})",
-                "accel_nb": ours[when], "reference": ref[when] if ref else None, "unit": "s", "note": note,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "benchmark": "compile",
+                    "metric": f"first step, {variant} model, {when} ({label})",
+                    "accel_nb": ours[when],
+                    "reference": ref[when] if ref else None,
+                    "unit": "s",
+                    "note": note,
+                }
+            )
         ours, ref = figures["accel_nb", variant], figures["reference", variant]
-        rows.append({
-            "benchmark": "compile", "metric": f"later step, {variant} model (median of 3)", "accel_nb": ours["step"],
-            "reference": ref["step"] if ref else None, "unit": "s", "note": note,
-        })  # fmt: skip
+        rows.append(
+            {
+                "benchmark": "compile",
+                "metric": f"later step, {variant} model (median of 3)",
+                "accel_nb": ours["step"],
+                "reference": ref["step"] if ref else None,
+                "unit": "s",
+                "note": note,
+            }
+        )
     for when in ("cold", "warm"):
         ours = figures["accel_nb", "regional"][when] / figures["accel_nb", "whole"][when]
         ref_whole, ref_regional = figures["reference", "whole"], figures["reference", "regional"]
         ref = ref_regional[when] / ref_whole[when] if ref_whole and ref_regional else None
-        rows.append({
-            "benchmark": "compile", "metric": f"first step, regional / whole, {when}", "accel_nb": ours,
-            "reference": ref, "unit": "x", "note": "below 1: regional compilation starts faster",
-        })  # fmt: skip
+        rows.append(
+            {
+                "benchmark": "compile",
+                "metric": f"first step, regional / whole, {when}",
+                "accel_nb": ours,
+                "reference": ref,
+                "unit": "x",
+                "note": "below 1: regional compilation starts faster",
+            }
+        )
     return rows
 
 
@@ -149,4 +178,6 @@ if __name__ == "__main__":
     for row in run(quick="--quick" in sys.argv):
         ref = "-" if row["reference"] is None else f"{row['reference']:.4g}"
         ratio = "-" if not row["reference"] else f"{row['accel_nb'] / row['reference']:.2f}x"
-        print(f"{row['metric']:<62} accel_nb {row['accel_nb']:.4g} {row['unit']}  reference {ref}  ratio {ratio}")
+        print(
+            f"{row['metric']:<62} accel_nb {row['accel_nb']:.4g} {row['unit']}  reference {ref}  ratio {ratio}"
+        )

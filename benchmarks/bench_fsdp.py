@@ -51,8 +51,12 @@ def _one_run(use_fsdp: bool, gpu: bool, steps: int) -> tuple[float, float]:
     from accel_nb.fsdp.sharding import local_shard_bytes
 
     wrap = ["GPT2Block"] if gpu else ["_Block"]
-    acc = Accelerator(cpu=not gpu, mixed_precision="bf16" if gpu else "no",
-                      fsdp=FSDPOptions(auto_wrap_classes=wrap) if use_fsdp else None)  # CPU rows stay on CPU on a GPU machine
+    acc = Accelerator(
+        cpu=not gpu,
+        mixed_precision="bf16" if gpu else "no",
+        # CPU rows stay on CPU on a GPU machine
+        fsdp=FSDPOptions(auto_wrap_classes=wrap) if use_fsdp else None,
+    )
     model = _gpt2() if gpu else _cpu_model()
     full = sum(p.numel() * p.element_size() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -80,18 +84,25 @@ def _one_run(use_fsdp: bool, gpu: bool, steps: int) -> tuple[float, float]:
     return statistics.median(times[3:]), share
 
 
-def _fsdp_and_ddp(rank: int, gpu: bool, steps: int, reps: int) -> dict[str, list[tuple[float, float]]]:  # pragma: no cover
+def _fsdp_and_ddp(
+    rank: int, gpu: bool, steps: int, reps: int
+) -> dict[str, list[tuple[float, float]]]:  # pragma: no cover
     """One rank: FSDP and DDP runs, alternating which goes first."""
     results: dict[str, list[tuple[float, float]]] = {"fsdp": [], "ddp": []}
     for rep in range(reps):
-        for name in (("fsdp", "ddp") if rep % 2 == 0 else ("ddp", "fsdp")):  # alternate who goes first
+        for name in ("fsdp", "ddp") if rep % 2 == 0 else ("ddp", "fsdp"):  # alternate who goes first
             results[name].append(_one_run(name == "fsdp", gpu, steps))
     return results
 
 
 def _measure(gpu: bool, world: int, steps: int, reps: int) -> dict[str, list[tuple[float, float]]]:
-    return run_on_ranks(_fsdp_and_ddp, (gpu, steps, reps), world, "the FSDP benchmark",
-                        start_method="spawn" if gpu else "fork")  # fmt: skip
+    return run_on_ranks(
+        _fsdp_and_ddp,
+        (gpu, steps, reps),
+        world,
+        "the FSDP benchmark",
+        start_method="spawn" if gpu else "fork",
+    )
 
 
 def _rows(bench: str, res: dict[str, list[tuple[float, float]]], note: str) -> list[dict]:
@@ -99,36 +110,52 @@ def _rows(bench: str, res: dict[str, list[tuple[float, float]]], note: str) -> l
     ddp = [r[0] for r in res["ddp"]]
     paired = statistics.median(a / b for a, b in zip(fsdp, ddp))
     return [
-        {"benchmark": bench, "metric": "step time, FSDP vs DDP (median, paired ratio)",
-         "accel_nb": statistics.median(fsdp) * 1000, "reference": statistics.median(ddp) * 1000, "ratio": paired,
-         "unit": "ms", "note": note + "; reference column = accel_nb's DDP; ratio = median of per-repetition ratios"},
-        {"benchmark": bench, "metric": "parameter bytes held per rank, FSDP vs DDP",
-         "accel_nb": res["fsdp"][0][1], "reference": res["ddp"][0][1], "ratio": res["fsdp"][0][1] / res["ddp"][0][1],
-         "unit": "fraction of the model", "note": note},
-    ]  # fmt: skip
+        {
+            "benchmark": bench,
+            "metric": "step time, FSDP vs DDP (median, paired ratio)",
+            "accel_nb": statistics.median(fsdp) * 1000,
+            "reference": statistics.median(ddp) * 1000,
+            "ratio": paired,
+            "unit": "ms",
+            "note": note + "; reference column = accel_nb's DDP; ratio = median of per-repetition ratios",
+        },
+        {
+            "benchmark": bench,
+            "metric": "parameter bytes held per rank, FSDP vs DDP",
+            "accel_nb": res["fsdp"][0][1],
+            "reference": res["ddp"][0][1],
+            "ratio": res["fsdp"][0][1] / res["ddp"][0][1],
+            "unit": "fraction of the model",
+            "note": note,
+        },
+    ]
 
 
 def run(quick: bool = False) -> list[dict]:
     steps, reps = (10, 2) if quick else (30, 5)
     rows = _rows(
-        "fsdp_cpu_2proc", _measure(False, WORLD, steps, reps),
+        "fsdp_cpu_2proc",
+        _measure(False, WORLD, steps, reps),
         f"{WORLD} gloo processes, {DEPTH} MLP blocks of width {WIDTH} (one FSDP unit each), batch {BATCH}, AdamW; "
         f"median of {steps} steps per repetition, {reps} interleaved repetitions",
-    )  # fmt: skip
+    )
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= 2:
         rows += _rows(
-            "fsdp_gpu_gpt2_small", _measure(True, gpus, steps, max(reps // 2, 1)),
+            "fsdp_gpu_gpt2_small",
+            _measure(True, gpus, steps, max(reps // 2, 1)),
             f"{gpus} GPUs ({torch.cuda.get_device_name(0)}), GPT-2 small (GPT2Block units), bf16, batch 8x512 per GPU",
-        )  # fmt: skip
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     for row in run("--quick" in argv):
-        print(f"{row['benchmark']:20s} {row['metric']:48s} accel_nb={row['accel_nb']:.4g} "
-              f"reference={row['reference']:.4g} ratio={row['ratio']:.3f} {row['unit']}  ({row['note']})")  # fmt: skip
+        print(
+            f"{row['benchmark']:20s} {row['metric']:48s} accel_nb={row['accel_nb']:.4g} "
+            f"reference={row['reference']:.4g} ratio={row['ratio']:.3f} {row['unit']}  ({row['note']})"
+        )
 
 
 if __name__ == "__main__":

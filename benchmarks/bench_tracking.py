@@ -50,8 +50,14 @@ print(json.dumps({"per_call": per_call, "init_end_s": init_s + end_s}))
 def measure(lib: str, calls: int) -> dict:
     with tempfile.TemporaryDirectory() as project_dir:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-        done = subprocess.run([sys.executable, "-c", WORKER, lib, project_dir, str(calls)],
-                              capture_output=True, text=True, env=env, check=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", WORKER, lib, project_dir, str(calls)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            timeout=300,
+        )
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -67,21 +73,34 @@ def run(quick: bool = False) -> list[dict]:
     except subprocess.CalledProcessError:
         ref = None  # the reference library is not installed (the optional `bench` extra)
     rows = []
-    for metric, pick in (("log() to TensorBoard, median per call", statistics.median),
-                         ("log() to TensorBoard, p90 per call", _p90)):  # fmt: skip
+    for metric, pick in (
+        ("log() to TensorBoard, median per call", statistics.median),
+        ("log() to TensorBoard, p90 per call", _p90),
+    ):
         ours_us = pick(ours["per_call"]) * 1e6
         ref_us = pick(ref["per_call"]) * 1e6 if ref else None
-        rows.append({
-            "benchmark": "tracking", "metric": metric, "accel_nb": ours_us, "reference": ref_us,
-            "ratio": ours_us / ref_us if ref_us else None, "unit": "us",
-            "note": f"{calls} calls of {{'loss': tensor, 'acc': float}}, one process, fresh interpreter each",
-        })  # fmt: skip
-    rows.append({
-        "benchmark": "tracking", "metric": "init_trackers + end_training", "accel_nb": ours["init_end_s"],
-        "reference": ref["init_end_s"] if ref else None,
-        "ratio": ours["init_end_s"] / ref["init_end_s"] if ref else None, "unit": "s",
-        "note": "TensorBoard run with a 3-key config",
-    })  # fmt: skip
+        rows.append(
+            {
+                "benchmark": "tracking",
+                "metric": metric,
+                "accel_nb": ours_us,
+                "reference": ref_us,
+                "ratio": ours_us / ref_us if ref_us else None,
+                "unit": "us",
+                "note": f"{calls} calls of {{'loss': tensor, 'acc': float}}, one process, fresh interpreter each",
+            }
+        )
+    rows.append(
+        {
+            "benchmark": "tracking",
+            "metric": "init_trackers + end_training",
+            "accel_nb": ours["init_end_s"],
+            "reference": ref["init_end_s"] if ref else None,
+            "ratio": ours["init_end_s"] / ref["init_end_s"] if ref else None,
+            "unit": "s",
+            "note": "TensorBoard run with a 3-key config",
+        }
+    )
     return rows
 
 
@@ -89,4 +108,6 @@ if __name__ == "__main__":
     for row in run(quick="--quick" in sys.argv):
         ref = "-" if row["reference"] is None else f"{row['reference']:.4g}"
         ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
-        print(f"{row['metric']:<42} accel_nb {row['accel_nb']:.4g} {row['unit']}  reference {ref}  ratio {ratio}")
+        print(
+            f"{row['metric']:<42} accel_nb {row['accel_nb']:.4g} {row['unit']}  reference {ref}  ratio {ratio}"
+        )

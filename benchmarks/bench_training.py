@@ -32,8 +32,10 @@ CPU_FEATURES, CPU_HIDDEN, CPU_CLASSES = 128, 256, 10
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(CPU_FEATURES, CPU_HIDDEN), torch.nn.ReLU(),
-        torch.nn.Linear(CPU_HIDDEN, CPU_HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(CPU_FEATURES, CPU_HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(CPU_HIDDEN, CPU_HIDDEN),
+        torch.nn.ReLU(),
         torch.nn.Linear(CPU_HIDDEN, CPU_CLASSES),
     )
 
@@ -78,7 +80,9 @@ def _run_handwritten_ddp(dataset: Any, warmup: int) -> float:
 
     model = DistributedDataParallel(_mlp())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    sampler = DistributedSampler(dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=True, seed=0)
+    sampler = DistributedSampler(
+        dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank(), shuffle=True, seed=0
+    )
     loader = DataLoader(dataset, batch_size=CPU_BATCH, sampler=sampler)
     loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -181,33 +185,61 @@ def _cpu_runs(rank: int, steps: int, reps: int) -> dict[str, list[float]]:  # pr
 def cpu_rows(quick: bool = False) -> list[dict]:
     steps, reps = (40, 3) if quick else (150, 7)
     res = run_on_ranks(_cpu_runs, (steps, reps), CPU_WORLD, "the CPU training benchmark")
-    note = (f"{CPU_WORLD} gloo processes x batch {CPU_BATCH}, MLP {CPU_FEATURES}-{CPU_HIDDEN}-{CPU_HIDDEN}-{CPU_CLASSES}, "
-            f"AdamW, median step interval of {steps} steps per repetition, {reps} interleaved repetitions")
+    note = (
+        f"{CPU_WORLD} gloo processes x batch {CPU_BATCH}, MLP {CPU_FEATURES}-{CPU_HIDDEN}-{CPU_HIDDEN}-{CPU_CLASSES}, "
+        f"AdamW, median step interval of {steps} steps per repetition, {reps} interleaved repetitions"
+    )
     rows = []
     for ref_name, what in (("ddp", "hand-written DDP+DistributedSampler"), ("reference", "accelerate")):
         if ref_name not in res:
             continue
-        for k, (metric, unit) in enumerate((("samples/s", "samples/s"), ("samples per CPU-second", "samples/cpu-s"))):
+        for k, (metric, unit) in enumerate(
+            (("samples/s", "samples/s"), ("samples per CPU-second", "samples/cpu-s"))
+        ):
             ours = [r[k] for r in res["accel_nb"]]
             ref = [r[k] for r in res[ref_name]]
             # repetitions ran back to back, so each pair saw the same machine load: the median of the
             # per-repetition ratios is steadier than the ratio of medians on a shared machine
             paired = statistics.median(a / b for a, b in zip(ours, ref))
             goal = "; goal ratio >= 0.97" if ref_name == "ddp" else ""
-            rows.append(_row("training_cpu_2proc", f"{metric} vs {what} (median, paired ratio)",
-                             statistics.median(ours), statistics.median(ref), unit,
-                             note + f"; reference column = {what}; ratio = median of per-repetition ratios{goal}",
-                             ratio=paired))
-            rows.append(_row("training_cpu_2proc", f"{metric} vs {what} (best)", max(ours), max(ref), unit,
-                             note + f"; reference column = {what}; best repetition of each"))
+            rows.append(
+                _row(
+                    "training_cpu_2proc",
+                    f"{metric} vs {what} (median, paired ratio)",
+                    statistics.median(ours),
+                    statistics.median(ref),
+                    unit,
+                    note + f"; reference column = {what}; ratio = median of per-repetition ratios{goal}",
+                    ratio=paired,
+                )
+            )
+            rows.append(
+                _row(
+                    "training_cpu_2proc",
+                    f"{metric} vs {what} (best)",
+                    max(ours),
+                    max(ref),
+                    unit,
+                    note + f"; reference column = {what}; best repetition of each",
+                )
+            )
     return rows
 
 
-def _row(bench: str, metric: str, ours: float, ref: float | None, unit: str, note: str, ratio: float | None = None) -> dict:
+def _row(
+    bench: str, metric: str, ours: float, ref: float | None, unit: str, note: str, ratio: float | None = None
+) -> dict:
     if ratio is None and ref:
         ratio = ours / ref
-    return {"benchmark": bench, "metric": metric, "accel_nb": ours, "reference": ref,
-            "ratio": ratio, "unit": unit, "note": note}
+    return {
+        "benchmark": bench,
+        "metric": metric,
+        "accel_nb": ours,
+        "reference": ref,
+        "ratio": ratio,
+        "unit": unit,
+        "note": note,
+    }
 
 
 # -- GPU: GPT-2 small, bf16, one process ----------------------------------------------------------------
@@ -219,7 +251,9 @@ def _gpt2(small: bool) -> torch.nn.Module:
 
     torch.manual_seed(0)
     if small:  # a tiny configuration to check the code path on a CPU
-        config = GPT2Config(n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0, eos_token_id=0)
+        config = GPT2Config(
+            n_layer=2, n_head=2, n_embd=64, vocab_size=256, n_positions=128, bos_token_id=0, eos_token_id=0
+        )
     else:  # GPT-2 small: 12 layers, 12 heads, 768 wide, 124M parameters
         config = GPT2Config(n_layer=12, n_head=12, n_embd=768, vocab_size=50257, n_positions=1024)
     config.use_cache = False
@@ -242,8 +276,12 @@ def _sync(device: torch.device) -> None:
 def _gpu_plain(device: torch.device, steps: int, warmup: int, small: bool) -> float:
     model = _gpt2(small).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    loader = _token_loader(steps + warmup, model.config.vocab_size, min(GPT_SEQ, model.config.n_positions),
-                           pin=device.type == "cuda")
+    loader = _token_loader(
+        steps + warmup,
+        model.config.vocab_size,
+        min(GPT_SEQ, model.config.n_positions),
+        pin=device.type == "cuda",
+    )
     times = []
     it = iter(loader)
     for i in range(steps + warmup):
@@ -267,8 +305,12 @@ def _gpu_prepared(make_accelerator: Any, device: torch.device, steps: int, warmu
     accelerator = make_accelerator()
     model = _gpt2(small)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    loader = _token_loader(steps + warmup, model.config.vocab_size, min(GPT_SEQ, model.config.n_positions),
-                           pin=device.type == "cuda")
+    loader = _token_loader(
+        steps + warmup,
+        model.config.vocab_size,
+        min(GPT_SEQ, model.config.n_positions),
+        pin=device.type == "cuda",
+    )
     model, opt, loader = accelerator.prepare(model, opt, loader)
     times = []
     it = iter(loader)
@@ -297,7 +339,7 @@ def gpu_rows(quick: bool = False, device: str | None = None) -> list[dict]:
         device = "cuda"
     dev = torch.device(device)
     small = dev.type != "cuda"
-    steps, warmup, reps = ((3, 1, 1) if small else ((20, 5, 3) if quick else (50, 10, 5)))
+    steps, warmup, reps = (3, 1, 1) if small else ((20, 5, 3) if quick else (50, 10, 5))
     from accel_nb import Accelerator
     from accel_nb.state import _reset_all_states
 
@@ -327,22 +369,40 @@ def gpu_rows(quick: bool = False, device: str | None = None) -> list[dict]:
         impls["reference"] = lambda: _gpu_prepared(make_ref, dev, steps, warmup, small)
     results: dict[str, list[float]] = {k: [] for k in impls}
     for rep in range(reps):
-        for name in (list(impls) if rep % 2 == 0 else list(reversed(impls))):
+        for name in list(impls) if rep % 2 == 0 else list(reversed(impls)):
             results[name].append(impls[name]())
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (tiny config, code check only)"
     what = "tiny GPT-2 config (code check)" if small else "GPT-2 small (124M, from GPT2Config)"
-    note = (f"{what} bf16, batch {GPT_BATCH} x {GPT_SEQ} tokens, AdamW, one process "
-            f"on {name}; median step of {steps} after {warmup} warm-up, {reps} interleaved repetitions")
+    note = (
+        f"{what} bf16, batch {GPT_BATCH} x {GPT_SEQ} tokens, AdamW, one process "
+        f"on {name}; median step of {steps} after {warmup} warm-up, {reps} interleaved repetitions"
+    )
     rows = []
     for label, pick in (("median", statistics.median), ("min", min)):
         ours, plain = pick(results["accel_nb"]), pick(results["plain"])
-        rows.append(_row("training_gpt2_bf16", f"step time vs plain PyTorch ({label})", ours, plain, "s/step",
-                         note + "; reference column = plain PyTorch + torch.autocast; goal ratio <= 1.01"))
+        rows.append(
+            _row(
+                "training_gpt2_bf16",
+                f"step time vs plain PyTorch ({label})",
+                ours,
+                plain,
+                "s/step",
+                note + "; reference column = plain PyTorch + torch.autocast; goal ratio <= 1.01",
+            )
+        )
         if "reference" in results:
-            rows.append(_row("training_gpt2_bf16", f"step time vs accelerate ({label})", ours,
-                             pick(results["reference"]), "s/step", note + "; reference column = accelerate"))
+            rows.append(
+                _row(
+                    "training_gpt2_bf16",
+                    f"step time vs accelerate ({label})",
+                    ours,
+                    pick(results["reference"]),
+                    "s/step",
+                    note + "; reference column = accelerate",
+                )
+            )
     _reset_all_states()
     return rows
 
@@ -358,8 +418,10 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
         ref = f"{row['reference']:.4g}" if row["reference"] is not None else "-"
-        print(f"{row['benchmark']:22s} {row['metric']:58s} accel_nb={row['accel_nb']:.4g} reference={ref} "
-              f"ratio={ratio} {row['unit']}  ({row['note']})")
+        print(
+            f"{row['benchmark']:22s} {row['metric']:58s} accel_nb={row['accel_nb']:.4g} reference={ref} "
+            f"ratio={ratio} {row['unit']}  ({row['note']})"
+        )
 
 
 if __name__ == "__main__":

@@ -25,11 +25,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(body: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any) -> None:  # pragma: no cover - child
-    os.environ.update({
-        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-    })  # fmt: skip
+def _rank_main(
+    body: Callable[..., Any], rank: int, world: int, port: int, args: tuple, out: Any
+) -> None:  # pragma: no cover - child
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     try:
         torch.set_num_threads(1)
         out.put((rank, True, body(rank, *args)))
@@ -42,8 +51,14 @@ def _rank_main(body: Callable[..., Any], rank: int, world: int, port: int, args:
             dist.destroy_process_group()
 
 
-def run_on_ranks(body: Callable[..., Any], args: tuple, world: int, what: str, start_method: str = "fork",
-                 timeout: float = 900) -> Any:  # fmt: skip
+def run_on_ranks(
+    body: Callable[..., Any],
+    args: tuple,
+    world: int,
+    what: str,
+    start_method: str = "fork",
+    timeout: float = 900,
+) -> Any:
     """``body(rank, *args)`` on ``world`` processes; rank 0's return value (RuntimeError if a rank failed)."""
     ctx = mp.get_context(start_method)
     out = ctx.Queue()

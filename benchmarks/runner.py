@@ -342,7 +342,7 @@ def markdown_page(
             "This machine has no GPU: the GPU benchmarks (training-step overhead of a GPT-2-small-sized",
             "model in bf16, sharded safetensors loading straight to the GPU, offloaded forward throughput",
             "against pinned host-to-device bandwidth) are pending a run on a GPU machine",
-            "(`bash scripts/gpu_check.sh` there adds them as a \"GPU run\" section).",
+            '(`bash scripts/gpu_check.sh` there adds them as a "GPU run" section).',
             "```",
             "",
         ]

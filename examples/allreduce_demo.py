@@ -1,5 +1,6 @@
 """A real 2-process gloo run: every rank contributes its rank + 1, all-reduces, prints the sum.
 
+Example:
     python examples/allreduce_demo.py            # starts 2 ranks of itself
 """
 
@@ -32,8 +33,15 @@ def main(num_processes: int = 2) -> int:
         port = s.getsockname()[1]
     procs = []
     for rank in range(num_processes):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(num_processes), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(num_processes), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(num_processes),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(num_processes),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
         procs.append(subprocess.Popen([sys.executable, __file__], env=env))
     codes = [p.wait() for p in procs]
     return max(codes)

@@ -102,7 +102,9 @@ def train(compile: Any = None, steps: int = 6) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default=None, help="torch.compile backend (default: the launch config's)")
+    parser.add_argument(
+        "--backend", default=None, help="torch.compile backend (default: the launch config's)"
+    )
     parser.add_argument("--regional", action="store_true", help="compile only the repeated blocks")
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()

@@ -51,9 +51,12 @@ def main() -> None:
     step = 0
     checkpoints = os.path.join(opts.project, "checkpoints")
     if os.path.isdir(checkpoints) and os.listdir(checkpoints):
-        path = accelerator.load_state()  # the newest complete checkpoint; checkpoint_<i> holds step (i+1)*SAVE_EVERY
+        # the newest complete checkpoint; checkpoint_<i> holds step (i+1)*SAVE_EVERY
+        path = accelerator.load_state()
         step = (int(os.path.basename(path).split("_")[1]) + 1) * SAVE_EVERY
-        accelerator.print(f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resumed from {path} at step {step}")
+        accelerator.print(
+            f"restart {os.environ.get('TORCHELASTIC_RESTART_COUNT')}: resumed from {path} at step {step}"
+        )
     started_at = step
     log = os.path.join(opts.project, "steps.jsonl")
     while step < TOTAL_STEPS:

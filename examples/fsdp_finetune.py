@@ -90,7 +90,9 @@ def train(fsdp: Any = None, out: str | None = None, epochs: int = 2, batch_size:
     model = TinyGPT()
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = DataLoader(counting_data(), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(
+        counting_data(), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     losses = []
     for _ in range(epochs):

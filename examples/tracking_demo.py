@@ -53,8 +53,10 @@ def read_back(project_dir: str, log_with: list[str]) -> list[str]:
         run = EventAccumulator(os.path.join(project_dir, "tracking_demo"))
         run.Reload()
         steps = [p.step for p in run.Scalars("loss")]
-        lines.append(f"tensorboard: {len(steps)} loss points, steps {steps[0]}..{steps[-1]}, "
-                     f"each once: {len(set(steps)) == len(steps)}")
+        lines.append(
+            f"tensorboard: {len(steps)} loss points, steps {steps[0]}..{steps[-1]}, "
+            f"each once: {len(set(steps)) == len(steps)}"
+        )
     if "mlflow" in log_with:
         from pathlib import Path
 

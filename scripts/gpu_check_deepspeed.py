@@ -81,12 +81,23 @@ def _free_port() -> int:
 
 
 def _run(lib: str) -> dict:
-    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))  # fmt: skip
-    code = f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r}); " \
-           f"import gpu_check_deepspeed as g; print('@@' + json.dumps(g._body({lib!r})) + '@@')"  # fmt: skip
+    env = dict(
+        os.environ,
+        RANK="0",
+        LOCAL_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+    )
+    code = (
+        f"import json, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r}); "
+        f"import gpu_check_deepspeed as g; print('@@' + json.dumps(g._body({lib!r})) + '@@')"
+    )
     try:
-        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
     except subprocess.TimeoutExpired:
         return {"lib": lib, "error": "did not finish within 300 s"}
     out = res.stdout
@@ -98,24 +109,51 @@ def _run(lib: str) -> dict:
 def rows(data: dict) -> list[dict]:
     """The benchmark rows of ``data`` (as written by ``main``) for docs/benchmarks.md."""
     ours, ref = data.get("accel_nb", {}), data.get("reference", {})
-    note = f"GPT-2 small, bf16, batch {BATCH}x{SEQ}, ZeRO-2, optimizer (torch AdamW) offloaded to CPU, one GPU"
+    note = (
+        f"GPT-2 small, bf16, batch {BATCH}x{SEQ}, ZeRO-2, optimizer (torch AdamW) offloaded to CPU, one GPU"
+    )
     if "error" in ours:
         last = ours["error"].strip().splitlines()[-1][:200] if ours["error"].strip() else "no output"
-        return [{"benchmark": "deepspeed_gpu", "metric": "ZeRO-2 optimizer-offload step", "accel_nb": None,
-                 "reference": None, "ratio": None, "unit": "s", "note": "FAILED: " + last}]  # fmt: skip
+        return [
+            {
+                "benchmark": "deepspeed_gpu",
+                "metric": "ZeRO-2 optimizer-offload step",
+                "accel_nb": None,
+                "reference": None,
+                "ratio": None,
+                "unit": "s",
+                "note": "FAILED: " + last,
+            }
+        ]
     theirs = ref.get("step_s")
     same = None
     if "losses" in ref:
         same = max(abs(a - b) for a, b in zip(ours["losses"], ref["losses"]))
-    extra = f"; largest loss difference vs reference over {STEPS} steps: {same:.2e}" if same is not None else \
-        f"; reference: {ref.get('error', '').strip().splitlines()[-1][:120] if ref.get('error') else 'not run'}"  # fmt: skip
+    extra = (
+        f"; largest loss difference vs reference over {STEPS} steps: {same:.2e}"
+        if same is not None
+        else f"; reference: {ref.get('error', '').strip().splitlines()[-1][:120] if ref.get('error') else 'not run'}"
+    )
     return [
-        {"benchmark": "deepspeed_gpu", "metric": "ZeRO-2 optimizer-offload step time (median)", "accel_nb": ours["step_s"],
-         "reference": theirs, "ratio": ours["step_s"] / theirs if theirs else None, "unit": "s", "note": note + extra},
-        {"benchmark": "deepspeed_gpu", "metric": "ZeRO-2 optimizer-offload peak GPU memory", "accel_nb": ours["peak_gpu_mib"],
-         "reference": ref.get("peak_gpu_mib"), "ratio": ours["peak_gpu_mib"] / ref["peak_gpu_mib"] if ref.get("peak_gpu_mib") else None,
-         "unit": "MiB", "note": note},
-    ]  # fmt: skip
+        {
+            "benchmark": "deepspeed_gpu",
+            "metric": "ZeRO-2 optimizer-offload step time (median)",
+            "accel_nb": ours["step_s"],
+            "reference": theirs,
+            "ratio": ours["step_s"] / theirs if theirs else None,
+            "unit": "s",
+            "note": note + extra,
+        },
+        {
+            "benchmark": "deepspeed_gpu",
+            "metric": "ZeRO-2 optimizer-offload peak GPU memory",
+            "accel_nb": ours["peak_gpu_mib"],
+            "reference": ref.get("peak_gpu_mib"),
+            "ratio": ours["peak_gpu_mib"] / ref["peak_gpu_mib"] if ref.get("peak_gpu_mib") else None,
+            "unit": "MiB",
+            "note": note,
+        },
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -24,8 +24,15 @@ MODES = ("8bit", "nf4")
 def _config():  # pragma: no cover - runs on a GPU machine
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-                       num_key_value_heads=16, vocab_size=8192, max_position_embeddings=256)  # fmt: skip
+    return LlamaConfig(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=8192,
+        max_position_embeddings=256,
+    )
 
 
 def _ids():  # pragma: no cover
@@ -59,15 +66,22 @@ def _load(lib: str, mode: str, folder: str) -> dict:  # pragma: no cover
         from accelerate import init_empty_weights
         from accelerate.utils import BnbQuantizationConfig, load_and_quantize_model
 
-    kwargs = {"load_in_8bit": True} if mode == "8bit" else {
-        "load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": torch.float16}  # fmt: skip
+    kwargs = (
+        {"load_in_8bit": True}
+        if mode == "8bit"
+        else {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": torch.float16}
+    )
     with init_empty_weights():
         model = LlamaForCausalLM(_config())
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     start = time.perf_counter()
-    model = load_and_quantize_model(model, BnbQuantizationConfig(torch_dtype=torch.float16, **kwargs),
-                                    weights_location=folder, device_map={"": 0})  # fmt: skip
+    model = load_and_quantize_model(
+        model,
+        BnbQuantizationConfig(torch_dtype=torch.float16, **kwargs),
+        weights_location=folder,
+        device_map={"": 0},
+    )
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     held = (torch.cuda.memory_allocated() - base) / 2**20
@@ -75,14 +89,27 @@ def _load(lib: str, mode: str, folder: str) -> dict:  # pragma: no cover
         logits = model(_ids().cuda()).logits.float().cpu()
     torch.save(logits, os.path.join(folder, f"{lib}_{mode}.pt"))
     ref = torch.load(os.path.join(folder, "float_logits.pt"))
-    return {"load_s": seconds, "gpu_mib": held, "max_abs_vs_float": float((logits - ref).abs().max()),
-            "float_logit_scale": float(ref.abs().max())}  # fmt: skip
+    return {
+        "load_s": seconds,
+        "gpu_mib": held,
+        "max_abs_vs_float": float((logits - ref).abs().max()),
+        "float_logit_scale": float(ref.abs().max()),
+    }
 
 
 def _child(code: str, timeout: int = 240) -> dict:
-    res = subprocess.run([sys.executable, "-c", f"import json, sys; sys.path.insert(0, {ROOT!r}); "
-                          f"sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r}); import gpu_check_quantization as q; "
-                          f"print('@@' + json.dumps({code}) + '@@')"], capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import json, sys; sys.path.insert(0, {ROOT!r}); "
+            f"sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r}); import gpu_check_quantization as q; "
+            f"print('@@' + json.dumps({code}) + '@@')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if "@@" not in res.stdout:
         return {"error": (res.stderr or res.stdout)[-1500:]}
     return json.loads(res.stdout.split("@@")[1])
@@ -96,19 +123,47 @@ def rows(data: dict) -> list[dict]:
         note = "Llama-style 8 layers x 1024 (fp16 checkpoint in 20 MB shards), bitsandbytes, whole model on one GPU"
         if "error" in ours:
             last = ours["error"].strip().splitlines()[-1][:200] if ours["error"].strip() else "no output"
-            out.append({"benchmark": "quantized_gpu", "metric": f"{mode} load", "accel_nb": None, "reference": None,
-                        "ratio": None, "unit": "s", "note": "FAILED: " + last})  # fmt: skip
+            out.append(
+                {
+                    "benchmark": "quantized_gpu",
+                    "metric": f"{mode} load",
+                    "accel_nb": None,
+                    "reference": None,
+                    "ratio": None,
+                    "unit": "s",
+                    "note": "FAILED: " + last,
+                }
+            )
             continue
         agree = data.get(f"agree_{mode}")
         extra = f"; logits vs float max abs {ours['max_abs_vs_float']:.3g} (logit scale {ours['float_logit_scale']:.3g})"
-        extra += f"; vs the reference's logits max abs {agree:.3g}" if agree is not None else \
-            f"; reference: {(ref.get('error') or 'not run').strip().splitlines()[-1][:120]}"  # fmt: skip
-        out.append({"benchmark": "quantized_gpu", "metric": f"{mode} load_and_quantize_model time", "accel_nb": ours["load_s"],
-                    "reference": ref.get("load_s"), "ratio": ours["load_s"] / ref["load_s"] if ref.get("load_s") else None,
-                    "unit": "s", "note": note + extra})  # fmt: skip
-        out.append({"benchmark": "quantized_gpu", "metric": f"{mode} GPU memory held after load", "accel_nb": ours["gpu_mib"],
-                    "reference": ref.get("gpu_mib"), "ratio": ours["gpu_mib"] / ref["gpu_mib"] if ref.get("gpu_mib") else None,
-                    "unit": "MiB", "note": note})  # fmt: skip
+        extra += (
+            f"; vs the reference's logits max abs {agree:.3g}"
+            if agree is not None
+            else f"; reference: {(ref.get('error') or 'not run').strip().splitlines()[-1][:120]}"
+        )
+        out.append(
+            {
+                "benchmark": "quantized_gpu",
+                "metric": f"{mode} load_and_quantize_model time",
+                "accel_nb": ours["load_s"],
+                "reference": ref.get("load_s"),
+                "ratio": ours["load_s"] / ref["load_s"] if ref.get("load_s") else None,
+                "unit": "s",
+                "note": note + extra,
+            }
+        )
+        out.append(
+            {
+                "benchmark": "quantized_gpu",
+                "metric": f"{mode} GPU memory held after load",
+                "accel_nb": ours["gpu_mib"],
+                "reference": ref.get("gpu_mib"),
+                "ratio": ours["gpu_mib"] / ref["gpu_mib"] if ref.get("gpu_mib") else None,
+                "unit": "MiB",
+                "note": note,
+            }
+        )
     return out
 
 
@@ -125,7 +180,10 @@ def main(argv: list[str]) -> int:
             for mode in MODES:
                 for lib in ("accel_nb", "accelerate"):
                     data[f"{lib}_{mode}"] = _child(f"q._load({lib!r}, {mode!r}, {folder!r})")
-                a, b = os.path.join(folder, f"accel_nb_{mode}.pt"), os.path.join(folder, f"accelerate_{mode}.pt")
+                a, b = (
+                    os.path.join(folder, f"accel_nb_{mode}.pt"),
+                    os.path.join(folder, f"accelerate_{mode}.pt"),
+                )
                 if os.path.exists(a) and os.path.exists(b):
                     import torch
 
@@ -133,7 +191,11 @@ def main(argv: list[str]) -> int:
     with open(argv[0], "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
     print(json.dumps(data, indent=1)[:4000])
-    return 0 if "error" not in data and all("error" not in data.get(f"accel_nb_{m}", {"error": 1}) for m in MODES) else 1
+    return (
+        0
+        if "error" not in data and all("error" not in data.get(f"accel_nb_{m}", {"error": 1}) for m in MODES)
+        else 1
+    )
 
 
 if __name__ == "__main__":

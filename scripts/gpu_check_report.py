@@ -107,18 +107,37 @@ def refusal(path: str) -> int:
         script = os.path.join(tmp, "train.py")
         with open(script, "w", encoding="utf-8") as f:
             f.write(f"open({marker!r}, 'w').close()\n")
-        nb = subprocess.run([sys.executable, "-c", REFUSAL_NOTEBOOK, marker], capture_output=True, text=True, timeout=120)
+        nb = subprocess.run(
+            [sys.executable, "-c", REFUSAL_NOTEBOOK, marker], capture_output=True, text=True, timeout=120
+        )
         lines = [x for x in nb.stdout.splitlines() if x.startswith("{")]
         notebook = json.loads(lines[-1]) if lines else {"refused": False, "error": nb.stderr[-500:]}
         notebook["rank_ran"] = os.path.exists(marker)
-        cli = subprocess.run([sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", str(n), script],
-                             capture_output=True, text=True, timeout=120)  # fmt: skip
-        result = {"processes": n, "gpus": n - 1, "notebook_launcher": notebook,
-                  "cli": {"exit_code": cli.returncode, "stderr": cli.stderr.strip()[-600:], "rank_ran": os.path.exists(marker)}}  # fmt: skip
+        cli = subprocess.run(
+            [sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", str(n), script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        result = {
+            "processes": n,
+            "gpus": n - 1,
+            "notebook_launcher": notebook,
+            "cli": {
+                "exit_code": cli.returncode,
+                "stderr": cli.stderr.strip()[-600:],
+                "rank_ran": os.path.exists(marker),
+            },
+        }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1))
-    ok = notebook["refused"] and not notebook["rank_ran"] and cli.returncode == 2 and not result["cli"]["rank_ran"]
+    ok = (
+        notebook["refused"]
+        and not notebook["rank_ran"]
+        and cli.returncode == 2
+        and not result["cli"]["rank_ran"]
+    )
     return 0 if ok else 1
 
 
@@ -131,29 +150,49 @@ def _refusal_line(out_dir: str) -> str:
     nb, cli = r["notebook_launcher"], r["cli"]
     ok = nb.get("refused") and not nb.get("rank_ran") and cli["exit_code"] == 2 and not cli["rank_ran"]
     said = (nb.get("error") or "").splitlines()[0][:240] if nb.get("error") else "no error"
-    return (f"- **{r['processes']} GPU processes on {r['gpus']} GPU(s)**: "
-            f"{'refused before any rank started' if ok else 'NOT refused as it should be'} "
-            f"(notebook_launcher: `{said}`; `accel-nb launch`: exit code {cli['exit_code']})")  # fmt: skip
+    return (
+        f"- **{r['processes']} GPU processes on {r['gpus']} GPU(s)**: "
+        f"{'refused before any rank started' if ok else 'NOT refused as it should be'} "
+        f"(notebook_launcher: `{said}`; `accel-nb launch`: exit code {cli['exit_code']})"
+    )
 
 
 def _kernel_rows(data: dict) -> list[dict]:
     ours, ref = data.get("accel_nb", {}), data.get("reference", {})
     if "error" in ours:
         note = "FAILED: " + ours["error"].strip().splitlines()[-1][:200]
-        return [{"benchmark": "gpu_kernel", "metric": "one-GPU notebook_launcher in a real kernel", "accel_nb": None,
-                 "reference": None, "ratio": None, "unit": "s", "note": note}]  # fmt: skip
+        return [
+            {
+                "benchmark": "gpu_kernel",
+                "metric": "one-GPU notebook_launcher in a real kernel",
+                "accel_nb": None,
+                "reference": None,
+                "ratio": None,
+                "unit": "s",
+                "note": note,
+            }
+        ]
     rows = []
     for i, label in enumerate(("first launch", "second launch")):
         mine = ours["times"][i]
         theirs = ref["times"][i] if "times" in ref else None
-        rows.append({
-            "benchmark": "gpu_kernel",
-            "metric": f"one-GPU notebook_launcher in a real kernel, {label} (20 bf16 steps)",
-            "accel_nb": mine, "reference": theirs, "ratio": mine / theirs if theirs else None, "unit": "s",
-            "note": f"rank ran on {ours['result']['device']}; CUDA initialised in the kernel: "
-                    f"{ours['cuda_in_kernel']}; reference: accelerate runs one process in the kernel itself"
-                    + (f" (CUDA in kernel: {ref.get('cuda_in_kernel')})" if theirs else f" ({ref.get('error', '')[:80]})"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "benchmark": "gpu_kernel",
+                "metric": f"one-GPU notebook_launcher in a real kernel, {label} (20 bf16 steps)",
+                "accel_nb": mine,
+                "reference": theirs,
+                "ratio": mine / theirs if theirs else None,
+                "unit": "s",
+                "note": f"rank ran on {ours['result']['device']}; CUDA initialised in the kernel: "
+                f"{ours['cuda_in_kernel']}; reference: accelerate runs one process in the kernel itself"
+                + (
+                    f" (CUDA in kernel: {ref.get('cuda_in_kernel')})"
+                    if theirs
+                    else f" ({ref.get('error', '')[:80]})"
+                ),
+            }
+        )
     return rows
 
 
@@ -167,7 +206,9 @@ def write(doc: str, out_dir: str, pytest_rc: str) -> int:
     # bench.json: this run's benchmarks; bench-*.json: rows kept from an earlier run on the same machine
     # kind (a GPU lease is minutes: a later call may rerun only what failed); this run's rows win
     bench_rows: dict[tuple, dict] = {}
-    for name in sorted(n for n in os.listdir(out_dir) if n.startswith("bench-") and n.endswith(".json")) + ["bench.json"]:
+    for name in sorted(n for n in os.listdir(out_dir) if n.startswith("bench-") and n.endswith(".json")) + [
+        "bench.json"
+    ]:
         path = os.path.join(out_dir, name)
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
@@ -201,20 +242,24 @@ def write(doc: str, out_dir: str, pytest_rc: str) -> int:
         summary = lines[-1] if lines else ""
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    section = "\n".join([
-        BEGIN,
-        "## GPU run",
-        "",
-        f"- **Date**: {now}",
-        f"- **GPU**: {device} (x{torch.cuda.device_count()}), torch {torch.__version__}, CUDA {torch.version.cuda}",
-        "- **Command**: `bash scripts/gpu_check.sh`",
-        f"- **GPU-marked tests** (`pytest -m gpu`): {summary or 'no output'} (exit code {pytest_rc})",
-        *([_refusal_line(out_dir)] if _refusal_line(out_dir) else []),
-        "",
-        table(rows, markdown=True) if rows else "No benchmark rows were produced; see the script's output.",
-        "",
-        END,
-    ])  # fmt: skip
+    section = "\n".join(
+        [
+            BEGIN,
+            "## GPU run",
+            "",
+            f"- **Date**: {now}",
+            f"- **GPU**: {device} (x{torch.cuda.device_count()}), torch {torch.__version__}, CUDA {torch.version.cuda}",
+            "- **Command**: `bash scripts/gpu_check.sh`",
+            f"- **GPU-marked tests** (`pytest -m gpu`): {summary or 'no output'} (exit code {pytest_rc})",
+            *([_refusal_line(out_dir)] if _refusal_line(out_dir) else []),
+            "",
+            table(rows, markdown=True)
+            if rows
+            else "No benchmark rows were produced; see the script's output.",
+            "",
+            END,
+        ]
+    )
     text = open(doc, encoding="utf-8").read() if os.path.exists(doc) else "# Benchmarks\n"
     if BEGIN in text and END in text:
         text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]

@@ -113,12 +113,22 @@ class LabServer:
             OMP_NUM_THREADS="1",
         )
         cmd = [
-            sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1", "--port", str(self.port),
-            f"--IdentityProvider.token={self.token}", "--LabApp.news_url=None",
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            f"--IdentityProvider.token={self.token}",
+            "--LabApp.news_url=None",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-            f"--LabApp.app_settings_dir={settings}", f"--ServerApp.root_dir={self.root_dir}",
-            "--ServerApp.open_browser=False", "--LabApp.expose_app_in_browser=True",
-        ]  # fmt: skip
+            f"--LabApp.app_settings_dir={settings}",
+            f"--ServerApp.root_dir={self.root_dir}",
+            "--ServerApp.open_browser=False",
+            "--LabApp.expose_app_in_browser=True",
+        ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         self._log = open(self.log_path, "wb")

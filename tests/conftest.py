@@ -49,11 +49,19 @@ def pytest_collection_modifyitems(config, items):
 # environment variables a launch sets for a rank (accel_nb's names and the reference's, from their one
 # home, accel_nb.env_names: light, no torch); tests of the core start without them
 _LAUNCH_ENV = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    *(name for ours in (ENV_MIXED_PRECISION, ENV_GRADIENT_ACCUMULATION_STEPS, ENV_USE_CPU)
-      for name in (ours, REFERENCE_NAMES[ours])),
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    *(
+        name
+        for ours in (ENV_MIXED_PRECISION, ENV_GRADIENT_ACCUMULATION_STEPS, ENV_USE_CPU)
+        for name in (ours, REFERENCE_NAMES[ours])
+    ),
     *(name for pair in DYNAMO_ENV.values() for name in pair),
-)  # fmt: skip
+)
 
 
 @pytest.fixture

@@ -29,10 +29,15 @@ def pretend_cuda_initialised(monkeypatch: Any) -> None:
 
 def _fake_nvml_devices(count: int) -> list[dict[str, Any]]:
     return [
-        {"nvml_index": i, "name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-00000000-0000-0000-0000-00000000000{i}",
-         "total_memory": 80 << 30, "compute_capability": (9, 0)}
+        {
+            "nvml_index": i,
+            "name": "NVIDIA H100 80GB HBM3",
+            "uuid": f"GPU-00000000-0000-0000-0000-00000000000{i}",
+            "total_memory": 80 << 30,
+            "compute_capability": (9, 0),
+        }
         for i in range(count)
-    ]  # fmt: skip
+    ]
 
 
 def pretend_gpus(monkeypatch: Any, count: int) -> None:

@@ -69,7 +69,10 @@ def run_ranks(
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(fn, r, world_size, port, env, args, queue)) for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_child, args=(fn, r, world_size, port, env, args, queue))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

@@ -1,5 +1,6 @@
 """Drive a real Jupyter kernel (ipykernel through jupyter_client) from a test.
 
+Example:
     with KernelSession() as k:
         out = k.run("print(1 + 1)")
         assert out.stdout.strip() == "2" and out.error is None

@@ -1,5 +1,6 @@
 """What a launch left running: live descendants of a process, except the warm spawn server.
 
+Example:
     assert live_descendants(psutil.Process()) == []
     assert_no_descendants(psutil.Process(kernel.pid), within=5)   # waits for ranks being reaped
 """

@@ -35,7 +35,9 @@ def test_prepare_keeps_order_and_passes_unknown_objects_through():
     sched = torch.optim.lr_scheduler.StepLR(opt, 1)
     other = {"not": "preparable"}
     out = acc.prepare(sched, other, dl, model, opt, 3)
-    assert isinstance(out[0], AcceleratedScheduler) and out[1] is other and isinstance(out[2], DataLoaderShard)
+    assert (
+        isinstance(out[0], AcceleratedScheduler) and out[1] is other and isinstance(out[2], DataLoaderShard)
+    )
     assert out[3] is model and isinstance(out[4], AcceleratedOptimizer) and out[5] == 3
     assert acc._models == [model] and acc._optimizers == [out[4]] and acc._schedulers == [out[0]]
     assert acc._dataloaders == [out[2]] and out[0].optimizers == [out[4]]
@@ -414,7 +416,9 @@ def _bf16_ddp_training():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x = torch.randn(32, 4)
-    model, opt, dl = acc.prepare(model, opt, DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4))
+    model, opt, dl = acc.prepare(
+        model, opt, DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4)
+    )
     losses = []
     for _ in range(3):
         for xb, yb in dl:
@@ -447,7 +451,6 @@ def test_deepcopy_of_a_prepared_mixed_precision_model_runs_the_copy():
     assert twin(x).dtype == torch.float32
 
 
-
 def _prepare_dispatched_model():
     acc = Accelerator()
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
@@ -462,16 +465,24 @@ def _prepare_dispatched_model():
 @pytest.mark.multiproc
 def test_a_model_dispatched_over_devices_cannot_be_trained_on_several_processes():
     for message in run_ranks(_prepare_dispatched_model, 2):
-        assert message and "dispatched over several devices" in message and "one device per process" in message
+        assert (
+            message and "dispatched over several devices" in message and "one device per process" in message
+        )
 
 
 def test_reference_kwargs_handlers_are_understood():
     utils = pytest.importorskip("accelerate.utils")  # the reference library's own handler objects
-    DistributedDataParallelKwargs, GradScalerKwargs = utils.DistributedDataParallelKwargs, utils.GradScalerKwargs
+    DistributedDataParallelKwargs, GradScalerKwargs = (
+        utils.DistributedDataParallelKwargs,
+        utils.GradScalerKwargs,
+    )
 
     acc = Accelerator(
         mixed_precision="fp16",
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True), GradScalerKwargs(init_scale=1024.0)],
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(find_unused_parameters=True),
+            GradScalerKwargs(init_scale=1024.0),
+        ],
     )
     assert acc.ddp_kwargs == {"find_unused_parameters": True} and acc.scaler.get_scale() == 1024.0
     _reset_all_states()

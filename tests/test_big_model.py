@@ -192,7 +192,10 @@ def test_device_map_respects_budgets_no_split_and_ties():
     # headroom for the offload engine on the GPU that runs offloaded blocks (GPU 0) only, explained
     block = sum((p.numel() * 4 + 255) // 256 * 256 for p in m.blocks[0].parameters())
     assert plan.headroom == {0: 2 * block, 1: 0, "cpu": 0, "disk": 0}
-    assert "GPU 0 runs the offloaded blocks" in plan.explain() and "largest streamed block 'blocks." in plan.notes[0]
+    assert (
+        "GPU 0 runs the offloaded blocks" in plan.explain()
+        and "largest streamed block 'blocks." in plan.notes[0]
+    )
     assert plan.moved_on() and "needs" in plan.moved_on()[0].reason
     assert "moved_on" in plan.explain()
 
@@ -591,8 +594,14 @@ def test_offloaded_entry_is_streamed_in_block_sized_units(no_split, tmp_path):
         want = ref(ids)
     m = _reference(seed=11)
     block = compute_module_sizes(m)["blocks.0"]
-    dispatch_model(m, {"": "disk"}, main_device="cpu", offload_dir=str(tmp_path), buffered=True,
-                   no_split_module_classes=no_split)  # fmt: skip
+    dispatch_model(
+        m,
+        {"": "disk"},
+        main_device="cpu",
+        offload_dir=str(tmp_path),
+        buffered=True,
+        no_split_module_classes=no_split,
+    )
     engine = m._accel_nb_engine
     names = [u.name for u in engine.units]
     if no_split:

@@ -101,7 +101,9 @@ def test_planned_headroom_is_what_the_engine_allocates_on_the_gpu(tmp_path):
     assert {0, "cpu"} == set(dm.values()) and dm.plan.headroom[0] > 0
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated(0)
-    m = load_checkpoint_and_dispatch(m, str(tmp_path / "ckpt"), device_map=dict(dm), no_split_module_classes=["Block"])
+    m = load_checkpoint_and_dispatch(
+        m, str(tmp_path / "ckpt"), device_map=dict(dm), no_split_module_classes=["Block"]
+    )
     engine = m._accel_nb_engine
     allocated = sum(b.data.numel() for b in engine._buffers)
     assert allocated == dm.plan.headroom[0]  # Stack's only buffer ('scale') sits on GPU 0 itself

@@ -69,7 +69,9 @@ def test_integer_checkpoint_tensor_for_a_float_parameter_is_refused_before_readi
         with pytest.raises(CheckpointLoadError) as info:
             load(model)
         msg = str(info.value)
-        assert "'blocks.3.fc1.weight' is torch.int64 in model.safetensors but torch.float32 in the model" in msg
+        assert (
+            "'blocks.3.fc1.weight' is torch.int64 in model.safetensors but torch.float32 in the model" in msg
+        )
         assert "Nothing was loaded" in msg
         _assert_unchanged(model, before)
     real = Stack()  # a model with weights keeps them
@@ -92,8 +94,9 @@ def test_a_gpu_this_machine_lacks_is_named_before_anything_moves(ckpt):
         load_checkpoint_and_dispatch(model, path, device_map={"": f"cuda:{MISSING_GPU}"})
     _assert_unchanged(model, before)
     with pytest.raises(DeviceMapError, match=f"device_map names {gpu} but"):
-        load_checkpoint_in_model(model, path, device_map={"embed": MISSING_GPU, "scale": "cpu", "blocks": "cpu",
-                                                          "head": "cpu"})  # fmt: skip
+        load_checkpoint_in_model(
+            model, path, device_map={"embed": MISSING_GPU, "scale": "cpu", "blocks": "cpu", "head": "cpu"}
+        )
     _assert_unchanged(model, before)
     torch.manual_seed(0)
     real = Stack().eval()

@@ -27,24 +27,40 @@ def _config(arch: str):
         )
     if arch == "opt":
         return t.OPTForCausalLM, t.OPTConfig(
-            num_hidden_layers=6, hidden_size=256, ffn_dim=1024, num_attention_heads=4,
-            max_position_embeddings=128, word_embed_proj_dim=256, **small,
-        )  # fmt: skip
+            num_hidden_layers=6,
+            hidden_size=256,
+            ffn_dim=1024,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            word_embed_proj_dim=256,
+            **small,
+        )
     if arch == "t5":
         return t.T5ForConditionalGeneration, t.T5Config(
             num_layers=3, num_decoder_layers=3, d_model=256, d_ff=1024, num_heads=4, d_kv=64, **small
         )
     if arch == "bert":
         return t.BertForMaskedLM, t.BertConfig(
-            num_hidden_layers=8, hidden_size=256, intermediate_size=1024, num_attention_heads=4,
-            max_position_embeddings=128, **small,
-        )  # fmt: skip
+            num_hidden_layers=8,
+            hidden_size=256,
+            intermediate_size=1024,
+            num_attention_heads=4,
+            max_position_embeddings=128,
+            **small,
+        )
     return t.LlamaForCausalLM, t.LlamaConfig(
-        num_hidden_layers=6, hidden_size=256, intermediate_size=688, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        num_hidden_layers=6,
+        hidden_size=256,
+        intermediate_size=688,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
         tie_word_embeddings=True,
         **small,
-    )  # fmt: skip
+    )
 
 
 def _meta(arch: str):
@@ -202,9 +218,11 @@ def test_bert_loads_and_runs_with_ties_across_a_cpu_and_disk_split(gpu_fraction,
         want = ref(ids).logits
     model = _meta("bert")
     model = load_checkpoint_and_dispatch(
-        model, str(tmp_path / "ckpt"), max_memory={"cpu": int(total * gpu_fraction)},
+        model,
+        str(tmp_path / "ckpt"),
+        max_memory={"cpu": int(total * gpu_fraction)},
         offload_folder=str(tmp_path / "off"),
-    )  # fmt: skip
+    )
     assert {"cpu", "disk"} == set(model.hf_device_map.values())
     with torch.no_grad():
         assert torch.allclose(model(ids).logits, want, atol=1e-5)

@@ -17,9 +17,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.notebooks, pytest.mark.timeout(900)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = shutil.ignore_patterns(
-    ".venv", ".git", "out", "artifacts", "_build", "__pycache__", "*.egg-info", ".pytest_cache", ".ruff_cache",
+    ".venv",
+    ".git",
+    "out",
+    "artifacts",
+    "_build",
+    "__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".ruff_cache",
     ".ipynb_checkpoints",
-)  # fmt: skip
+)
 
 
 def copy_checkout(dest) -> None:

@@ -91,7 +91,9 @@ def test_hang_blame_and_flood_in_jupyterlab(lab):
         hang = cells.nth(0)
         hang.scroll_into_view_if_needed()
         text = hang.inner_text()
-        assert "rank 1 hung: no progress for" in text and "the likely cause at train, line" in text, text[-3000:]
+        assert "rank 1 hung: no progress for" in text and "the likely cause at train, line" in text, text[
+            -3000:
+        ]
         assert "rank 0 waits in a collective (all_reduce); rank 1 is not: the likely cause" in text
         screenshot(page, "hang_blame", SHOTS)
 

@@ -88,8 +88,11 @@ def test_quickstart_progress_bars_reach_100_percent(lab, page):
     for needle, name in (("notebook_launcher(train", "launcher"), ("%%accelerate --num_processes", "magic")):
         node = cell(page, needle)
         # one bar per rank, both full once the launch is over
-        widths = wait_until(lambda node=node: (w := progress_widths(node)) and all(x == "100%" for x in w) and w,
-                            30, f"the {name} cell's bars to reach 100%")  # fmt: skip
+        widths = wait_until(
+            lambda node=node: (w := progress_widths(node)) and all(x == "100%" for x in w) and w,
+            30,
+            f"the {name} cell's bars to reach 100%",
+        )
         assert widths == ["100%", "100%"], widths
         text = node.inner_text()
         assert "rank 0" in text and "rank 1" in text and "done" in text
@@ -102,8 +105,13 @@ def test_quickstart_progress_bars_reach_100_percent(lab, page):
     failing.screenshot(path=os.path.join(SHOTS, "quickstart_failure.png"))
     # the tracked launch drew its logged loss as curves under the bars
     tracked = cell(page, "notebook_launcher(train_logged")
-    wait_until(lambda: tracked.evaluate("n => [...n.querySelectorAll('.jp-OutputArea-output img')]"
-                                        ".some(i => i.naturalWidth > 0)"), 30, "the launch's curves")  # fmt: skip
+    wait_until(
+        lambda: tracked.evaluate(
+            "n => [...n.querySelectorAll('.jp-OutputArea-output img')].some(i => i.naturalWidth > 0)"
+        ),
+        30,
+        "the launch's curves",
+    )
     tracked.screenshot(path=os.path.join(SHOTS, "quickstart_tracking.png"))
     # the results came back and were plotted
     plot = cell(page, "ax.plot(history")
@@ -119,10 +127,12 @@ def test_device_map_view_has_a_bar_per_device_and_follows_the_budget_slider(lab,
     node = cell(page, "view = show_device_map(")
 
     def modules_per_device():
-        return dict(node.evaluate(
-            """n => [...n.querySelectorAll('.accel-nb-device-bar')]
+        return dict(
+            node.evaluate(
+                """n => [...n.querySelectorAll('.accel-nb-device-bar')]
                 .map(b => [b.dataset.device, b.querySelectorAll('.accel-nb-module').length])"""
-        ))  # fmt: skip
+            )
+        )
 
     before = modules_per_device()
     assert set(before) == {"cpu", "disk"}  # one bar per device, named separately
@@ -177,8 +187,11 @@ def test_config_wizard_controls_validate_and_save_writes_the_file(lab, page):
     processes.fill("3")
     processes.press("Tab")
     node.locator(".widget-dropdown:has(label:text-is('Notebook start method')) select").select_option("spawn")
-    wait_until(lambda: "--num_processes 3" in node.inner_text() and "--start_method spawn" in node.inner_text(),
-               30, "the %%accelerate line to follow the controls")  # fmt: skip
+    wait_until(
+        lambda: "--num_processes 3" in node.inner_text() and "--start_method spawn" in node.inner_text(),
+        30,
+        "the %%accelerate line to follow the controls",
+    )
     assert not save.is_disabled()
     save.click()
     wait_until(lambda: f"Saved to {path}" in node.inner_text(), 30, "the Saved status")
@@ -189,7 +202,9 @@ def test_config_wizard_controls_validate_and_save_writes_the_file(lab, page):
 
 def test_stuck_ranks_turn_amber_and_count_their_quiet_seconds(lab, page):
     """Issue 15.3 in the browser: while ranks are stuck the rows say so, with a decaying rate."""
-    write_notebook(os.path.join(lab.root_dir, "stall.ipynb"), [stuck_cell(12, "WidgetReporter(2, stall_after=4)")])
+    write_notebook(
+        os.path.join(lab.root_dir, "stall.ipynb"), [stuck_cell(12, "WidgetReporter(2, stall_after=4)")]
+    )
     open_notebook(page, lab, "stall.ipynb")
     start_all_cells(page)
     node = page.locator(".jp-Notebook .jp-Cell").nth(0)

@@ -312,7 +312,9 @@ def _epochs_run(ckpt_dir: str, variant: str, resume_from: str | None):
     extra = {}
     if variant == "workers":
         extra = {"num_workers": 1, "persistent_workers": True, "generator": torch.Generator().manual_seed(3)}
-    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(24)), batch_size=3, shuffle=True, **extra))
+    loader = accelerator.prepare(
+        DataLoader(TensorDataset(torch.arange(24)), batch_size=3, shuffle=True, **extra)
+    )
     start_epoch, order = 0, []
     if resume_from:
         accelerator.load_state(os.path.join(ckpt_dir, resume_from))
@@ -351,8 +353,11 @@ def test_resume_at_an_epoch_boundary_continues_with_the_next_shuffle(tmp_path, v
     for rank in range(2):
         assert len(full[rank]) == 3 * PER_EPOCH
         orders = [full[rank][e * PER_EPOCH : (e + 1) * PER_EPOCH] for e in range(3)]
-        assert len({str(o) for o in orders}) == 3, "epochs share a shuffle: the test could not tell them apart"
-    assert sorted(sum(full[0][:PER_EPOCH] + full[1][:PER_EPOCH], [])) == list(range(24))  # ranks share one permutation
+        assert len({str(o) for o in orders}) == 3, (
+            "epochs share a shuffle: the test could not tell them apart"
+        )
+    # ranks share one permutation
+    assert sorted(sum(full[0][:PER_EPOCH] + full[1][:PER_EPOCH], [])) == list(range(24))
     for name in points:
         resumed = run_ranks(_epochs_run, 2, args=(ckpt_dir, variant, name))  # fresh processes
         epoch, done, _ = SAVE_POINTS[name]

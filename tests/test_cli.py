@@ -18,16 +18,30 @@ EXAMPLE = os.path.join(ROOT, "examples", "allreduce_script.py")
 CONSOLE = os.path.join(os.path.dirname(sys.executable), "accel-nb")
 
 
-def accel_nb(*args: str, cfg: str, stdin: str | None = None, console: bool = False, timeout: float = 240,
-             cwd: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def accel_nb(
+    *args: str,
+    cfg: str,
+    stdin: str | None = None,
+    console: bool = False,
+    timeout: float = 240,
+    cwd: str | None = None,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """Run the CLI in a fresh process with its config file in the test's tmp dir."""
     extra = env or {}
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     env.pop("CUDA_VISIBLE_DEVICES", None)
     env.update(extra)
     cmd = [CONSOLE] if console and os.path.exists(CONSOLE) else [sys.executable, "-m", "accel_nb.commands"]
-    return subprocess.run(cmd + list(args), input=stdin, env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or ROOT)  # fmt: skip
+    return subprocess.run(
+        cmd + list(args),
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or ROOT,
+    )
 
 
 @pytest.fixture
@@ -84,8 +98,16 @@ def test_launch_two_processes_all_reduce(cfg):
 def test_launch_takes_defaults_from_the_config_and_passes_script_args(cfg):
     os.makedirs(os.path.dirname(cfg))
     with open(cfg, "w") as f:
-        yaml.safe_dump({"distributed_type": "MULTI_CPU", "num_processes": 2, "mixed_precision": "bf16",
-                        "use_cpu": True, "gradient_accumulation_steps": 4}, f)  # fmt: skip
+        yaml.safe_dump(
+            {
+                "distributed_type": "MULTI_CPU",
+                "num_processes": 2,
+                "mixed_precision": "bf16",
+                "use_cpu": True,
+                "gradient_accumulation_steps": 4,
+            },
+            f,
+        )
     script = os.path.join(os.path.dirname(cfg), "show_env.py")
     with open(script, "w") as f:
         f.write(
@@ -222,8 +244,10 @@ def test_questionnaire_through_stdin_validates_and_reasks(cfg):
 def test_questionnaire_keeps_fsdp_and_its_config(cfg):
     os.makedirs(os.path.dirname(cfg), exist_ok=True)
     with open(cfg, "w") as f:
-        f.write("distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\n"
-                "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n")  # fmt: skip
+        f.write(
+            "distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\n"
+            "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+        )
     out = accel_nb("config", cfg=cfg, stdin="\n" * 12)  # Enter on every question: keep what the file says
     assert out.returncode == 0, out.stdout + out.stderr
     saved = load_config(cfg)
@@ -237,7 +261,8 @@ def test_questionnaire_for_several_machines(cfg):
     out = accel_nb("config", cfg=cfg, stdin="\n".join(answers) + "\n")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "! machine_rank=5 is not valid" in out.stdout and "0 to 1" in out.stdout
-    assert "! main_process_ip is empty" in out.stdout and "None" not in out.stdout  # Enter on an empty default
+    # Enter on an empty default
+    assert "! main_process_ip is empty" in out.stdout and "None" not in out.stdout
     assert "! main_process_ip='not a host!'" in out.stdout
     assert "! num_processes=3 is not valid" in out.stdout and "multiple of num_machines=2" in out.stdout
     saved = load_config(cfg)
@@ -257,8 +282,15 @@ def test_questionnaire_end_of_input_writes_nothing_and_keeps_old_file(cfg):
 
 
 def test_torchrun_arguments_and_equivalent_command():
-    cfg = LaunchConfig(distributed_type="MULTI_GPU", num_processes=8, num_machines=2, machine_rank=1,
-                       main_process_ip="10.0.0.1", main_process_port=29400, mixed_precision="bf16").validate()  # fmt: skip
+    cfg = LaunchConfig(
+        distributed_type="MULTI_GPU",
+        num_processes=8,
+        num_machines=2,
+        machine_rank=1,
+        main_process_ip="10.0.0.1",
+        main_process_port=29400,
+        mixed_precision="bf16",
+    ).validate()
     args = torchrun_arguments(cfg, cfg.processes_here(), "train.py", ["--lr", "1"], "/tmp/logs")
     assert args[-3:] == ["train.py", "--lr", "1"]
     joined = " ".join(args)
@@ -290,8 +322,14 @@ def test_interrupt_stops_every_rank(cfg, tmp_path):
     script = tmp_path / "sleepy.py"
     script.write_text("import os, time\nprint('started', os.environ['RANK'], flush=True)\ntime.sleep(120)\n")
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", "2", str(script)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", "2", str(script)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         agent = psutil.Process(proc.pid)
         deadline = time.monotonic() + 120
@@ -319,8 +357,11 @@ def test_gpu_machine_defaults_through_the_driver(cfg, fake_nvml_dir):  # noqa: F
     assert out.returncode == 0, out.stderr
     saved = load_config(cfg)
     assert (saved.distributed_type, saved.num_processes, saved.mixed_precision, saved.use_cpu) == (
-        "MULTI_GPU", 2, "bf16", False,
-    )  # fmt: skip
+        "MULTI_GPU",
+        2,
+        "bf16",
+        False,
+    )
     env = accel_nb("env", cfg=cfg, env=gpus).stdout
     assert "- GPUs: 2" in env and "GPU 1: NVIDIA A100, 80.0 GiB, compute capability 8.0, bf16 yes" in env
     out = accel_nb("config", cfg=cfg, env=gpus, stdin="\n" * 8)
@@ -337,8 +378,16 @@ def test_gpu_machine_defaults_through_the_driver(cfg, fake_nvml_dir):  # noqa: F
 def test_launch_refuses_bf16_on_gpus_without_it(cfg, fake_nvml_dir, tmp_path):  # noqa: F811
     t4s = {"LD_LIBRARY_PATH": fake_nvml_dir, "FAKE_NVML_GPUS": "Tesla T4:16:7.5,Tesla T4:16:7.5"}
     (tmp_path / "x.py").write_text("print('never')\n")
-    out = accel_nb("launch", "--num_processes", "2", "--mixed_precision", "bf16", str(tmp_path / "x.py"),
-                   cfg=cfg, env=t4s)  # fmt: skip
+    out = accel_nb(
+        "launch",
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "bf16",
+        str(tmp_path / "x.py"),
+        cfg=cfg,
+        env=t4s,
+    )
     assert out.returncode == 2
     assert "GPU 0 (Tesla T4, compute capability 7.5) does not support bf16" in out.stderr
     assert "never" not in out.stdout
@@ -352,9 +401,21 @@ def test_busy_port_on_the_main_machine_is_refused_before_anything_starts(cfg, tm
         busy.bind(("", 0))
         busy.listen()
         port = str(busy.getsockname()[1])
-        for machines in (["--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "127.0.0.1"], []):
-            out = accel_nb("launch", "--cpu", "--num_processes", "2", "--main_process_port", port, *machines,
-                           str(tmp_path / "x.py"), cfg=cfg)  # fmt: skip
+        for machines in (
+            ["--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "127.0.0.1"],
+            [],
+        ):
+            out = accel_nb(
+                "launch",
+                "--cpu",
+                "--num_processes",
+                "2",
+                "--main_process_port",
+                port,
+                *machines,
+                str(tmp_path / "x.py"),
+                cfg=cfg,
+            )
             assert out.returncode == 2, out.stderr
             assert f"--main_process_port={port} is not valid: port {port}" in out.stderr
             assert "already in use" in out.stderr and "never" not in out.stdout
@@ -362,8 +423,20 @@ def test_busy_port_on_the_main_machine_is_refused_before_anything_starts(cfg, tm
 
 def test_machine_zero_must_own_the_main_address(cfg, tmp_path):
     (tmp_path / "x.py").write_text("print('never')\n")
-    out = accel_nb("launch", "--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", "0",
-                   "--main_process_ip", "192.0.2.7", str(tmp_path / "x.py"), cfg=cfg)  # fmt: skip
+    out = accel_nb(
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        "0",
+        "--main_process_ip",
+        "192.0.2.7",
+        str(tmp_path / "x.py"),
+        cfg=cfg,
+    )
     assert out.returncode == 2
     assert "192.0.2.7 is not an address of this machine" in out.stderr and "Traceback" not in out.stderr
 
@@ -376,9 +449,26 @@ def test_a_machine_that_never_arrives_is_a_timeout_naming_the_endpoint(cfg, tmp_
 
     (tmp_path / "x.py").write_text("print('never')\n")
     port = str(pick_free_port())
-    out = accel_nb("launch", "--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", machine_rank,
-                   "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--rdzv_backend", backend,
-                   "--rdzv_timeout", "2", str(tmp_path / "x.py"), cfg=cfg)  # fmt: skip
+    out = accel_nb(
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        machine_rank,
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        port,
+        "--rdzv_backend",
+        backend,
+        "--rdzv_timeout",
+        "2",
+        str(tmp_path / "x.py"),
+        cfg=cfg,
+    )
     assert out.returncode == 1, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("accel-nb launch: error: ") and f"127.0.0.1:{port} within 2s" in last, out.stderr
@@ -398,8 +488,10 @@ def test_env_names_an_auto_loaded_torchtpu_backend_and_its_switch(cfg, tmp_path)
     env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{site}"}
     out = accel_nb("env", cfg=cfg, env=env)
     assert out.returncode == 0, out.stderr
-    assert ("- TorchTPU torch-tpu (tpu = torch_tpu:_autoload): auto-loaded by `import torch` "
-            "(disable: TORCH_DEVICE_BACKEND_AUTOLOAD=0)") in out.stdout  # fmt: skip
+    assert (
+        "- TorchTPU torch-tpu (tpu = torch_tpu:_autoload): auto-loaded by `import torch` "
+        "(disable: TORCH_DEVICE_BACKEND_AUTOLOAD=0)"
+    ) in out.stdout
     out = accel_nb("env", cfg=cfg, env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert "installed, not loaded (TORCH_DEVICE_BACKEND_AUTOLOAD=0)" in out.stdout
     assert "TorchTPU" not in accel_nb("env", cfg=cfg).stdout

@@ -177,8 +177,9 @@ def test_regional_compilation_compiles_torchs_own_block_classes_once():
     class Encoder(nn.Module):
         def __init__(self):
             super().__init__()
-            self.layers = nn.ModuleList(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-                                        for _ in range(3))  # fmt: skip
+            self.layers = nn.ModuleList(
+                nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True) for _ in range(3)
+            )
 
         def forward(self, x):
             for layer in self.layers:
@@ -189,7 +190,9 @@ def test_regional_compilation_compiles_torchs_own_block_classes_once():
     model, x = Encoder(), torch.randn(2, 4, 8)
     expected = model(x)
     GRAPHS.clear()
-    compiled = Accelerator(cpu=True, compile=CompileOptions(backend=counting_aot_eager, regional=True)).prepare(model)
+    compiled = Accelerator(
+        cpu=True, compile=CompileOptions(backend=counting_aot_eager, regional=True)
+    ).prepare(model)
     assert torch.allclose(compiled(x), expected, atol=1e-5)
     # block.compile() alone would hand dynamo a frame of torch.nn, which it skips: nothing compiled
     assert 0 < len(GRAPHS) < 3  # fewer graphs than layers: the same code, reused (one recompile here)
@@ -234,10 +237,12 @@ def test_a_backend_that_raises_falls_back_to_eager_with_one_warning_and_trains_o
 @pytest.mark.multiproc
 def test_the_fallback_under_ddp_and_regional_blocks_trains_like_eager():
     whole, regional = run_ranks(
-        lambda: (_train_compiled(4, CompileOptions(backend=failing_backend)),
-                 _train_compiled(4, CompileOptions(backend=failing_backend, regional=True), 1, True)),
+        lambda: (
+            _train_compiled(4, CompileOptions(backend=failing_backend)),
+            _train_compiled(4, CompileOptions(backend=failing_backend, regional=True), 1, True),
+        ),
         2,
-    )[0]  # fmt: skip
+    )[0]
     assert len(whole["warnings"]) == 1 and "failed for Sequential" in whole["warnings"][0]
     assert len(regional["warnings"]) == 1 and "BlockNet (its Block blocks)" in regional["warnings"][0]
     _assert_close(whole["w"], _train_plain(8))
@@ -264,7 +269,9 @@ def test_fullgraph_makes_a_graph_break_an_error_that_says_so():
     model = Accelerator(cpu=True, compile=CompileOptions(backend="eager", fullgraph=True)).prepare(Breaks())
     with pytest.raises(Exception) as info:
         model(torch.randn(2))
-    assert any("fullgraph=True makes a graph break an error" in n for n in getattr(info.value, "__notes__", []))
+    assert any(
+        "fullgraph=True makes a graph break an error" in n for n in getattr(info.value, "__notes__", [])
+    )
     torch._dynamo.reset()
     _reset_all_states()
     tolerant = Accelerator(cpu=True, compile=CompileOptions(backend="eager")).prepare(Breaks())
@@ -300,10 +307,16 @@ _INDUCTOR_SCRIPT = textwrap.dedent(
 
 
 def _run_inductor_script(tmp_path, **env):
-    full = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_COMPILE_THREADS="1",
-                PYTHONPATH=ROOT, **env)  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", _INDUCTOR_SCRIPT], env=full, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+    full = dict(
+        os.environ,
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        TORCHINDUCTOR_COMPILE_THREADS="1",
+        PYTHONPATH=ROOT,
+        **env,
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _INDUCTOR_SCRIPT], env=full, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
@@ -356,7 +369,9 @@ def test_bad_compile_options_are_clear_errors(kwargs, match):
 
 
 def test_regional_compilation_of_a_class_the_model_lacks_is_an_error():
-    acc = Accelerator(cpu=True, compile=CompileOptions(backend="eager", regional=True, block_class="GPT2Block"))
+    acc = Accelerator(
+        cpu=True, compile=CompileOptions(backend="eager", regional=True, block_class="GPT2Block")
+    )
     with pytest.raises(ValueError, match="BlockNet contains no GPT2Block module"):
         acc.prepare(_block_net())
 
@@ -381,7 +396,9 @@ def test_the_reference_spellings_and_the_launch_environment(fresh_state):
     assert resolve_compile_options(compile=True) == CompileOptions()
     assert resolve_compile_options(dynamo_backend="EAGER") == CompileOptions(backend="eager")
     plugin = TorchDynamoPlugin(backend="inductor", mode="reduce-overhead", use_regional_compilation=True)
-    assert resolve_compile_options(dynamo_plugin=plugin) == CompileOptions(mode="reduce-overhead", regional=True)
+    assert resolve_compile_options(dynamo_plugin=plugin) == CompileOptions(
+        mode="reduce-overhead", regional=True
+    )
     assert resolve_compile_options(dynamo_plugin=TorchDynamoPlugin(backend="eager", disable=True)) is None
     from accelerate.utils import TorchDynamoPlugin as ReferencePlugin
 
@@ -402,7 +419,10 @@ def test_the_config_reaches_the_magic_launch_options():
 
     cfg = LaunchConfig(dynamo_backend="aot_eager", dynamo_use_regional_compilation=True).validate()
     env = launch_options(parse_accelerate_line("-n 2 --cpu"), cfg).env
-    assert env["ACCEL_NB_DYNAMO_BACKEND"] == "aot_eager" and env["ACCEL_NB_DYNAMO_USE_REGIONAL_COMPILATION"] == "true"
+    assert (
+        env["ACCEL_NB_DYNAMO_BACKEND"] == "aot_eager"
+        and env["ACCEL_NB_DYNAMO_USE_REGIONAL_COMPILATION"] == "true"
+    )
 
 
 _LAUNCHED_SCRIPT = textwrap.dedent(
@@ -430,11 +450,18 @@ def test_accel_nb_launch_applies_the_config_files_dynamo_backend(tmp_path):
     env = {k: v for k, v in os.environ.items() if "DYNAMO" not in k}
     out = subprocess.run(
         [sys.executable, "-m", "accel_nb.commands", "launch", "--config_file", str(cfg), str(script)],
-        env=dict(env, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
+        env=dict(env, PYTHONPATH=ROOT),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     for rank in (0, 1):
-        assert f"rank {rank}: DistributedDataParallel(OptimizedModule) backend=aot_eager regional=False" in out.stdout
+        assert (
+            f"rank {rank}: DistributedDataParallel(OptimizedModule) backend=aot_eager regional=False"
+            in out.stdout
+        )
     assert "torch.compile backend=aot_eager" in out.stderr  # the launch line says so
 
 
@@ -460,7 +487,9 @@ def _train_fsdp_compiled(batch_size, options, epochs=2):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("regional", [False, True], ids=["whole-in-place", "regional"])
 def test_compile_with_fsdp_ends_with_the_weights_of_plain_training(regional):
-    out = run_ranks(_train_fsdp_compiled, 2, args=(4, CompileOptions(backend=counting_aot_eager, regional=regional)))
+    out = run_ranks(
+        _train_fsdp_compiled, 2, args=(4, CompileOptions(backend=counting_aot_eager, regional=regional))
+    )
     assert out[0]["type"] == "FSDPBlockNet"  # compiled in place: the prepared model stays the sharded module
     assert out[0]["graphs"] >= 1
     _assert_close(out[0]["w"], _train_plain_blocks(8))
@@ -471,10 +500,17 @@ def test_the_example_trains_compiled_from_notebook_launcher_like_eager():
     from accel_nb import notebook_launcher
     from examples.compile_blocks import train
 
-    compiled = notebook_launcher(train, args=(CompileOptions(backend="aot_eager", regional=True),), num_processes=2,
-                                 cpu=True, progress="text")  # fmt: skip
+    compiled = notebook_launcher(
+        train,
+        args=(CompileOptions(backend="aot_eager", regional=True),),
+        num_processes=2,
+        cpu=True,
+        progress="text",
+    )
     eager = notebook_launcher(train, args=(False,), num_processes=2, cpu=True, progress="text")
-    assert compiled[0]["regional"] and compiled[0]["compiled_blocks"] == 4 and eager[0]["compiled_blocks"] == 0
+    assert (
+        compiled[0]["regional"] and compiled[0]["compiled_blocks"] == 4 and eager[0]["compiled_blocks"] == 0
+    )
     assert compiled[0]["losses"] == compiled[1]["losses"]  # reduced over the ranks
     assert compiled[0]["losses"][-1] < compiled[0]["losses"][0]  # it learns
     assert torch.allclose(torch.tensor(compiled[0]["losses"]), torch.tensor(eager[0]["losses"]), atol=1e-4)

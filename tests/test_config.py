@@ -55,8 +55,15 @@ def cfg_path(tmp_path, monkeypatch):
 
 
 def _hw(gpus: list[GPUInfo] | None = None, **kw) -> HardwareInfo:
-    return HardwareInfo(cpu_physical_cores=4, cpu_logical_cores=8, ram_total=2**34, ram_available=2**33,
-                        gpus=gpus or [], nvml_available=bool(gpus), **kw)  # fmt: skip
+    return HardwareInfo(
+        cpu_physical_cores=4,
+        cpu_logical_cores=8,
+        ram_total=2**34,
+        ram_available=2**33,
+        gpus=gpus or [],
+        nvml_available=bool(gpus),
+        **kw,
+    )
 
 
 def _gpu(i: int, cc: tuple[int, int] = (8, 0), name: str = "NVIDIA A100") -> GPUInfo:
@@ -68,11 +75,23 @@ def _gpu(i: int, cc: tuple[int, int] = (8, 0), name: str = "NVIDIA A100") -> GPU
 
 def test_yaml_round_trip(cfg_path):
     cfg = LaunchConfig(
-        distributed_type="MULTI_GPU", num_processes=4, num_machines=2, machine_rank=1,
-        main_process_ip="10.1.2.3", main_process_port=29555, mixed_precision="bf16", gpu_ids="0,1",
-        gradient_accumulation_steps=8, start_method="spawn", rdzv_backend="c10d", same_network=False,
-        max_restarts=2, dynamo_backend="inductor", dynamo_mode="reduce-overhead", dynamo_use_fullgraph=True,
-    )  # fmt: skip
+        distributed_type="MULTI_GPU",
+        num_processes=4,
+        num_machines=2,
+        machine_rank=1,
+        main_process_ip="10.1.2.3",
+        main_process_port=29555,
+        mixed_precision="bf16",
+        gpu_ids="0,1",
+        gradient_accumulation_steps=8,
+        start_method="spawn",
+        rdzv_backend="c10d",
+        same_network=False,
+        max_restarts=2,
+        dynamo_backend="inductor",
+        dynamo_mode="reduce-overhead",
+        dynamo_use_fullgraph=True,
+    )
     written = save_config(cfg)
     assert written == str(cfg_path) and cfg_path.exists()
     back = load_config()
@@ -107,8 +126,10 @@ def test_reference_style_file_is_read(tmp_path):
 
 def test_reference_cpu_default_and_unset_processes(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: null\n"
-                    "num_processes: -1\nuse_cpu: true\ngpu_ids: null\ndebug: false\n")  # fmt: skip
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: null\n"
+        "num_processes: -1\nuse_cpu: true\ngpu_ids: null\ndebug: false\n"
+    )
     cfg = load_config(str(path))
     assert cfg.num_processes is None and cfg.mixed_precision == "no" and cfg.gpu_ids == "all" and cfg.use_cpu
     assert cfg.processes_here(_hw()) == 1
@@ -217,11 +238,17 @@ BAD_VALUES = [
     # (changes, key, fragment of the allowed text)
     ({"compute_environment": "AMAZON_SAGEMAKER"}, "compute_environment", "LOCAL_MACHINE"),
     ({"distributed_type": "MEGATRON_LM"}, "distributed_type", "does not run Megatron-LM"),
-    ({"distributed_type": "DEEPSPEED", "extras": {"deepspeed_config": {"zero_stage": 5}}}, "deepspeed_config",
-     "docs/deepspeed.md"),
+    (
+        {"distributed_type": "DEEPSPEED", "extras": {"deepspeed_config": {"zero_stage": 5}}},
+        "deepspeed_config",
+        "docs/deepspeed.md",
+    ),
     ({"distributed_type": "FSDP"}, "num_processes", "2 or more with distributed_type FSDP"),
-    ({"distributed_type": "FSDP", "num_processes": 2, "extras": {"fsdp_config": {"fsdp_bogus": 1}}}, "fsdp_config",
-     "fsdp_* keys"),
+    (
+        {"distributed_type": "FSDP", "num_processes": 2, "extras": {"fsdp_config": {"fsdp_bogus": 1}}},
+        "fsdp_config",
+        "fsdp_* keys",
+    ),
     ({"distributed_type": "MULTI_TPU"}, "distributed_type", "NO, MULTI_CPU, MULTI_GPU, XLA"),
     ({"distributed_type": 3}, "distributed_type", "NO, MULTI_CPU"),
     ({"num_processes": 0}, "num_processes", "whole number >= 1"),
@@ -230,7 +257,11 @@ BAD_VALUES = [
     ({"num_processes": True}, "num_processes", "whole number"),
     ({"num_machines": 0}, "num_machines", ">= 1"),
     ({"machine_rank": -1}, "machine_rank", ">= 0"),
-    ({"num_machines": 2, "machine_rank": 2, "main_process_ip": "10.0.0.1", "num_processes": 2}, "machine_rank", "0 to 1"),
+    (
+        {"num_machines": 2, "machine_rank": 2, "main_process_ip": "10.0.0.1", "num_processes": 2},
+        "machine_rank",
+        "0 to 1",
+    ),
     ({"mixed_precision": "fp8"}, "mixed_precision", "no, fp16, bf16"),
     ({"mixed_precision": "float16"}, "mixed_precision", "no, fp16, bf16"),
     ({"mixed_precision": 16}, "mixed_precision", "no, fp16, bf16"),
@@ -255,12 +286,32 @@ BAD_VALUES = [
     ({"dynamo_use_dynamic": "sometimes"}, "dynamo_use_dynamic", "true or false"),
     # consistency between keys
     ({"distributed_type": "NO", "num_processes": 2}, "distributed_type", "MULTI_CPU or MULTI_GPU"),
-    ({"distributed_type": "NO", "num_machines": 2, "main_process_ip": "h"}, "distributed_type", "across machines"),
-    ({"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True}, "use_cpu", "false with distributed_type MULTI_GPU"),
-    ({"distributed_type": "MULTI_CPU", "num_processes": 3, "num_machines": 2, "main_process_ip": "h"}, "num_processes", "multiple of num_machines=2"),
-    ({"distributed_type": "MULTI_CPU", "num_processes": 2, "num_machines": 2}, "main_process_ip", "machine 0"),
-    ({"distributed_type": "MULTI_GPU", "num_processes": 4, "gpu_ids": "0,1"}, "gpu_ids", "at least 4 GPU ids"),
-]  # fmt: skip
+    (
+        {"distributed_type": "NO", "num_machines": 2, "main_process_ip": "h"},
+        "distributed_type",
+        "across machines",
+    ),
+    (
+        {"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True},
+        "use_cpu",
+        "false with distributed_type MULTI_GPU",
+    ),
+    (
+        {"distributed_type": "MULTI_CPU", "num_processes": 3, "num_machines": 2, "main_process_ip": "h"},
+        "num_processes",
+        "multiple of num_machines=2",
+    ),
+    (
+        {"distributed_type": "MULTI_CPU", "num_processes": 2, "num_machines": 2},
+        "main_process_ip",
+        "machine 0",
+    ),
+    (
+        {"distributed_type": "MULTI_GPU", "num_processes": 4, "gpu_ids": "0,1"},
+        "gpu_ids",
+        "at least 4 GPU ids",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -281,7 +332,10 @@ def test_every_validation_error_names_key_value_and_allowed(changes, key, allowe
 
 
 GOOD_VALUES = [
-    ({"distributed_type": "multi_cpu", "num_processes": "4"}, {"distributed_type": "MULTI_CPU", "num_processes": 4}),
+    (
+        {"distributed_type": "multi_cpu", "num_processes": "4"},
+        {"distributed_type": "MULTI_CPU", "num_processes": 4},
+    ),
     ({"mixed_precision": "FP16"}, {"mixed_precision": "fp16"}),
     ({"mixed_precision": None}, {"mixed_precision": "no"}),
     ({"gpu_ids": [0, 2]}, {"gpu_ids": "0,2"}),
@@ -291,9 +345,17 @@ GOOD_VALUES = [
     ({"main_process_ip": "node-0.cluster.local"}, {"main_process_ip": "node-0.cluster.local"}),
     ({"main_process_port": "29501"}, {"main_process_port": 29501}),
     ({"use_cpu": "yes", "same_network": "false"}, {"use_cpu": True, "same_network": False}),
-    ({"distributed_type": "MULTI_CPU", "num_processes": 4, "num_machines": 2, "machine_rank": 1,
-      "main_process_ip": "192.168.0.1"}, {"machine_rank": 1}),
-]  # fmt: skip
+    (
+        {
+            "distributed_type": "MULTI_CPU",
+            "num_processes": 4,
+            "num_machines": 2,
+            "machine_rank": 1,
+            "main_process_ip": "192.168.0.1",
+        },
+        {"machine_rank": 1},
+    ),
+]
 
 
 @pytest.mark.parametrize("changes, expected", GOOD_VALUES)
@@ -384,8 +446,17 @@ def test_replace_follows_the_process_count():
 
 
 def test_to_env_for_ranks():
-    env = LaunchConfig(distributed_type="MULTI_GPU", num_processes=2, mixed_precision="bf16", gpu_ids="2,3",
-                       gradient_accumulation_steps=4).validate().to_env()  # fmt: skip
+    env = (
+        LaunchConfig(
+            distributed_type="MULTI_GPU",
+            num_processes=2,
+            mixed_precision="bf16",
+            gpu_ids="2,3",
+            gradient_accumulation_steps=4,
+        )
+        .validate()
+        .to_env()
+    )
     assert env["ACCEL_NB_MIXED_PRECISION"] == env["ACCELERATE_MIXED_PRECISION"] == "bf16"
     assert env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] == "4"
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
@@ -398,6 +469,11 @@ def test_config_module_is_light():
     import sys
 
     code = "import sys, accel_nb.config as c; c.LaunchConfig().validate(); print('yaml' in sys.modules, 'torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert out.stdout.split() == ["False", "False"]

@@ -105,12 +105,18 @@ class Stream(IterableDataset):
 
 @pytest.mark.parametrize("n", [0, 5, 8, 11])
 def test_iterable_shard_equal_counts_and_coverage(n):
-    shards = [list(IterableDatasetShard(Stream(n), batch_size=2, num_processes=2, process_index=r)) for r in range(2)]
+    shards = [
+        list(IterableDatasetShard(Stream(n), batch_size=2, num_processes=2, process_index=r))
+        for r in range(2)
+    ]
     assert len(shards[0]) == len(shards[1])
     assert set(shards[0]) | set(shards[1]) == set(range(n))
     if n == 5:
         assert shards == [[0, 1, 4, 0], [2, 3, 1, 2]]
-    dropped = [list(IterableDatasetShard(Stream(n), 2, drop_last=True, num_processes=2, process_index=r)) for r in range(2)]
+    dropped = [
+        list(IterableDatasetShard(Stream(n), 2, drop_last=True, num_processes=2, process_index=r))
+        for r in range(2)
+    ]
     assert len(dropped[0]) == len(dropped[1]) == (n // 4) * 2
 
 
@@ -132,7 +138,10 @@ def test_prepared_loader_len_shards_and_device():
 
 
 def test_shuffle_is_shared_by_ranks_and_changes_per_epoch():
-    loaders = [prepare_data_loader(_dl(16, 2, shuffle=True), num_processes=2, process_index=r, data_seed=7) for r in range(2)]
+    loaders = [
+        prepare_data_loader(_dl(16, 2, shuffle=True), num_processes=2, process_index=r, data_seed=7)
+        for r in range(2)
+    ]
     e0 = [_ids(dl) for dl in loaders]
     flat = sorted(i for rank in e0 for b in rank for i in b)
     assert flat == list(range(16))  # the two ranks read disjoint halves of one permutation
@@ -144,8 +153,12 @@ def test_shuffle_is_shared_by_ranks_and_changes_per_epoch():
 
 
 def test_generator_seed_is_respected():
-    a = prepare_data_loader(_dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(5)), num_processes=1, process_index=0)
-    b = prepare_data_loader(_dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(5)), num_processes=1, process_index=0)
+    a = prepare_data_loader(
+        _dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(5)), num_processes=1, process_index=0
+    )
+    b = prepare_data_loader(
+        _dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(5)), num_processes=1, process_index=0
+    )
     assert _ids(a) == _ids(b)
 
 
@@ -161,8 +174,12 @@ class Nested(Dataset):
 
 
 def test_nested_batches_keep_structure_on_device():
-    dl = prepare_data_loader(DataLoader(Nested(), batch_size=2, pin_memory=False), num_processes=1, process_index=0,
-                             device=torch.device("cpu"))
+    dl = prepare_data_loader(
+        DataLoader(Nested(), batch_size=2, pin_memory=False),
+        num_processes=1,
+        process_index=0,
+        device=torch.device("cpu"),
+    )
     batch = next(iter(dl))
     assert isinstance(batch["pair"], Pair) and batch["pair"].y[0].tolist() == [0, 2]
     assert batch["name"] == ["s0", "s1"] and batch["a"].device.type == "cpu"
@@ -191,8 +208,12 @@ def test_break_out_unregisters_the_loader():
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_resume_continues_with_next_batch_and_same_order(shuffle, num_workers):
     def make(rank):
-        return prepare_data_loader(_dl(22, 3, shuffle=shuffle, num_workers=num_workers), num_processes=2,
-                                   process_index=rank, data_seed=11)
+        return prepare_data_loader(
+            _dl(22, 3, shuffle=shuffle, num_workers=num_workers),
+            num_processes=2,
+            process_index=rank,
+            data_seed=11,
+        )
 
     for rank in range(2):
         ref = make(rank)
@@ -252,7 +273,9 @@ class Counting(Dataset):
 
 def test_skip_does_not_load_skipped_samples():
     ds = Counting()
-    dl = skip_first_batches(prepare_data_loader(DataLoader(ds, batch_size=2), num_processes=1, process_index=0), 4)
+    dl = skip_first_batches(
+        prepare_data_loader(DataLoader(ds, batch_size=2), num_processes=1, process_index=0), 4
+    )
     assert [b.tolist() for b in dl] == [[8, 9]]
     assert ds.loaded == [8, 9]
 
@@ -343,7 +366,10 @@ def _plain_passes(passes, **kw):
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_one_process_shuffles_and_draws_exactly_as_plain_pytorch(with_generator, num_workers):
     def kw():
-        return {"num_workers": num_workers, "generator": torch.Generator().manual_seed(3) if with_generator else None}
+        return {
+            "num_workers": num_workers,
+            "generator": torch.Generator().manual_seed(3) if with_generator else None,
+        }
 
     torch.manual_seed(5)
     plain = _plain_passes(2, **kw())
@@ -360,8 +386,14 @@ def test_one_process_shuffles_and_draws_exactly_as_plain_pytorch(with_generator,
 def test_a_plain_shuffle_resumes_mid_pass_with_the_same_order(with_generator, num_workers):
     def make():
         gen = torch.Generator().manual_seed(3) if with_generator else None
-        workers = {"num_workers": 1, "persistent_workers": True} if num_workers == "persistent" else {"num_workers": num_workers}
-        return prepare_data_loader(_dl(20, 3, shuffle=True, generator=gen, **workers), num_processes=1, process_index=0)
+        workers = (
+            {"num_workers": 1, "persistent_workers": True}
+            if num_workers == "persistent"
+            else {"num_workers": num_workers}
+        )
+        return prepare_data_loader(
+            _dl(20, 3, shuffle=True, generator=gen, **workers), num_processes=1, process_index=0
+        )
 
     torch.manual_seed(5)
     ref = make()
@@ -378,7 +410,9 @@ def test_a_plain_shuffle_resumes_mid_pass_with_the_same_order(with_generator, nu
     torch.set_rng_state(rng)  # as load_state does last
     assert half + _ids(fresh) == full[1]
     assert _ids(fresh) == full[2]  # the following pass too
-    assert sorted(state["shuffle"]) == (["base_seed_drawn", "generator_state"] if with_generator else ["seed"])
+    assert sorted(state["shuffle"]) == (
+        ["base_seed_drawn", "generator_state"] if with_generator else ["seed"]
+    )
 
 
 def _shuffled_ids(seeded_generator):
@@ -397,7 +431,9 @@ def test_two_ranks_take_alternate_batches_of_one_plain_pytorch_order():
         assert r0[0] != r0[1]  # a new permutation each pass
     plain = _dl(16, 4, shuffle=True, generator=torch.Generator().manual_seed(9))
     one_process = [_ids(plain) for _ in range(2)]
-    assert [[a + b for a, b in zip(e0, e1, strict=True)] for e0, e1 in zip(r0, r1, strict=True)] == one_process
+    assert [
+        [a + b for a, b in zip(e0, e1, strict=True)] for e0, e1 in zip(r0, r1, strict=True)
+    ] == one_process
 
 
 class Reversed(SequentialSampler):
@@ -410,8 +446,9 @@ def test_the_sampler_of_a_given_batch_sampler_is_kept(world):
     ds = TensorDataset(torch.arange(8))
     loader = DataLoader(ds, batch_sampler=BatchSampler(Reversed(ds), 2, False))
     got = [_ids(prepare_data_loader(loader, num_processes=world, process_index=r)) for r in range(world)]
-    assert [b for rank in got for b in rank] == ([[7, 6], [5, 4], [3, 2], [1, 0]] if world == 1 else
-                                                 [[7, 6], [3, 2], [5, 4], [1, 0]])
+    assert [b for rank in got for b in rank] == (
+        [[7, 6], [5, 4], [3, 2], [1, 0]] if world == 1 else [[7, 6], [3, 2], [5, 4], [1, 0]]
+    )
 
 
 # -- BatchSamplerShard where the reference library's rules are specific ---------------------------------
@@ -458,7 +495,9 @@ class PairsOf:
 def test_set_epoch_reaches_the_sampler_inside_a_given_batch_sampler(world, batch_sampler):
     ds = TensorDataset(torch.arange(8))
     sampler = EpochSampler(ds)
-    loader = prepare_data_loader(DataLoader(ds, batch_sampler=batch_sampler(sampler)), num_processes=world, process_index=0)
+    loader = prepare_data_loader(
+        DataLoader(ds, batch_sampler=batch_sampler(sampler)), num_processes=world, process_index=0
+    )
     loader.set_epoch(3)
     assert sampler.epoch == 3
     assert _ids(loader) == ([[0, 1], [2, 3], [4, 5], [6, 7]] if world == 1 else [[0, 1], [4, 5]])
@@ -474,7 +513,10 @@ def test_seedable_random_sampler_takes_the_reference_keywords_and_gives_its_orde
             sampler.set_epoch(2)
             orders.append(list(sampler))
         assert orders[0] == orders[1], kwargs
-    assert SeedableRandomSampler(data, seed=4).seed == 4 and SeedableRandomSampler(data).seed == torch.initial_seed()
+    assert (
+        SeedableRandomSampler(data, seed=4).seed == 4
+        and SeedableRandomSampler(data).seed == torch.initial_seed()
+    )
 
 
 def _seedable_passes(library, seeded_generator):
@@ -497,6 +539,8 @@ def _seedable_passes(library, seeded_generator):
 @pytest.mark.parametrize("seeded_generator", [False, True])
 def test_the_seedable_sampler_shuffles_as_the_reference(seeded_generator):
     pytest.importorskip("accelerate")
-    ours, theirs = (run_ranks(_seedable_passes, 2, args=(lib, seeded_generator)) for lib in ("accel_nb", "accelerate"))
+    ours, theirs = (
+        run_ranks(_seedable_passes, 2, args=(lib, seeded_generator)) for lib in ("accel_nb", "accelerate")
+    )
     assert ours == theirs
     assert ours[0][0][0] != ours[0][0][1]  # a new order each epoch

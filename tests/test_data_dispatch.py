@@ -29,11 +29,11 @@ class Stream(IterableDataset):
 
 def _epoch(library, n, batch_size, split, even, iterable, dispatch, drop_last):
     utils = importlib.import_module(f"{library}.utils")
-    config = utils.DataLoaderConfiguration(
-        dispatch_batches=dispatch, split_batches=split, even_batches=even
-    )
+    config = utils.DataLoaderConfiguration(dispatch_batches=dispatch, split_batches=split, even_batches=even)
     acc = importlib.import_module(library).Accelerator(cpu=True, dataloader_config=config)
-    dataset = Stream(n) if iterable else [(torch.tensor([float(i)]), {"y": torch.tensor(i * 10)}) for i in range(n)]
+    dataset = (
+        Stream(n) if iterable else [(torch.tensor([float(i)]), {"y": torch.tensor(i * 10)}) for i in range(n)]
+    )
     loader = acc.prepare(DataLoader(dataset, batch_size=batch_size, drop_last=drop_last))
     batches, gathered = [], []
     for x, extra in loader:

@@ -30,8 +30,9 @@ def _accelerator(library, seedable):
 
 def _loader(acc, num_workers=0):
     generator = torch.Generator().manual_seed(5)
-    data = DataLoader(list(range(N_ITEMS)), batch_size=BATCH, shuffle=True, generator=generator,
-                      num_workers=num_workers)  # fmt: skip
+    data = DataLoader(
+        list(range(N_ITEMS)), batch_size=BATCH, shuffle=True, generator=generator, num_workers=num_workers
+    )
     return acc.prepare(data)
 
 
@@ -94,8 +95,17 @@ def test_the_prepared_loader_iterates_the_stateful_dataloader():
     _reset_all_states()
     acc = _accelerator("accel_nb", False)
     loader = _loader(acc)
-    plain = importlib.import_module("accel_nb").Accelerator(cpu=True).prepare(
-        DataLoader(list(range(N_ITEMS)), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(5))
+    plain = (
+        importlib.import_module("accel_nb")
+        .Accelerator(cpu=True)
+        .prepare(
+            DataLoader(
+                list(range(N_ITEMS)),
+                batch_size=BATCH,
+                shuffle=True,
+                generator=torch.Generator().manual_seed(5),
+            )
+        )
     )
     assert isinstance(loader.base_dataloader, StatefulDataLoader)
     assert loader.base_dataloader._iterator is None
@@ -121,7 +131,12 @@ def _dispatched(stateful):
     del it
     fresh = acc.prepare(DataLoader(Stream(), batch_size=BATCH))
     fresh.load_state_dict(state)
-    return type(loader).__name__, type(loader.base_dataloader).__name__, first, [b.flatten().tolist() for b in fresh]
+    return (
+        type(loader).__name__,
+        type(loader.base_dataloader).__name__,
+        first,
+        [b.flatten().tolist() for b in fresh],
+    )
 
 
 @pytest.mark.multiproc
@@ -183,9 +198,17 @@ def test_persistent_workers_give_the_plain_loaders_epochs():
 
     def epochs(stateful):
         _reset_all_states()
-        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful))
-        data = DataLoader(list(range(N_ITEMS)), batch_size=BATCH, shuffle=True, num_workers=1,
-                          persistent_workers=True, generator=torch.Generator().manual_seed(7))  # fmt: skip
+        acc = Accelerator(
+            cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful)
+        )
+        data = DataLoader(
+            list(range(N_ITEMS)),
+            batch_size=BATCH,
+            shuffle=True,
+            num_workers=1,
+            persistent_workers=True,
+            generator=torch.Generator().manual_seed(7),
+        )
         loader = acc.prepare(data)
         return [_ids(loader) for _ in range(3)]
 

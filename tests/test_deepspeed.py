@@ -11,7 +11,9 @@ import os
 import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before anything imports deepspeed (the ranks are forked)
-deepspeed = pytest.importorskip("deepspeed", reason="deepspeed is not installed (pip install 'accel_nb[deepspeed]')")
+deepspeed = pytest.importorskip(
+    "deepspeed", reason="deepspeed is not installed (pip install 'accel_nb[deepspeed]')"
+)
 
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -28,7 +30,11 @@ LR = 1e-2
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+        torch.nn.Linear(8, 32),
+        torch.nn.Tanh(),
+        torch.nn.Linear(32, 32),
+        torch.nn.Tanh(),
+        torch.nn.Linear(32, 1),
     )
 
 
@@ -48,7 +54,9 @@ def _state_numel(optimizer) -> int:
     """Elements of optimizer state tensors this rank holds (in the torch optimizer ZeRO wraps, if any)."""
     inner = optimizer.optimizer  # the ZeRO optimizer (or the torch one without DeepSpeed)
     inner = getattr(inner, "optimizer", inner)  # ZeRO keeps the torch optimizer it drives here
-    return sum(t.numel() for s in inner.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0)
+    return sum(
+        t.numel() for s in inner.state.values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0
+    )
 
 
 def _train(plugin_kwargs):
@@ -79,8 +87,14 @@ def _train(plugin_kwargs):
                 optimizer.zero_grad()
             losses.append(loss.item())
     full = sum(p.numel() for p in _model().parameters())
-    out = {"losses": losses, "norms": norms, "opt_state": _state_numel(optimizer), "full": full,
-           "lr": scheduler.get_last_lr()[0], "materialised": materialised}  # fmt: skip
+    out = {
+        "losses": losses,
+        "norms": norms,
+        "opt_state": _state_numel(optimizer),
+        "full": full,
+        "lr": scheduler.get_last_lr()[0],
+        "materialised": materialised,
+    }
     if plugin is not None:
         out["engine"] = type(model).__name__
         out["distributed_type"] = accelerator.distributed_type.value
@@ -184,8 +198,12 @@ def _resume_and_save_model(folder, stage):
     accelerator, model, optimizer, loader, scheduler = _prepared(stage, zero3_save_16bit_model=True)
     accelerator.load_state(checkpoint)
     resumed = _epoch(accelerator, model, optimizer, loader, scheduler)
-    out = {"straight": straight, "resumed": resumed, "lr": (lr_straight, scheduler.get_last_lr()[0]),
-           "files": sorted(os.listdir(checkpoint))}  # fmt: skip
+    out = {
+        "straight": straight,
+        "resumed": resumed,
+        "lr": (lr_straight, scheduler.get_last_lr()[0]),
+        "files": sorted(os.listdir(checkpoint)),
+    }
 
     target = os.path.join(folder, f"model{stage}")
     accelerator.save_model(model, target)
@@ -196,7 +214,8 @@ def _resume_and_save_model(folder, stage):
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         plain = _model()
-        torch.nn.init.zeros_(plain[0].weight)  # so nothing of the fresh model's weights can pass for the saved ones
+        # so nothing of the fresh model's weights can pass for the saved ones
+        torch.nn.init.zeros_(plain[0].weight)
         load_checkpoint_in_model(plain, target)
         with torch.no_grad():
             out["saved_out"] = plain(probe)
@@ -207,9 +226,14 @@ def _resume_and_save_model(folder, stage):
 
 
 def _config(stage):
-    return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": ACCUMULATION,
-            "gradient_clipping": CLIP, "zero_optimization": {"stage": stage}, "steps_per_print": 10**9,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}}}  # fmt: skip
+    return {
+        "train_micro_batch_size_per_gpu": BATCH,
+        "gradient_accumulation_steps": ACCUMULATION,
+        "gradient_clipping": CLIP,
+        "zero_optimization": {"stage": stage},
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
+    }
 
 
 def _batches():
@@ -268,9 +292,11 @@ def test_save_state_then_load_state_resumes_exactly(checkpointed, stage):
     for rank in checkpointed:
         run = rank[f"resume{stage}"]
         assert len(run["resumed"]) == STEPS_PER_EPOCH
-        assert run["resumed"] == run["straight"]  # bit for bit: weights, ZeRO partitions (Adam moments), scheduler
+        # bit for bit: weights, ZeRO partitions (Adam moments), scheduler
+        assert run["resumed"] == run["straight"]
         assert run["lr"][0] == run["lr"][1]
-        assert {"deepspeed_model", "rank_0.pt", "rank_1.pt"} <= set(run["files"])  # the engine's folder in the checkpoint
+        # the engine's folder in the checkpoint
+        assert {"deepspeed_model", "rank_0.pt", "rank_1.pt"} <= set(run["files"])
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -288,7 +314,8 @@ def test_the_same_losses_as_deepspeed_initialize_by_hand(checkpointed, stage):
         assert run["accumulation"] == ACCUMULATION  # taken from the config
         assert len(run["ours"]) == 2 * STEPS_PER_EPOCH
         assert run["ours"] == run["by_hand"]
-        assert run["ours"][:STEPS_PER_EPOCH] != run["ours"][STEPS_PER_EPOCH:]  # same batches again: the weights moved
+        # same batches again: the weights moved
+        assert run["ours"][:STEPS_PER_EPOCH] != run["ours"][STEPS_PER_EPOCH:]
 
 
 def test_zero3_init_builds_the_model_partitioned(trained):

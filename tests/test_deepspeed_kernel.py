@@ -13,15 +13,21 @@ from tests.kernel_helpers import KernelSession
 pytestmark = [
     pytest.mark.kernel,
     pytest.mark.multiproc,
-    pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
-                       reason="deepspeed is not installed (pip install 'accel_nb[deepspeed]')"),
-]  # fmt: skip
+    pytest.mark.skipif(
+        importlib.util.find_spec("deepspeed") is None,
+        reason="deepspeed is not installed (pip install 'accel_nb[deepspeed]')",
+    ),
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_notebook_launcher_and_an_accelerate_cell_train_with_deepspeed(tmp_path):
-    env = {"ACCEL_NB_PROGRESS": "text", "ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml"), "OMP_NUM_THREADS": "1"}
+    env = {
+        "ACCEL_NB_PROGRESS": "text",
+        "ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml"),
+        "OMP_NUM_THREADS": "1",
+    }
     with KernelSession(env=env, cwd=ROOT) as kernel:
         out = kernel.run(
             "%load_ext accel_nb\n"
@@ -76,4 +82,6 @@ def test_notebook_launcher_and_an_accelerate_cell_train_with_deepspeed(tmp_path)
         )
         assert out.error is None, out.traceback
         assert "Launching 2 CPU processes" in out.stdout
-        assert "RESULT DEEPSPEED 2 DeepSpeedEngine" in kernel.run("print('RESULT', kind, stage, engine)").stdout
+        assert (
+            "RESULT DEEPSPEED 2 DeepSpeedEngine" in kernel.run("print('RESULT', kind, stage, engine)").stdout
+        )

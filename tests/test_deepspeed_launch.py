@@ -57,8 +57,12 @@ SCRIPT = textwrap.dedent(
 def _launch(tmp_path, *args, config: str | None = None, timeout: float = 600):
     script = tmp_path / "train_ds.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT,
-               ACCEL_NB_CONFIG_FILE=config or str(tmp_path / "none" / "default_config.yaml"))  # fmt: skip
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=ROOT,
+        ACCEL_NB_CONFIG_FILE=config or str(tmp_path / "none" / "default_config.yaml"),
+    )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "accel_nb.commands", "launch", *args, str(script), str(tmp_path)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
@@ -72,7 +76,8 @@ def _results(tmp_path):
 @pytest.mark.multiproc
 def test_a_deepspeed_launch_config_runs_a_script_with_zero3(tmp_path):
     config = tmp_path / "ds.yaml"
-    config.write_text(textwrap.dedent("""
+    config.write_text(
+        textwrap.dedent("""
         compute_environment: LOCAL_MACHINE
         distributed_type: DEEPSPEED
         num_processes: 2
@@ -82,11 +87,14 @@ def test_a_deepspeed_launch_config_runs_a_script_with_zero3(tmp_path):
           zero_stage: 3
           gradient_clipping: 0.5
           zero3_init_flag: false
-    """))  # fmt: skip
+    """)
+    )
     out = _launch(tmp_path, "--config_file", str(config))
     assert out.returncode == 0, out.stdout + out.stderr
     for rank in _results(tmp_path):
-        assert rank["distributed_type"] == rank["partial"] == "DEEPSPEED" and rank["engine"] == "DeepSpeedEngine"
+        assert (
+            rank["distributed_type"] == rank["partial"] == "DEEPSPEED" and rank["engine"] == "DeepSpeedEngine"
+        )
         assert rank["zero_stage"] == 3 and rank["clipping"] == 0.5 and rank["accumulation"] == 2
         assert rank["train_batch_size"] == 4 * 2 * 2  # micro batch x accumulation x processes
         assert len(rank["losses"]) == 8  # 64 samples / 2 ranks / batch 4
@@ -95,8 +103,17 @@ def test_a_deepspeed_launch_config_runs_a_script_with_zero3(tmp_path):
 @needs_deepspeed
 @pytest.mark.multiproc
 def test_use_deepspeed_flags_run_a_script(tmp_path):
-    out = _launch(tmp_path, "--use_deepspeed", "--zero_stage", "1", "--gradient_clipping", "2.0", "--cpu",
-                  "--num_processes", "2")  # fmt: skip
+    out = _launch(
+        tmp_path,
+        "--use_deepspeed",
+        "--zero_stage",
+        "1",
+        "--gradient_clipping",
+        "2.0",
+        "--cpu",
+        "--num_processes",
+        "2",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     ranks = _results(tmp_path)
     assert [r["zero_stage"] for r in ranks] == [1, 1] and ranks[0]["clipping"] == 2.0
@@ -120,11 +137,18 @@ def test_bad_deepspeed_flags_are_refused_before_any_rank_starts(tmp_path, args, 
 
 
 def test_launch_config_validates_deepspeed_config_and_exports_it():
-    cfg = LaunchConfig(distributed_type="deepspeed", num_processes=2, use_cpu=True,
-                       extras={"deepspeed_config": {"zero_stage": 2, "offload_optimizer_device": "cpu"}}).validate()  # fmt: skip
+    cfg = LaunchConfig(
+        distributed_type="deepspeed",
+        num_processes=2,
+        use_cpu=True,
+        extras={"deepspeed_config": {"zero_stage": 2, "offload_optimizer_device": "cpu"}},
+    ).validate()
     env = cfg.to_env()
     assert cfg.distributed_type == "DEEPSPEED" and env["ACCELERATE_USE_DEEPSPEED"] == "true"
-    assert json.loads(env["ACCEL_NB_DEEPSPEED_CONFIG"]) == {"zero_stage": 2, "offload_optimizer_device": "cpu"}
+    assert json.loads(env["ACCEL_NB_DEEPSPEED_CONFIG"]) == {
+        "zero_stage": 2,
+        "offload_optimizer_device": "cpu",
+    }
     assert env["DS_ACCELERATOR"] == "cpu"
     with pytest.raises(ConfigError, match="deepspeed_config.*zero_stage"):
         LaunchConfig(distributed_type="DEEPSPEED", extras={"deepspeed_config": {"zero_stage": 7}}).validate()
@@ -134,15 +158,24 @@ def test_launch_config_validates_deepspeed_config_and_exports_it():
 
 
 def test_plugin_fields_build_the_config_and_bad_values_are_clear_errors(tmp_path):
-    plugin = DeepSpeedPlugin(zero_stage=3, offload_param_device="cpu", offload_optimizer_device="cpu",
-                             zero3_save_16bit_model=True)  # fmt: skip
+    plugin = DeepSpeedPlugin(
+        zero_stage=3, offload_param_device="cpu", offload_optimizer_device="cpu", zero3_save_16bit_model=True
+    )
     zero = plugin.deepspeed_config["zero_optimization"]
-    assert zero["stage"] == 3 and zero["offload_param"] == {"device": "cpu"} and zero["offload_optimizer"]["device"] == "cpu"
+    assert (
+        zero["stage"] == 3
+        and zero["offload_param"] == {"device": "cpu"}
+        and zero["offload_optimizer"]["device"] == "cpu"
+    )
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True and plugin.zero3_init_flag is True
     assert plugin.deepspeed_config["train_micro_batch_size_per_gpu"] == "auto"
     # a JSON file: its values become the fields; a field given in code fills the file's "auto"
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"zero_optimization": {"stage": 1}, "gradient_clipping": "auto", "bf16": {"enabled": True}}))
+    path.write_text(
+        json.dumps(
+            {"zero_optimization": {"stage": 1}, "gradient_clipping": "auto", "bf16": {"enabled": True}}
+        )
+    )
     from_file = DeepSpeedPlugin(hf_ds_config=str(path), gradient_clipping=0.3)
     assert from_file.zero_stage == 1 and from_file.deepspeed_config["gradient_clipping"] == 0.3
     assert from_file.set_mixed_precision(None) == "bf16"  # the config's choice
@@ -155,7 +188,10 @@ def test_plugin_fields_build_the_config_and_bad_values_are_clear_errors(tmp_path
         ({"offload_optimizer_device": "gpu"}, "is not valid"),
         ({"hf_ds_config": {"train_batch_size": 8}}, "no zero_optimization section"),
         ({"hf_ds_config": str(tmp_path / "missing.json")}, "does not exist"),
-        ({"hf_ds_config": {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 0}}, "whole number"),
+        (
+            {"hf_ds_config": {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": 0}},
+            "whole number",
+        ),
         ({"enable_msamp": True}, "not supported"),
     ]:
         with pytest.raises(ValueError, match=words):
@@ -168,8 +204,14 @@ def test_plugin_fields_build_the_config_and_bad_values_are_clear_errors(tmp_path
 
 def _run_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **(env or {}))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 def test_import_accel_nb_and_creating_the_plugin_do_not_import_deepspeed():
@@ -207,7 +249,9 @@ def test_accelerator_settings_that_disagree_with_the_config_are_errors():
     """)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert lines[0].startswith("ERR gradient_accumulation_steps=4 disagrees with the DeepSpeed config's 2"), lines
+    assert lines[0].startswith("ERR gradient_accumulation_steps=4 disagrees with the DeepSpeed config's 2"), (
+        lines
+    )
     assert lines[1].startswith("ERR mixed_precision='fp16' disagrees with the DeepSpeed config"), lines
     assert lines[2].startswith("ERR"), lines
 
@@ -233,12 +277,15 @@ def test_deepspeed_missing_is_an_error_naming_the_extra():
 def test_a_deepspeed_launch_without_deepspeed_installed_stops_before_any_rank(tmp_path):
     script = tmp_path / "never.py"
     script.write_text("open(__file__ + '.ran', 'w').close()\n")
-    out = _run_python(f"""
+    out = _run_python(
+        f"""
         import sys
         sys.modules["deepspeed"] = None  # what the launcher's check meets where deepspeed is not installed
         from accel_nb.commands.main import main
         sys.exit(main(["launch", "--use_deepspeed", "--cpu", "--num_processes", "2", {str(script)!r}]))
-    """, env={"ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml")})
+    """,
+        env={"ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml")},
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "deepspeed is not installed; pip install 'accel_nb[deepspeed]'" in out.stderr
     assert not (tmp_path / "never.py.ran").exists()
@@ -272,4 +319,7 @@ def test_bf16_on_one_cpu_process_trains_in_bf16_with_float32_master_weights(stag
               next(model.module.parameters()).dtype, master.dtype, epochs[-1] < epochs[0])
     """)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == "{'enabled': True} 1 torch.bfloat16 torch.bfloat16 torch.float32 True"
+    assert (
+        out.stdout.strip().splitlines()[-1]
+        == "{'enabled': True} 1 torch.bfloat16 torch.bfloat16 torch.float32 True"
+    )

@@ -84,10 +84,14 @@ def test_device_bars_and_live_slider(tmp_path):
         assert title and "(" in title  # hover text: module path and class
         # the slider reads out the budget exactly as the bar's text writes it (decimals included)
         readout_text = page.locator(".accel-nb-budget-slider .widget-readout").first.inner_text().strip()
-        slider_unit = page.locator(".accel-nb-budget-slider .widget-label").first.inner_text().split("(")[1].rstrip(")")
+        slider_unit = (
+            page.locator(".accel-nb-budget-slider .widget-label").first.inner_text().split("(")[1].rstrip(")")
+        )
         cpu_info = page.locator('.accel-nb-device-row[data-device="cpu"] .accel-nb-device-info').inner_text()
         assert f"/ {readout_text} {slider_unit} budget" in cpu_info, (readout_text, slider_unit, cpu_info)
-        disk_info = page.locator('.accel-nb-device-row[data-device="disk"] .accel-nb-device-info').inner_text()
+        disk_info = page.locator(
+            '.accel-nb-device-row[data-device="disk"] .accel-nb-device-info'
+        ).inner_text()
         assert "free" in disk_info and "bar drawn to what it holds, not to its budget" in disk_info
         screenshot(page, "device_map_before", SHOTS)
         # type a bigger CPU budget into the slider's readout: the map is recomputed in the kernel

@@ -182,7 +182,9 @@ def test_slider_readout_and_bars_show_the_same_budget_with_its_decimals():
     net = _meta_net()
     total = compute_module_sizes(net)[""]
     # 100 MB is 95.37 MiB: the slider once read "95" (whole MiB) while the bars said "95.4 MiB"
-    view = DeviceMapView(net, max_memory={0: "100MB", "cpu": total // 3, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view = DeviceMapView(
+        net, max_memory={0: "100MB", "cpu": total // 3, "disk": "1GB"}, no_split_module_classes=["Block"]
+    )
     view.widget()
     for slider, dev in zip(view.sliders, [0, "cpu"]):
         budget = view.budgets[dev]
@@ -196,30 +198,48 @@ def test_slider_readout_and_bars_show_the_same_budget_with_its_decimals():
     for value in (round(cpu.max * 0.437, 1), cpu.max):
         cpu.value = value
         assert f"/ {cpu.value:.1f} {unit} budget" in view._html_widget.value
-        assert f"{view.budgets['cpu'] / 1024 ** ['KiB', 'MiB', 'GiB'].index(unit) / 1024:.1f}" == f"{cpu.value:.1f}"
+        assert (
+            f"{view.budgets['cpu'] / 1024 ** ['KiB', 'MiB', 'GiB'].index(unit) / 1024:.1f}"
+            == f"{cpu.value:.1f}"
+        )
     assert cpu.max >= 1024, "the top of this slider is past 1024 of its unit"
 
 
 def test_disk_bar_says_it_is_drawn_to_its_contents():
     net = _meta_net()
     sizes = compute_module_sizes(net)
-    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view = DeviceMapView(
+        net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"]
+    )
     html = view.to_html()
-    disk = re.search(r'<div class="accel-nb-device-bar" data-device="disk"[^>]*>(.*?)</div><div class="accel-nb-device-info">([^<]*)<', html, re.S)
+    disk = re.search(
+        r'<div class="accel-nb-device-bar" data-device="disk"[^>]*>(.*?)</div><div class="accel-nb-device-info">([^<]*)<',
+        html,
+        re.S,
+    )
     assert 'data-scale="contents"' in disk.group(0) and "free" in disk.group(2)
     assert "bar drawn to what it holds, not to its budget" in disk.group(2)
     widths = [float(x) for x in re.findall(r"width:([0-9.]+)%", disk.group(1))]
     assert abs(sum(widths) - 100) < 0.1  # full: it is drawn to its contents, and says so
-    cpu = re.search(r'<div class="accel-nb-device-bar" data-device="cpu"[^>]*>(.*?)</div><div class="accel-nb-device-info">([^<]*)<', html, re.S)
+    cpu = re.search(
+        r'<div class="accel-nb-device-bar" data-device="cpu"[^>]*>(.*?)</div><div class="accel-nb-device-info">([^<]*)<',
+        html,
+        re.S,
+    )
     assert 'data-scale="budget"' in cpu.group(0) and "drawn to what it holds" not in cpu.group(2)
     cpu_used = sum(sizes[k] for k, v in view.device_map.items() if v == "cpu")
     cpu_widths = sum(float(x) for x in re.findall(r"width:([0-9.]+)%", cpu.group(1)))
     assert abs(cpu_widths - 100 * cpu_used / (sizes[""] // 2)) < 0.1  # the CPU bar is to scale of its budget
     assert "(bar: contents)" in view.text_summary()
     # a disk budget close to what it holds is drawn to scale, with no note
-    near = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": sizes[""]}, no_split_module_classes=["Block"])
+    near = DeviceMapView(
+        net, max_memory={"cpu": sizes[""] // 2, "disk": sizes[""]}, no_split_module_classes=["Block"]
+    )
     near_html = near.to_html()
-    assert re.search(r'data-device="disk" data-used="\d+" data-budget="\d+" data-headroom="0" data-scale="budget"', near_html)
+    assert re.search(
+        r'data-device="disk" data-used="\d+" data-budget="\d+" data-headroom="0" data-scale="budget"',
+        near_html,
+    )
     assert "drawn to what it holds" not in near_html
 
 
@@ -228,7 +248,10 @@ def test_an_empty_disk_bar_is_drawn_to_its_budget():
     view = DeviceMapView(net, max_memory={"cpu": "1GB", "disk": "1GB"}, no_split_module_classes=["Block"])
     assert set(view.device_map.values()) == {"cpu"}
     html = view.to_html()
-    assert re.search(r'data-device="disk" data-used="0" data-budget="1000000000" data-headroom="0" data-scale="budget"', html)
+    assert re.search(
+        r'data-device="disk" data-used="0" data-budget="1000000000" data-headroom="0" data-scale="budget"',
+        html,
+    )
     assert "drawn to what it holds" not in html
 
 
@@ -237,7 +260,9 @@ def test_set_budget_moves_the_slider_too():
     pytest.importorskip("ipywidgets")
     net = _meta_net()
     sizes = compute_module_sizes(net)
-    view = DeviceMapView(net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"])
+    view = DeviceMapView(
+        net, max_memory={"cpu": sizes[""] // 2, "disk": "1GB"}, no_split_module_classes=["Block"]
+    )
     view.widget()
     slider = view.sliders[0]
     unit = view._units["cpu"][0]
@@ -260,7 +285,11 @@ def test_adjacent_blocks_never_share_a_colour():
     view = DeviceMapView(net, max_memory=budgets, no_split_module_classes=["Block"])
     html = view.to_html()
     segments = 0
-    for m in re.finditer(r'class="accel-nb-device-bar" data-device="([^"]+)"(.*?)<div class="accel-nb-device-info">', html, re.S):
+    for m in re.finditer(
+        r'class="accel-nb-device-bar" data-device="([^"]+)"(.*?)<div class="accel-nb-device-info">',
+        html,
+        re.S,
+    ):
         colours = re.findall(r'class="accel-nb-module"[^>]*background:([^"]+)"', m.group(2))
         segments += len(colours)
         assert all(a != b for a, b in zip(colours, colours[1:])), colours

@@ -96,9 +96,15 @@ def test_docstring_examples_become_literal_blocks():
         "Prose after: it stays prose.",
     ]
     assert literalize_examples(conf.indent_code_paragraphs(flat)) == [
-        "Handle it.", "", "::", "", "    except LaunchError as err:", "        print(err)", "",
+        "Handle it.",
+        "",
+        "::",
+        "",
+        "    except LaunchError as err:",
+        "        print(err)",
+        "",
         "Prose after: it stays prose.",
-    ]  # fmt: skip
+    ]
     napoleon = ["Do it.", "", "Args:", "    x: the thing", "", "    y: other"]
     assert literalize_examples(napoleon) == napoleon
 

@@ -25,8 +25,13 @@ def test_a_rank_that_raised_comes_before_one_aborted_in_the_same_second(tmp_path
     # rank 0: gloo's threads aborted it after its peer vanished; nothing Python in its log, and the
     # log was last written before rank 1's traceback (seen in CI: rank 0 was named first)
     _log(tmp_path, 0, "[default0]:step 3\n", mtime=100.0)
-    _log(tmp_path, 1, "[default1]:Traceback (most recent call last):\n"
-                      "[default1]:ValueError: rank 1 was asked to fail (test)\n", mtime=200.0)  # fmt: skip
+    _log(
+        tmp_path,
+        1,
+        "[default1]:Traceback (most recent call last):\n"
+        "[default1]:ValueError: rank 1 was asked to fail (test)\n",
+        mtime=200.0,
+    )
     failures = {0: _failure(0, -signal.SIGABRT), 1: _failure(1, 1)}
     assert [rank for rank, _ in order_failures(failures, str(tmp_path))] == [1, 0]
     summary = failure_summary(failures, "train.py", str(tmp_path))
@@ -35,8 +40,13 @@ def test_a_rank_that_raised_comes_before_one_aborted_in_the_same_second(tmp_path
 
 
 def test_a_peer_loss_printed_by_cpp_is_a_symptom(tmp_path):
-    _log(tmp_path, 0, "terminate called after throwing an instance of 'gloo::IoException'\n"
-                      "  what():  [pair.cc:534] Connection closed by peer [127.0.0.1]:4242\n", mtime=100.0)  # fmt: skip
+    _log(
+        tmp_path,
+        0,
+        "terminate called after throwing an instance of 'gloo::IoException'\n"
+        "  what():  [pair.cc:534] Connection closed by peer [127.0.0.1]:4242\n",
+        mtime=100.0,
+    )
     _log(tmp_path, 1, "RuntimeError: bad shapes\n", mtime=200.0)
     failures = {0: _failure(0, -signal.SIGABRT, 999), 1: _failure(1, 1, 1000)}
     assert [rank for rank, _ in order_failures(failures, str(tmp_path))] == [1, 0]

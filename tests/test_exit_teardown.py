@@ -26,8 +26,12 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(900)]
 
 
 def _launch(*args: str, cwd: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ACCEL_NB_CONFIG_FILE=os.path.join(cwd, "default_config.yaml"), OMP_NUM_THREADS="1",
-               PYTHONPATH=ROOT)  # fmt: skip
+    env = dict(
+        os.environ,
+        ACCEL_NB_CONFIG_FILE=os.path.join(cwd, "default_config.yaml"),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=ROOT,
+    )
     env.pop("CUDA_VISIBLE_DEVICES", None)
     cmd = [sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", "2", "--cpu", *args]
     return subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
@@ -36,8 +40,9 @@ def _launch(*args: str, cwd: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("destroy", [False, True], ids=["left-formed", "destroyed-by-script"])
 def test_ranks_exit_with_status_zero_while_gloo_frees_work_held_by_a_ddp_group(tmp_path, destroy):
     # without the release of the reducer's hold this aborted a rank in 3 runs of 3 (either flag)
-    out = _launch(os.path.join(SCRIPTS, "pending_work_exit.py"), *(["--destroy"] if destroy else []),
-                  cwd=str(tmp_path))  # fmt: skip
+    out = _launch(
+        os.path.join(SCRIPTS, "pending_work_exit.py"), *(["--destroy"] if destroy else []), cwd=str(tmp_path)
+    )
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     assert "terminate called" not in text
@@ -84,8 +89,13 @@ def test_release_process_groups_joins_gloo_threads_a_ddp_model_kept(tmp_path):
     from accel_nb.launch.ports import pick_free_port
 
     port = pick_free_port("127.0.0.1")
-    out = subprocess.run([sys.executable, "-c", RELEASE, str(port)], capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", RELEASE, str(port)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["formed"] > seen["plain"]  # destroying a group nothing holds joins gloo's threads

@@ -112,7 +112,10 @@ def test_two_fsdp_ranks_match_one_plain_process_with_the_doubled_batch(options):
     # memory: the ranks split the parameters and the optimizer state (dim 0 of each tensor: nothing held twice),
     # each about half (a [1, 16] weight cannot be split: 51% here)
     assert reference["param_bytes"] == reference["full_bytes"] and reference["optimizer_bytes"] > 0
-    for what, total in (("param_bytes", reference["full_bytes"]), ("optimizer_bytes", reference["optimizer_bytes"])):
+    for what, total in (
+        ("param_bytes", reference["full_bytes"]),
+        ("optimizer_bytes", reference["optimizer_bytes"]),
+    ):
         assert out[0][what] + out[1][what] == total, what
         assert max(out[0][what], out[1][what]) <= 0.55 * total, what
 
@@ -140,7 +143,9 @@ def test_hybrid_and_no_shard_strategies_train_the_same():
     for strategy, share in (("hybrid", 2), ("no_shard", 1)):
         out = run_ranks(_train, world_size=2, args=(8, 1, FSDPOptions(sharding_strategy=strategy), 1))
         _assert_same(out[0]["weights"], reference["weights"])
-        assert out[0]["param_bytes"] + out[1]["param_bytes"] == reference["full_bytes"] * (2 // share), strategy
+        assert out[0]["param_bytes"] + out[1]["param_bytes"] == reference["full_bytes"] * (2 // share), (
+            strategy
+        )
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -195,7 +200,8 @@ def _resume(folder, mode, phase):
 @pytest.mark.parametrize("mode", ["sharded", "full"])
 def test_save_state_then_load_state_in_a_new_launch_continues_identically(tmp_path, mode):
     first = run_ranks(_resume, world_size=2, args=(str(tmp_path), mode, "save"))
-    second = run_ranks(_resume, world_size=2, args=(str(tmp_path), mode, "load"))  # new processes, fresh model
+    # new processes, fresh model
+    second = run_ranks(_resume, world_size=2, args=(str(tmp_path), mode, "load"))
     assert second[0]["losses"] == first[0]["losses"] and len(second[0]["losses"]) == 3
     files = set(os.listdir(tmp_path / "ckpt"))
     if mode == "sharded":
@@ -231,9 +237,9 @@ def _bad_inputs(folder):
     messages = {}
     for name, make in {
         "missing_class": lambda: acc.prepare(_model()),
-        "missing_checkpoint_class": lambda: Accelerator(fsdp=FSDPOptions(activation_checkpointing=["Nope"])).prepare(
-            _model()
-        ),
+        "missing_checkpoint_class": lambda: Accelerator(
+            fsdp=FSDPOptions(activation_checkpointing=["Nope"])
+        ).prepare(_model()),
         "cpu_offload": lambda: Accelerator(fsdp=FSDPOptions(cpu_offload=True)).prepare(_model()),
     }.items():
         try:
@@ -277,10 +283,13 @@ def test_bad_options_on_two_ranks_are_clear_errors_naming_the_option(tmp_path):
     assert "Block, Linear, Sequential" in messages["missing_class"]  # what the model has
     assert "activation_checkpointing: 'Nope'" in messages["missing_checkpoint_class"]
     assert "FSDPOptions(cpu_offload=True) needs a GPU run" in messages["cpu_offload"]
-    assert "already has state" in messages["stepped_optimizer"] and "load_state" in messages["stepped_optimizer"]
-    assert "save_on_each_node=True with FSDPOptions(state_dict_type='full') is not supported" in messages[
-        "save_on_each_node"
-    ]
+    assert (
+        "already has state" in messages["stepped_optimizer"] and "load_state" in messages["stepped_optimizer"]
+    )
+    assert (
+        "save_on_each_node=True with FSDPOptions(state_dict_type='full') is not supported"
+        in messages["save_on_each_node"]
+    )
     assert "several FSDP-sharded models" in messages["two_models_one_optimizer"]
     assert messages["left_behind"] == []  # no half-written checkpoint
 
@@ -297,12 +306,17 @@ def test_fsdp_with_one_process_is_a_clear_error():
 def test_options_check_their_values():
     assert FSDPOptions(sharding_strategy="HYBRID_SHARD").sharding_strategy == "hybrid"
     assert not FSDPOptions(sharding_strategy="SHARD_GRAD_OP").reshards_after_forward
-    assert FSDPOptions(auto_wrap_classes=[Block], activation_checkpointing=True).checkpointed_classes == ["Block"]
+    assert FSDPOptions(auto_wrap_classes=[Block], activation_checkpointing=True).checkpointed_classes == [
+        "Block"
+    ]
     for kwargs, fragment in [
         ({"sharding_strategy": "zero3"}, "sharding_strategy='zero3' is not a sharding strategy"),
         ({"state_dict_type": "LOCAL_STATE_DICT"}, "state_dict_type='LOCAL_STATE_DICT' is not supported"),
         ({"min_num_params": 0}, "min_num_params=0 must be"),
-        ({"activation_checkpointing": True}, "activation_checkpointing=True checkpoints the auto_wrap_classes"),
+        (
+            {"activation_checkpointing": True},
+            "activation_checkpointing=True checkpoints the auto_wrap_classes",
+        ),
         ({"cpu_offload": "yes"}, "cpu_offload='yes' must be True or False"),
     ]:
         with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace("[", r"\[")):
@@ -311,26 +325,53 @@ def test_options_check_their_values():
 
 def test_the_reference_plugin_and_config_keys_map_to_fsdp2_options():
     plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=2, auto_wrap_policy="transformer_based_wrap", transformer_cls_names_to_wrap=["Block"],
-        reshard_after_forward=False, state_dict_type="FULL_STATE_DICT", activation_checkpointing=True,
-    )  # fmt: skip
+        fsdp_version=2,
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=["Block"],
+        reshard_after_forward=False,
+        state_dict_type="FULL_STATE_DICT",
+        activation_checkpointing=True,
+    )
     assert plugin.to_options() == FSDPOptions(
-        auto_wrap_classes=["Block"], reshard_after_forward=False, state_dict_type="full", activation_checkpointing=True
+        auto_wrap_classes=["Block"],
+        reshard_after_forward=False,
+        state_dict_type="full",
+        activation_checkpointing=True,
     )
     with pytest.warns(UserWarning, match="fsdp_version=1: accel_nb runs FSDP2"):
-        options = options_from_config({
-            "fsdp_version": 1, "fsdp_sharding_strategy": "HYBRID_SHARD", "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
-            "fsdp_min_num_params": 1000, "fsdp_offload_params": "false", "fsdp_use_orig_params": True,
-        })  # fmt: skip
+        options = options_from_config(
+            {
+                "fsdp_version": 1,
+                "fsdp_sharding_strategy": "HYBRID_SHARD",
+                "fsdp_auto_wrap_policy": "SIZE_BASED_WRAP",
+                "fsdp_min_num_params": 1000,
+                "fsdp_offload_params": "false",
+                "fsdp_use_orig_params": True,
+            }
+        )
     assert options == FSDPOptions(sharding_strategy="hybrid", min_num_params=1000)
     for bad, fragment in [
-        (FullyShardedDataParallelPlugin(ignored_modules=[torch.nn.Linear(1, 1)]), "ignored_modules=...) is not supported"),
-        (FullyShardedDataParallelPlugin(mixed_precision_policy="bf16"), "the Accelerator's mixed_precision sets it"),
+        (
+            FullyShardedDataParallelPlugin(ignored_modules=[torch.nn.Linear(1, 1)]),
+            "ignored_modules=...) is not supported",
+        ),
+        (
+            FullyShardedDataParallelPlugin(mixed_precision_policy="bf16"),
+            "the Accelerator's mixed_precision sets it",
+        ),
         (FullyShardedDataParallelPlugin(auto_wrap_policy=lambda m: True), "auto_wrap_policy=<callable>"),
-        (FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap"), "needs transformer_cls_names"),
-        (FullyShardedDataParallelPlugin(activation_checkpointing=True), "needs transformer_cls_names_to_wrap"),
+        (
+            FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap"),
+            "needs transformer_cls_names",
+        ),
+        (
+            FullyShardedDataParallelPlugin(activation_checkpointing=True),
+            "needs transformer_cls_names_to_wrap",
+        ),
     ]:
-        with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+        with pytest.raises(
+            ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")
+        ):
             bad.to_options()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -363,11 +404,16 @@ def test_notebook_launcher_runs_fsdp():
     from accel_nb.launch.parent.reporting import ListReporter
 
     out = notebook_launcher(
-        _example_train, args=(FSDPOptions(auto_wrap_classes=["Block"]),), num_processes=2, cpu=True,
+        _example_train,
+        args=(FSDPOptions(auto_wrap_classes=["Block"]),),
+        num_processes=2,
+        cpu=True,
         reporter=ListReporter(),
-    )  # fmt: skip
+    )
     assert [o["distributed_type"] for o in out] == ["FSDP", "FSDP"]
-    assert out[0]["param_share"] == pytest.approx(0.5, abs=0.01) and out[0]["last_loss"] < out[0]["first_loss"]
+    assert (
+        out[0]["param_share"] == pytest.approx(0.5, abs=0.01) and out[0]["last_loss"] < out[0]["first_loss"]
+    )
 
 
 @pytest.mark.multiproc
@@ -385,12 +431,29 @@ def test_accel_nb_launch_with_an_fsdp_config_file(tmp_path):
         "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n  fsdp_transformer_layer_cls_to_wrap: Block\n"
         "  fsdp_state_dict_type: SHARDED_STATE_DICT\n  fsdp_activation_checkpointing: true\n"
     )
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root, ACCEL_NB_CONFIG_FILE=str(tmp_path / "none.yaml"))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root, ACCEL_NB_CONFIG_FILE=str(tmp_path / "none.yaml")
+    )
     out = subprocess.run(
-        [sys.executable, "-m", "accel_nb.commands", "launch", "--config_file", str(cfg), "examples/fsdp_finetune.py",
-         "--out", str(tmp_path / "run"), "--epochs", "1"],
-        env=env, cwd=root, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "accel_nb.commands",
+            "launch",
+            "--config_file",
+            str(cfg),
+            "examples/fsdp_finetune.py",
+            "--out",
+            str(tmp_path / "run"),
+            "--epochs",
+            "1",
+        ],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["distributed_type"] == "FSDP" and summary["param_share"] == pytest.approx(0.5, abs=0.01)

@@ -29,7 +29,9 @@ def _gpt2_steps(use_fsdp: bool, steps: int = 12):
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     model, opt = acc.prepare(model, opt)
-    ids = torch.randint(0, 50257, (8, 256), generator=torch.Generator().manual_seed(acc.process_index)).to(acc.device)
+    ids = torch.randint(0, 50257, (8, 256), generator=torch.Generator().manual_seed(acc.process_index)).to(
+        acc.device
+    )
     times, losses = [], []
     for _ in range(steps):
         torch.cuda.synchronize()
@@ -49,7 +51,9 @@ def _gpt2_steps(use_fsdp: bool, steps: int = 12):
     }
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="FSDP needs 2 GPUs (NCCL cannot run two ranks on one)")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="FSDP needs 2 GPUs (NCCL cannot run two ranks on one)"
+)
 def test_gpt2_small_bf16_fsdp_and_ddp_both_learn():
     fsdp = run_ranks(_gpt2_steps, world_size=2, args=(True,), timeout=600)
     ddp = run_ranks(_gpt2_steps, world_size=2, args=(False,), timeout=600)

@@ -48,7 +48,9 @@ def test_stacks_are_sorted_into_waiting_in_a_collective_and_elsewhere():
     everyone_waits = blame_stacks({0: IN_ALL_REDUCE, 1: IN_ALL_REDUCE})
     assert everyone_waits.likely_cause == [] and "every rank waits in it" in everyone_waits.sentence()
     nobody_waits = blame_stacks({0: IN_SLEEP, 1: IN_SLEEP})
-    assert nobody_waits.likely_cause == [] and nobody_waits.sentence().startswith("no rank is in a collective")
+    assert nobody_waits.likely_cause == [] and nobody_waits.sentence().startswith(
+        "no rank is in a collective"
+    )
 
 
 def _rank_1_sleeps_while_rank_0_waits_in_all_reduce(flag: str):
@@ -72,19 +74,26 @@ def test_a_hang_blames_the_rank_that_is_not_in_the_collective(tmp_path):
     rep = ListReporter()
     with pytest.raises(LaunchError) as info:
         debug_launcher(
-            _rank_1_sleeps_while_rank_0_waits_in_all_reduce, args=(str(tmp_path / "entering"),),
-            reporter=rep, timeout=3,
-        )  # fmt: skip
+            _rank_1_sleeps_while_rank_0_waits_in_all_reduce,
+            args=(str(tmp_path / "entering"),),
+            reporter=rep,
+            timeout=3,
+        )
     err = info.value
     text = str(err)
     assert "the launch hung" in text
-    assert "rank 0 waits in a collective (all_reduce); rank 1 is not: the likely cause, it is waited for (at " in text
+    assert (
+        "rank 0 waits in a collective (all_reduce); rank 1 is not: the likely cause, it is waited for (at "
+        in text
+    )
     assert "_rank_1_sleeps_while_rank_0_waits_in_all_reduce, line " in text
     first, second = err.failures
     assert first.rank == 1 and first.first and "the likely cause" in first.summary()
     assert "not in a collective while rank 0 waited in one" in first.summary()
     assert second.rank == 0
-    assert re.fullmatch(r"rank 0 hung: waited in a collective \(all_reduce\) for \d+ s; it was stopped", second.summary())
+    assert re.fullmatch(
+        r"rank 0 hung: waited in a collective \(all_reduce\) for \d+ s; it was stopped", second.summary()
+    )
     ok, summary = rep.finished
     assert not ok and summary == first.summary()  # what the widget's last line says names rank 1
 
@@ -145,4 +154,6 @@ def test_the_live_widget_names_the_rank_that_caused_the_hang_in_a_real_kernel(tm
     widget_state = json.dumps(out.comms)  # what the widget shows (its models' state), as sent to the browser
     said = re.findall(r"rank \d hung: [^\"<]*", widget_state)
     assert said and said[-1].startswith("rank 1 hung: no progress for "), said
-    assert "not in a collective while rank 0 waited in one: the likely cause at train, line 11 of " in said[-1]  # the sleep
+    assert (
+        "not in a collective while rank 0 waited in one: the likely cause at train, line 11 of " in said[-1]
+    )  # the sleep

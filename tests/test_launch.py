@@ -403,7 +403,8 @@ def test_large_tensor_arguments_are_warned_about_with_their_size(monkeypatch, ca
     assert debug_launcher(_first_of, args=(big,), reporter=ListReporter(), start_method="spawn") == [0, 0]
     out = capsys.readouterr().out
     assert (
-        "the arguments carry 4.0 MiB of tensors; each of the 2 ranks gets its own copy (8.0 MiB in all)" in out
+        "the arguments carry 4.0 MiB of tensors; each of the 2 ranks gets its own copy (8.0 MiB in all)"
+        in out
     )
 
 
@@ -448,23 +449,40 @@ def test_fork_after_the_notebook_used_an_openmp_pool_does_not_hang(capsys):
 
 def test_the_references_single_machine_arguments_are_accepted_and_inert_ones_warn_once():
     rep = ListReporter()
-    with pytest.warns(UserWarning, match=r"monitor_interval=\.\.\.\) is accepted for compatibility and has no effect"):
+    with pytest.warns(
+        UserWarning, match=r"monitor_interval=\.\.\.\) is accepted for compatibility and has no effect"
+    ):
         out = notebook_launcher(
-            _trivial, num_processes=2, cpu=True, reporter=rep, use_port=None, num_nodes=1, node_rank=0,
-            rdzv_backend="static", max_restarts=0, monitor_interval=0.1, log_line_prefix_template=None,
-        )  # fmt: skip
+            _trivial,
+            num_processes=2,
+            cpu=True,
+            reporter=rep,
+            use_port=None,
+            num_nodes=1,
+            node_rank=0,
+            rdzv_backend="static",
+            max_restarts=0,
+            monitor_interval=0.1,
+            log_line_prefix_template=None,
+        )
     assert out == [0, 1]
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second time: no warning
-        assert notebook_launcher(_trivial, num_processes=1, cpu=True, reporter=rep, monitor_interval=0.1) == [0]
+        assert notebook_launcher(_trivial, num_processes=1, cpu=True, reporter=rep, monitor_interval=0.1) == [
+            0
+        ]
     with pytest.raises(LaunchSetupError, match="max_restarts=1.*accel-nb launch"):
-        notebook_launcher(_trivial, num_processes=2, num_nodes=2, max_restarts=1)  # several machines: test_multinode
+        # several machines: test_multinode
+        notebook_launcher(_trivial, num_processes=2, num_nodes=2, max_restarts=1)
 
 
 def test_an_unknown_keyword_is_a_clear_error_naming_what_is_accepted():
-    with pytest.raises(TypeError, match=r"notebook_launcher\(\) got unexpected keyword argument\(s\): bogus; it accepts .*cpu"):
+    with pytest.raises(
+        TypeError,
+        match=r"notebook_launcher\(\) got unexpected keyword argument\(s\): bogus; it accepts .*cpu",
+    ):
         notebook_launcher(_trivial, bogus=1)
     with pytest.raises(TypeError, match=r"debug_launcher\(\) got unexpected keyword argument\(s\): nproc"):
         debug_launcher(_trivial, nproc=2)

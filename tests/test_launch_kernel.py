@@ -145,8 +145,10 @@ def test_errors_show_the_users_frames_only_and_spawned_tracebacks_show_notebook_
     )
     assert out.error is not None and out.error["ename"] == "LaunchError"
     assert "accel_nb/" not in out.traceback, out.traceback
-    assert "notebook_launcher(fails, num_processes=2, start_method='spawn')" in out.traceback  # the user's line
-    assert "raise KeyError('no such column')" in out.traceback  # the rank's frame shows the cell's source line
+    # the user's line
+    assert "notebook_launcher(fails, num_processes=2, start_method='spawn')" in out.traceback
+    # the rank's frame shows the cell's source line
+    assert "raise KeyError('no such column')" in out.traceback
     out = kernel.run("notebook_launcher(fails, num_processes=0)")
     assert out.error is not None and out.error["ename"] == "LaunchSetupError"
     assert "accel_nb/" not in out.traceback and "num_processes=0 must be at least 1" in out.traceback
@@ -188,7 +190,8 @@ def test_interrupting_the_kernel_shows_every_ranks_stack_stops_them_and_raises_k
     assert out.stderr.count("in forever") >= 2
     assert "interrupted: every rank was stopped" in out.stderr
     _assert_no_children(kernel, within=5.0)
-    again = kernel.run("print(notebook_launcher(lambda: 7, num_processes=2))")  # the next launch works at once
+    # the next launch works at once
+    again = kernel.run("print(notebook_launcher(lambda: 7, num_processes=2))")
     assert "[7, 7]" in again.stdout, again.text
 
 
@@ -223,9 +226,7 @@ def test_after_cuda_was_touched_the_launch_uses_spawn_and_names_the_line(kernel)
         "try:\n"
         "    torch.cuda.current_device()\n"
         "except Exception:\n"
-        "    pass\n"
-        + KERNEL_PRETEND
-        + "def where():\n"
+        "    pass\n" + KERNEL_PRETEND + "def where():\n"
         "    s = PartialState()\n"
         "    return (s.process_index, os.environ.get('ACCEL_NB_FORKED'))\n"
         "try:\n"

@@ -12,7 +12,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_ruff_is_clean():
     pytest.importorskip("ruff")
     res = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "accel_nb", "tests", "benchmarks", "examples", "notebooks/_build_notebooks.py"],
-        cwd=ROOT, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "accel_nb",
+            "tests",
+            "benchmarks",
+            "examples",
+            "notebooks/_build_notebooks.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert res.returncode == 0, res.stdout + res.stderr

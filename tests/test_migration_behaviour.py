@@ -161,7 +161,17 @@ def _shards(library, batch_sampler, split, even):
     out = []
     for rank in range(2):
         try:
-            out.append(list(shard(batch_sampler, num_processes=2, process_index=rank, split_batches=split, even_batches=even)))
+            out.append(
+                list(
+                    shard(
+                        batch_sampler,
+                        num_processes=2,
+                        process_index=rank,
+                        split_batches=split,
+                        even_batches=even,
+                    )
+                )
+            )
         except Exception as exc:  # noqa: BLE001
             out.append(type(exc).__name__)
     return out
@@ -174,7 +184,9 @@ def test_batch_sampler_shard_splits_like_the_reference():
         ours, theirs = (_shards(lib, sampler, split, even) for lib in LIBRARIES)
         if ours != theirs:
             differ.append(((n, batch, drop_last, split, even), ours, theirs))
-    lines = "\n".join(f"(n, batch, drop_last, split, even)={c}: accel_nb {o} reference {t}" for c, o, t in differ)
+    lines = "\n".join(
+        f"(n, batch, drop_last, split, even)={c}: accel_nb {o} reference {t}" for c, o, t in differ
+    )
     assert not differ, f"{len(differ)} BatchSamplerShard case(s) differ:\n{lines}"
 
 
@@ -182,7 +194,9 @@ def test_batch_sampler_shard_of_a_list_of_lists_like_the_reference():
     batches = [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9, 10], [11]]
     results = {}
     for library in LIBRARIES:
-        results[library] = {(s, e): _shards(library, batches, s, e) for s in (False, True) for e in (True, False)}
+        results[library] = {
+            (s, e): _shards(library, batches, s, e) for s in (False, True) for e in (True, False)
+        }
     assert results["accel_nb"] == results["accelerate"]
 
 
@@ -237,7 +251,11 @@ def test_device_map_collapses_to_one_gpu_when_everything_fits():
     model = nn.Sequential(*[Block() for _ in range(4)])
     budgets = {0: 10**6, 1: 10**6, "cpu": 10**7}  # budgets only: no GPU is touched
     maps = {
-        library: dict(importlib.import_module(library).infer_auto_device_map(model, max_memory=budgets, no_split_module_classes=["Block"]))
+        library: dict(
+            importlib.import_module(library).infer_auto_device_map(
+                model, max_memory=budgets, no_split_module_classes=["Block"]
+            )
+        )
         for library in LIBRARIES
     }
     assert maps["accelerate"] == {"": 0}

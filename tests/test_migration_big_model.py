@@ -48,7 +48,9 @@ def test_preload_module_classes_brings_in_a_whole_subtree(library, kind, tmp_pat
     def offload(model, **kwargs):
         if kind == "cpu":
             return big_modeling.cpu_offload(model, execution_device="cpu", **kwargs)
-        return big_modeling.disk_offload(model, str(tmp_path / f"off{len(kwargs)}"), execution_device="cpu", **kwargs)
+        return big_modeling.disk_offload(
+            model, str(tmp_path / f"off{len(kwargs)}"), execution_device="cpu", **kwargs
+        )
 
     plain = _model()
     offload(plain)
@@ -85,10 +87,14 @@ class Net(nn.Module):
 
 @pytest.mark.parametrize(
     "skip",
-    [{}, {"skip_modules_pattern": ["norm"]}, {"skip_modules_classes": (nn.Sequential,)},
-     {"skip_modules_pattern": ["^block"], "skip_modules_classes": (nn.Conv1d,)}],
+    [
+        {},
+        {"skip_modules_pattern": ["norm"]},
+        {"skip_modules_classes": (nn.Sequential,)},
+        {"skip_modules_pattern": ["^block"], "skip_modules_classes": (nn.Conv1d,)},
+    ],
     ids=["all", "pattern", "class", "both"],
-)  # fmt: skip
+)
 def test_layerwise_casting_matches_the_reference(skip):
     import accelerate.big_modeling as ref
 
@@ -157,7 +163,9 @@ def test_infer_auto_device_map_takes_the_reference_keywords():
 
     model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
     budget = {"cpu": 10**6}
-    ours = infer_auto_device_map(model, budget, clean_result=True, fallback_allocation=False, offload_buffers=False)
+    ours = infer_auto_device_map(
+        model, budget, clean_result=True, fallback_allocation=False, offload_buffers=False
+    )
     theirs = ref_infer(model, budget, clean_result=True, fallback_allocation=False, offload_buffers=False)
     assert dict(ours) == dict(theirs) == {"": "cpu"}
     with pytest.raises(ValueError, match="drop the argument"):
@@ -190,7 +198,13 @@ def test_init_empty_weights_places_tensors_like_the_reference(include_buffers):
         with library.init_empty_weights(include_buffers=include_buffers):
             model = BuildsTensors()
         placed.append(
-            ({k: v.device.type for k, v in model.state_dict().items()}, model.constant.device.type, type(model.made))
+            (
+                {k: v.device.type for k, v in model.state_dict().items()},
+                model.constant.device.type,
+                type(model.made),
+            )
         )
     assert placed[0] == placed[1]
-    assert placed[0][0]["lin.weight"] == "meta" and placed[0][0]["pos"] == ("meta" if include_buffers else "cpu")
+    assert placed[0][0]["lin.weight"] == "meta" and placed[0][0]["pos"] == (
+        "meta" if include_buffers else "cpu"
+    )

@@ -94,7 +94,11 @@ def test_iterable_loader_without_batching_in_one_process():
 
     loader = prepare_data_loader(DataLoader(Items(3, 2), batch_size=None), num_processes=1, process_index=0)
     got = [(b["x"].tolist(), b["tag"], b["k"]) for b in loader]
-    assert got == [([0, 1], "non_tensor_value", 0), ([10, 11], "non_tensor_value", 1), ([20, 21], "non_tensor_value", 2)]
+    assert got == [
+        ([0, 1], "non_tensor_value", 0),
+        ([10, 11], "non_tensor_value", 1),
+        ([20, 21], "non_tensor_value", 2),
+    ]
 
 
 def test_a_map_style_loader_without_batching_still_refuses_dispatch():
@@ -102,5 +106,8 @@ def test_a_map_style_loader_without_batching_still_refuses_dispatch():
 
     with pytest.raises(ValueError, match="batch_size is None over a map-style dataset"):
         prepare_data_loader(
-            DataLoader([torch.zeros(2)] * 3, batch_size=None), num_processes=1, process_index=0, dispatch_batches=True
+            DataLoader([torch.zeros(2)] * 3, batch_size=None),
+            num_processes=1,
+            process_index=0,
+            dispatch_batches=True,
         )

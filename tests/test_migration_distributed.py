@@ -92,7 +92,14 @@ def _unwrap_prepared(library):
     plain = extract(prepared, keep_fp32_wrapper=False)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain_in_autocast = plain(torch.ones(1, 3)).dtype
-    return wrapped, kept is model, plain is model, str(autocast_kept), str(inside_autocast), str(plain_in_autocast)
+    return (
+        wrapped,
+        kept is model,
+        plain is model,
+        str(autocast_kept),
+        str(inside_autocast),
+        str(plain_in_autocast),
+    )
 
 
 def test_extract_model_from_parallel_on_a_prepared_ddp_model_like_the_reference():

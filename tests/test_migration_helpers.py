@@ -61,7 +61,9 @@ NESTED = [
 ]
 
 
-@pytest.mark.parametrize("name", ["listify", "convert_to_fp32", "get_shape", "find_device", "ignorant_find_batch_size"])
+@pytest.mark.parametrize(
+    "name", ["listify", "convert_to_fp32", "get_shape", "find_device", "ignorant_find_batch_size"]
+)
 @pytest.mark.parametrize("data", NESTED + [[], {}, "x"], ids=lambda d: type(d).__name__)
 def test_structure_helpers_match_the_reference(name, data):
     mine, theirs = _outcome(getattr(our_ops, name), data), _outcome(getattr(ref_ops, name), data)
@@ -86,21 +88,31 @@ def test_is_namedtuple_honor_type_and_data_structure():
 
 def test_concatenate_and_slice_tensors():
     batches = [
-        {"x": torch.full((2, 3), float(i)), "y": (torch.tensor([i, i]), Point(torch.tensor([i]), torch.tensor([i])))}
+        {
+            "x": torch.full((2, 3), float(i)),
+            "y": (torch.tensor([i, i]), Point(torch.tensor([i]), torch.tensor([i]))),
+        }
         for i in range(3)
     ]
     assert _same(our_ops.concatenate(batches), ref_ops.concatenate(batches))
-    assert _same(our_ops.concatenate([torch.ones(2, 2)] * 2, dim=1), ref_ops.concatenate([torch.ones(2, 2)] * 2, dim=1))
+    assert _same(
+        our_ops.concatenate([torch.ones(2, 2)] * 2, dim=1), ref_ops.concatenate([torch.ones(2, 2)] * 2, dim=1)
+    )
     assert our_ops.concatenate(["only"]) == ref_ops.concatenate(["only"]) == "only"
     assert _outcome(our_ops.concatenate, ["a", "b"]) == _outcome(ref_ops.concatenate, ["a", "b"])
-    assert _same(our_ops.slice_tensors(batches[1], slice(0, 1)), ref_ops.slice_tensors(batches[1], slice(0, 1)))
+    assert _same(
+        our_ops.slice_tensors(batches[1], slice(0, 1)), ref_ops.slice_tensors(batches[1], slice(0, 1))
+    )
 
 
-@pytest.mark.parametrize("batch_size, num_processes", [(3, 4), (1, 2), (5, 2), (10, 4), (9, 4), (7, 3), (4, 8)])
+@pytest.mark.parametrize(
+    "batch_size, num_processes", [(3, 4), (1, 2), (5, 2), (10, 4), (9, 4), (7, 3), (4, 8)]
+)
 def test_pad_input_tensors_gives_the_reference_sizes_and_values(batch_size, num_processes):
     data = {"ids": torch.arange(batch_size * 2).reshape(batch_size, 2), "mask": torch.ones(batch_size)}
     assert _same(
-        our_ops.pad_input_tensors(data, batch_size, num_processes), ref_ops.pad_input_tensors(data, batch_size, num_processes)
+        our_ops.pad_input_tensors(data, batch_size, num_processes),
+        ref_ops.pad_input_tensors(data, batch_size, num_processes),
     )
 
 
@@ -126,16 +138,30 @@ def test_shape_mismatch_is_a_distributed_operation_exception():
 
 
 # -- modeling ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("size", [1024, "1MiB", "2GIB", "3KiB", "5GB", "5Gb", "1.5MB", "7kb", "12", "xMB", -1, "-1KB"])
+@pytest.mark.parametrize(
+    "size", [1024, "1MiB", "2GIB", "3KiB", "5GB", "5Gb", "1.5MB", "7kb", "12", "xMB", -1, "-1KB"]
+)
 def test_convert_file_size_to_int(size):
-    assert _outcome(our_modeling.convert_file_size_to_int, size) == _outcome(ref_modeling.convert_file_size_to_int, size)
+    assert _outcome(our_modeling.convert_file_size_to_int, size) == _outcome(
+        ref_modeling.convert_file_size_to_int, size
+    )
 
 
 @pytest.mark.parametrize(
     "dtype",
-    [torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int64, torch.bool, torch.float64,
-     torch.float8_e4m3fn, torch.complex64],
-)  # fmt: skip
+    [
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.uint8,
+        torch.int64,
+        torch.bool,
+        torch.float64,
+        torch.float8_e4m3fn,
+        torch.complex64,
+    ],
+)
 def test_dtype_byte_size(dtype):
     assert our_modeling.dtype_byte_size(dtype) == ref_modeling.dtype_byte_size(dtype)
 
@@ -169,7 +195,10 @@ def test_buffer_size_leaves_and_sizes_with_ties():
     assert sorted(our_modeling.get_module_leaves(sizes)) == sorted(ref_modeling.get_module_leaves(sizes))
     modules = list(model.named_children())
     args = (["head.weight"], sizes["embed"], sizes, modules)
-    mine, theirs = our_modeling.get_module_size_with_ties(*args), ref_modeling.get_module_size_with_ties(*args)
+    mine, theirs = (
+        our_modeling.get_module_size_with_ties(*args),
+        ref_modeling.get_module_size_with_ties(*args),
+    )
     assert mine[0] == theirs[0] and mine[1] == theirs[1] and all(a is b for a, b in zip(mine[2], theirs[2]))
     assert our_modeling.get_module_size_with_ties([], 5, sizes, modules) == (5, [], [])
 
@@ -200,9 +229,9 @@ def test_retie_parameters_and_tensor_storage_ids():
     t = torch.zeros(4)
     assert our_modeling.id_tensor_storage(t[1:]) == ref_modeling.id_tensor_storage(t[1:])
     for a, b in [("cpu", "cpu"), ("cuda", "cuda:0"), ("cuda:1", "cuda"), ("cpu", "meta")]:
-        assert our_modeling.check_device_same(torch.device(a), torch.device(b)) == ref_modeling.check_device_same(
+        assert our_modeling.check_device_same(
             torch.device(a), torch.device(b)
-        )
+        ) == ref_modeling.check_device_same(torch.device(a), torch.device(b))
 
 
 def test_align_module_device_and_has_offloaded_params():
@@ -232,7 +261,12 @@ def test_align_device_hook_offload_side_by_side():
     from accel_nb.hooks import AlignDevicesHook, add_hook_to_module
 
     for add, hook_cls, has, align in (
-        (add_hook_to_module, AlignDevicesHook, our_modeling.has_offloaded_params, our_modeling.align_module_device),
+        (
+            add_hook_to_module,
+            AlignDevicesHook,
+            our_modeling.has_offloaded_params,
+            our_modeling.align_module_device,
+        ),
         (ref_add, RefHook, ref_modeling.has_offloaded_params, ref_modeling.align_module_device),
     ):
         layer = nn.Linear(2, 2)
@@ -285,10 +319,16 @@ def test_env_parsing_helpers(monkeypatch, caplog):
     assert ours.parse_flag_from_env("H33_FLAG") == ref.parse_flag_from_env("H33_FLAG") is True
     assert ours.parse_flag_from_env("H33_NONE", True) == ref.parse_flag_from_env("H33_NONE", True)
     assert ours.parse_choice_from_env("H33_NONE", "fp16") == ref.parse_choice_from_env("H33_NONE", "fp16")
-    assert ours.get_int_from_env(["H33_NONE", "H33_INT"], 9) == ref.get_int_from_env(["H33_NONE", "H33_INT"], 9) == 3
+    assert (
+        ours.get_int_from_env(["H33_NONE", "H33_INT"], 9)
+        == ref.get_int_from_env(["H33_NONE", "H33_INT"], 9)
+        == 3
+    )
     env = {"GOOD": "1", "BAD": "a b", "EMPTY": "", "X<": "2"}
     with caplog.at_level(logging.WARNING):
-        assert ours.convert_dict_to_env_variables(env) == ref.convert_dict_to_env_variables(env) == ["GOOD=1\n"]
+        assert (
+            ours.convert_dict_to_env_variables(env) == ref.convert_dict_to_env_variables(env) == ["GOOD=1\n"]
+        )
     assert sum("Skipping BAD=a b" in r.getMessage() for r in caplog.records) == 2
 
 
@@ -385,15 +425,21 @@ def test_offload_folders_are_readable_by_the_other_library(tmp_path):
     ours_index = (tmp_path / "ours" / "index.json").read_text()
     assert ours_index == (tmp_path / "ref" / "index.json").read_text()
     for name in state:
-        assert (tmp_path / "ours" / f"{name}.dat").read_bytes() == (tmp_path / "ref" / f"{name}.dat").read_bytes()
+        assert (tmp_path / "ours" / f"{name}.dat").read_bytes() == (
+            tmp_path / "ref" / f"{name}.dat"
+        ).read_bytes()
     for folder in ("ours", "ref"):
         mine = our_offload.OffloadedWeightsLoader(save_folder=tmp_path / folder)
         theirs = ref_offload.OffloadedWeightsLoader(save_folder=tmp_path / folder)
         assert list(mine) == list(theirs)
         for name, value in state.items():
             assert mine[name].dtype == theirs[name].dtype == value.dtype
-            assert torch.equal(mine[name].reshape(-1).view(torch.uint8), theirs[name].reshape(-1).view(torch.uint8))
-    merged = our_offload.OffloadedWeightsLoader(state_dict={"x": torch.ones(1)}, save_folder=tmp_path / "ours")
+            assert torch.equal(
+                mine[name].reshape(-1).view(torch.uint8), theirs[name].reshape(-1).view(torch.uint8)
+            )
+    merged = our_offload.OffloadedWeightsLoader(
+        state_dict={"x": torch.ones(1)}, save_folder=tmp_path / "ours"
+    )
     assert list(merged)[0] == "x" and len(merged) == len(state) + 1
     view, ref_view = our_offload.PrefixedDataset(merged, "a."), ref_offload.PrefixedDataset(merged, "a.")
     assert list(view) == list(ref_view) and len(view) == len(ref_view)
@@ -401,9 +447,9 @@ def test_offload_folders_are_readable_by_the_other_library(tmp_path):
     with pytest.raises(ValueError, match="Need either"):
         our_offload.OffloadedWeightsLoader()
     sd = {"h.1.w": 1, "h.10.w": 2, "h.1": 3, "g.w": 4}
-    assert our_offload.extract_submodules_state_dict(sd, ["h.1", "g"]) == ref_offload.extract_submodules_state_dict(
+    assert our_offload.extract_submodules_state_dict(
         sd, ["h.1", "g"]
-    )
+    ) == ref_offload.extract_submodules_state_dict(sd, ["h.1", "g"])
 
 
 def test_an_offload_folder_feeds_an_align_devices_hook(tmp_path):
@@ -417,7 +463,10 @@ def test_an_offload_folder_feeds_an_align_devices_hook(tmp_path):
     weights = OffloadedWeightsLoader(save_folder=tmp_path)
     for i, layer in enumerate(model):
         add_hook_to_module(
-            layer, AlignDevicesHook(execution_device="cpu", offload=True, weights_map=PrefixedDataset(weights, f"{i}."))
+            layer,
+            AlignDevicesHook(
+                execution_device="cpu", offload=True, weights_map=PrefixedDataset(weights, f"{i}.")
+            ),
         )
     assert model[0].weight.device.type == "meta"
     assert torch.allclose(model(x), expected)
@@ -491,9 +540,9 @@ def test_module_tree_helpers_match_the_reference(caplog):
 
     model = Stack()
     for name in ("Sequential", "ReLU", "Stack", "Missing"):
-        assert our_dataclasses.get_module_class_from_name(model, name) is ref_dataclasses.get_module_class_from_name(
+        assert our_dataclasses.get_module_class_from_name(
             model, name
-        )
+        ) is ref_dataclasses.get_module_class_from_name(model, name)
     for fqns in (False, True):
         mine = our_other.get_module_children_bottom_up(model, return_fqns=fqns)
         theirs = ref_other.get_module_children_bottom_up(model, return_fqns=fqns)
@@ -509,11 +558,15 @@ def test_module_tree_helpers_match_the_reference(caplog):
         assert our_modeling.get_max_layer_size(named, sizes, no_split) == ref_modeling.get_max_layer_size(
             named, sizes, no_split
         )
-    assert our_modeling.is_peft_model(model) is False and not ref_modeling.is_peft_model(model)  # no peft here
+    # no peft here
+    assert our_modeling.is_peft_model(model) is False and not ref_modeling.is_peft_model(model)
     ties = [["embed.weight", "head.weight"]]
     for device_map in ({"embed": 0, "layers": 0, "mixed": 0, "head": "cpu"}, {"": 0}):
         messages = []
-        for fn in (our_modeling.check_tied_parameters_on_same_device, ref_modeling.check_tied_parameters_on_same_device):
+        for fn in (
+            our_modeling.check_tied_parameters_on_same_device,
+            ref_modeling.check_tied_parameters_on_same_device,
+        ):
             caplog.clear()
             with caplog.at_level(logging.WARNING):
                 fn(ties, device_map)
@@ -561,11 +614,15 @@ def test_tqdm_and_offload_readers_match_the_reference(tmp_path):
 
     import accel_nb.hooks as our_hooks
 
-    for fn, hooks in ((our_m.get_state_dict_from_offload, our_hooks), (ref_m.get_state_dict_from_offload, ref_hooks)):
+    for fn, hooks in (
+        (our_m.get_state_dict_from_offload, our_hooks),
+        (ref_m.get_state_dict_from_offload, ref_hooks),
+    ):
         layer = nn.Linear(2, 2)
         expected = {f"block.{k}": v.clone() for k, v in layer.state_dict().items()}
         hooks.add_hook_to_module(
-            layer, hooks.AlignDevicesHook(execution_device="cpu", offload=True, weights_map=layer.state_dict())
+            layer,
+            hooks.AlignDevicesHook(execution_device="cpu", offload=True, weights_map=layer.state_dict()),
         )
         assert layer.weight.device.type == "meta"
         state = {"block.weight": "placeholder", "block.bias": "placeholder", "other": 1}
@@ -587,4 +644,6 @@ def test_check_tied_parameters_in_config_matches_the_reference():
         Tiny(),
     ]
     for model in models:
-        assert our_m.check_tied_parameters_in_config(model) == ref_modeling.check_tied_parameters_in_config(model)
+        assert our_m.check_tied_parameters_in_config(model) == ref_modeling.check_tied_parameters_in_config(
+            model
+        )

@@ -99,7 +99,9 @@ def test_align_devices_hook_offloads_weights_between_calls(library):
     model = Net()
     expected = model(x)
     state = {k: v.clone() for k, v in model.a.state_dict().items()}
-    hooks.add_hook_to_module(model.a, hooks.AlignDevicesHook(execution_device="cpu", offload=True, io_same_device=True))
+    hooks.add_hook_to_module(
+        model.a, hooks.AlignDevicesHook(execution_device="cpu", offload=True, io_same_device=True)
+    )
     assert model.a.weight.device.type == "meta" and model.a.bias.device.type == "meta"
     assert torch.allclose(model(x), expected)
     assert model.a.weight.device.type == "meta"  # back off the module after the call
@@ -186,7 +188,9 @@ def test_set_module_tensor_to_device_dtypes_match_the_reference(old, value, dtyp
     for library in LIBRARIES:
         module = nn.Module()
         module.register_buffer("t", torch.zeros(2, dtype=old))
-        _utils(library).set_module_tensor_to_device(module, "t", "cpu", value=torch.ones(2, dtype=value), dtype=dtype)
+        _utils(library).set_module_tensor_to_device(
+            module, "t", "cpu", value=torch.ones(2, dtype=value), dtype=dtype
+        )
         results.append(module.t.dtype)
     assert results[0] == results[1]
 
@@ -200,7 +204,9 @@ def test_find_tied_parameters_and_named_module_tensors_match_the_reference():
     for library in LIBRARIES:
         utils = _utils(library)
         listing = {
-            (buffers, recurse, persistent): [n for n, _ in utils.named_module_tensors(model, buffers, recurse, persistent)]
+            (buffers, recurse, persistent): [
+                n for n, _ in utils.named_module_tensors(model, buffers, recurse, persistent)
+            ]
             for buffers in (True, False)
             for recurse in (True, False)
             for persistent in (True, False)
@@ -258,8 +264,11 @@ def test_get_state_dict_offloaded_model_matches_the_reference_on_hooked_models()
         hooks = _hooks(library)
         hooks.add_hook_to_module(model.a, hooks.AlignDevicesHook(execution_device="cpu", offload=True))
         assert model.a.weight.device.type == "meta"
-        results.append(_utils(library).get_state_dict_offloaded_model(model) if library == "accel_nb" else
-                       importlib.import_module("accelerate.utils.modeling").get_state_dict_offloaded_model(model))
+        results.append(
+            _utils(library).get_state_dict_offloaded_model(model)
+            if library == "accel_nb"
+            else importlib.import_module("accelerate.utils.modeling").get_state_dict_offloaded_model(model)
+        )
     ours, theirs = results
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     # the reference leaves out tensors held by the root module itself ('scale'); accel_nb returns them all

@@ -38,7 +38,9 @@ def _custom_loader_class(library):
             batches = list(super().__iter__())
             for i, batch in enumerate(batches):
                 self.end_of_dataloader = i == len(batches) - 1
-                seen.append((self.gradient_state.active_dataloader is self, self.end_of_dataloader, self.remainder))
+                seen.append(
+                    (self.gradient_state.active_dataloader is self, self.end_of_dataloader, self.remainder)
+                )
                 yield batch, seen[-1]
             self.end()
 
@@ -67,7 +69,9 @@ def test_iteration_counts_passes_and_follows_set_epoch_like_the_reference():
     counts = []
     for module in (ours, ref):
         loader = module.prepare_data_loader(
-            DataLoader(torch.arange(6), batch_size=2, shuffle=True), num_processes=1, process_index=0,
+            DataLoader(torch.arange(6), batch_size=2, shuffle=True),
+            num_processes=1,
+            process_index=0,
             put_on_device=False,
         )
         seen = [loader.iteration]

@@ -250,7 +250,9 @@ def test_gradient_accumulation_plugin_and_steps_together_is_an_error():
     from accel_nb.utils import GradientAccumulationPlugin
 
     with pytest.raises(ValueError, match="not both"):
-        Accelerator(cpu=True, gradient_accumulation_steps=2, gradient_accumulation_plugin=GradientAccumulationPlugin())
+        Accelerator(
+            cpu=True, gradient_accumulation_steps=2, gradient_accumulation_plugin=GradientAccumulationPlugin()
+        )
 
 
 def test_unwrap_model_keep_torch_compile():

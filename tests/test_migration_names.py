@@ -21,44 +21,110 @@ accelerate = pytest.importorskip("accelerate")
 # (reference module, names) -- what scripts and libraries import from each path
 TYPICAL_IMPORTS = {
     "": [
-        "Accelerator", "PartialState", "DistributedType", "notebook_launcher", "debug_launcher",
-        "find_executable_batch_size", "init_empty_weights", "init_on_device", "dispatch_model",
-        "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "infer_auto_device_map", "cpu_offload",
-        "disk_offload", "cpu_offload_with_hook", "skip_first_batches", "DataLoaderConfiguration",
-        "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs", "AutocastKwargs",
-        "ProfileKwargs", "DDPCommunicationHookType", "synchronize_rng_states",
+        "Accelerator",
+        "PartialState",
+        "DistributedType",
+        "notebook_launcher",
+        "debug_launcher",
+        "find_executable_batch_size",
+        "init_empty_weights",
+        "init_on_device",
+        "dispatch_model",
+        "load_checkpoint_and_dispatch",
+        "load_checkpoint_in_model",
+        "infer_auto_device_map",
+        "cpu_offload",
+        "disk_offload",
+        "cpu_offload_with_hook",
+        "skip_first_batches",
+        "DataLoaderConfiguration",
+        "DistributedDataParallelKwargs",
+        "GradScalerKwargs",
+        "InitProcessGroupKwargs",
+        "AutocastKwargs",
+        "ProfileKwargs",
+        "DDPCommunicationHookType",
+        "synchronize_rng_states",
     ],
     ".utils": [
-        "set_seed", "DistributedType", "ProjectConfiguration", "DataLoaderConfiguration",
-        "GradientAccumulationPlugin", "DistributedDataParallelKwargs", "GradScalerKwargs",
-        "InitProcessGroupKwargs", "AutocastKwargs", "ProfileKwargs", "DDPCommunicationHookType", "KwargsHandler",
-        "gather", "gather_object", "broadcast", "broadcast_object_list", "reduce", "pad_across_processes",
-        "send_to_device", "recursively_apply", "find_executable_batch_size", "release_memory",
-        "patch_environment", "clear_environment", "extract_model_from_parallel", "synchronize_rng_states",
-        "synchronize_rng_state", "RNGType", "wait_for_everyone", "set_module_tensor_to_device",
-        "find_tied_parameters", "named_module_tensors", "load_state_dict", "compute_module_sizes",
-        "get_balanced_memory", "get_max_memory", "infer_auto_device_map", "load_checkpoint_in_model",
-        "check_device_map", "is_compiled_module", "write_basic_config", "LoggerType",
+        "set_seed",
+        "DistributedType",
+        "ProjectConfiguration",
+        "DataLoaderConfiguration",
+        "GradientAccumulationPlugin",
+        "DistributedDataParallelKwargs",
+        "GradScalerKwargs",
+        "InitProcessGroupKwargs",
+        "AutocastKwargs",
+        "ProfileKwargs",
+        "DDPCommunicationHookType",
+        "KwargsHandler",
+        "gather",
+        "gather_object",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "pad_across_processes",
+        "send_to_device",
+        "recursively_apply",
+        "find_executable_batch_size",
+        "release_memory",
+        "patch_environment",
+        "clear_environment",
+        "extract_model_from_parallel",
+        "synchronize_rng_states",
+        "synchronize_rng_state",
+        "RNGType",
+        "wait_for_everyone",
+        "set_module_tensor_to_device",
+        "find_tied_parameters",
+        "named_module_tensors",
+        "load_state_dict",
+        "compute_module_sizes",
+        "get_balanced_memory",
+        "get_max_memory",
+        "infer_auto_device_map",
+        "load_checkpoint_in_model",
+        "check_device_map",
+        "is_compiled_module",
+        "write_basic_config",
+        "LoggerType",
     ],
     ".tracking": ["GeneralTracker", "TensorBoardTracker", "MLflowTracker", "WandBTracker"],
     ".logging": ["get_logger", "MultiProcessAdapter"],
     ".big_modeling": [
-        "init_empty_weights", "init_on_device", "cpu_offload", "cpu_offload_with_hook", "disk_offload",
-        "dispatch_model", "load_checkpoint_and_dispatch",
+        "init_empty_weights",
+        "init_on_device",
+        "cpu_offload",
+        "cpu_offload_with_hook",
+        "disk_offload",
+        "dispatch_model",
+        "load_checkpoint_and_dispatch",
     ],
     ".hooks": [
-        "ModelHook", "SequentialHook", "AlignDevicesHook", "CpuOffload", "UserCpuOffloadHook",
-        "add_hook_to_module", "remove_hook_from_module", "remove_hook_from_submodules",
+        "ModelHook",
+        "SequentialHook",
+        "AlignDevicesHook",
+        "CpuOffload",
+        "UserCpuOffloadHook",
+        "add_hook_to_module",
+        "remove_hook_from_module",
+        "remove_hook_from_submodules",
         "attach_align_device_hook",
     ],
     ".data_loader": [
-        "BatchSamplerShard", "IterableDatasetShard", "DataLoaderShard", "SkipBatchSampler",
-        "SeedableRandomSampler", "prepare_data_loader", "skip_first_batches",
+        "BatchSamplerShard",
+        "IterableDatasetShard",
+        "DataLoaderShard",
+        "SkipBatchSampler",
+        "SeedableRandomSampler",
+        "prepare_data_loader",
+        "skip_first_batches",
     ],
     ".local_sgd": ["LocalSGD"],
     ".state": ["PartialState", "AcceleratorState", "GradientState"],
     ".accelerator": ["Accelerator"],
-}  # fmt: skip
+}
 
 # names accelerate keeps on a submodule of utils, which accel_nb.utils (a module) holds directly
 SUBMODULE_PATHS = {
@@ -78,7 +144,9 @@ def test_every_typical_import_resolves_under_the_renamed_path(path):
             missing.append(name)
             continue
         ref_value, value = getattr(ref, name), getattr(ours, name)
-        assert inspect.isclass(value) == inspect.isclass(ref_value), f"accel_nb{path}.{name}: class vs function"
+        assert inspect.isclass(value) == inspect.isclass(ref_value), (
+            f"accel_nb{path}.{name}: class vs function"
+        )
     assert not missing, f"accel_nb{path} lacks {missing}"
 
 
@@ -125,9 +193,13 @@ def test_distributed_type_has_every_reference_member():
 
 # -- kwargs handlers ------------------------------------------------------------------------------
 HANDLERS = [
-    "DistributedDataParallelKwargs", "GradScalerKwargs", "InitProcessGroupKwargs", "AutocastKwargs",
-    "ProfileKwargs", "GradientAccumulationPlugin",
-]  # fmt: skip
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "InitProcessGroupKwargs",
+    "AutocastKwargs",
+    "ProfileKwargs",
+    "GradientAccumulationPlugin",
+]
 
 
 @pytest.mark.parametrize("name", HANDLERS)
@@ -224,7 +296,9 @@ def _reference_profile(folder):
     from accelerate import Accelerator
     from accelerate.utils import ProfileKwargs
 
-    accelerator = Accelerator(cpu=True, kwargs_handlers=[ProfileKwargs(activities=["cpu"], output_trace_dir=folder)])
+    accelerator = Accelerator(
+        cpu=True, kwargs_handlers=[ProfileKwargs(activities=["cpu"], output_trace_dir=folder)]
+    )
     with accelerator.profile():
         torch.mm(torch.ones(4, 4), torch.ones(4, 4))
 
@@ -321,7 +395,11 @@ def test_should_reduce_batch_size_agrees_on_real_messages():
         RuntimeError("shape mismatch"),
         ValueError("CUDA out of memory."),
     ]
-    assert [should_reduce_batch_size(e) for e in cases] == [ref(e) for e in cases] == [True, True, True, False, False]
+    assert (
+        [should_reduce_batch_size(e) for e in cases]
+        == [ref(e) for e in cases]
+        == [True, True, True, False, False]
+    )
 
 
 def test_release_memory_returns_nones_and_frees_the_objects():
@@ -414,7 +492,9 @@ def test_migration_page_lists_only_what_is_really_missing():
     marker = "`Accelerator` methods not there yet:"
     methods = _listed_after(page, marker) if marker in page else []
     landed = [m for m in methods if hasattr(Accelerator, m)]
-    assert not landed, f"Accelerator.{landed} exist now: take them off docs/migration.md's 'not there yet' list"
+    assert not landed, (
+        f"Accelerator.{landed} exist now: take them off docs/migration.md's 'not there yet' list"
+    )
     marker = "Not there yet in `accel_nb.data_loader`:"
     loaders = _listed_after(page, marker) if marker in page else []
     import accel_nb.data_loader

@@ -20,9 +20,15 @@ DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "migration.md")
 _Q, _PAR = "not yet: issue 29 (quantization)", "not yet: issue 30 (TP/CP/PP)"
 _FP8 = "FP8 training (Transformer Engine, MS-AMP, torchao) is not supported by accel_nb"
 _MEGATRON = "Megatron-LM is not supported by accel_nb"
-_DEVICES = "device kinds accel_nb does not run on (Ascend NPU, MLU, MUSA, SDAA, Gaudi/HPU, Neuron, XPU collectives)"
-_LAUNCH = "the reference's launcher internals; `accel-nb launch` builds its own torchrun command (accel_nb.launch)"
-_PROBES = "hardware probes of the reference's launcher; `accel-nb env` (accel_nb.hardware) reports the machine"
+_DEVICES = (
+    "device kinds accel_nb does not run on (Ascend NPU, MLU, MUSA, SDAA, Gaudi/HPU, Neuron, XPU collectives)"
+)
+_LAUNCH = (
+    "the reference's launcher internals; `accel-nb launch` builds its own torchrun command (accel_nb.launch)"
+)
+_PROBES = (
+    "hardware probes of the reference's launcher; `accel-nb env` (accel_nb.hardware) reports the machine"
+)
 _GATES = "version gates and launcher tables of the reference's internals; accel_nb decides these where it uses them"
 _INTERNAL = "internal to the reference's implementation; code written for it does not import these"
 
@@ -39,45 +45,110 @@ LEFT_OUT: dict[str, str] = {
     "launch": _LAUNCH,
     "rich": "the reference's optional rich tracebacks; not provided",
     "torch_xla": "installs packages with pip; see docs/tpu.md for setting up torch_xla",
-    **{f"constants.{n}": _GATES for n in [
-        "BETA_CP_AVAILABLE_PYTORCH_VERSION", "BETA_SP_AVAILABLE_DEEPSPEED_VERSION", "BETA_TP_AVAILABLE_PYTORCH_VERSION",
-        "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION", "CUDA_DISTRIBUTED_TYPES", "DEEPSPEED_MULTINODE_LAUNCHERS",
-        "DTENSOR_PYTORCH_VERSION", "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION", "FSDP2_PYTORCH_VERSION",
-        "FSDP2_STATE_DICT_TYPE", "FSDP_AUTO_WRAP_POLICY", "FSDP_BACKWARD_PREFETCH", "FSDP_MODEL_NAME",
-        "FSDP_PYTORCH_VERSION", "FSDP_SHARDING_STRATEGY", "FSDP_STATE_DICT_TYPE",
-        "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION", "SAGEMAKER_PARALLEL_EC2_INSTANCES", "SAGEMAKER_PYTHON_VERSION",
-        "SAGEMAKER_PYTORCH_VERSION", "SAGEMAKER_TRANSFORMERS_VERSION", "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
-        "TORCH_DISTRIBUTED_OPERATION_TYPES", "TORCH_LAUNCH_PARAMS", "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
-    ]},
+    **{
+        f"constants.{n}": _GATES
+        for n in [
+            "BETA_CP_AVAILABLE_PYTORCH_VERSION",
+            "BETA_SP_AVAILABLE_DEEPSPEED_VERSION",
+            "BETA_TP_AVAILABLE_PYTORCH_VERSION",
+            "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION",
+            "CUDA_DISTRIBUTED_TYPES",
+            "DEEPSPEED_MULTINODE_LAUNCHERS",
+            "DTENSOR_PYTORCH_VERSION",
+            "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION",
+            "FSDP2_PYTORCH_VERSION",
+            "FSDP2_STATE_DICT_TYPE",
+            "FSDP_AUTO_WRAP_POLICY",
+            "FSDP_BACKWARD_PREFETCH",
+            "FSDP_MODEL_NAME",
+            "FSDP_PYTORCH_VERSION",
+            "FSDP_SHARDING_STRATEGY",
+            "FSDP_STATE_DICT_TYPE",
+            "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION",
+            "SAGEMAKER_PARALLEL_EC2_INSTANCES",
+            "SAGEMAKER_PYTHON_VERSION",
+            "SAGEMAKER_PYTORCH_VERSION",
+            "SAGEMAKER_TRANSFORMERS_VERSION",
+            "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
+            "TORCH_DISTRIBUTED_OPERATION_TYPES",
+            "TORCH_LAUNCH_PARAMS",
+            "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION",
+        ]
+    },
     "constants.RNG_STATE_NAME": "accel_nb keeps RNG states in rank_<i>.pt, not random_states_<i>.pkl",
     "constants.SAMPLER_NAME": "accel_nb keeps sampler states in rank_<i>.pt, not sampler.bin",
-    **{f"dataclasses.{n}": _FP8 for n in ["AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs",
-                                          "FP8BackendType"]},
+    **{
+        f"dataclasses.{n}": _FP8
+        for n in [
+            "AORecipeKwargs",
+            "TERecipeKwargs",
+            "MSAMPRecipeKwargs",
+            "FP8RecipeKwargs",
+            "FP8BackendType",
+        ]
+    },
     "dataclasses.DeepSpeedSequenceParallelConfig": "DeepSpeed's sequence parallelism (Ulysses) is not supported",
-    **{f"dataclasses.{n}": _PAR for n in ["TorchTensorParallelPlugin", "TorchContextParallelConfig",
-                                          "TorchTensorParallelConfig"]},
-    **{f"dataclasses.{n}": _MEGATRON for n in ["MegatronLMPlugin", "add_model_config_to_megatron_parser",
-                                               "parse_bert_config", "parse_gpt2_config", "parse_t5_config",
-                                               "parse_llama_config", "parse_glm4_moe_config"]},
+    **{
+        f"dataclasses.{n}": _PAR
+        for n in ["TorchTensorParallelPlugin", "TorchContextParallelConfig", "TorchTensorParallelConfig"]
+    },
+    **{
+        f"dataclasses.{n}": _MEGATRON
+        for n in [
+            "MegatronLMPlugin",
+            "add_model_config_to_megatron_parser",
+            "parse_bert_config",
+            "parse_gpt2_config",
+            "parse_t5_config",
+            "parse_llama_config",
+            "parse_glm4_moe_config",
+        ]
+    },
     "dataclasses.CustomDtype": _Q,
     "dataclasses.SageMakerDistributedType": "SageMaker launching is not supported by accel_nb",
     "dataclasses.ComputeEnvironment": "SageMaker launching is not supported; accel_nb's config has no compute environment",
     "dataclasses.PrecisionType": "not yet: accel_nb takes mixed_precision as the strings 'no', 'fp16', 'bf16'",
     "dataclasses.EnumWithContains": _INTERNAL,
     "dataclasses.BaseEnum": _INTERNAL,
-    **{f"environment.{n}": _PROBES for n in [
-        "get_current_device_type", "get_gpu_info", "get_driver_version", "check_cuda_p2p_ib_support",
-        "check_cuda_fp8_capability", "CPUInformation", "get_cpu_distributed_information", "override_numa_affinity",
-        "set_numa_affinity",
-    ]},
-    **{f"imports.{n}": _FP8 for n in ["is_transformer_engine_available", "is_transformer_engine_mxfp8_available",
-                                      "is_fp8_available", "torchao_required"]},
+    **{
+        f"environment.{n}": _PROBES
+        for n in [
+            "get_current_device_type",
+            "get_gpu_info",
+            "get_driver_version",
+            "check_cuda_p2p_ib_support",
+            "check_cuda_fp8_capability",
+            "CPUInformation",
+            "get_cpu_distributed_information",
+            "override_numa_affinity",
+            "set_numa_affinity",
+        ]
+    },
+    **{
+        f"imports.{n}": _FP8
+        for n in [
+            "is_transformer_engine_available",
+            "is_transformer_engine_mxfp8_available",
+            "is_fp8_available",
+            "torchao_required",
+        ]
+    },
     "imports.is_bitsandbytes_multi_backend_available": "a bitsandbytes generation gate of the reference; accel_nb needs bitsandbytes >= 0.50",
     "imports.deepspeed_required": _INTERNAL,
     "imports.is_megatron_lm_available": _MEGATRON,
-    **{f"imports.{n}": _DEVICES for n in ["is_xccl_available", "is_mlu_available", "is_musa_available",
-                                          "is_npu_available", "is_sdaa_available", "is_hpu_available",
-                                          "is_habana_gaudi1", "is_neuron_available"]},
+    **{
+        f"imports.{n}": _DEVICES
+        for n in [
+            "is_xccl_available",
+            "is_mlu_available",
+            "is_musa_available",
+            "is_npu_available",
+            "is_sdaa_available",
+            "is_hpu_available",
+            "is_habana_gaudi1",
+            "is_neuron_available",
+        ]
+    },
     "modeling.fallback_allocate": _INTERNAL,
     "modeling.get_mixed_precision_context_manager": "accel_nb applies autocast inside the prepared model (accel_nb.precision)",
     "modeling.get_grad_scaler": "accel_nb builds its scaler from GradScalerKwargs (accel_nb.precision)",
@@ -91,7 +162,7 @@ LEFT_OUT: dict[str, str] = {
     **{f"other.{n}": _PAR for n in ["compile_regions_fsdp2", "model_has_dtensor", "get_model_tp_size"]},
     # names of accelerate.utils that come from outside its submodules
     "ParallelismConfig": _PAR,
-}  # fmt: skip
+}
 
 
 def _submodules() -> list[str]:
@@ -216,10 +287,18 @@ def test_utils_stays_light_and_keeps_its_own_helpers():
     assert gather is accel_nb.ops.gather
 
 
-@pytest.mark.parametrize("name,args", [("is_bnb_available", ()), ("is_bnb_available", ("0.1",)),
-                                       ("is_bnb_available", ("99.0",)), ("is_8bit_bnb_available", ()),
-                                       ("is_4bit_bnb_available", ()), ("is_torchao_available", ()),
-                                       ("is_deepspeed_available", ())])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,args",
+    [
+        ("is_bnb_available", ()),
+        ("is_bnb_available", ("0.1",)),
+        ("is_bnb_available", ("99.0",)),
+        ("is_8bit_bnb_available", ()),
+        ("is_4bit_bnb_available", ()),
+        ("is_torchao_available", ()),
+        ("is_deepspeed_available", ()),
+    ],
+)
 def test_quantization_and_deepspeed_gates_answer_as_the_reference(name, args):
     import accelerate.utils.imports as ref
 

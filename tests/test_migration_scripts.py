@@ -30,7 +30,10 @@ def rename_imports(source: str) -> str:
 
 def test_rename_touches_import_lines_only():
     source = 'from accelerate.utils import set_seed\nimport accelerate\nprint("accelerate stays")\n'
-    assert rename_imports(source) == 'from accel_nb.utils import set_seed\nimport accel_nb\nprint("accelerate stays")\n'
+    assert (
+        rename_imports(source)
+        == 'from accel_nb.utils import set_seed\nimport accel_nb\nprint("accelerate stays")\n'
+    )
 
 
 # The reference's ranks sometimes abort after their last line (gloo's threads outlive the
@@ -46,12 +49,27 @@ def _run(script: str, folder: str, *args: str, forgive_exit_abort: bool = False)
         "OMP_NUM_THREADS": "1",
         "ACCELERATE_USE_CPU": "1",  # the reference needs it to form a CPU group; accel_nb reads it too
     }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+    ]
     proc = subprocess.run(
         [*cmd, os.path.join(folder, script), *args], env=env, capture_output=True, text=True, timeout=240
     )
-    results = [json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    aborted_at_exit = forgive_exit_abort and proc.returncode == 1 and _EXIT_ABORT in proc.stderr and "SIGABRT" in proc.stderr
+    results = [
+        json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")
+    ]
+    aborted_at_exit = (
+        forgive_exit_abort
+        and proc.returncode == 1
+        and _EXIT_ABORT in proc.stderr
+        and "SIGABRT" in proc.stderr
+    )
     assert (proc.returncode == 0 or aborted_at_exit) and len(results) == 1, (
         f"{script} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     )
@@ -75,7 +93,9 @@ def _both(tmp_path, script: str, *args: str) -> tuple[dict, dict]:
     shutil.copytree(SCRIPTS, renamed)
     source = (reference / script).read_text()
     (renamed / script).write_text(rename_imports(source))
-    assert "accelerate" not in re.findall(r"^\s*(?:from|import)\s+(\w+)", (renamed / script).read_text(), re.M)
+    assert "accelerate" not in re.findall(
+        r"^\s*(?:from|import)\s+(\w+)", (renamed / script).read_text(), re.M
+    )
     ours = _run(script, str(renamed), *[a.replace("{run}", str(renamed)) for a in args])
     theirs = _run(
         script, str(reference), *[a.replace("{run}", str(reference)) for a in args], forgive_exit_abort=True

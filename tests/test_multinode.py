@@ -64,8 +64,20 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
                 pytest.skip(f"cannot create a network namespace here: {exc.stderr.strip()}")
             made.append(host.namespace)
         a, b = hosts
-        _ip("link", "add", a.interface, "netns", a.namespace, "type", "veth",
-            "peer", "name", b.interface, "netns", b.namespace)  # fmt: skip
+        _ip(
+            "link",
+            "add",
+            a.interface,
+            "netns",
+            a.namespace,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b.interface,
+            "netns",
+            b.namespace,
+        )
         for host in hosts:
             _ip("-n", host.namespace, "addr", "add", f"{host.ip}/30", "dev", host.interface)
             _ip("-n", host.namespace, "link", "set", host.interface, "up")
@@ -76,16 +88,35 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-def launch_on(host: Host, machine_rank: int, main: Host, port: int, *args: str,
-              cfg: str) -> subprocess.Popen:  # fmt: skip
+def launch_on(host: Host, machine_rank: int, main: Host, port: int, *args: str, cfg: str) -> subprocess.Popen:
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     for name in ("GLOO_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"):
         env.pop(name, None)
-    cmd = host.command(sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_machines", "2",
-                       "--machine_rank", str(machine_rank), "--main_process_ip", main.ip,
-                       "--main_process_port", str(port), *args)  # fmt: skip
-    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    cmd = host.command(
+        sys.executable,
+        "-m",
+        "accel_nb.commands",
+        "launch",
+        "--cpu",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        str(machine_rank),
+        "--main_process_ip",
+        main.ip,
+        "--main_process_port",
+        str(port),
+        *args,
+    )
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(*procs: subprocess.Popen, timeout: float = 600) -> list[tuple[int, str, str]]:
@@ -109,8 +140,20 @@ def test_two_machines_two_processes_each_all_reduce(tmp_path, backend):
     cfg = str(tmp_path / "default_config.yaml")
     with two_hosts() as (main, other):
         procs = [
-            launch_on(host, rank, main, 29400, "--num_processes", "4", "--rdzv_backend", backend,
-                      "--rdzv_timeout", "120", EXAMPLE, cfg=cfg)  # fmt: skip
+            launch_on(
+                host,
+                rank,
+                main,
+                29400,
+                "--num_processes",
+                "4",
+                "--rdzv_backend",
+                backend,
+                "--rdzv_timeout",
+                "120",
+                EXAMPLE,
+                cfg=cfg,
+            )
             for rank, host in enumerate((main, other))
         ]
         results = finish(*procs)
@@ -119,7 +162,9 @@ def test_two_machines_two_processes_each_all_reduce(tmp_path, backend):
         assert code == 0, f"machine {machine} failed:\n{out}\n{err}"
         assert f"machine {machine} of 2, meeting at {main.ip}:29400, {backend} rendezvous" in err
         for line in out.splitlines():
-            found = re.match(r"\[machine(\d) rank(\d)\]:rank (\d)/4: sum=10 gathered=\[1.0, 2.0, 3.0, 4.0\]", line)
+            found = re.match(
+                r"\[machine(\d) rank(\d)\]:rank (\d)/4: sum=10 gathered=\[1.0, 2.0, 3.0, 4.0\]", line
+            )
             if found:
                 label_machine, label_rank, rank = map(int, found.groups())
                 assert label_machine == machine and label_rank == rank, line
@@ -136,8 +181,21 @@ RESTART_EXAMPLE = os.path.join(ROOT, "examples", "elastic_restart.py")
 
 def _launch_restart_example(project: str, cfg: str, nproc: int, *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, ACCEL_NB_CONFIG_FILE=cfg, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_processes", str(nproc),
-           "--max_restarts", "1", RESTART_EXAMPLE, "--project", project, *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "accel_nb.commands",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        str(nproc),
+        "--max_restarts",
+        "1",
+        RESTART_EXAMPLE,
+        "--project",
+        project,
+        *extra,
+    ]
     return subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -192,9 +250,25 @@ def test_restart_across_two_machines_resumes_like_an_uninterrupted_run(tmp_path)
     with two_hosts() as (main, other):
         for project, kill in ((straight, ()), (killed, ("--kill-rank", "3", "--kill-at-step", "7"))):
             procs = [
-                launch_on(host, rank, main, 29400, "--num_processes", "4", "--rdzv_backend", "c10d",
-                          "--rdzv_timeout", "120", "--max_restarts", "1", RESTART_EXAMPLE, "--project", project,
-                          *kill, cfg=cfg)  # fmt: skip
+                launch_on(
+                    host,
+                    rank,
+                    main,
+                    29400,
+                    "--num_processes",
+                    "4",
+                    "--rdzv_backend",
+                    "c10d",
+                    "--rdzv_timeout",
+                    "120",
+                    "--max_restarts",
+                    "1",
+                    RESTART_EXAMPLE,
+                    "--project",
+                    project,
+                    *kill,
+                    cfg=cfg,
+                )
                 for rank, host in enumerate((main, other))
             ]
             results = finish(*procs)
@@ -225,7 +299,9 @@ print("RESULTS", json.dumps(results), flush=True)
 
 
 @pytest.mark.parametrize("backend, notebook_machine", [("static", 0), ("c10d", 1)])
-def test_notebook_launcher_on_one_machine_joins_accel_nb_launch_on_the_other(tmp_path, backend, notebook_machine):
+def test_notebook_launcher_on_one_machine_joins_accel_nb_launch_on_the_other(
+    tmp_path, backend, notebook_machine
+):
     import json
 
     cfg = str(tmp_path / "default_config.yaml")
@@ -238,10 +314,27 @@ def test_notebook_launcher_on_one_machine_joins_accel_nb_launch_on_the_other(tmp
         env.pop("GLOO_SOCKET_IFNAME", None)
         notebook = subprocess.Popen(
             nb_host.command(sys.executable, str(side), str(notebook_machine), main.ip, "29400", backend),
-            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
-        cli = launch_on(cli_host, 1 - notebook_machine, main, 29400, "--num_processes", "4", "--rdzv_backend",
-                        backend, "--rdzv_timeout", "120", EXAMPLE, cfg=cfg)  # fmt: skip
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        cli = launch_on(
+            cli_host,
+            1 - notebook_machine,
+            main,
+            29400,
+            "--num_processes",
+            "4",
+            "--rdzv_backend",
+            backend,
+            "--rdzv_timeout",
+            "120",
+            EXAMPLE,
+            cfg=cfg,
+        )
         (nb_code, nb_out, nb_err), (cli_code, cli_out, cli_err) = finish(notebook, cli)
     assert nb_code == 0, nb_out + nb_err
     assert cli_code == 0, cli_out + cli_err
@@ -249,8 +342,9 @@ def test_notebook_launcher_on_one_machine_joins_accel_nb_launch_on_the_other(tmp
     mine = [r[0] for r in results]
     everyone = [1.0, 2.0, 3.0, 4.0]
     assert [r[1:] for r in results] == [[4, 0, 10.0, everyone], [4, 1, 10.0, everyone]], results
-    theirs = sorted(int(m.group(1)) for m in re.finditer(r"rank (\d)/4: sum=10 gathered=\[1.0, 2.0, 3.0, 4.0\]",
-                                                         cli_out))  # fmt: skip
+    theirs = sorted(
+        int(m.group(1)) for m in re.finditer(r"rank (\d)/4: sum=10 gathered=\[1.0, 2.0, 3.0, 4.0\]", cli_out)
+    )
     assert sorted(mine + theirs) == [0, 1, 2, 3], (results, cli_out)
     if backend == "static":  # machine_rank decides: the notebook's machine 0 holds ranks 0 and 1
         assert mine == [0, 1]
@@ -268,23 +362,31 @@ def test_notebook_machine_options_bad_input_is_one_clear_error(capfd):
 
     with pytest.raises(LaunchSetupError, match="node_rank=2 must be smaller than num_nodes=2"):
         launch(node_rank=2, master_addr="127.0.0.1")
-    with pytest.raises(LaunchSetupError, match="master_addr='192.0.2.7': 192.0.2.7 is not an address of this machine"):
+    with pytest.raises(
+        LaunchSetupError, match="master_addr='192.0.2.7': 192.0.2.7 is not an address of this machine"
+    ):
         launch(node_rank=0, master_addr="192.0.2.7")
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(LaunchSetupError, match=f"use_port={port}: port {port} on 127.0.0.1 is already in use"):
+        with pytest.raises(
+            LaunchSetupError, match=f"use_port={port}: port {port} on 127.0.0.1 is already in use"
+        ):
             launch(node_rank=0, master_addr="127.0.0.1", use_port=port)
     with pytest.raises(LaunchSetupError, match="elastic restarts"):
         launch(node_rank=0, master_addr="127.0.0.1", max_restarts=1)
     with pytest.raises(LaunchSetupError, match="reads only 'timeout'"):
         launch(node_rank=0, master_addr="127.0.0.1", rdzv_conf={"read_timeout": 5})
     port = pick_free_port()
-    loopback = pytest.warns(UserWarning, match="loopback address, but num_nodes=2: machines other than this one")
+    loopback = pytest.warns(
+        UserWarning, match="loopback address, but num_nodes=2: machines other than this one"
+    )
     with loopback, pytest.raises(LaunchSetupError) as never:
         launch(node_rank=0, master_addr="127.0.0.1", use_port=port, rdzv_conf={"timeout": 2})
-    assert f"did not join the rendezvous at 127.0.0.1:{port} within 2s: start them with node_rank 1" in str(never.value)
+    assert f"did not join the rendezvous at 127.0.0.1:{port} within 2s: start them with node_rank 1" in str(
+        never.value
+    )
     port = pick_free_port()
     with pytest.warns(UserWarning, match="loopback"), pytest.raises(LaunchSetupError) as unreachable:
         launch(node_rank=1, master_addr="localhost", use_port=port, rdzv_conf={"timeout": 2})
@@ -297,9 +399,16 @@ def test_notebook_machine_options_bad_input_is_one_clear_error(capfd):
 def test_accelerate_magic_flags_for_several_machines():
     from accel_nb.notebook.magic_flags import launch_options, parse_accelerate_line
 
-    line = "-n 2 --cpu --num_nodes 2 --node_rank 1 --master_addr 10.0.0.1 --rdzv_backend c10d --rdzv_timeout 30"
+    line = (
+        "-n 2 --cpu --num_nodes 2 --node_rank 1 --master_addr 10.0.0.1 --rdzv_backend c10d --rdzv_timeout 30"
+    )
     options = launch_options(parse_accelerate_line(line), None)
     assert (options.num_nodes, options.node_rank, options.master_addr) == (2, 1, "10.0.0.1")
     assert (options.rdzv_backend, options.rdzv_timeout, options.num_processes) == ("c10d", 30.0, 2)
     plain = launch_options(parse_accelerate_line("-n 2 --cpu"), None)
-    assert (plain.num_nodes, plain.node_rank, plain.rdzv_backend, plain.rdzv_timeout) == (1, 0, "static", None)
+    assert (plain.num_nodes, plain.node_rank, plain.rdzv_backend, plain.rdzv_timeout) == (
+        1,
+        0,
+        "static",
+        None,
+    )

@@ -78,8 +78,13 @@ def test_tpu_notebook_installs_per_platform_and_launches_on_every_core():
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     install = code[0]
     assert "KAGGLE_KERNEL_RUN_TYPE" in install and "%pip install -q accel_nb\n" in install
-    assert "COLAB_RELEASE_TAG" in install and "%pip install -q torch==2.9.0 'torch_xla[tpu]==2.9.0' accel_nb" in install
-    assert any("os.environ.setdefault(\"PJRT_DEVICE\", \"CPU\")" in c and "detect_tpu().detected" in c for c in code)
+    assert (
+        "COLAB_RELEASE_TAG" in install
+        and "%pip install -q torch==2.9.0 'torch_xla[tpu]==2.9.0' accel_nb" in install
+    )
+    assert any(
+        'os.environ.setdefault("PJRT_DEVICE", "CPU")' in c and "detect_tpu().detected" in c for c in code
+    )
     assert any("results = notebook_launcher(train)" in c for c in code)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")
 
@@ -106,9 +111,16 @@ def test_quickstart_runs_and_exports(tmp_path):
     # TensorBoard's own reader found each of the 48 steps once (only process 0 wrote)
     assert "TensorBoard run: 48 loss points, steps 0..47, each once: True" in results
     # pictures: the tracked launch's final curves, and the matplotlib plot of what --return brought back
-    pngs = [i for i, cell in enumerate(nb.cells) for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+    pngs = [
+        i
+        for i, cell in enumerate(nb.cells)
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {})
+    ]
     plot_cell = next(i for i, cell in enumerate(nb.cells) if "ax.plot(history" in cell.source)
-    tracked_cell = next(i for i, cell in enumerate(nb.cells) if "notebook_launcher(train_logged" in cell.source)
+    tracked_cell = next(
+        i for i, cell in enumerate(nb.cells) if "notebook_launcher(train_logged" in cell.source
+    )
     assert plot_cell in pngs and tracked_cell in pngs, pngs
     # the live progress view left its final state in the saved notebook: the two training launches
     # end with every rank's bar full (48/48, green); the failing launch has one red bar
@@ -126,7 +138,8 @@ def test_quickstart_runs_and_exports(tmp_path):
     # widgets appear in their static form: each launch's final per-rank summary
     assert "48/48" in html and "rank 1 failed" in html
     images = [base64.b64decode(m) for m in re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", html)]
-    assert len(images) >= 2 and all(i.startswith(b"\x89PNG") for i in images)  # the pictures are in the export
+    # the pictures are in the export
+    assert len(images) >= 2 and all(i.startswith(b"\x89PNG") for i in images)
 
 
 @pytest.mark.notebooks
@@ -146,13 +159,15 @@ def test_big_model_inference_runs():
 def test_interactive_session_notebook_keeps_state_across_cells():
     nb = runner.execute_notebook(os.path.join(NOTEBOOKS, "interactive_session.ipynb"), timeout=600)
     errors = error_outputs(nb)
-    assert len(errors) == 1 and "rank 1 (first to fail) failed: ValueError" in errors[0], errors  # the tagged cell
+    # the tagged cell
+    assert len(errors) == 1 and "rank 1 (first to fail) failed: ValueError" in errors[0], errors
     results = "\n".join(runner.key_results(nb))
     assert "(below 1.0: True)" in results
     assert "rank 1 computed scaled = 10.0" in results
     assert "worker processes left: 0" in results
     text = all_text(nb)
-    assert "[rank 1] (1, " in text and "[rank 0] (0, " in text  # the rerun cell saw cell C's mse on both ranks
+    # the rerun cell saw cell C's mse on both ranks
+    assert "[rank 1] (1, " in text and "[rank 0] (0, " in text
 
 
 @pytest.mark.notebooks
@@ -172,10 +187,18 @@ def test_run_quickstart_reports_a_failing_notebook(tmp_path):
     bad = tmp_path / "bad.ipynb"
     nbformat.write(new_notebook(cells=[new_code_cell("print('before')"), new_code_cell("1 / 0")]), str(bad))
     res = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "examples", "run_quickstart.py"), "--notebook", str(bad), "--out",
-         str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            os.path.join(ROOT, "examples", "run_quickstart.py"),
+            "--notebook",
+            str(bad),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 1
     assert "the notebook failed" in res.stderr and "ZeroDivisionError" in res.stderr
     # what ran is kept, the failing cell with its traceback, so the user can look at it

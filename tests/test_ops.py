@@ -42,9 +42,18 @@ def test_recursively_apply_error_on_other_type():
 
 def _gather_nested():
     r = PartialState().process_index
-    data = {"x": torch.full((2, 3), float(r)), "l": [torch.tensor(r), Pair(torch.tensor([r, r]), torch.tensor([[r]]))]}
+    data = {
+        "x": torch.full((2, 3), float(r)),
+        "l": [torch.tensor(r), Pair(torch.tensor([r, r]), torch.tensor([[r]]))],
+    }
     g = ops.gather(data)
-    return (g["x"].tolist(), g["l"][0].tolist(), type(g["l"][1]).__name__, g["l"][1].a.tolist(), g["l"][1].b.tolist())
+    return (
+        g["x"].tolist(),
+        g["l"][0].tolist(),
+        type(g["l"][1]).__name__,
+        g["l"][1].a.tolist(),
+        g["l"][1].b.tolist(),
+    )
 
 
 @pytest.mark.multiproc
@@ -132,7 +141,9 @@ def _reduce_bad():
 
 @pytest.mark.multiproc
 def test_reduce_bad_reduction():
-    with pytest.raises(RanksFailed, match="reduction='median' is not supported; choose one of 'sum', 'mean', 'max'"):
+    with pytest.raises(
+        RanksFailed, match="reduction='median' is not supported; choose one of 'sum', 'mean', 'max'"
+    ):
         run_ranks(_reduce_bad, 2)
 
 

@@ -17,10 +17,18 @@ def _trainer_with_its_bar(out_dir):
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50, n_positions=16))
-    data = [{"input_ids": torch.randint(0, 50, (8,)), "labels": torch.randint(0, 50, (8,))} for _ in range(16)]
+    data = [
+        {"input_ids": torch.randint(0, 50, (8,)), "labels": torch.randint(0, 50, (8,))} for _ in range(16)
+    ]
     args = TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=2, max_steps=3, use_cpu=True, report_to=[],
-        save_strategy="no", logging_strategy="no", disable_tqdm=False,
+        output_dir=out_dir,
+        per_device_train_batch_size=2,
+        max_steps=3,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=False,
     )
     Trainer(model=model, args=args, train_dataset=data).train()
     return 0

@@ -310,7 +310,7 @@ def test_a_widget_that_fails_to_update_hands_over_to_the_text_view(capsys):
     assert "[rank 1] hello from one" in out.out  # the ranks' output goes on, once
     assert out.out.count("hello from one") == 1
     assert "[rank 0] " in out.out and "10/10" in out.out  # text progress lines after the switch
-    summary = out.out[out.out.index("accel_nb launch finished"):]  # the final summary, printed
+    summary = out.out[out.out.index("accel_nb launch finished") :]  # the final summary, printed
     assert "rank 0 done" in summary and "rank 1 done" in summary and "10/10" in summary
 
 
@@ -338,7 +338,7 @@ def test_a_widget_that_fails_to_render_leaves_the_text_view_and_the_failure(caps
     ], out.err
     assert "[rank 1] failed: ValueError: boom" in out.err
     assert "[rank 0] " in out.out and "1/4" in out.out
-    summary = out.out[out.out.index("accel_nb launch failed: 2 processes"):]  # the final summary, printed
+    summary = out.out[out.out.index("accel_nb launch failed: 2 processes") :]  # the final summary, printed
     assert "rank 0 stopped" in summary and "rank 1 failed   ValueError: boom" in summary
 
 
@@ -357,7 +357,11 @@ def test_text_reporter_prints_identical_lines_once_with_their_ranks():
     assert buf.getvalue() == "[ranks 0,1] loading weights\n"  # "only zero" waits for rank 1
     rep.handle(Log(1, "stdout", "only one\n"))
     rep.finish(True)
-    assert buf.getvalue().splitlines() == ["[ranks 0,1] loading weights", "[rank 0] only zero", "[rank 1] only one"]
+    assert buf.getvalue().splitlines() == [
+        "[ranks 0,1] loading weights",
+        "[rank 0] only zero",
+        "[rank 1] only one",
+    ]
 
 
 def test_text_reporter_lone_line_waits_at_most_the_merge_window():

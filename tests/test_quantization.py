@@ -40,15 +40,21 @@ TOKENS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(
 
 def _llama():
     cfg = transformers.LlamaConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=320, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=320,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return transformers.LlamaForCausalLM, cfg
 
 
 def _gpt2():
-    cfg = transformers.GPT2Config(vocab_size=256, n_embd=128, n_layer=3, n_head=4, n_positions=64,
-                                  bos_token_id=0, eos_token_id=0)  # fmt: skip
+    cfg = transformers.GPT2Config(
+        vocab_size=256, n_embd=128, n_layer=3, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+    )
     return transformers.GPT2LMHeadModel, cfg
 
 
@@ -97,11 +103,21 @@ def _by_hand_bnb(model, config: BnbQuantizationConfig, skip=("lm_head",)):
                 weight.contiguous().clone(), requires_grad=False, has_fp16_weights=False
             )
         else:
-            layer = bnb.nn.Linear4bit(n_in, n_out, has_bias, F32, compress_statistics=config.bnb_4bit_use_double_quant,
-                                      quant_type=config.bnb_4bit_quant_type)  # fmt: skip
-            layer.weight = bnb.nn.Params4bit(weight.contiguous().clone(), requires_grad=False,
-                                             compress_statistics=config.bnb_4bit_use_double_quant,
-                                             quant_type=config.bnb_4bit_quant_type, module=layer)  # fmt: skip
+            layer = bnb.nn.Linear4bit(
+                n_in,
+                n_out,
+                has_bias,
+                F32,
+                compress_statistics=config.bnb_4bit_use_double_quant,
+                quant_type=config.bnb_4bit_quant_type,
+            )
+            layer.weight = bnb.nn.Params4bit(
+                weight.contiguous().clone(),
+                requires_grad=False,
+                compress_statistics=config.bnb_4bit_use_double_quant,
+                quant_type=config.bnb_4bit_quant_type,
+                module=layer,
+            )
         if has_bias:
             layer.bias = nn.Parameter(module.bias.data.clone(), requires_grad=False)
         layer = layer.to("cpu")  # bitsandbytes quantizes here
@@ -112,13 +128,22 @@ def _by_hand_bnb(model, config: BnbQuantizationConfig, skip=("lm_head",)):
 
 BNB_CONFIGS = {
     "int8": (lambda: BnbQuantizationConfig(load_in_8bit=True, torch_dtype=F32), 0.03),
-    "nf4": (lambda: BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=F32), 0.25),
+    "nf4": (
+        lambda: BnbQuantizationConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=F32
+        ),
+        0.25,
+    ),
     "fp4-double": (
-        lambda: BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="fp4", bnb_4bit_compute_dtype="fp32",
-                                      bnb_4bit_use_double_quant=True),
+        lambda: BnbQuantizationConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="fp4",
+            bnb_4bit_compute_dtype="fp32",
+            bnb_4bit_use_double_quant=True,
+        ),
         0.35,
     ),
-}  # fmt: skip
+}
 
 
 def _relative_error(out, ref):
@@ -188,8 +213,11 @@ def test_torchao_int8_equals_torchao_by_hand(saved):
     ).eval()
     assert type(model.model.layers[0].mlp.up_proj.weight).__name__ == "Int8Tensor"
     by_hand = copy.deepcopy(float_model)
-    torchao_quant.quantize_(by_hand, torchao_quant.Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: (
-        isinstance(m, nn.Linear) and fqn != "lm_head"))  # fmt: skip
+    torchao_quant.quantize_(
+        by_hand,
+        torchao_quant.Int8WeightOnlyConfig(),
+        filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head",
+    )
     out, ref = _logits(model), _logits(float_model)
     assert 0 < _relative_error(out, ref) < 0.03
     assert torch.equal(out, _logits(by_hand))
@@ -209,8 +237,11 @@ def test_torchao_int8_gpt2_conv1d(saved):
             linear.bias = nn.Parameter(module.bias.data.clone())
             parent, _, child = name.rpartition(".")
             setattr(by_hand.get_submodule(parent), child, linear)
-    torchao_quant.quantize_(by_hand, torchao_quant.Int8WeightOnlyConfig(),
-                            filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")  # fmt: skip
+    torchao_quant.quantize_(
+        by_hand,
+        torchao_quant.Int8WeightOnlyConfig(),
+        filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head",
+    )
     out = _logits(model)
     assert 0 < _relative_error(out, _logits(float_model)) < 0.03
     assert torch.equal(out, _logits(by_hand))
@@ -259,8 +290,11 @@ def test_weight_bytes_formula():
     assert 4096 * 4096 // 2 < nf4 < 4096 * 4096 * 0.6
 
 
-@pytest.mark.parametrize("config", [BnbQuantizationConfig(load_in_8bit=True), BnbQuantizationConfig(load_in_4bit=True)],
-                         ids=["int8", "fp4"])  # fmt: skip
+@pytest.mark.parametrize(
+    "config",
+    [BnbQuantizationConfig(load_in_8bit=True), BnbQuantizationConfig(load_in_4bit=True)],
+    ids=["int8", "fp4"],
+)
 def test_auto_device_map_fits_a_budget_only_the_quantized_model_fits(saved, config):
     float_model, folder = saved["llama"]
     empty = _empty("llama")
@@ -290,8 +324,13 @@ def test_a_budget_too_small_even_quantized_says_so(saved):
     _, folder = saved["llama"]
     empty = _empty("llama")
     with pytest.raises(QuantizationError, match="offloading quantized weights to disk is not built yet"):
-        load_and_quantize_model(empty, BnbQuantizationConfig(load_in_8bit=True), weights_location=folder,
-                                device_map="auto", max_memory={"cpu": 100_000, "disk": 10**12})  # fmt: skip
+        load_and_quantize_model(
+            empty,
+            BnbQuantizationConfig(load_in_8bit=True),
+            weights_location=folder,
+            device_map="auto",
+            max_memory={"cpu": 100_000, "disk": 10**12},
+        )
     assert all(p.device.type == "meta" for p in empty.parameters())
     assert not any(hasattr(p, "accel_nb_quantized_bytes") for p in empty.parameters())
 
@@ -350,8 +389,14 @@ def test_no_linear_layers(tmp_path):
 
 
 def _state(model):
-    return [(n, type(m).__name__, [(k, p.device.type, p.dtype) for k, p in m._parameters.items() if p is not None])
-            for n, m in model.named_modules()]  # fmt: skip
+    return [
+        (
+            n,
+            type(m).__name__,
+            [(k, p.device.type, p.dtype) for k, p in m._parameters.items() if p is not None],
+        )
+        for n, m in model.named_modules()
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -72,9 +72,14 @@ print(json.dumps({"base": base, "peak": peak, "kept": kept}))
 def checkpoint(tmp_path_factory):
     """A Llama-style model, ~85 MB in float32, saved as ~40 MB safetensors shards (weights of 1.5 MB at most)."""
     cfg = transformers.LlamaConfig(
-        vocab_size=1024, hidden_size=384, intermediate_size=1024, num_hidden_layers=12, num_attention_heads=6,
-        num_key_value_heads=6, max_position_embeddings=128,
-    )  # fmt: skip
+        vocab_size=1024,
+        hidden_size=384,
+        intermediate_size=1024,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        num_key_value_heads=6,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
     folder = tmp_path_factory.mktemp("llama_mem")
@@ -91,8 +96,14 @@ def checkpoint(tmp_path_factory):
 def test_peak_rss_while_loading_quantized(checkpoint, kind):
     folder, largest_shard, float_bytes = checkpoint
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    res = subprocess.run([sys.executable, "-c", LOADER, folder, kind], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT, env=env)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-c", LOADER, folder, kind],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     grew = out["peak"] - out["base"]

@@ -102,7 +102,9 @@ def test_a_rank_that_dies_breaks_the_session_and_restart_recovers(session):
 
 
 def test_launch_options_reach_the_ranks():
-    with Session(num_processes=2, cpu=True, mixed_precision="bf16", env={"MY_SETTING": "x"}, progress="text") as s:
+    with Session(
+        num_processes=2, cpu=True, mixed_precision="bf16", env={"MY_SETTING": "x"}, progress="text"
+    ) as s:
         code = "import os\nfrom accel_nb import Accelerator\n(Accelerator().mixed_precision, os.environ['MY_SETTING'])"
         assert s.run(code) == [("bf16", "x"), ("bf16", "x")]
 
@@ -110,7 +112,8 @@ def test_launch_options_reach_the_ranks():
 def test_the_hang_watchdog_interrupts_a_silent_cell_and_the_session_stays_usable(session):
     session.run("import time\nalive = 'still here'")
     with pytest.raises(LaunchError) as info:
-        session.run_cell("time.sleep(60)", "<accelerate-cell-99>", timeout=1.0)  # what %%accelerate --timeout 1 does
+        # what %%accelerate --timeout 1 does
+        session.run_cell("time.sleep(60)", "<accelerate-cell-99>", timeout=1.0)
     text = str(info.value)
     assert "hung: no rank made progress" in text and "interrupted" in text, text
     assert session.run("alive") == ["still here", "still here"]
@@ -133,8 +136,18 @@ def test_start_flags_become_launch_options_and_gpu_ids_are_checked():
     from accel_nb.notebook.session_magics import start_options
 
     options = start_options("-n 3 --cpu --mixed_precision bf16 --start_method spawn --timeout 30")
-    assert (options.num_processes, options.cpu, options.mixed_precision, options.start_method, options.timeout) == (
-        3, True, "bf16", "spawn", 30.0,
+    assert (
+        options.num_processes,
+        options.cpu,
+        options.mixed_precision,
+        options.start_method,
+        options.timeout,
+    ) == (
+        3,
+        True,
+        "bf16",
+        "spawn",
+        30.0,
     )
     found = hardware.cuda_device_count()
     with pytest.raises(UsageError, match=f"names GPU {found}, but this machine has {found} GPU"):
@@ -143,7 +156,6 @@ def test_start_flags_become_launch_options_and_gpu_ids_are_checked():
         start_options("--gpu_ids 0 --cpu")
     with pytest.raises(UsageError, match="distinct GPU numbers"):
         start_options("--gpu_ids 0,0")
-
 
 
 RESTART_AFTER_A_FAILED_START = """
@@ -180,7 +192,11 @@ def test_a_failed_start_names_the_rank_keeps_the_logs_and_the_next_start_works()
 
     env = with_package_on_path(dict(os.environ))
     res = subprocess.run(
-        [sys.executable, "-c", RESTART_AFTER_A_FAILED_START], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-c", RESTART_AFTER_A_FAILED_START],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     out = res.stdout + res.stderr
     assert "FIRST rank 1 exited with code 7" in out and "logs kept: True" in out, out

@@ -37,10 +37,12 @@ def _ok(out) -> str:
 
 
 def _session_ranks(k: KernelSession) -> tuple[str, dict[int, int]]:
-    text = _ok(k.run(
-        "from accel_nb.notebook.session_magics import active_session as _active\n"
-        "print(_active().log_dir, *(f'{p.rank}:{p.pid}' for p in _active().procs))"
-    ))  # fmt: skip
+    text = _ok(
+        k.run(
+            "from accel_nb.notebook.session_magics import active_session as _active\n"
+            "print(_active().log_dir, *(f'{p.rank}:{p.pid}' for p in _active().procs))"
+        )
+    )
     log_dir, *pairs = text.split()
     return log_dir, {int(r): int(p) for r, p in (pair.split(":") for pair in pairs)}
 
@@ -49,7 +51,9 @@ def _status(k: KernelSession) -> str:
     return _ok(k.run("from accel_nb.notebook.session_view import status_text\nprint(status_text(_active()))"))
 
 
-def _wait_until_stacks_show(log_dir: str, pids: dict[int, int], wanted: dict[int, str], within: float = 60) -> None:
+def _wait_until_stacks_show(
+    log_dir: str, pids: dict[int, int], wanted: dict[int, str], within: float = 60
+) -> None:
     """Ask each rank for its stacks until every one shows its ``wanted`` text (then it is in that call)."""
     deadline = time.monotonic() + within
     seen = {}
@@ -85,13 +89,20 @@ def _interrupt_in(k: KernelSession, cell: str, wanted: dict[int, str]):
 
 
 def test_an_interrupted_sleep_says_where_without_accel_nb_frames_or_contradictions(kernel):
-    out = _interrupt_in(kernel, "%%accelerate\nimport time\nx = 1\ntime.sleep(300)\n", {0: "line 3 in <module>", 1: "line 3 in <module>"})
+    out = _interrupt_in(
+        kernel,
+        "%%accelerate\nimport time\nx = 1\ntime.sleep(300)\n",
+        {0: "line 3 in <module>", 1: "line 3 in <module>"},
+    )
     assert not out.timed_out
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out.text
     note = out.error["evalue"]
     assert "session is still usable" in note and "stacks above" not in note and "pane" not in note, note
-    assert "accel_nb" not in out.traceback, out.traceback  # the user's cell only, none of the launcher's frames
-    assert re.search(r'\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 3', out.stderr), out.stderr
+    # the user's cell only, none of the launcher's frames
+    assert "accel_nb" not in out.traceback, out.traceback
+    assert re.search(r'\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 3', out.stderr), (
+        out.stderr
+    )
     status = _status(kernel)
     assert "failed in" not in status and len(re.findall(r"interrupted in cell \d+", status)) == 2, status
 
@@ -109,12 +120,21 @@ def test_an_interrupt_while_rank_0_waits_in_all_reduce_and_rank_1_sleeps_names_r
     assert not out.timed_out
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out.text
     note = out.error["evalue"]
-    assert "rank 0 (in all_reduce) did not stop at the interrupt and was freed by closing the process group" in note
+    assert (
+        "rank 0 (in all_reduce) did not stop at the interrupt and was freed by closing the process group"
+        in note
+    )
     assert "rank 1" not in note and "0, 1" not in note, note  # rank 1 stopped at its sleep: not stuck
-    assert "a fresh one was formed on the same workers" in note and "accel_nb" not in out.traceback, out.traceback
+    assert "a fresh one was formed on the same workers" in note and "accel_nb" not in out.traceback, (
+        out.traceback
+    )
     # each rank's stop line points at the cell's line (its body's, below the magic line), not at torch's frames
-    assert re.search(r'\[rank 0\] stopped: \w+ at File "<accelerate-cell-\d+>", line 3', out.stderr), out.stderr
-    assert re.search(r'\[rank 1\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 5', out.stderr)
+    assert re.search(r'\[rank 0\] stopped: \w+ at File "<accelerate-cell-\d+>", line 3', out.stderr), (
+        out.stderr
+    )
+    assert re.search(
+        r'\[rank 1\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 5', out.stderr
+    )
     assert "c10d_logger" not in "".join(line for line in out.stderr.splitlines() if "stopped:" in line)
     status = _status(kernel)
     assert "failed in" not in status and len(re.findall(r"interrupted in cell \d+", status)) == 2, status
@@ -123,4 +143,3 @@ def test_an_interrupt_while_rank_0_waits_in_all_reduce_and_rank_1_sleeps_names_r
 def test_stop_says_the_session_was_stopped(kernel):
     assert "the session was stopped: its 2 workers ended" in _ok(kernel.run("%accelerate stop"))
     assert "no session was running" in _ok(kernel.run("%accelerate stop"))
-

@@ -96,7 +96,9 @@ def test_model_built_trained_and_evaluated_in_three_cells_then_pulled(kernel):
             "metric = accelerator.reduce(errs.mean(), 'mean').item()\n"
         )
     )
-    text = _ok(kernel.run("%accelerate pull metric --rank 1\nprint('METRIC', type(metric).__name__, metric > 0)"))
+    text = _ok(
+        kernel.run("%accelerate pull metric --rank 1\nprint('METRIC', type(metric).__name__, metric > 0)")
+    )
     assert "metric copied from rank 1" in text and "METRIC float True" in text, text
     assert _rank_pids(kernel) == pids  # no new process was started for any of these cells
 
@@ -136,7 +138,9 @@ def test_a_cell_failing_on_rank_1_is_fixed_and_rerun_without_restart(kernel):
     assert out.error is not None and out.error["ename"] == "LaunchError", out.text
     assert "rank 1 (first to fail) failed: ValueError: boom on rank 1" in out.traceback
     assert "namespaces intact" in out.traceback
-    text = _ok(kernel.run("%%accelerate\nvalue = 42 + accelerator.process_index\n(value, round(metric, 3) > 0)"))
+    text = _ok(
+        kernel.run("%%accelerate\nvalue = 42 + accelerator.process_index\n(value, round(metric, 3) > 0)")
+    )
     assert "[rank 0] (42, True)" in text and "[rank 1] (43, True)" in text, text
 
 
@@ -157,7 +161,9 @@ def test_rank_1_raising_while_rank_0_waits_in_all_reduce_returns_with_both_facts
     assert "a fresh one was formed on the same workers" in tb, tb
     assert "[rank 0] Python stacks" in out.stderr and "all_reduce" in out.stderr, out.stderr
     # a fresh group on the same workers: collectives run again, the namespaces are kept; pull works
-    text = _ok(kernel.run("%%accelerate\nt = torch.ones(1); torch.distributed.all_reduce(t); (t.item(), value)"))
+    text = _ok(
+        kernel.run("%%accelerate\nt = torch.ones(1); torch.distributed.all_reduce(t); (t.item(), value)")
+    )
     assert "[rank 0] (2.0, 42)" in text and "[rank 1] (2.0, 43)" in text, text
     text = _ok(kernel.run("%accelerate pull value --rank 1\nprint('VALUE', value)"))
     assert "VALUE 43" in text
@@ -165,7 +171,9 @@ def test_rank_1_raising_while_rank_0_waits_in_all_reduce_returns_with_both_facts
     _ok(kernel.run("%accelerate restart", timeout=180))
     assert set(_rank_pids(kernel)).isdisjoint(pids)
     text = _ok(
-        kernel.run("%%accelerate\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()")
+        kernel.run(
+            "%%accelerate\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)\nt.item()"
+        )
     )
     assert "[ranks 0,1] 2.0" in text, text
 
@@ -182,7 +190,8 @@ def _interrupt_when(kernel: KernelSession, cell: str, marker: str):
 def test_interrupt_of_a_sleeping_cell_reaches_every_rank_and_the_session_stays_usable(kernel):
     _ok(kernel.run("%%accelerate\nimport time\nkept = 7"))
     out = _interrupt_when(
-        kernel, "%%accelerate\nprint('sleeping on', torch.distributed.get_rank(), flush=True)\ntime.sleep(120)\n",
+        kernel,
+        "%%accelerate\nprint('sleeping on', torch.distributed.get_rank(), flush=True)\ntime.sleep(120)\n",
         "sleeping on",
     )
     assert not out.timed_out
@@ -193,7 +202,9 @@ def test_interrupt_of_a_sleeping_cell_reaches_every_rank_and_the_session_stays_u
         said = rf'\[(rank {rank}|ranks [\d,]*{rank}[\d,]*)\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 2'
         assert re.search(said, out.stderr), out.stderr
     assert "session is still usable" in out.error["evalue"], out.error
-    text = _ok(kernel.run("%%accelerate\nt = torch.ones(1); torch.distributed.all_reduce(t); (kept, t.item())"))
+    text = _ok(
+        kernel.run("%%accelerate\nt = torch.ones(1); torch.distributed.all_reduce(t); (kept, t.item())")
+    )
     assert "[ranks 0,1] (7, 2.0)" in text, text
 
 
@@ -214,7 +225,9 @@ def test_interrupt_of_a_cell_stuck_in_a_collective_returns_with_a_fresh_group(ke
     assert "a fresh one was formed on the same workers" in out.error["evalue"], out.error
     text = _ok(kernel.run("%accelerate status"))
     _ok(kernel.run("%accelerate restart", timeout=180))
-    text = _ok(kernel.run("%%accelerate\nimport torch\nt = torch.ones(1); torch.distributed.all_reduce(t); t.item()"))
+    text = _ok(
+        kernel.run("%%accelerate\nimport torch\nt = torch.ones(1); torch.distributed.all_reduce(t); t.item()")
+    )
     assert "[ranks 0,1] 2.0" in text, text
 
 
@@ -250,7 +263,9 @@ def test_widget_progress_and_no_leak_across_warm_cells():
 
     with KernelSession(env={"ACCEL_NB_PROGRESS": "auto"}) as k:
         _ok(k.run("%load_ext accel_nb\n%accelerate start -n 2 --cpu", timeout=180))
-        out = k.run("%%accelerate\nfrom accel_nb import progress\nfor i in progress(range(5), desc='steps'):\n    pass\n")
+        out = k.run(
+            "%%accelerate\nfrom accel_nb import progress\nfor i in progress(range(5), desc='steps'):\n    pass\n"
+        )
         _ok(out)
         bars = _models(out, "IntProgressModel")
         assert len(bars) == 2, "one bar per rank"
@@ -287,7 +302,9 @@ def test_widget_progress_and_no_leak_across_warm_cells():
         while not (after[0] <= before[0] and after[1] <= before[1]) and time.monotonic() < deadline:
             time.sleep(2)
             after = counts()
-        assert after[0] <= before[0] and after[1] <= before[1], f"(fds, threads) before {before}, after 6 cells {after}"
+        assert after[0] <= before[0] and after[1] <= before[1], (
+            f"(fds, threads) before {before}, after 6 cells {after}"
+        )
         _ok(k.run("%accelerate stop"))
         assert_no_descendants(psutil.Process(k.pid), within=5)
 
@@ -296,7 +313,9 @@ def test_spawned_session_in_a_kernel_and_sigkill_leaves_no_orphan():
     """With spawn the ranks are children of the warm spawn server: they and the server die with the kernel."""
     with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
         _ok(k.run("%load_ext accel_nb\n%accelerate start -n 2 --cpu --start_method spawn", timeout=180))
-        text = _ok(k.run("%%accelerate\nimport os, torch.distributed as dist\n(dist.get_rank(), os.getppid() != 0)"))
+        text = _ok(
+            k.run("%%accelerate\nimport os, torch.distributed as dist\n(dist.get_rank(), os.getppid() != 0)")
+        )
         assert "[rank 0] (0, True)" in text and "[rank 1] (1, True)" in text, text
         everything = [p.pid for p in psutil.Process(k.pid).children(recursive=True)]
         assert len(everything) >= 3  # the spawn server and its two ranks

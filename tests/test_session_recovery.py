@@ -39,7 +39,9 @@ def test_sharded_models_their_optimizers_and_kept_groups_are_named_after_a_fresh
         s.run(BUILD)
         pids = [p.pid for p in s.procs]
         with pytest.raises(LaunchError) as info:
-            s.run("if dist.get_rank() == 0:\n    raise RuntimeError('rank 0 gave up')\ndist.all_reduce(torch.ones(1))\n")
+            s.run(
+                "if dist.get_rank() == 0:\n    raise RuntimeError('rank 0 gave up')\ndist.all_reduce(torch.ones(1))\n"
+            )
         said = str(info.value)
         assert "a fresh one was formed on the same workers: their namespaces are kept" in said, said
         expected = [
@@ -52,7 +54,9 @@ def test_sharded_models_their_optimizers_and_kept_groups_are_named_after_a_fresh
         for item in expected:
             assert item in said and item in s.describe(), (item, said)
         assert "plain" not in said.split("still bound", 1)[1], said
-        assert s.run("t = torch.ones(1); dist.all_reduce(t); (t.item(), state.num_processes, state.process_index)") == [
+        assert s.run(
+            "t = torch.ones(1); dist.all_reduce(t); (t.item(), state.num_processes, state.process_index)"
+        ) == [
             (2.0, 2, 0),
             (2.0, 2, 1),
         ]
@@ -78,9 +82,13 @@ def test_a_ddp_model_with_a_comm_hook_is_re_bound_and_averages_gradients_over_th
             "g = torch.Generator().manual_seed(10 + state.process_index)  # each rank its own data\n"
         )
         with pytest.raises(LaunchError) as info:
-            s.run("if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gave up')\ndist.all_reduce(torch.ones(1))\n")
+            s.run(
+                "if dist.get_rank() == 1:\n    raise RuntimeError('rank 1 gave up')\ndist.all_reduce(torch.ones(1))\n"
+            )
         said = str(info.value)
-        assert "ddp (DistributedDataParallel) on ranks 0,1 now synchronise over the new group (re-bound)" in said, said
+        assert (
+            "ddp (DistributedDataParallel) on ranks 0,1 now synchronise over the new group (re-bound)" in said
+        ), said
         assert "still bound" not in said and "re-bound to the re-formed process group: ddp" in s.describe()
         step = (
             "x = torch.randn(8, 4, generator=g)\n"

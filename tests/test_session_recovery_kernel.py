@@ -70,15 +70,21 @@ def _rank_pids(k: KernelSession) -> list[int]:
 
 
 def _status(k: KernelSession) -> str:
-    return _ok(k.run(
-        "from accel_nb.notebook.session_view import status_text\n"
-        "from accel_nb.notebook.session_magics import active_session\n"
-        "print(status_text(active_session()))"
-    ))  # fmt: skip
+    return _ok(
+        k.run(
+            "from accel_nb.notebook.session_view import status_text\n"
+            "from accel_nb.notebook.session_magics import active_session\n"
+            "print(status_text(active_session()))"
+        )
+    )
 
 
 def _collectives_and_training_work_on_the_same_workers(k: KernelSession, pids: list[int]) -> None:
-    text = _ok(k.run("%%accelerate\nt = torch.ones(1); dist.all_reduce(t); (t.item(), dist.get_world_size(), accelerator.num_processes)"))
+    text = _ok(
+        k.run(
+            "%%accelerate\nt = torch.ones(1); dist.all_reduce(t); (t.item(), dist.get_world_size(), accelerator.num_processes)"
+        )
+    )
     assert "[ranks 0,1] (2.0, 2, 2)" in text, text
     text = _ok(k.run("%%accelerate\n(accelerator.process_index, dist.get_rank(), loaded_at == loaded_at)"))
     assert "[rank 0] (0, 0, True)" in text and "[rank 1] (1, 1, True)" in text, text
@@ -106,19 +112,28 @@ def test_interrupting_a_cell_stuck_in_all_reduce_keeps_the_model_and_gives_a_fre
     assert not out.timed_out
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out.text
     note = out.error["evalue"]
-    assert "rank 0 (in all_reduce) did not stop at the interrupt and was freed by closing the process group" in note
+    assert (
+        "rank 0 (in all_reduce) did not stop at the interrupt and was freed by closing the process group"
+        in note
+    )
     assert "a fresh one was formed on the same workers: their namespaces are kept" in note, note
     assert "model (DistributedDataParallel) on ranks 0,1 now synchronise over the new group" in note, note
     assert "restart" not in note and "broken (" in note, note
     status = _status(kernel)
     assert "BROKEN" not in status and "process group broken" not in status, status
-    assert "re-bound to the re-formed process group: model (DistributedDataParallel) on ranks 0,1" in status, status
+    assert (
+        "re-bound to the re-formed process group: model (DistributedDataParallel) on ranks 0,1" in status
+    ), status
     _collectives_and_training_work_on_the_same_workers(kernel, pids)
 
 
 def test_a_collective_broken_by_a_rank_exception_keeps_the_model_and_names_what_holds_the_old_group(kernel):
     _ok(kernel.run(LOAD_MODEL))
-    _ok(kernel.run("%%accelerate\nkept_group = dist.new_group([0, 1])\nt = torch.ones(1); dist.all_reduce(t, group=kept_group)"))
+    _ok(
+        kernel.run(
+            "%%accelerate\nkept_group = dist.new_group([0, 1])\nt = torch.ones(1); dist.all_reduce(t, group=kept_group)"
+        )
+    )
     pids = _rank_pids(kernel)
     out = kernel.run(
         "%%accelerate\n"

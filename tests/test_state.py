@@ -48,8 +48,14 @@ def test_rank_world_size_disagree(clean_env):
 
 
 def test_local_rank_out_of_range(clean_env):
-    for k, v in {"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2",
-                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}.items():
+    for k, v in {
+        "WORLD_SIZE": "4",
+        "RANK": "1",
+        "LOCAL_RANK": "3",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1234",
+    }.items():
         clean_env.setenv(k, v)
     with pytest.raises(TopologyError, match="LOCAL_RANK=3 does not fit LOCAL_WORLD_SIZE=2"):
         PartialState()
@@ -126,8 +132,16 @@ def _topology():
     s = PartialState()
     import torch.distributed as dist
 
-    return (s.process_index, s.num_processes, s.local_process_index, s.distributed_type.value, s.backend,
-            dist.get_world_size(), s.is_main_process, s.is_last_process)
+    return (
+        s.process_index,
+        s.num_processes,
+        s.local_process_index,
+        s.distributed_type.value,
+        s.backend,
+        dist.get_world_size(),
+        s.is_main_process,
+        s.is_last_process,
+    )
 
 
 @pytest.mark.multiproc
@@ -209,7 +223,9 @@ def test_print_and_decorators():
     assert res[0] == ("hello from 0\n", ["main", "local"])
     assert res[1] == ("", ["last", "on_last", "local 1"])
     # with one process every decorated function runs, as in the reference library
-    assert run_ranks(_print_and_decorators, 1) == [("hello from 0\n", ["main", "last", "local", "on_last", "local 1"])]
+    assert run_ranks(_print_and_decorators, 1) == [
+        ("hello from 0\n", ["main", "last", "local", "on_last", "local 1"])
+    ]
 
 
 def _triggers():
@@ -257,10 +273,20 @@ def test_a_gloo_group_left_formed_is_destroyed_before_the_interpreter_ends(tmp_p
     """Left to finalization, gloo's threads can abort the process after its last line (SIGABRT)."""
     script = tmp_path / "leave_group.py"
     script.write_text(_EXIT_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(script)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(script),
+    ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONPATH=root))
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, env=dict(os.environ, PYTHONPATH=root)
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("group formed at exit: False") == 2, res.stdout
 
@@ -269,11 +295,22 @@ def test_a_gloo_group_left_formed_is_destroyed_before_the_interpreter_ends(tmp_p
 def test_unreachable_master_is_a_clear_timeout(clean_env):
     """A non-main rank whose MASTER_ADDR:PORT has nobody listening fails within the limit."""
     port = free_port()
-    env = dict(os.environ, RANK="1", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               ACCEL_NB_RENDEZVOUS_TIMEOUT="3")
+    env = dict(
+        os.environ,
+        RANK="1",
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ACCEL_NB_RENDEZVOUS_TIMEOUT="3",
+    )
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", "from accel_nb import PartialState; PartialState()"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from accel_nb import PartialState; PartialState()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     elapsed = time.monotonic() - t0
     assert proc.returncode != 0
     assert "RendezvousError" in proc.stderr
@@ -284,10 +321,21 @@ def test_unreachable_master_is_a_clear_timeout(clean_env):
 @pytest.mark.multiproc
 def test_missing_peer_is_a_clear_timeout(clean_env):
     """Rank 0 of 2 whose peer never comes gives up with a message, not a hang."""
-    env = dict(os.environ, RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               ACCEL_NB_RENDEZVOUS_TIMEOUT="3")
-    proc = subprocess.run([sys.executable, "-c", "from accel_nb import PartialState; PartialState()"],
-                          env=env, capture_output=True, text=True, timeout=90)
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        ACCEL_NB_RENDEZVOUS_TIMEOUT="3",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "from accel_nb import PartialState; PartialState()"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode != 0
     assert "RendezvousError" in proc.stderr and "are all 2 ranks started?" in proc.stderr
 

@@ -34,9 +34,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         (lambda: DataLoaderConfiguration(nonsense=1), "nonsense"),
         (lambda: ProjectConfiguration(nonsense=1), "nonsense"),
     ],
-    ids=["PartialState", "PartialState-init_method", "AcceleratorState", "Accelerator", "LaunchConfig",
-         "DataLoaderConfiguration", "ProjectConfiguration"],
-)  # fmt: skip
+    ids=[
+        "PartialState",
+        "PartialState-init_method",
+        "AcceleratorState",
+        "Accelerator",
+        "LaunchConfig",
+        "DataLoaderConfiguration",
+        "ProjectConfiguration",
+    ],
+)
 def test_an_unknown_keyword_is_a_type_error_naming_it(build, name):
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
         build()
@@ -134,7 +141,9 @@ def test_monitor_interval_reaches_torchrun():
     from accel_nb.commands.main import build_parser
 
     ns = build_parser().parse_args(["launch", "--monitor_interval", "0.5", "x.py"])
-    args = torchrun_arguments(LaunchConfig().validate(), 1, "x.py", [], "/tmp/logs", monitor_interval=ns.monitor_interval)
+    args = torchrun_arguments(
+        LaunchConfig().validate(), 1, "x.py", [], "/tmp/logs", monitor_interval=ns.monitor_interval
+    )
     assert parse_args(args).monitor_interval == 0.5
     with pytest.raises(SystemExit):
         build_parser().parse_args(["launch", "--monitor_interval", "0", "x.py"])
@@ -146,10 +155,24 @@ def test_log_line_prefix_template_prefixes_each_ranks_lines(tmp_path):
     script.write_text("import os\nprint('hello from', os.environ['RANK'], flush=True)\n")
     env = {**os.environ, "ACCEL_NB_CONFIG_FILE": str(tmp_path / "none.yaml"), "PYTHONPATH": ROOT}
     out = subprocess.run(
-        [sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_processes", "2",
-         "--log_line_prefix_template", "[custom${rank}]:", str(script)],
-        capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "accel_nb.commands",
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "2",
+            "--log_line_prefix_template",
+            "[custom${rank}]:",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
     assert "[custom0]:hello from 0" in out.stdout and "[custom1]:hello from 1" in out.stdout
 
@@ -157,7 +180,9 @@ def test_log_line_prefix_template_prefixes_each_ranks_lines(tmp_path):
 def test_kwargs_handlers_are_applied_or_refused_never_ignored():
     from accel_nb.kwargs_handlers import AutocastKwargs, InitProcessGroupKwargs
 
-    acc = Accelerator(cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=42))])
+    acc = Accelerator(
+        cpu=True, kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=42))]
+    )
     assert acc.state.collective_timeout == 42  # what the process group would be given
     with pytest.raises(RuntimeError, match="timeout=7 s must be given to the first PartialState"):
         PartialState(timeout=7)

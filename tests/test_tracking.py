@@ -290,7 +290,14 @@ def test_flatten_config_converts_and_reports():
     flat, dropped = flatten_config(
         {"optim": Optim(), "n": torch.tensor(3), "obj": object(), "ok": True, "args": args}
     )
-    assert flat == {"optim/lr": 0.1, "optim/kind": "sgd", "n": 3, "ok": True, "args/seed": 1, "args/out": "None"}
+    assert flat == {
+        "optim/lr": 0.1,
+        "optim/kind": "sgd",
+        "n": 3,
+        "ok": True,
+        "args/seed": 1,
+        "args/out": "None",
+    }
     assert dropped == ["obj (object)"]
     with pytest.raises(TypeError, match="config must be a dict"):
         flatten_config([1, 2])
@@ -320,7 +327,10 @@ def _two_ranks_log(project_dir: str):
 @pytest.mark.multiproc
 def test_two_processes_log_each_step_exactly_once(tmp_path):
     results = run_ranks(_two_ranks_log, 2, args=(str(tmp_path),))
-    assert results == [(0, ["tensorboard", "list", "every_rank"], False, 4, 4), (1, ["every_rank"], True, 0, 4)]
+    assert results == [
+        (0, ["tensorboard", "list", "every_rank"], False, 4, 4),
+        (1, ["every_rank"], True, 0, 4),
+    ]
     assert len(glob.glob(str(tmp_path / "ddp" / "events.out.tfevents.*"))) == 1
     scalars = tensorboard_scalars(str(tmp_path / "ddp"))
     assert scalars["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
@@ -359,10 +369,19 @@ def test_all_with_nothing_installed_warns(monkeypatch):
 @pytest.mark.slow
 def test_the_tracking_example_reads_its_runs_back(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "ACCEL_NB_PROGRESS": "text", "OMP_NUM_THREADS": "1", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    env = {
+        **os.environ,
+        "ACCEL_NB_PROGRESS": "text",
+        "OMP_NUM_THREADS": "1",
+        "MLFLOW_ALLOW_FILE_STORE": "true",
+    }
     done = subprocess.run(
         [sys.executable, os.path.join(root, "examples", "tracking_demo.py"), "--out", str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=240, cwd=root,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=root,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "steps per rank: [24, 24]" in done.stdout
@@ -375,7 +394,9 @@ def test_log_or_get_tracker_before_init_trackers_says_so(tmp_path):
 
     tracking._warned.discard("log_before_init")
     acc = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path))
-    with pytest.warns(UserWarning, match=r"log\(\) before init_trackers\(\): nothing goes to \['tensorboard'\]"):
+    with pytest.warns(
+        UserWarning, match=r"log\(\) before init_trackers\(\): nothing goes to \['tensorboard'\]"
+    ):
         acc.log({"loss": 1.0})
     with pytest.raises(ValueError, match=r"call accelerator.init_trackers\(project_name\) first"):
         acc.get_tracker("tensorboard")

@@ -56,21 +56,31 @@ def chart_images(node) -> list[dict]:
 def test_the_progress_widget_draws_live_curves_per_rank(tmp_path):
     os.makedirs(SHOTS, exist_ok=True)
     write_notebook(str(tmp_path / "curves.ipynb"), [CELL])
-    with LabServer(str(tmp_path), log_path=os.path.join(SHOTS, "..", "jupyterlab_tracking.log")) as lab, \
-            chromium() as browser:  # fmt: skip
+    with (
+        LabServer(str(tmp_path), log_path=os.path.join(SHOTS, "..", "jupyterlab_tracking.log")) as lab,
+        chromium() as browser,
+    ):
         page = new_page(browser)
         open_notebook(page, lab, "curves.ipynb")
         start_all_cells(page)
         node = page.locator(".jp-Notebook .jp-Cell").nth(0)
         # mid-run: a picture is shown while the bars are still moving
-        wait_until(lambda: any(i["w"] > 0 for i in chart_images(node)) and "running" in node.inner_text(),
-                   90, "the chart to appear while the ranks run")  # fmt: skip
+        wait_until(
+            lambda: any(i["w"] > 0 for i in chart_images(node)) and "running" in node.inner_text(),
+            90,
+            "the chart to appear while the ranks run",
+        )
         node.screenshot(path=os.path.join(SHOTS, "tracking_curves_live.png"))
         try:
             # every rank's last point: a rank's final events may reach the view just after the launch ends
-            wait_until(lambda: node.inner_text().count("done") >= 2
-                       and all(f"rank {r}: {STEPS} pts" in node.inner_text() for r in (0, 1)),
-                       120, "the launch to finish with every point drawn")  # fmt: skip
+            wait_until(
+                lambda: (
+                    node.inner_text().count("done") >= 2
+                    and all(f"rank {r}: {STEPS} pts" in node.inner_text() for r in (0, 1))
+                ),
+                120,
+                "the launch to finish with every point drawn",
+            )
         except TimeoutError:
             screenshot(page, "tracking_curves_FAILED", SHOTS)
             raise AssertionError(f"the cell shows: {node.inner_text()!r}") from None

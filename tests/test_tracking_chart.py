@@ -54,7 +54,9 @@ def test_widget_draws_every_ranks_logged_metrics_and_postfix_values():
         assert sorted(series) == [0, 1] and all(len(points) == 20 for points in series.values())
     assert r.state.history.series("loss")[1][-1] == (20.0, 1.05)
     text = chart.text.value
-    assert "<b>loss</b>" in text and "rank 0: 20 pts, last 0.05" in text and "rank 1: 20 pts, last 1.05" in text
+    assert (
+        "<b>loss</b>" in text and "rank 0: 20 pts, last 0.05" in text and "rank 1: 20 pts, last 1.05" in text
+    )
     assert chart.mime_png()["image/png"].startswith("iVBORw0KGgo")  # base64 of the PNG signature
 
 

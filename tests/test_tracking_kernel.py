@@ -34,7 +34,11 @@ def train(project_dir):
 
 
 def _opened(out, model):
-    return [c for c in out.comms if c["msg_type"] == "comm_open" and c["data"]["state"].get("_model_name") == model]
+    return [
+        c
+        for c in out.comms
+        if c["msg_type"] == "comm_open" and c["data"]["state"].get("_model_name") == model
+    ]
 
 
 def test_a_notebook_launch_logs_once_and_its_widget_draws_every_rank(tmp_path):
@@ -42,8 +46,10 @@ def test_a_notebook_launch_logs_once_and_its_widget_draws_every_rank(tmp_path):
 
     with KernelSession(env={"ACCEL_NB_PROGRESS": "auto"}) as kernel:
         assert kernel.run(TRAIN_CELL, timeout=60).error is None
-        out = kernel.run(f"print(notebook_launcher(train, args=({str(tmp_path)!r},), num_processes=2, cpu=True))",
-                         timeout=240)
+        out = kernel.run(
+            f"print(notebook_launcher(train, args=({str(tmp_path)!r},), num_processes=2, cpu=True))",
+            timeout=240,
+        )
     assert out.error is None, out.traceback
     assert "[0, 1]" in out.stdout
 

@@ -134,7 +134,12 @@ def _accumulate_with_comm_hook(accumulation, n, batch_size):
                 synced.append(i)
             opt.step()
             opt.zero_grad()
-    return {"comms": sorted(set(comms)), "synced": synced, "batches": len(dl), "w": _weights(acc.unwrap_model(model))}
+    return {
+        "comms": sorted(set(comms)),
+        "synced": synced,
+        "batches": len(dl),
+        "w": _weights(acc.unwrap_model(model)),
+    }
 
 
 @pytest.mark.multiproc
@@ -171,7 +176,11 @@ def test_migration_example_differs_in_at_most_5_lines():
     assert 0 < changed <= 5, "\n".join(difflib.unified_diff(before, after, lineterm=""))
     with open(os.path.join(ROOT, "docs", "migration.md")) as f:
         page = f.read()
-    diff = [line for line in difflib.unified_diff(before, after, lineterm="", n=0) if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    diff = [
+        line
+        for line in difflib.unified_diff(before, after, lineterm="", n=0)
+        if line[:1] in "+-" and line[:3] not in ("+++", "---")
+    ]
     for line in diff:  # the page shows every changed line
         assert line[1:].strip() in page, line
 

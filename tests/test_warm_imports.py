@@ -18,7 +18,9 @@ print("ok", Session.__name__, cuda_guard.cuda_initialized())
 def test_a_public_import_during_the_background_warm_up_waits_for_torch():
     """`from accel_nb import Session` right after warming starts (it raised ImportError: torch half-imported)."""
     for _ in range(2):
-        res = subprocess.run([sys.executable, "-c", CODE], cwd=ROOT, capture_output=True, text=True, timeout=240)
+        res = subprocess.run(
+            [sys.executable, "-c", CODE], cwd=ROOT, capture_output=True, text=True, timeout=240
+        )
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == "ok Session False", res.stdout
 

@@ -55,7 +55,9 @@ def test_session_start_widget_says_ready_then_stopped(lab):
         open_notebook(page, lab, "session_truth.ipynb")
         start_all_cells(page)
         start = page.locator(".jp-Notebook .jp-Cell").nth(0)
-        wait_until(lambda: start.inner_text().count("ready (idle)") >= 2, 180, "the start widget's ready rows")
+        wait_until(
+            lambda: start.inner_text().count("ready (idle)") >= 2, 180, "the start widget's ready rows"
+        )
         text = start.inner_text()
         assert re.search(r"2 ranks: ready \(idle", text) and not re.search(r"\bdone\b", text), text
         start.scroll_into_view_if_needed()
@@ -92,15 +94,20 @@ view = show_device_map(net, max_memory={{"cpu": total // 2, "disk": "1GB"}}, no_
 
 
 def test_set_budget_moves_the_slider_and_neighbours_differ(lab):
-    write_notebook(os.path.join(lab.root_dir, "map_truth.ipynb"), [DEVICE_MAP_CELL, "view.set_budget('cpu', '4MB');"])
+    write_notebook(
+        os.path.join(lab.root_dir, "map_truth.ipynb"), [DEVICE_MAP_CELL, "view.set_budget('cpu', '4MB');"]
+    )
     with chromium() as browser:
         page = new_page(browser)
         open_notebook(page, lab, "map_truth.ipynb")
         run_all_cells(page, lab, "map_truth.ipynb")
         assert not cell_errors(page), cell_errors(page)
         readout = page.locator(".accel-nb-budget-slider .widget-readout").first
-        unit = page.locator(".accel-nb-budget-slider .widget-label").first.inner_text().split("(")[1].rstrip(")")
+        unit = (
+            page.locator(".accel-nb-budget-slider .widget-label").first.inner_text().split("(")[1].rstrip(")")
+        )
         figure = {"KiB": 4e6 / 1024, "MiB": 4e6 / 1024**2}[unit]
+
         def shown() -> bool:  # to one decimal (the browser may round the half the other way)
             try:
                 return abs(float(readout.inner_text().strip().replace(",", "")) - figure) <= 0.051
@@ -147,7 +154,9 @@ def test_a_kernel_restart_during_a_launch_ends_the_widget_saying_so(lab):
         try:
             # JupyterLab drops what the old kernel sends once a restart is asked: the views, marked
             # disconnected by the frontend, show their static "gone" text (CSS), not "running · ETA"
-            wait_until(lambda: "the kernel restarted or went away" in cell.inner_text(), 60, "the widget to say so")
+            wait_until(
+                lambda: "the kernel restarted or went away" in cell.inner_text(), 60, "the widget to say so"
+            )
         finally:
             screenshot(page, "kernel_restart", SHOTS)
         text = cell.inner_text()

@@ -89,7 +89,9 @@ def test_a_quiet_cell_clock_runs_from_the_cells_start(kernel, started):
 
 
 def test_a_failing_rank_shows_its_traceback_once_and_opens_no_empty_pane(kernel, started):
-    out = kernel.run("%%accelerate\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n    raise ValueError('boom on rank 1')\n")
+    out = kernel.run(
+        "%%accelerate\nimport torch.distributed as dist\nif dist.get_rank() == 1:\n    raise ValueError('boom on rank 1')\n"
+    )
     assert out.error is not None and out.error["ename"] == "LaunchError"
     assert out.traceback.count('"<accelerate-cell-') == 1, out.traceback  # the rank's traceback, once
     values = [v for _, v in _html_values(out)]
@@ -103,7 +105,10 @@ def test_a_failing_rank_shows_its_traceback_once_and_opens_no_empty_pane(kernel,
 def test_stop_turns_the_start_widget_to_stopped(kernel, started):
     out = _ok(kernel.run("%accelerate stop", timeout=60))
     assert "the session was stopped" in out.stdout
-    bars = [_final(s, _updates(started, cid) + _updates(out, cid)) for cid, s in _models(started, "IntProgressModel")]
+    bars = [
+        _final(s, _updates(started, cid) + _updates(out, cid))
+        for cid, s in _models(started, "IntProgressModel")
+    ]
     assert all(b["bar_style"] == "warning" for b in bars), bars
     values = [v for _, v in _html_values(started, out)]
     assert sum(">stopped<" in v for v in values) == 2, values
@@ -148,4 +153,6 @@ def test_restarting_the_kernel_during_a_launch_leaves_the_widget_saying_so():
         said = [v for v in values if "the kernel is restarting" in v]
         assert said, values[-10:]
         assert any(">stopped<" in v for v in values), values[-10:]
-        assert any(v.startswith("accel_nb launch failed") and "kernel is restarting" in v for v in values), values[-10:]
+        assert any(v.startswith("accel_nb launch failed") and "kernel is restarting" in v for v in values), (
+            values[-10:]
+        )

@@ -13,10 +13,16 @@ from tests.kernel_helpers import KernelSession
 
 def _hw(gpus: int = 0, cc: tuple[int, int] = (8, 0)) -> HardwareInfo:
     return HardwareInfo(
-        cpu_physical_cores=4, cpu_logical_cores=8, ram_total=2**35, ram_available=2**34,
+        cpu_physical_cores=4,
+        cpu_logical_cores=8,
+        ram_total=2**35,
+        ram_available=2**34,
         gpus=[GPUInfo(i, "NVIDIA A100", 80 * 2**30, cc, cc >= (8, 0)) for i in range(gpus)],
-        nvml_available=bool(gpus), torch_version="2.x", accel_nb_version="0.1.0", python_version="3.11.7",
-    )  # fmt: skip
+        nvml_available=bool(gpus),
+        torch_version="2.x",
+        accel_nb_version="0.1.0",
+        python_version="3.11.7",
+    )
 
 
 def _widget_states(comms: list[dict]) -> list[dict]:
@@ -107,8 +113,11 @@ def test_wizard_in_a_real_kernel_saves_a_valid_file_and_refuses_an_invalid_one(t
         assert "error key main_process_ip" in out.stdout and f"valid True saved {cfg_path}" in out.stdout
         saved = load_config(str(cfg_path))
         assert (saved.num_machines, saved.machine_rank, saved.main_process_ip, saved.main_process_port) == (
-            2, 1, "10.0.0.7", 29555,
-        )  # fmt: skip
+            2,
+            1,
+            "10.0.0.7",
+            29555,
+        )
 
 
 @pytest.mark.kernel

@@ -26,10 +26,16 @@ CELLS = [
 
 
 def _notebook() -> dict:
-    cells = [{"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
-             for src in CELLS]  # fmt: skip
-    return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
-            "language": "python"}}, "nbformat": 4, "nbformat_minor": 5}  # fmt: skip
+    cells = [
+        {"cell_type": "code", "metadata": {}, "source": src, "outputs": [], "execution_count": None}
+        for src in CELLS
+    ]
+    return {
+        "cells": cells,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
 
 
 def test_wizard_label_cpu_line_and_empty_address_in_the_browser(tmp_path):

@@ -52,16 +52,22 @@ def test_a_bad_mix_is_one_clear_error(options, installed, expected):
         choose_xla(LaunchOptions(xla=True), env={}, installed=True)
     with pytest.raises(LaunchSetupError, match="must be True, False or None"):
         LaunchOptions(xla="yes")
-    with pytest.raises(LaunchSetupError, match="PJRT_DEVICE=CUDA: accel_nb launches on XLA's TPU and CPU devices only"):
+    with pytest.raises(
+        LaunchSetupError, match="PJRT_DEVICE=CUDA: accel_nb launches on XLA's TPU and CPU devices only"
+    ):
         choose_xla(LaunchOptions(), env={"PJRT_DEVICE": "CUDA"}, installed=True)
     assert choose_xla(LaunchOptions(xla=False), env={"PJRT_DEVICE": "CUDA"}, installed=True) is None
-    with pytest.raises(LaunchSetupError, match="ACCEL_NB_XLA_START_METHOD='forkserver' is not 'fork' or 'spawn'"):
+    with pytest.raises(
+        LaunchSetupError, match="ACCEL_NB_XLA_START_METHOD='forkserver' is not 'fork' or 'spawn'"
+    ):
         choose_xla(LaunchOptions(), env={**CPU2, "ACCEL_NB_XLA_START_METHOD": "forkserver"}, installed=True)
 
 
 def test_the_host_gets_accel_nb_settings_not_torchrun_ranks():
     options = LaunchOptions(mixed_precision="bf16", gradient_accumulation_steps=2, env={"MY_FLAG": "1"})
-    plan = LaunchPlan(options, 2, False, "spawn", None, 0, launcher=XlaLauncher(XlaRuntime("CPU", 2, "PJRT_DEVICE=CPU")))
+    plan = LaunchPlan(
+        options, 2, False, "spawn", None, 0, launcher=XlaLauncher(XlaRuntime("CPU", 2, "PJRT_DEVICE=CPU"))
+    )
     env = plan.rank_env(0)
     assert env["PJRT_DEVICE"] == "CPU" and env["CPU_NUM_DEVICES"] == "2" and env["MY_FLAG"] == "1"
     assert env["ACCEL_NB_MIXED_PRECISION"] == "bf16" and env["ACCEL_NB_GRADIENT_ACCUMULATION_STEPS"] == "2"
@@ -69,8 +75,18 @@ def test_the_host_gets_accel_nb_settings_not_torchrun_ranks():
         assert name not in env  # torch_xla gives each ordinal its rank; XLA must not be told "use the CPU"
     assert plan.backend == "xla"
     assert xla_headline(plan).startswith("Launching on 2 XLA CPU devices through torch_xla.launch")
-    tpu = LaunchPlan(LaunchOptions(), 8, False, "spawn", None, 0, launcher=XlaLauncher(XlaRuntime("TPU", 8, "8 Google PCI devices")))
-    assert tpu.headline().startswith("Launching on 8 TPU devices") and "CPU_NUM_DEVICES" not in tpu.rank_env(0)
+    tpu = LaunchPlan(
+        LaunchOptions(),
+        8,
+        False,
+        "spawn",
+        None,
+        0,
+        launcher=XlaLauncher(XlaRuntime("TPU", 8, "8 Google PCI devices")),
+    )
+    assert tpu.headline().startswith("Launching on 8 TPU devices") and "CPU_NUM_DEVICES" not in tpu.rank_env(
+        0
+    )
 
 
 def test_the_magic_takes_xla_from_the_saved_config():
@@ -94,7 +110,9 @@ def _ordinal_like_client(path: str, rank: int, count: int) -> None:
     sock.connect(path)
     writer = EventWriter(sock.detach())
     for i in range(count):
-        writer.send(events.Log(rank=rank, stream="stdout", text=f"{rank}:{i}:" + "x" * (i * 997 % 70000) + "\n"))
+        writer.send(
+            events.Log(rank=rank, stream="stdout", text=f"{rank}:{i}:" + "x" * (i * 997 % 70000) + "\n")
+        )
     writer.send(events.Result(rank=rank, value=[rank] * 3))
     writer.close()
 

@@ -248,10 +248,19 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         if device_placement is None:
             device_placement = self.device_placement
         model = place_and_wrap(
-            model, self.device, self.precision, self.use_distributed, self.num_processes, self.ddp_kwargs,
-            device_placement, evaluation_mode, self.compile_options, self.fsdp_options, self._fsdp_swap,
+            model,
+            self.device,
+            self.precision,
+            self.use_distributed,
+            self.num_processes,
+            self.ddp_kwargs,
+            device_placement,
+            evaluation_mode,
+            self.compile_options,
+            self.fsdp_options,
+            self._fsdp_swap,
             self.state.num_local_processes,
-        )  # fmt: skip
+        )
         if self.fsdp_options is not None or self.device.type == "xla":  # optimizers prepared before the model
             # optimizers follow the new parameters (XLA: .to() made new ones)
             from ..fsdp.sharding import repoint_optimizer

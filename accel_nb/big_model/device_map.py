@@ -229,7 +229,9 @@ class _Planner:
             "(load_checkpoint_and_dispatch does this when you pass offload_folder=...)."
         )
 
-    def _step(self, name: str, action: str, size: int, free: int, reason: str = "", dev: Device = None) -> None:
+    def _step(
+        self, name: str, action: str, size: int, free: int, reason: str = "", dev: Device = None
+    ) -> None:
         device = self.devices[self.di] if dev is None else dev
         self.result.steps.append(PlanStep(name, device, action, size, free, reason))
 
@@ -312,7 +314,9 @@ def plan_device_map(
     """
     dtype = as_dtype(dtype)
     if not is_count(num_buffers):
-        raise ValueError(f"num_buffers must be a positive int (the offload engine's device buffers), got {num_buffers!r}")
+        raise ValueError(
+            f"num_buffers must be a positive int (the offload engine's device buffers), got {num_buffers!r}"
+        )
     budgets = get_max_memory(max_memory)
     if not budgets:
         raise DeviceMapError("max_memory is empty; give at least one device, e.g. {'cpu': '8GiB'}")

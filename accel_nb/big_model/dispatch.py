@@ -204,7 +204,9 @@ def dispatch_model(
         device_map = resolve_device_map(model, device_map)
     device_map = {name: normalize_device(dev) for name, dev in device_map.items()}
     check_device_map(model, device_map)
-    check_devices_exist(list(device_map.values()) + ([main_device] if main_device is not None else []), "device_map")
+    check_devices_exist(
+        list(device_map.values()) + ([main_device] if main_device is not None else []), "device_map"
+    )
     remove_dispatch(model)
     if no_split_module_classes is None:
         no_split_module_classes = getattr(model, "_no_split_modules", None)
@@ -217,9 +219,13 @@ def dispatch_model(
         exec_device = torch.device("cuda", 0)
     engine = OffloadEngine(exec_device, num_buffers=num_buffers, prefetch=prefetch, buffered=buffered)
     placer = _Placer(
-        model, engine, list(no_split_module_classes or []), offload_buffers,
-        os.fspath(offload_dir) if offload_dir is not None else None, skip_keys,
-    )  # fmt: skip
+        model,
+        engine,
+        list(no_split_module_classes or []),
+        offload_buffers,
+        os.fspath(offload_dir) if offload_dir is not None else None,
+        skip_keys,
+    )
     snap = snapshot(model)
     try:
         for name, dev in device_map.items():  # map order: the order the prefetcher starts from
@@ -238,7 +244,9 @@ def dispatch_model(
 class _Placer:
     """Puts one map entry in place: moved and hooked (GPU, or CPU on a CPU run) or offloaded."""
 
-    def __init__(self, model, engine: OffloadEngine, no_split, offload_buffers, offload_dir, skip_keys) -> None:
+    def __init__(
+        self, model, engine: OffloadEngine, no_split, offload_buffers, offload_dir, skip_keys
+    ) -> None:
         self.model = model
         self.engine = engine
         self.no_split = no_split
@@ -270,9 +278,17 @@ class _Placer:
 
     def _offload(self, name, module, attr, dev, hook_on, direct_only: bool = False) -> None:
         unit = _build_unit(
-            self.model, name, module, attr, dev, self.engine.device, self.offload_buffers,
-            self.offload_dir, self.placeholders, direct_only,
-        )  # fmt: skip
+            self.model,
+            name,
+            module,
+            attr,
+            dev,
+            self.engine.device,
+            self.offload_buffers,
+            self.offload_dir,
+            self.placeholders,
+            direct_only,
+        )
         if unit is None and attr is not None:
             return
         attach_device_hook(hook_on, self.engine.device, unit, self.engine, skip_keys=self.skip_keys)
@@ -327,9 +343,15 @@ def disk_offload(
     if execution_device is None:
         execution_device = 0 if torch.cuda.is_available() else "cpu"
     return _offload_all(
-        model, "disk", execution_device, os.fspath(offload_dir), offload_buffers, num_buffers, buffered,
+        model,
+        "disk",
+        execution_device,
+        os.fspath(offload_dir),
+        offload_buffers,
+        num_buffers,
+        buffered,
         preload_module_classes,
-    )  # fmt: skip
+    )
 
 
 def _offload_all(
@@ -408,7 +430,9 @@ def _offload_every_module(
                 engine.add_unit(whole)
             attach_device_hook(module, engine.device, whole, engine)
             continue
-        direct = [a for a, t in list(module._parameters.items()) + list(module._buffers.items()) if t is not None]
+        direct = [
+            a for a, t in list(module._parameters.items()) + list(module._buffers.items()) if t is not None
+        ]
         if not direct:
             continue
         unit = OffloadUnit(name, module, source)
@@ -470,9 +494,18 @@ def load_checkpoint_and_dispatch(
     snap = snapshot(model)
     try:
         load_checkpoint_tensors(
-            model, checkpoint, device_map, offload_folder, dtype, offload_buffers, None, strict,
-            allow_pickle, True, in_place=False,
-        )  # fmt: skip
+            model,
+            checkpoint,
+            device_map,
+            offload_folder,
+            dtype,
+            offload_buffers,
+            None,
+            strict,
+            allow_pickle,
+            True,
+            in_place=False,
+        )
         if device_map is not None:
             dispatch_model(
                 model,

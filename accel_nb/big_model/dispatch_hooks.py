@@ -123,10 +123,14 @@ def restore_offloaded_weights(module: nn.Module) -> None:
         try:
             for slot in unit.slots:
                 if slot.key not in restored:
-                    live = slot.owner._parameters[slot.attr] if slot.is_param else slot.owner._buffers[slot.attr]
+                    live = (
+                        slot.owner._parameters[slot.attr] if slot.is_param else slot.owner._buffers[slot.attr]
+                    )
                     data = live.detach().to("cpu", copy=True)
                     restored[slot.key] = (
-                        nn.Parameter(data, requires_grad=slot.placeholder.requires_grad) if slot.is_param else data
+                        nn.Parameter(data, requires_grad=slot.placeholder.requires_grad)
+                        if slot.is_param
+                        else data
                     )
         finally:
             hook.engine.after_forward(unit)

@@ -28,7 +28,9 @@ def _dev_name(device: Device) -> str:
 class EngineReservation:
     """What the offload engine will allocate on the execution GPU for a given map."""
 
-    def __init__(self, model, no_split, dtype, special_dtypes, offload_buffers: bool, num_buffers: int) -> None:
+    def __init__(
+        self, model, no_split, dtype, special_dtypes, offload_buffers: bool, num_buffers: int
+    ) -> None:
         self.model = model
         self.modules = dict(model.named_modules(remove_duplicate=False))
         self.no_split = no_split
@@ -72,7 +74,9 @@ class EngineReservation:
         )
         return exec_gpu, need, note
 
-    def _unit_bytes(self, path: str, module: nn.Module | None, direct_only: bool, resident: dict[int, int]) -> int:
+    def _unit_bytes(
+        self, path: str, module: nn.Module | None, direct_only: bool, resident: dict[int, int]
+    ) -> int:
         if module is None:
             owner_name, _, attr = path.rpartition(".")
             owner = self.modules[owner_name]

@@ -21,14 +21,22 @@ __all__ = ["LayerwiseCastingHook", "attach_layerwise_casting_hooks"]
 
 # the layers whose weights are cast (the reference's list): matrix products and convolutions
 CASTABLE_LAYERS: tuple[type[nn.Module], ...] = (
-    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear,
-)  # fmt: skip
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+    nn.Linear,
+)
 
 
 class LayerwiseCastingHook(ModelHook):
     """Module in ``storage_dtype`` between forwards, in ``compute_dtype`` during one."""
 
-    def __init__(self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool = False) -> None:
+    def __init__(
+        self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool = False
+    ) -> None:
         self.storage_dtype = storage_dtype
         self.compute_dtype = compute_dtype
         self.non_blocking = non_blocking
@@ -60,14 +68,20 @@ def attach_layerwise_casting_hooks(
     is in ``skip_modules_classes`` is left alone, with everything under it. A single string is one
     pattern (the reference reads a string character by character).
     """
-    patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
+    patterns = (
+        (skip_modules_pattern,)
+        if isinstance(skip_modules_pattern, str)
+        else tuple(skip_modules_pattern or ())
+    )
     classes = tuple(skip_modules_classes or ())
 
     def visit(current: nn.Module, name: str) -> None:
         if (classes and isinstance(current, classes)) or any(re.search(p, name) for p in patterns):
             return
         if isinstance(current, CASTABLE_LAYERS):
-            add_hook_to_module(current, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
+            add_hook_to_module(
+                current, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True
+            )
             return
         for child_name, child in current.named_children():
             visit(child, f"{name}.{child_name}" if name else child_name)

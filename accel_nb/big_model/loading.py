@@ -203,7 +203,9 @@ def _kind(dtype: torch.dtype) -> str:
     return "floating-point" if dtype.is_floating_point or dtype.is_complex else "integer/bool"
 
 
-def _check_tensors(model: nn.Module, checkpoint: str, source: _Source, targets: dict[str, _Target], match: _Match) -> None:
+def _check_tensors(
+    model: nn.Module, checkpoint: str, source: _Source, targets: dict[str, _Target], match: _Match
+) -> None:
     """Every saved tensor must have the model's shape and the same kind of dtype (float vs integer)."""
     wrong_shape, wrong_kind = [], []
     for name, saved in match.provided.items():
@@ -339,7 +341,9 @@ class _Reader:
                             disk_index.update({n: (path, saved) for n in t.names})
                         else:
                             self.pickled_for_disk[t.names[0]] = sd[saved].to(want_dtype)
-                        _install(t.owners, torch.empty(t.tensor.shape, dtype=want_dtype, device="meta"), t.tensor)
+                        _install(
+                            t.owners, torch.empty(t.tensor.shape, dtype=want_dtype, device="meta"), t.tensor
+                        )
                         report.offloaded.append(t.names[0])
                         continue
                     value = self._value(path, saved, sd, handles, torch_device(dev), want_dtype)
@@ -369,7 +373,9 @@ class _Reader:
             value = value.clone()  # do not keep the mmap-ed pickle storage alive
         return value
 
-    def write_pickled_disk(self, offload_folder, checkpoint: str, targets: dict[str, _Target], disk_index: dict) -> None:
+    def write_pickled_disk(
+        self, offload_folder, checkpoint: str, targets: dict[str, _Target], disk_index: dict
+    ) -> None:
         """Pickle weights mapped to disk are written to one safetensors file in ``offload_folder``."""
         if not self.pickled_for_disk:
             return
@@ -431,9 +437,18 @@ def load_checkpoint_in_model(
 
 
 def load_checkpoint_tensors(
-    model, checkpoint, device_map, offload_folder, dtype, offload_buffers, keep_in_fp32_modules, strict,
-    allow_pickle, weights_only, in_place: bool,
-) -> LoadReport:  # fmt: skip
+    model,
+    checkpoint,
+    device_map,
+    offload_folder,
+    dtype,
+    offload_buffers,
+    keep_in_fp32_modules,
+    strict,
+    allow_pickle,
+    weights_only,
+    in_place: bool,
+) -> LoadReport:
     """The load behind load_checkpoint_in_model; ``in_place=False`` replaces tensors instead of filling them."""
     checkpoint = os.path.abspath(os.fspath(checkpoint))
     device_map = _checked_device_map(model, device_map)
@@ -443,7 +458,13 @@ def load_checkpoint_tensors(
     _check_tensors(model, checkpoint, source, targets, match)
     _check_keys(checkpoint, targets, match, strict)
     reader = _Reader(
-        source, pickled, device_map, as_dtype(dtype), list(keep_in_fp32_modules or []), offload_buffers, in_place
+        source,
+        pickled,
+        device_map,
+        as_dtype(dtype),
+        list(keep_in_fp32_modules or []),
+        offload_buffers,
+        in_place,
     )
     wanted: dict[str, list[_Target]] = defaultdict(list)  # saved name -> targets (ties share one)
     for name, saved in match.provided.items():

@@ -160,7 +160,10 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
     old_forward = module.__dict__.pop("_old_forward", None)
     if old_forward is not None:
         class_forward = getattr(type(module), "forward", None)
-        if getattr(old_forward, "__func__", None) is class_forward and getattr(old_forward, "__self__", None) is module:
+        if (
+            getattr(old_forward, "__func__", None) is class_forward
+            and getattr(old_forward, "__self__", None) is module
+        ):
             module.__dict__.pop("forward", None)  # back to the class's own forward
         else:
             module.forward = old_forward
@@ -194,7 +197,11 @@ def _first_device(obj: Any) -> torch.device | None:
 def _as_device(device: Any) -> torch.device | None:
     if device is None:
         return None
-    return torch.device("cuda", device) if isinstance(device, int) and not isinstance(device, bool) else torch.device(device)
+    return (
+        torch.device("cuda", device)
+        if isinstance(device, int) and not isinstance(device, bool)
+        else torch.device(device)
+    )
 
 
 class AlignDevicesHook(ModelHook):
@@ -220,7 +227,9 @@ class AlignDevicesHook(ModelHook):
         tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
     ) -> None:
         if offload and execution_device is None:
-            raise ValueError("AlignDevicesHook(offload=True) needs execution_device= (where the weights go for a forward)")
+            raise ValueError(
+                "AlignDevicesHook(offload=True) needs execution_device= (where the weights go for a forward)"
+            )
         self.execution_device = _as_device(execution_device)
         self.offload = offload
         self.io_same_device = io_same_device
@@ -241,7 +250,9 @@ class AlignDevicesHook(ModelHook):
 
     def _offloaded_names(self, module: nn.Module) -> list[str]:
 
-        names = named_module_tensors(module, include_buffers=self.offload_buffers, recurse=self.place_submodules)
+        names = named_module_tensors(
+            module, include_buffers=self.offload_buffers, recurse=self.place_submodules
+        )
         return [name for name, _ in names]
 
     def init_hook(self, module: nn.Module) -> nn.Module:
@@ -251,7 +262,11 @@ class AlignDevicesHook(ModelHook):
             if self.execution_device is not None:
                 for name in tensors:
                     set_module_tensor_to_device(
-                        module, name, self.execution_device, tied_params_map=self.tied_params_map, clear_cache=False
+                        module,
+                        name,
+                        self.execution_device,
+                        tied_params_map=self.tied_params_map,
+                        clear_cache=False,
                     )
             return module
         offloaded = self._offloaded_names(module)
@@ -272,7 +287,9 @@ class AlignDevicesHook(ModelHook):
         if self.offload:
             for name in self._offloaded_names(module):
                 if name not in self.weights_map:
-                    raise KeyError(f"AlignDevicesHook: weights_map has no entry {name!r} for this module's tensor")
+                    raise KeyError(
+                        f"AlignDevicesHook: weights_map has no entry {name!r} for this module's tensor"
+                    )
                 set_module_tensor_to_device(
                     module,
                     name,
@@ -302,7 +319,9 @@ class AlignDevicesHook(ModelHook):
         if self.offload:
             for name, device in self.original_devices.items():
                 if device.type != "meta":
-                    set_module_tensor_to_device(module, name, device, value=self.weights_map.get(name), clear_cache=False)
+                    set_module_tensor_to_device(
+                        module, name, device, value=self.weights_map.get(name), clear_cache=False
+                    )
         return module
 
 
@@ -389,7 +408,9 @@ class CpuOffload(ModelHook):
     ``prev_module_hook`` (a ``UserCpuOffloadHook``) is offloaded just before this forward.
     """
 
-    def __init__(self, execution_device: Any = None, prev_module_hook: UserCpuOffloadHook | None = None) -> None:
+    def __init__(
+        self, execution_device: Any = None, prev_module_hook: UserCpuOffloadHook | None = None
+    ) -> None:
         self.execution_device = _as_device(execution_device) or _default_execution_device()
         self.prev_module_hook = prev_module_hook
 

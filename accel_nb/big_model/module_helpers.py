@@ -133,8 +133,10 @@ def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: b
     names = set(module._non_persistent_buffers_set)
     if recurse:
         for prefix, sub in module.named_modules():
-            names |= {f"{prefix}.{b}" for b in sub._non_persistent_buffers_set} if fqns else set(
-                sub._non_persistent_buffers_set
+            names |= (
+                {f"{prefix}.{b}" for b in sub._non_persistent_buffers_set}
+                if fqns
+                else set(sub._non_persistent_buffers_set)
             )
     return names
 
@@ -190,7 +192,11 @@ def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[
             del device_map[key]
         device_map[module_name] = values[0]
     depth = len(module_name.split(".")) + 1 if module_name else 1
-    children = {".".join(k.split(".")[:depth]) for k in device_map if k.startswith(prefix) and len(k) > len(module_name)}
+    children = {
+        ".".join(k.split(".")[:depth])
+        for k in device_map
+        if k.startswith(prefix) and len(k) > len(module_name)
+    }
     for child in children:
         clean_device_map(device_map, module_name=child)
     return device_map
@@ -199,6 +205,7 @@ def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[
 def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
     """Make each group of names (from ``find_tied_parameters``) share one parameter again: the first one
     not on the meta device is set under every name of its group."""
+
     def lookup(name: str) -> tuple[nn.Module, str]:
         path, _, attr = name.rpartition(".")
         return (model.get_submodule(path) if path else model), attr
@@ -252,8 +259,10 @@ def align_module_device(module: nn.Module, execution_device: Any = None) -> Iter
     if hook is not None:
         previous = hook.execution_device
         if execution_device is not None:
-            hook.execution_device = torch.device(execution_device) if not isinstance(execution_device, int) else (
-                torch.device("cuda", execution_device)
+            hook.execution_device = (
+                torch.device(execution_device)
+                if not isinstance(execution_device, int)
+                else (torch.device("cuda", execution_device))
             )
         try:
             hook.pre_forward(module)
@@ -354,7 +363,9 @@ def is_peft_model(model: nn.Module) -> bool:
 def is_repeated_blocks(module: nn.Module) -> bool:
     """True for a non-empty ``nn.ModuleList`` whose items are all of its first item's class (a stack of blocks)."""
     return (
-        isinstance(module, nn.ModuleList) and len(module) > 0 and all(isinstance(m, type(module[0])) for m in module)
+        isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(m, type(module[0])) for m in module)
     )
 
 
@@ -413,7 +424,9 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     config = getattr(model, "config", None)
     decoder_config = None
     if config is not None:
-        decoder_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        decoder_config = (
+            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        )
     tied_embeddings = bool(
         decoder_config is not None
         and getattr(decoder_config, "tie_word_embeddings", False)
@@ -441,7 +454,9 @@ def _offloaded_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
             engine.before_forward(unit)  # the same path a forward takes: the weights appear on the module
             try:
                 for slot in unit.slots:
-                    tensor = slot.owner._parameters[slot.attr] if slot.is_param else slot.owner._buffers[slot.attr]
+                    tensor = (
+                        slot.owner._parameters[slot.attr] if slot.is_param else slot.owner._buffers[slot.attr]
+                    )
                     found.setdefault(slot.key, tensor.detach().to("cpu", copy=True))
             finally:
                 engine.after_forward(unit)
@@ -482,4 +497,3 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
             "checkpoint into the model (load_checkpoint_in_model / load_checkpoint_and_dispatch) first"
         )
     return {name: state[name] for name in model.state_dict(keep_vars=True)}
-

@@ -34,7 +34,9 @@ def _owner(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
     for part in path.split(".") if path else []:
         child = getattr(owner, part, None)
         if not isinstance(child, nn.Module):
-            raise ValueError(f"{type(module).__name__} has no submodule {path!r} (looking up {tensor_name!r})")
+            raise ValueError(
+                f"{type(module).__name__} has no submodule {path!r} (looking up {tensor_name!r})"
+            )
         owner = child
     if attr not in owner._parameters and attr not in owner._buffers:
         raise ValueError(f"{type(module).__name__} has no parameter or buffer named {tensor_name!r}")
@@ -73,7 +75,9 @@ def set_module_tensor_to_device(
     if old is None:
         raise ValueError(f"{tensor_name!r} is None in the module; there is no tensor to move")
     if old.device.type == "meta" and value is None and target.type != "meta":
-        raise ValueError(f"{tensor_name!r} is on the meta device (no data); pass value= to put it on {target}")
+        raise ValueError(
+            f"{tensor_name!r} is on the meta device (no data); pass value= to put it on {target}"
+        )
     if tied_params_map is not None and old.device.type != "meta":
         reuse = tied_params_map.get(old.data_ptr(), {}).get(target)
         if reuse is not None and value is None:
@@ -98,7 +102,9 @@ def set_module_tensor_to_device(
         new = source.to(target, non_blocking=non_blocking)
     _install(owner, attr, is_param, old, new)
     if tied_params_map is not None and old.device.type != "meta" and old.data_ptr() in tied_params_map:
-        tied_params_map[old.data_ptr()][target] = owner._parameters[attr] if is_param else owner._buffers[attr]
+        tied_params_map[old.data_ptr()][target] = (
+            owner._parameters[attr] if is_param else owner._buffers[attr]
+        )
     if clear_cache and target.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -114,7 +120,10 @@ def _install(owner: nn.Module, attr: str, is_param: bool, old: torch.Tensor, new
 
 
 def named_module_tensors(
-    module: nn.Module, include_buffers: bool = True, recurse: bool = False, remove_non_persistent: bool = False
+    module: nn.Module,
+    include_buffers: bool = True,
+    recurse: bool = False,
+    remove_non_persistent: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The module's parameters, then (``include_buffers``) its buffers, as ``(name, tensor)``.
 
@@ -187,7 +196,9 @@ def load_state_dict(
             )
         state = torch.load(path, map_location="cpu", weights_only=True)
     else:
-        raise ValueError(f"{path}: unknown weights format; use a .safetensors file (or .bin/.pt with allow_pickle=True)")
+        raise ValueError(
+            f"{path}: unknown weights format; use a .safetensors file (or .bin/.pt with allow_pickle=True)"
+        )
     if device_map is None:
         return state
     return {name: t.to(_device_for(device_map, name)) for name, t in state.items()}

@@ -1,5 +1,6 @@
 """Put a model back exactly as it was when loading or dispatching fails part-way.
 
+Example:
     snap = snapshot(model)
     try:
         ...                      # load tensors, move them, hook forwards

@@ -68,14 +68,18 @@ def dtype_size(dtype: torch.dtype) -> float:
     return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
-def tensor_bytes(t: torch.Tensor, dtype: torch.dtype | None = None, special: torch.dtype | None = None) -> int:
+def tensor_bytes(
+    t: torch.Tensor, dtype: torch.dtype | None = None, special: torch.dtype | None = None
+) -> int:
     """Bytes of ``t`` once loaded: floating tensors in ``dtype`` (if given), ``special`` overrides all.
 
     A weight tagged with its quantized size (QUANTIZED_BYTES_ATTR) counts as that size unless ``special`` is given.
     """
     if special is None and hasattr(t, QUANTIZED_BYTES_ATTR):
         return int(getattr(t, QUANTIZED_BYTES_ATTR))
-    use = special if special is not None else dtype if dtype is not None and t.is_floating_point() else t.dtype
+    use = (
+        special if special is not None else dtype if dtype is not None and t.is_floating_point() else t.dtype
+    )
     return int(t.numel() * dtype_size(use))
 
 

@@ -49,7 +49,9 @@ def hook_targets(name: str, module: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-def offload_targets(name: str, module: nn.Module, no_split: list[str | type]) -> list[tuple[str, nn.Module, bool]]:
+def offload_targets(
+    name: str, module: nn.Module, no_split: list[str | type]
+) -> list[tuple[str, nn.Module, bool]]:
     """Streaming units of an offloaded entry: (path, module, own tensors only?).
 
     A unit is a no-split block or a module without tensor-holding children; bigger entries are

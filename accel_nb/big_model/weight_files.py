@@ -51,7 +51,9 @@ def offload_weight(
         index[weight_name] = {"dtype": dtype_name or str(array.dtype), "shape": list(array.shape)}
     if array.ndim == 0:  # a memmap needs at least one dimension
         array = array.reshape(1)
-    target = np.memmap(os.path.join(offload_folder, f"{weight_name}.dat"), dtype=array.dtype, mode="w+", shape=array.shape)
+    target = np.memmap(
+        os.path.join(offload_folder, f"{weight_name}.dat"), dtype=array.dtype, mode="w+", shape=array.shape
+    )
     target[:] = array[:]
     target.flush()
     return index
@@ -62,7 +64,9 @@ def load_offloaded_weight(weight_file: str | os.PathLike, weight_info: Mapping[s
     import numpy as np
 
     dtype_name, shape = weight_info["dtype"], tuple(weight_info["shape"])
-    stored = "int16" if dtype_name == "bfloat16" else "int8" if dtype_name.startswith("float8_") else dtype_name
+    stored = (
+        "int16" if dtype_name == "bfloat16" else "int8" if dtype_name.startswith("float8_") else dtype_name
+    )
     array = np.memmap(weight_file, dtype=stored, shape=shape or (1,), mode="r")
     tensor = torch.tensor(array[0] if not shape else array)
     if dtype_name == "bfloat16" or dtype_name.startswith("float8_"):
@@ -130,7 +134,9 @@ class OffloadedWeightsLoader(Mapping):
         device: Any = None,
     ) -> None:
         if state_dict is None and save_folder is None and index is None:
-            raise ValueError("Need either a `state_dict`, a `save_folder` or an `index` containing offloaded weights.")
+            raise ValueError(
+                "Need either a `state_dict`, a `save_folder` or an `index` containing offloaded weights."
+            )
         self.state_dict = dict(state_dict or {})
         self.save_folder = save_folder
         if index is None and save_folder is not None:

@@ -1,5 +1,6 @@
 """What save and load agree on: the project layout, the manifest format, file names and digests.
 
+Example:
     config = ProjectConfiguration("runs/a", automatic_checkpoint_naming=True, total_limit=3)
     file_suffix(0), file_suffix(2)      # "", "_2": model.safetensors, model_2.safetensors
 """
@@ -13,8 +14,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "ProjectConfiguration", "project_config", "unwrapped", "file_suffix",
-           "file_digest"]  # fmt: skip
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "ProjectConfiguration",
+    "project_config",
+    "unwrapped",
+    "file_suffix",
+    "file_digest",
+]
 
 FORMAT = "accel_nb.checkpoint"
 FORMAT_VERSION = 1

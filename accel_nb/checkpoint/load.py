@@ -172,7 +172,8 @@ def _read_checkpoint(
         engine = engine_source(accelerator, path, "model", i)
         if engine is not None:  # a DeepSpeed engine restores it (accel_nb.deepspeed.checkpointing)
             model_sources.append((module, engine))
-        elif os.path.isdir(sharded_folder(path, "model", i)):  # FSDP shards: read in load_state's collective phase
+        elif os.path.isdir(sharded_folder(path, "model", i)):
+            # FSDP shards: read in load_state's collective phase
             model_sources.append((module, (SHARDED, sharded_folder(path, "model", i))))
         elif manifest.get("safe_serialization", True):
             index_file = os.path.join(path, f"model{file_suffix(i)}.safetensors.index.json")
@@ -283,10 +284,15 @@ def load_accelerator_state(
     for i, (opt, state) in enumerate(plan["optimizers"]):
         if apply_optimizer(opt, state, fsdp_models):
             continue
-        _apply(opt.load_state_dict, state, os.path.join(path, f"optimizer{file_suffix(i)}.bin"), f"optimizer {i}")
+        _apply(
+            opt.load_state_dict, state, os.path.join(path, f"optimizer{file_suffix(i)}.bin"), f"optimizer {i}"
+        )
     for i, (sched, state) in enumerate(plan["schedulers"]):
         _apply(
-            sched.load_state_dict, state, os.path.join(path, f"scheduler{file_suffix(i)}.bin"), f"scheduler {i}"
+            sched.load_state_dict,
+            state,
+            os.path.join(path, f"scheduler{file_suffix(i)}.bin"),
+            f"scheduler {i}",
         )
     for i, (obj, state) in enumerate(plan["customs"]):
         _apply(

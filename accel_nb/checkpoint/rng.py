@@ -1,5 +1,6 @@
 """Every random-number generator's state (python, numpy, torch, CUDA, XLA), saved and restored for exact resumes.
 
+Example:
     state = rng_state()
     ...                      # draws
     set_rng_state(state)     # the same draws again

@@ -127,7 +127,8 @@ def save_accelerator_state(
     try:
         weights = _weights_after_hooks(accelerator, tmp)
         overrides = _fsdp_parts(accelerator, tmp, weights)
-        if getattr(accelerator, "deepspeed_plugin", None) is not None:  # engines write their sharded checkpoints
+        # engines write their sharded checkpoints
+        if getattr(accelerator, "deepspeed_plugin", None) is not None:
             from ..deepspeed.checkpointing import save_engines
 
             overrides.update(save_engines(accelerator, tmp, weights))
@@ -179,7 +180,9 @@ def _agree_on_folder(accelerator: Any, output_dir: str | None) -> tuple[str, boo
     return plan[0], plan[1], plan[2]
 
 
-def _publish(accelerator: Any, tmp: str, final: str, counts: dict[str, int], safe_serialization: bool) -> None:
+def _publish(
+    accelerator: Any, tmp: str, final: str, counts: dict[str, int], safe_serialization: bool
+) -> None:
     """Fsync every file, write the manifest (sizes and digests) last, then rename the folder into place."""
     files = {}
     for root, dirs, names in os.walk(tmp):  # a save pre-hook may have written sub-folders
@@ -238,7 +241,11 @@ def _fsdp_parts(accelerator: Any, tmp: str, weights: list[Any]) -> dict[int, Any
 
 
 def _write_shared(
-    accelerator: Any, tmp: str, safe_serialization: bool, weights: list[Any], overrides: dict[int, Any] | None = None
+    accelerator: Any,
+    tmp: str,
+    safe_serialization: bool,
+    weights: list[Any],
+    overrides: dict[int, Any] | None = None,
 ) -> dict[str, int]:
     models = weights
     overrides = overrides or {}

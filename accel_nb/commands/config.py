@@ -145,10 +145,13 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
         print(f"The saved config cannot be used ({exc}); starting from this machine's defaults.", file=out)
         base = None
     base = base or default_config(hw)
-    print(f"Detected: {hw.cpu_logical_cores} CPU cores, {hw.num_gpus} GPU(s)"
-          + (f" ({', '.join(g.name for g in hw.gpus)})" if hw.gpus else "")
-          + (f", TPU ({hw.tpu_chips} chips)" if hw.tpu_detected else "")
-          + (f"; {hw.xla_runtime.describe()}" if hw.xla_runtime is not None else ""), file=out)  # fmt: skip
+    print(
+        f"Detected: {hw.cpu_logical_cores} CPU cores, {hw.num_gpus} GPU(s)"
+        + (f" ({', '.join(g.name for g in hw.gpus)})" if hw.gpus else "")
+        + (f", TPU ({hw.tpu_chips} chips)" if hw.tpu_detected else "")
+        + (f"; {hw.xla_runtime.describe()}" if hw.xla_runtime is not None else ""),
+        file=out,
+    )
     print("Press Enter to keep the value in [brackets].", file=out, flush=True)
 
     choices = ["cpu"] + (["gpu"] if hw.num_gpus else []) + (["xla"] if hw.xla_available else [])
@@ -170,8 +173,12 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
         field("main_process_ip", "IP address or host name of machine 0", cfg.main_process_ip)
         field("main_process_port", "Port on machine 0", cfg.main_process_port or 29500)
         field("rdzv_backend", f"Rendezvous backend ({'/'.join(LAUNCHER_RDZV_BACKENDS)})", cfg.rdzv_backend)
-        field("same_network", "Are all machines on the same network (yes/no)", cfg.same_network,
-              _yes_no("same_network"))  # fmt: skip
+        field(
+            "same_network",
+            "Are all machines on the same network (yes/no)",
+            cfg.same_network,
+            _yes_no("same_network"),
+        )
     else:
         cfg = _checked(cfg, compute, machine_rank=0)
     xla_devices = hw.xla_runtime.num_devices if hw.xla_runtime is not None else 1
@@ -183,16 +190,32 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     if compute == "gpu":
         field("gpu_ids", "Which GPUs (all, or ids like 0,1)", cfg.gpu_ids)
     mp_default = "no" if compute == "cpu" and cfg.mixed_precision == "fp16" else cfg.mixed_precision
-    field("mixed_precision", f"Mixed precision ({'/'.join(MIXED_PRECISION_CHOICES)})", mp_default,
-          _one_of(MIXED_PRECISION_CHOICES, "mixed_precision"))  # fmt: skip
+    field(
+        "mixed_precision",
+        f"Mixed precision ({'/'.join(MIXED_PRECISION_CHOICES)})",
+        mp_default,
+        _one_of(MIXED_PRECISION_CHOICES, "mixed_precision"),
+    )
     field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
-    field("start_method", f"Start method for notebook launches ({'/'.join(START_METHODS)})", cfg.start_method,
-          _one_of(START_METHODS, "start_method"))  # fmt: skip
-    field("dynamo_backend", "torch.compile backend (no/inductor/aot_eager/eager)", cfg.dynamo_backend,
-          _one_of(DYNAMO_BACKENDS, "dynamo_backend"))  # fmt: skip
+    field(
+        "start_method",
+        f"Start method for notebook launches ({'/'.join(START_METHODS)})",
+        cfg.start_method,
+        _one_of(START_METHODS, "start_method"),
+    )
+    field(
+        "dynamo_backend",
+        "torch.compile backend (no/inductor/aot_eager/eager)",
+        cfg.dynamo_backend,
+        _one_of(DYNAMO_BACKENDS, "dynamo_backend"),
+    )
     if cfg.dynamo_backend != "no":
-        field("dynamo_use_regional_compilation", "Compile only the repeated blocks (regional) (yes/no)",
-              cfg.dynamo_use_regional_compilation, _yes_no("dynamo_use_regional_compilation"))  # fmt: skip
+        field(
+            "dynamo_use_regional_compilation",
+            "Compile only the repeated blocks (regional) (yes/no)",
+            cfg.dynamo_use_regional_compilation,
+            _yes_no("dynamo_use_regional_compilation"),
+        )
     cfg.validate()
     try:
         for note in cfg.check_hardware(hw):

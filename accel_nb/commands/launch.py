@@ -69,13 +69,19 @@ def add_parser(sub: Any) -> None:
     launch.add_argument("--main_process_ip", "--main-process-ip", default=None)
     launch.add_argument("--main_process_port", "--main-process-port", type=int, default=None)
     launch.add_argument(
-        "--rdzv_backend", "--rdzv-backend", choices=LAUNCHER_RDZV_BACKENDS, default=None,
+        "--rdzv_backend",
+        "--rdzv-backend",
+        choices=LAUNCHER_RDZV_BACKENDS,
+        default=None,
         help="how the machines meet at main_process_ip:main_process_port (default: the config's, static)",
-    )  # fmt: skip
+    )
     launch.add_argument(
-        "--rdzv_timeout", "--rdzv-timeout", type=positive_seconds, default=None,
+        "--rdzv_timeout",
+        "--rdzv-timeout",
+        type=positive_seconds,
+        default=None,
         help="seconds to wait for every machine to join before giving up (default: 600)",
-    )  # fmt: skip
+    )
     launch.add_argument(
         "--mixed_precision", "--mixed-precision", choices=MIXED_PRECISION_CHOICES, default=None
     )
@@ -87,14 +93,19 @@ def add_parser(sub: Any) -> None:
     launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
     add_deepspeed_flags(launch)
     launch.add_argument(
-        "--monitor_interval", "--monitor-interval", type=positive_seconds, default=None,
+        "--monitor_interval",
+        "--monitor-interval",
+        type=positive_seconds,
+        default=None,
         help="seconds between the elastic agent's checks of the ranks (torchrun's --monitor-interval; 0.1)",
-    )  # fmt: skip
+    )
     launch.add_argument(
-        "--log_line_prefix_template", "--log-line-prefix-template", default=None,
+        "--log_line_prefix_template",
+        "--log-line-prefix-template",
+        default=None,
         help="prefix of each rank's output lines, e.g. '[${rank}]:' (torchrun's; placeholders ${rank}, "
         "${local_rank}, ${role_name})",
-    )  # fmt: skip
+    )
     launch.add_argument("--log_dir", "--log-dir", default=None, help="keep per-rank logs here")
     launch.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
     launch.add_argument("script", help="the training script (or module with -m)")
@@ -121,16 +132,29 @@ def add_deepspeed_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
-_DEEPSPEED_FLAGS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
-                    "offload_param_nvme_path", "deepspeed_config_file", "gradient_clipping", "zero3_init_flag",
-                    "zero3_save_16bit_model")  # fmt: skip
+_DEEPSPEED_FLAGS = (
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_optimizer_nvme_path",
+    "offload_param_nvme_path",
+    "deepspeed_config_file",
+    "gradient_clipping",
+    "zero3_init_flag",
+    "zero3_save_16bit_model",
+)
 
 
 def _deepspeed_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[str, Any]) -> None:
     given = {k: getattr(ns, k, None) for k in _DEEPSPEED_FLAGS if getattr(ns, k, None) is not None}
     if given and not getattr(ns, "use_deepspeed", False) and cfg.distributed_type != "DEEPSPEED":
-        raise ConfigError(f"--{sorted(given)[0]}", next(iter(given.values())), "together with --use_deepspeed", None,
-                          "a DeepSpeed flag without DeepSpeed would be ignored")  # fmt: skip
+        raise ConfigError(
+            f"--{sorted(given)[0]}",
+            next(iter(given.values())),
+            "together with --use_deepspeed",
+            None,
+            "a DeepSpeed flag without DeepSpeed would be ignored",
+        )
     if getattr(ns, "use_deepspeed", False):
         changes["distributed_type"] = "DEEPSPEED"
     if given:
@@ -167,16 +191,32 @@ def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
         raise ConfigError(flag, exc.value, exc.allowed, exc.path, getattr(exc, "reason", "")) from None
 
 
-def torchrun_arguments(cfg: LaunchConfig, nproc: int, script: str, script_args: list[str], log_dir: str,
-                       module: bool = False, monitor_interval: float | None = None,
-                       endpoint: tuple[str, int] | None = None, rdzv_timeout: float | None = None) -> list[str]:  # fmt: skip
+def torchrun_arguments(
+    cfg: LaunchConfig,
+    nproc: int,
+    script: str,
+    script_args: list[str],
+    log_dir: str,
+    module: bool = False,
+    monitor_interval: float | None = None,
+    endpoint: tuple[str, int] | None = None,
+    rdzv_timeout: float | None = None,
+) -> list[str]:
     """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says.
 
     ``endpoint`` is where the machines meet (default: :func:`accel_nb.launch.elastic.rendezvous.main_endpoint`).
     """
     addr, port = endpoint or main_endpoint(cfg)
-    args = agent_arguments(cfg.num_machines, cfg.machine_rank, nproc, cfg.rdzv_backend, addr, port,
-                           rdzv_timeout, cfg.max_restarts)  # fmt: skip
+    args = agent_arguments(
+        cfg.num_machines,
+        cfg.machine_rank,
+        nproc,
+        cfg.rdzv_backend,
+        addr,
+        port,
+        rdzv_timeout,
+        cfg.max_restarts,
+    )
     args += ["--log_dir", log_dir, "--tee", "3"]
     if monitor_interval is not None:
         args += ["--monitor_interval", str(monitor_interval)]
@@ -211,17 +251,36 @@ def run(ns: argparse.Namespace) -> int:
     device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
     os.environ.update(cfg.to_env())
     os.environ.update(agent_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
-    args = torchrun_arguments(cfg, nproc, ns.script, ns.script_args, log_dir, ns.module, ns.monitor_interval,
-                              endpoint, ns.rdzv_timeout)  # fmt: skip
-    print(f"{PROG} launch: {nproc} {device} process(es) on this machine"
-          + (f" (machine {cfg.machine_rank} of {cfg.num_machines}, meeting at {endpoint[0]}:{endpoint[1]}, "
-             f"{cfg.rdzv_backend} rendezvous)" if cfg.num_machines > 1 else "")
-          + f", mixed_precision={cfg.mixed_precision}"
-          + (f", torch.compile backend={cfg.dynamo_backend}" if cfg.dynamo_backend != "no" else ""),
-          file=sys.stderr, flush=True)  # fmt: skip
-    code = run_elastic(args, ns.script, log_dir,
-                       lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint,
-                                                     ns.rdzv_timeout))  # fmt: skip
+    args = torchrun_arguments(
+        cfg,
+        nproc,
+        ns.script,
+        ns.script_args,
+        log_dir,
+        ns.module,
+        ns.monitor_interval,
+        endpoint,
+        ns.rdzv_timeout,
+    )
+    print(
+        f"{PROG} launch: {nproc} {device} process(es) on this machine"
+        + (
+            f" (machine {cfg.machine_rank} of {cfg.num_machines}, meeting at {endpoint[0]}:{endpoint[1]}, "
+            f"{cfg.rdzv_backend} rendezvous)"
+            if cfg.num_machines > 1
+            else ""
+        )
+        + f", mixed_precision={cfg.mixed_precision}"
+        + (f", torch.compile backend={cfg.dynamo_backend}" if cfg.dynamo_backend != "no" else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    code = run_elastic(
+        args,
+        ns.script,
+        log_dir,
+        lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint, ns.rdzv_timeout),
+    )
     if code == 0 and own_log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)
     return code
@@ -251,8 +310,9 @@ class _DropFailureLine:
         return not str(record.getMessage()).startswith("failed (exitcode")
 
 
-def run_elastic(args: list[str], script: str, log_dir: str,
-                explain: Callable[[BaseException], str | None] | None = None) -> int:  # fmt: skip
+def run_elastic(
+    args: list[str], script: str, log_dir: str, explain: Callable[[BaseException], str | None] | None = None
+) -> int:
     """Run torch.distributed's elastic agent in this process; a readable summary when a rank fails.
 
     ``explain`` turns an error of the agent itself (a rendezvous that never completed) into one line.
@@ -274,8 +334,10 @@ def run_elastic(args: list[str], script: str, log_dir: str,
         return first.exitcode if first.exitcode > 0 else 128 + (-first.exitcode or 1)
     except (KeyboardInterrupt, SignalException) as exc:
         sig = getattr(exc, "sigval", signal.SIGINT)
-        print(f"{PROG} launch: stopped by {signal_name(sig)}; every rank was stopped "
-              f"(logs under {log_dir})", file=sys.stderr)  # fmt: skip
+        print(
+            f"{PROG} launch: stopped by {signal_name(sig)}; every rank was stopped (logs under {log_dir})",
+            file=sys.stderr,
+        )
         return 128 + int(sig)
     except Exception as exc:  # rendezvous errors and the like: one line, not a traceback
         said = explain(exc) if explain is not None else None

@@ -68,15 +68,19 @@ class _EagerFallback:
                 return compiled_call(*args, **kwargs)
             except errors as exc:
                 if not self.options.fallback:
-                    exc.add_note("accel_nb: CompileOptions(fallback=False) raises compiler failures; "
-                                 "fallback=True would run the model eagerly with a warning")  # fmt: skip
+                    exc.add_note(
+                        "accel_nb: CompileOptions(fallback=False) raises compiler failures; "
+                        "fallback=True would run the model eagerly with a warning"
+                    )
                     raise
                 self._fall_back(exc)
                 return eager_call(*args, **kwargs)
             except Exception as exc:
                 if self.options.fullgraph and _is_graph_break(exc):
-                    exc.add_note("accel_nb: compile fullgraph=True makes a graph break an error; pass "
-                                 "fullgraph=False to let torch.compile split the graph there")  # fmt: skip
+                    exc.add_note(
+                        "accel_nb: compile fullgraph=True makes a graph break an error; pass "
+                        "fullgraph=False to let torch.compile split the graph there"
+                    )
                 raise
 
         return call
@@ -160,8 +164,10 @@ def compile_regions(
     if not blocks:
         if options.block_class is not None:
             name = getattr(options.block_class, "__name__", options.block_class)
-            raise ValueError(f"regional compilation: {type(inner).__name__} contains no {name} module; name a "
-                             "block class the model holds (block_class=...) or pass regional=False")  # fmt: skip
+            raise ValueError(
+                f"regional compilation: {type(inner).__name__} contains no {name} module; name a "
+                "block class the model holds (block_class=...) or pass regional=False"
+            )
         raise ValueError(
             f"regional compilation: {type(inner).__name__} has no block class repeated in an nn.ModuleList; name "
             "its block class (CompileOptions(block_class=...)) or compile the whole model (regional=False)"
@@ -193,9 +199,10 @@ def compile_model(model: nn.Module, options: CompileOptions, in_place: bool = Fa
     """
     if is_compiled_module(model) or has_compiled_regions(model):
         warnings.warn(
-            f"{type(model).__name__} is compiled already; prepare() does not compile it again", UserWarning,
+            f"{type(model).__name__} is compiled already; prepare() does not compile it again",
+            UserWarning,
             stacklevel=3,
-        )  # fmt: skip
+        )
         return model
     if options.regional:
         inner = strip_parallel(model)

@@ -22,9 +22,13 @@ from ..env_names import DYNAMO_ENV  # option -> (accel_nb's variable, the refere
 from ..kwargs_handlers import KwargsHandler
 
 __all__ = [
-    "CompileOptions", "DynamoBackend", "TorchDynamoPlugin", "compile_options_from_env", "resolve_compile_options",
+    "CompileOptions",
+    "DynamoBackend",
+    "TorchDynamoPlugin",
+    "compile_options_from_env",
+    "resolve_compile_options",
     "DYNAMO_MODES",
-]  # fmt: skip
+]
 
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -67,8 +71,10 @@ def _flag(name: str, value: Any, allow_none: bool = False) -> Any:
     if value is None and allow_none:
         return None
     if not isinstance(value, bool):
-        raise TypeError(f"CompileOptions({name}={value!r}): {name} must be True or False"
-                        + (" (or None)" if allow_none else ""))  # fmt: skip
+        raise TypeError(
+            f"CompileOptions({name}={value!r}): {name} must be True or False"
+            + (" (or None)" if allow_none else "")
+        )
     return value
 
 
@@ -101,8 +107,10 @@ class CompileOptions:
         if self.mode == "default":
             self.mode = None
         if self.mode is not None and self.mode not in DYNAMO_MODES:
-            raise ValueError(f"CompileOptions(mode={self.mode!r}) is not a torch.compile mode; use one of "
-                             + ", ".join(repr(m) for m in DYNAMO_MODES))  # fmt: skip
+            raise ValueError(
+                f"CompileOptions(mode={self.mode!r}) is not a torch.compile mode; use one of "
+                + ", ".join(repr(m) for m in DYNAMO_MODES)
+            )
         self.fullgraph = _flag("fullgraph", self.fullgraph)
         self.dynamic = _flag("dynamic", self.dynamic, allow_none=True)
         self.regional = _flag("regional", self.regional)
@@ -116,8 +124,10 @@ class CompileOptions:
             )
         if self.block_class is not None:
             if not self.regional:
-                raise ValueError("CompileOptions(block_class=...) picks the block of regional compilation: "
-                                 "pass regional=True with it")  # fmt: skip
+                raise ValueError(
+                    "CompileOptions(block_class=...) picks the block of regional compilation: "
+                    "pass regional=True with it"
+                )
             if not isinstance(self.block_class, (str, type)):
                 raise TypeError(
                     f"CompileOptions(block_class={self.block_class!r}) must be a module class or its name"
@@ -242,11 +252,20 @@ def resolve_compile_options(
     resolve_compile_options(dynamo_backend="eager")     # CompileOptions(backend='eager')
     resolve_compile_options(compile=False)              # None, whatever the launch config says
     """
-    given = [n for n, v in (("compile", compile), ("dynamo_backend", dynamo_backend),
-                            ("dynamo_plugin", dynamo_plugin)) if v is not None]  # fmt: skip
+    given = [
+        n
+        for n, v in (
+            ("compile", compile),
+            ("dynamo_backend", dynamo_backend),
+            ("dynamo_plugin", dynamo_plugin),
+        )
+        if v is not None
+    ]
     if len(given) > 1:
-        raise ValueError(f"Accelerator: pass only one of {' and '.join(given)}; they all set torch.compile "
-                         "(compile=CompileOptions(...) holds every setting)")  # fmt: skip
+        raise ValueError(
+            f"Accelerator: pass only one of {' and '.join(given)}; they all set torch.compile "
+            "(compile=CompileOptions(...) holds every setting)"
+        )
     if compile is True:
         return CompileOptions()
     if compile is False:

@@ -18,8 +18,12 @@ from ..atomic_files import atomic_write_bytes
 from .values import CONFIG_FILE_ENV, CONFIG_FILE_NAME, ConfigFileError
 
 __all__ = [
-    "default_config_path", "reference_config_path", "find_config_file", "read_config_mapping", "write_config_mapping",
-]  # fmt: skip
+    "default_config_path",
+    "reference_config_path",
+    "find_config_file",
+    "read_config_mapping",
+    "write_config_mapping",
+]
 
 
 def default_config_path() -> str:
@@ -77,9 +81,10 @@ def read_config_mapping(found: str) -> dict[str, Any]:
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigFileError(
-            found, f"is not valid YAML ({problem} at {where}); fix that line, or delete the file and run "
+            found,
+            f"is not valid YAML ({problem} at {where}); fix that line, or delete the file and run "
             "`accel-nb config default`",
-        ) from None  # fmt: skip
+        ) from None
     if data is None:
         raise ConfigFileError(found, "is empty; run `accel-nb config default` to write a config")
     if not isinstance(data, dict):

@@ -111,9 +111,12 @@ class LaunchConfig:
             dt = "XLA"  # older reference files
         if isinstance(dt, str) and dt.strip().upper() in UNSUPPORTED_DISTRIBUTED:
             raise ConfigError(
-                "distributed_type", dt, ", ".join(DISTRIBUTED_TYPES), path,
+                "distributed_type",
+                dt,
+                ", ".join(DISTRIBUTED_TYPES),
+                path,
                 f"accel_nb does not run {UNSUPPORTED_DISTRIBUTED[dt.strip().upper()]}",
-            )  # fmt: skip
+            )
         self.distributed_type = dt
         self.distributed_type = check_choice(self, "distributed_type", DISTRIBUTED_TYPES, path, upper=True)
         if (
@@ -128,9 +131,12 @@ class LaunchConfig:
         self.machine_rank = check_int(self, "machine_rank", 0, None, path)
         if self.machine_rank >= self.num_machines:
             raise ConfigError(
-                "machine_rank", self.machine_rank, f"0 to {self.num_machines - 1} (num_machines={self.num_machines})",
-                path, "machine_rank must be smaller than num_machines",
-            )  # fmt: skip
+                "machine_rank",
+                self.machine_rank,
+                f"0 to {self.num_machines - 1} (num_machines={self.num_machines})",
+                path,
+                "machine_rank must be smaller than num_machines",
+            )
         self.mixed_precision = check_mixed_precision(self.mixed_precision, path)
         self.gradient_accumulation_steps = check_int(self, "gradient_accumulation_steps", 1, None, path)
         self.max_restarts = check_int(self, "max_restarts", 0, None, path)
@@ -152,21 +158,32 @@ class LaunchConfig:
         self._validate_deepspeed(path)
         if self.dynamo_backend not in ("no", "inductor") and self.dynamo_mode != "default":
             raise ConfigError(
-                "dynamo_mode", self.dynamo_mode, "default with this backend", path,
+                "dynamo_mode",
+                self.dynamo_mode,
+                "default with this backend",
+                path,
                 f"a torch.compile mode is for the inductor backend; dynamo_backend={self.dynamo_backend!r} takes none",
-            )  # fmt: skip
+            )
         return self
 
     def _validate_fsdp(self, path: str | None) -> None:
         """``fsdp_config`` is read (accel_nb.fsdp) with ``distributed_type: FSDP``; elsewhere it is inert: a warning."""
         if self.distributed_type != "FSDP":
             if self.extras.get("fsdp_config"):
-                warn_once("fsdp_config", f"fsdp_config in {path or 'the config'} has no effect with distributed_type="
-                                         f"{self.distributed_type}; set distributed_type: FSDP to shard the model")  # fmt: skip
+                warn_once(
+                    "fsdp_config",
+                    f"fsdp_config in {path or 'the config'} has no effect with distributed_type="
+                    f"{self.distributed_type}; set distributed_type: FSDP to shard the model",
+                )
             return
         if self.num_processes is not None and self.num_processes < 2:
-            raise ConfigError("num_processes", self.num_processes, "2 or more with distributed_type FSDP", path,
-                              "FSDP shards the model over several processes")  # fmt: skip
+            raise ConfigError(
+                "num_processes",
+                self.num_processes,
+                "2 or more with distributed_type FSDP",
+                path,
+                "FSDP shards the model over several processes",
+            )
         config = self.extras.get("fsdp_config") or {}
         if not isinstance(config, dict):
             raise ConfigError("fsdp_config", config, "a mapping of fsdp_* keys", path)
@@ -182,8 +199,11 @@ class LaunchConfig:
         config = self.extras.get("deepspeed_config")
         if self.distributed_type != "DEEPSPEED":
             if config:
-                warn_once("deepspeed_config", f"deepspeed_config in {path or 'the config'} has no effect with "
-                          f"distributed_type={self.distributed_type}; set distributed_type: DEEPSPEED to use it")  # fmt: skip
+                warn_once(
+                    "deepspeed_config",
+                    f"deepspeed_config in {path or 'the config'} has no effect with "
+                    f"distributed_type={self.distributed_type}; set distributed_type: DEEPSPEED to use it",
+                )
             return
         if config is not None and not isinstance(config, dict):
             raise ConfigError("deepspeed_config", config, "a mapping such as {zero_stage: 2}", path)
@@ -201,32 +221,56 @@ class LaunchConfig:
     def _validate_consistency(self, path: str | None) -> None:
         n, dt = self.num_processes, self.distributed_type
         if self.num_machines > 1 and not self.main_process_ip:
-            raise ConfigError("main_process_ip", self.main_process_ip, "the IP address or host name of machine 0",
-                              path, f"num_machines={self.num_machines} needs the address of the main machine")  # fmt: skip
+            raise ConfigError(
+                "main_process_ip",
+                self.main_process_ip,
+                "the IP address or host name of machine 0",
+                path,
+                f"num_machines={self.num_machines} needs the address of the main machine",
+            )
         if dt == "NO" and n is not None and n > 1:
             raise ConfigError(
-                "distributed_type", dt, "MULTI_CPU or MULTI_GPU when num_processes > 1", path,
+                "distributed_type",
+                dt,
+                "MULTI_CPU or MULTI_GPU when num_processes > 1",
+                path,
                 f"'NO' runs a single process but num_processes={n}",
-            )  # fmt: skip
+            )
         if dt == "NO" and self.num_machines > 1:
-            raise ConfigError("distributed_type", dt, "MULTI_CPU or MULTI_GPU across machines", path,
-                              f"'NO' runs one process but num_machines={self.num_machines}")  # fmt: skip
+            raise ConfigError(
+                "distributed_type",
+                dt,
+                "MULTI_CPU or MULTI_GPU across machines",
+                path,
+                f"'NO' runs one process but num_machines={self.num_machines}",
+            )
         if dt == "MULTI_GPU" and self.use_cpu:
-            raise ConfigError("use_cpu", True, "false with distributed_type MULTI_GPU (or use MULTI_CPU)", path,
-                              "MULTI_GPU runs on GPUs")  # fmt: skip
+            raise ConfigError(
+                "use_cpu",
+                True,
+                "false with distributed_type MULTI_GPU (or use MULTI_CPU)",
+                path,
+                "MULTI_GPU runs on GPUs",
+            )
         if n is not None and n % self.num_machines:
             raise ConfigError(
-                "num_processes", n, f"a multiple of num_machines={self.num_machines}", path,
+                "num_processes",
+                n,
+                f"a multiple of num_machines={self.num_machines}",
+                path,
                 "num_processes counts the processes of all machines together; each machine runs the same number",
-            )  # fmt: skip
+            )
         if self.gpu_ids != "all" and dt == "MULTI_GPU" and n is not None:
             ids = self.gpu_ids.split(",")
             per_machine = n // self.num_machines
             if len(ids) < per_machine:
                 raise ConfigError(
-                    "gpu_ids", self.gpu_ids, f"at least {per_machine} GPU ids (one per process on each machine)",
-                    path, f"num_processes={n} on {self.num_machines} machine(s) needs {per_machine} GPUs per machine",
-                )  # fmt: skip
+                    "gpu_ids",
+                    self.gpu_ids,
+                    f"at least {per_machine} GPU ids (one per process on each machine)",
+                    path,
+                    f"num_processes={n} on {self.num_machines} machine(s) needs {per_machine} GPUs per machine",
+                )
 
     def check_hardware(self, hw: HardwareInfo | None = None) -> list[str]:
         """Check the config against this machine; raise ConfigError for impossible, return warnings.
@@ -242,19 +286,32 @@ class LaunchConfig:
         )
         if self.distributed_type == "MULTI_GPU":
             if hw.num_gpus == 0:
-                raise ConfigError("distributed_type", "MULTI_GPU", "MULTI_CPU or NO on this machine", path,
-                                  "this machine has no visible CUDA GPU")  # fmt: skip
+                raise ConfigError(
+                    "distributed_type",
+                    "MULTI_GPU",
+                    "MULTI_CPU or NO on this machine",
+                    path,
+                    "this machine has no visible CUDA GPU",
+                )
             available = hw.num_gpus if self.gpu_ids == "all" else len(self.gpu_ids.split(","))
             if per_machine is not None and per_machine > available:
                 raise ConfigError(
-                    "num_processes", self.num_processes, f"at most {available * self.num_machines}", path,
+                    "num_processes",
+                    self.num_processes,
+                    f"at most {available * self.num_machines}",
+                    path,
                     f"{per_machine} processes per machine but {available} GPU(s) are available",
-                )  # fmt: skip
+                )
         if self.gpu_ids != "all" and hw.num_gpus:
             too_big = [i for i in self.gpu_ids.split(",") if int(i) >= hw.num_gpus]
             if too_big:
-                raise ConfigError("gpu_ids", self.gpu_ids, f"ids from 0 to {hw.num_gpus - 1}", path,
-                                  f"GPU {too_big[0]} does not exist here")  # fmt: skip
+                raise ConfigError(
+                    "gpu_ids",
+                    self.gpu_ids,
+                    f"ids from 0 to {hw.num_gpus - 1}",
+                    path,
+                    f"GPU {too_big[0]} does not exist here",
+                )
         problem = bf16_gpu_problem(hw.gpus) if self.mixed_precision == "bf16" and uses_gpu else None
         if problem:
             raise ConfigError("mixed_precision", "bf16", "fp16 or no on this GPU", path, problem)
@@ -262,9 +319,14 @@ class LaunchConfig:
             notes.append("mixed_precision='fp16' on CPU is slow and rarely helps; bf16 or no is usual on CPU")
         if self.distributed_type == "DEEPSPEED":
             if importlib.util.find_spec("deepspeed") is None:
-                raise ConfigError("distributed_type", "DEEPSPEED", "a back-end installed here", path,
-                                  "deepspeed is not installed; pip install 'accel_nb[deepspeed]' (DS_BUILD_OPS=0 "
-                                  "skips compiling its ops)")  # fmt: skip
+                raise ConfigError(
+                    "distributed_type",
+                    "DEEPSPEED",
+                    "a back-end installed here",
+                    path,
+                    "deepspeed is not installed; pip install 'accel_nb[deepspeed]' (DS_BUILD_OPS=0 "
+                    "skips compiling its ops)",
+                )
         if self.distributed_type == "XLA" and not hw.xla_available:
             notes.append("distributed_type='XLA' but torch_xla is not installed in this environment")
         return notes
@@ -304,8 +366,11 @@ class LaunchConfig:
                     if sub in ("dynamo_backend", "dynamo_mode", *DYNAMO_FLAGS):
                         kwargs[sub] = subval.lower() if isinstance(subval, str) else subval
                     elif warn:
-                        warnings.warn(f"unknown key dynamo_config.{sub} in {path or 'the config'} is ignored",
-                                      ConfigWarning, stacklevel=3)  # fmt: skip
+                        warnings.warn(
+                            f"unknown key dynamo_config.{sub} in {path or 'the config'} is ignored",
+                            ConfigWarning,
+                            stacklevel=3,
+                        )
             elif key in own:
                 kwargs[key] = value
             elif key in REFERENCE_KEYS_KEPT:
@@ -426,10 +491,12 @@ class LaunchConfig:
         LaunchConfig(dynamo_backend="eager").compile_env()["ACCEL_NB_DYNAMO_BACKEND"]   # 'eager'
         """
         values = {
-            "backend": self.dynamo_backend, "mode": self.dynamo_mode,
-            "fullgraph": self.dynamo_use_fullgraph, "dynamic": self.dynamo_use_dynamic,
+            "backend": self.dynamo_backend,
+            "mode": self.dynamo_mode,
+            "fullgraph": self.dynamo_use_fullgraph,
+            "dynamic": self.dynamo_use_dynamic,
             "regional": self.dynamo_use_regional_compilation,
-        }  # fmt: skip
+        }
         env: dict[str, str] = {}
         for option, (ours, reference) in DYNAMO_ENV.items():
             value = values[option]

@@ -29,25 +29,63 @@ LAUNCHER_RDZV_BACKENDS = ("static", "c10d")
 # What a config file may name: those, and the etcd backends torchrun reaches when one is running.
 RDZV_BACKENDS = (*LAUNCHER_RDZV_BACKENDS, "etcd", "etcd-v2")
 DYNAMO_BACKENDS = (
-    "no", "eager", "aot_eager", "inductor", "aot_ts_nvfuser", "nvprims_nvfuser", "cudagraphs", "ofi",
-    "fx2trt", "onnxrt", "tensorrt", "aot_torchxla_trace_once", "torchxla_trace_once", "ipex", "tvm",
-    "hpu_backend", "openxla", "neuron",
-)  # fmt: skip
+    "no",
+    "eager",
+    "aot_eager",
+    "inductor",
+    "aot_ts_nvfuser",
+    "nvprims_nvfuser",
+    "cudagraphs",
+    "ofi",
+    "fx2trt",
+    "onnxrt",
+    "tensorrt",
+    "aot_torchxla_trace_once",
+    "torchxla_trace_once",
+    "ipex",
+    "tvm",
+    "hpu_backend",
+    "openxla",
+    "neuron",
+)
 
 # Keys of the reference library's config that accel_nb accepts, keeps (they are written back on
 # save so the file stays the user's) and does not act on.
 REFERENCE_KEYS_KEPT = (
-    "debug", "downcast_bf16", "enable_cpu_affinity", "main_training_function", "tpu_name", "tpu_zone",
-    "tpu_use_cluster", "tpu_use_sudo", "tpu_env", "tpu_vm", "command_file", "commands", "deepspeed_config",
-    "fsdp_config", "megatron_lm_config", "mpirun_config", "parallelism_config", "ipex_config", "fp8_config",
-    "num_cpu_threads_per_process", "tpu_config", "rdzv_conf",
-)  # fmt: skip
+    "debug",
+    "downcast_bf16",
+    "enable_cpu_affinity",
+    "main_training_function",
+    "tpu_name",
+    "tpu_zone",
+    "tpu_use_cluster",
+    "tpu_use_sudo",
+    "tpu_env",
+    "tpu_vm",
+    "command_file",
+    "commands",
+    "deepspeed_config",
+    "fsdp_config",
+    "megatron_lm_config",
+    "mpirun_config",
+    "parallelism_config",
+    "ipex_config",
+    "fp8_config",
+    "num_cpu_threads_per_process",
+    "tpu_config",
+    "rdzv_conf",
+)
 # distributed_type values of the reference library that accel_nb cannot run (a clear error).
 UNSUPPORTED_DISTRIBUTED = {
-    "MEGATRON_LM": "Megatron-LM", "MULTI_NPU": "Ascend NPUs",
-    "MULTI_MLU": "Cambricon MLUs", "MULTI_SDAA": "SDAA devices", "MULTI_MUSA": "Moore Threads GPUs",
-    "MULTI_XPU": "Intel XPUs", "MULTI_HPU": "Gaudi HPUs", "MULTI_NEURON": "AWS Neuron cores",
-}  # fmt: skip
+    "MEGATRON_LM": "Megatron-LM",
+    "MULTI_NPU": "Ascend NPUs",
+    "MULTI_MLU": "Cambricon MLUs",
+    "MULTI_SDAA": "SDAA devices",
+    "MULTI_MUSA": "Moore Threads GPUs",
+    "MULTI_XPU": "Intel XPUs",
+    "MULTI_HPU": "Gaudi HPUs",
+    "MULTI_NEURON": "AWS Neuron cores",
+}
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
 )

@@ -56,7 +56,9 @@ def _batch_size(batch: Any) -> int:
 
 def _is_container(batch: Any) -> bool:
     return isinstance(batch, dict) or (
-        isinstance(batch, (list, tuple)) and bool(batch) and isinstance(batch[0], (torch.Tensor, dict, list, tuple))
+        isinstance(batch, (list, tuple))
+        and bool(batch)
+        and isinstance(batch[0], (torch.Tensor, dict, list, tuple))
     )
 
 
@@ -96,8 +98,14 @@ class DataLoaderDispatcher(DataLoaderShard):
     and ``last_round_real``, and takes ``set_epoch``; ``len()`` is the number of rounds.
     """
 
-    def __init__(self, *args: Any, num_processes: int = 1, process_index: int = 0, split_batches: bool = False,
-                 **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *args: Any,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.num_processes = num_processes
         self.process_index = process_index
@@ -213,6 +221,7 @@ def prepare_dispatcher(
 ) -> DataLoaderDispatcher:
     """``dataloader`` read by process 0 only, each process getting its slice of every round.
 
+    Example:
         loader = prepare_dispatcher(DataLoader(stream, batch_size=8), device, 2, rank)
     """
     iterable = isinstance(dataloader.dataset, torch.utils.data.IterableDataset)
@@ -222,17 +231,35 @@ def prepare_dispatcher(
             "dataset); set batch_size or pass dispatch_batches=False"
         )
     kwargs = loader_kwargs(dataloader)
-    info = {"num_processes": num_processes, "process_index": process_index, "split_batches": split_batches,
-            "even_batches": True, "batch_size": dataloader.batch_size}  # fmt: skip
-    if iterable:  # batch_size=None: each item the dataset yields is one batch, split as one (the reference's way)
+    info = {
+        "num_processes": num_processes,
+        "process_index": process_index,
+        "split_batches": split_batches,
+        "even_batches": True,
+        "batch_size": dataloader.batch_size,
+    }
+    # batch_size=None: each item the dataset yields is one batch, split as one (the reference's way)
+    if iterable:
         batching: dict[str, Any] = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last}
     elif type(dataloader.batch_sampler) is torch.utils.data.BatchSampler:
-        batching = {"batch_size": dataloader.batch_size, "drop_last": dataloader.drop_last,
-                    "sampler": dataloader.sampler}  # fmt: skip
+        batching = {
+            "batch_size": dataloader.batch_size,
+            "drop_last": dataloader.drop_last,
+            "sampler": dataloader.sampler,
+        }
     else:
         batching = {"batch_sampler": dataloader.batch_sampler}
     return DataLoaderDispatcher(
-        dataloader.dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-        rng_types=rng_types, num_processes=num_processes, process_index=process_index,
-        split_batches=split_batches, use_stateful_dataloader=use_stateful_dataloader, **batching, **kwargs,
+        dataloader.dataset,
+        device=device,
+        non_blocking=non_blocking,
+        _source=dataloader,
+        _shard_info=info,
+        rng_types=rng_types,
+        num_processes=num_processes,
+        process_index=process_index,
+        split_batches=split_batches,
+        use_stateful_dataloader=use_stateful_dataloader,
+        **batching,
+        **kwargs,
     )

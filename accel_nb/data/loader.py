@@ -226,14 +226,17 @@ class DataLoaderShard(DataLoader):
 
     # -- iteration -------------------------------------------------------------------------------
     def _skip_in_sampler(self) -> bool:
-        return isinstance(self.batch_sampler, SkipBatchSampler) and not isinstance(self.dataset, IterableDataset)
+        return isinstance(self.batch_sampler, SkipBatchSampler) and not isinstance(
+            self.dataset, IterableDataset
+        )
 
     def _synchronize_rngs(self) -> None:
         """Give every rank process 0's generator states (``rng_types``, the shuffle's) before a pass."""
         kinds = [t for t in self.rng_types or () if t != "generator"]
         target = _innermost_sampler(self.batch_sampler)
         if "generator" in (self.rng_types or ()) and isinstance(target, SeedableRandomSampler):
-            target.seed = int(broadcast_object_list([target.seed], from_process=0)[0])  # its order is its seed
+            # its order is its seed
+            target.seed = int(broadcast_object_list([target.seed], from_process=0)[0])
         if self.synchronized_generator is not None:
             kinds.append("generator")
         synchronize_rng_states(kinds, self.synchronized_generator)
@@ -327,14 +330,22 @@ class DataLoaderShard(DataLoader):
 class SkipDataLoader(DataLoaderShard):
     """A ``DataLoader`` whose every pass leaves out its first ``skip_batches`` batches (they are still loaded).
 
+    Example:
         loader = SkipDataLoader(dataset, skip_batches=3, batch_size=8)   # prefer skip_first_batches
     """
 
-    def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any
+    ) -> None:
         if use_stateful_dataloader:
             require_torchdata()
-        super().__init__(dataset, device=None, skip_batches=skip_batches,
-                         use_stateful_dataloader=use_stateful_dataloader, **kwargs)  # fmt: skip
+        super().__init__(
+            dataset,
+            device=None,
+            skip_batches=skip_batches,
+            use_stateful_dataloader=use_stateful_dataloader,
+            **kwargs,
+        )
 
     def __len__(self) -> int:
         return max(DataLoader.__len__(self) - self.skip_batches, 0)
@@ -383,27 +394,49 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
         kwargs = loader_kwargs(dataloader)
         if isinstance(dataloader.dataset, IterableDataset):
             DataLoaderShard.__init__(
-                new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
-                skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
-                rng_types=dataloader.rng_types, use_stateful_dataloader=dataloader.use_stateful_dataloader,
-                batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs,
+                new,
+                dataloader.dataset,
+                device=dataloader.device,
+                non_blocking=dataloader.non_blocking,
+                skip_batches=num_batches,
+                _source=dataloader._source,
+                _shard_info=dataloader._shard_info,
+                rng_types=dataloader.rng_types,
+                use_stateful_dataloader=dataloader.use_stateful_dataloader,
+                batch_size=dataloader.batch_size,
+                drop_last=dataloader.drop_last,
+                **kwargs,
             )
         else:
             inner = dataloader.batch_sampler
             inner = inner.batch_sampler if isinstance(inner, SkipBatchSampler) else inner
             DataLoaderShard.__init__(
-                new, dataloader.dataset, device=dataloader.device, non_blocking=dataloader.non_blocking,
-                skip_batches=num_batches, _source=dataloader._source, _shard_info=dataloader._shard_info,
-                rng_types=dataloader.rng_types, synchronized_generator=dataloader.synchronized_generator,
+                new,
+                dataloader.dataset,
+                device=dataloader.device,
+                non_blocking=dataloader.non_blocking,
+                skip_batches=num_batches,
+                _source=dataloader._source,
+                _shard_info=dataloader._shard_info,
+                rng_types=dataloader.rng_types,
+                synchronized_generator=dataloader.synchronized_generator,
                 use_stateful_dataloader=dataloader.use_stateful_dataloader,
-                batch_sampler=SkipBatchSampler(inner, num_batches), **kwargs,
+                batch_sampler=SkipBatchSampler(inner, num_batches),
+                **kwargs,
             )
         new.epoch = dataloader.epoch
         return new
     kwargs = loader_kwargs(dataloader)
     if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
         return DataLoaderShard(
-            dataloader.dataset, device=None, skip_batches=num_batches, _source=dataloader,
-            batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **kwargs,
+            dataloader.dataset,
+            device=None,
+            skip_batches=num_batches,
+            _source=dataloader,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **kwargs,
         )
-    return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs)
+    return DataLoader(
+        dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs
+    )

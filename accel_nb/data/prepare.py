@@ -96,30 +96,58 @@ def prepare_data_loader(
         dispatch_batches = put_on_device and isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches:
         if not put_on_device:
-            raise ValueError("dispatch_batches=True needs put_on_device=True (batches are sent to each device)")
-        return prepare_dispatcher(dataloader, device, num_processes, process_index, split_batches, non_blocking,
-                                  rng_types, use_stateful_dataloader)  # fmt: skip
+            raise ValueError(
+                "dispatch_batches=True needs put_on_device=True (batches are sent to each device)"
+            )
+        return prepare_dispatcher(
+            dataloader,
+            device,
+            num_processes,
+            process_index,
+            split_batches,
+            non_blocking,
+            rng_types,
+            use_stateful_dataloader,
+        )
     if not put_on_device:
         device = None
     kwargs = loader_kwargs(dataloader)
-    info = {"num_processes": num_processes, "process_index": process_index, "split_batches": split_batches,
-            "even_batches": even_batches}
+    info = {
+        "num_processes": num_processes,
+        "process_index": process_index,
+        "split_batches": split_batches,
+        "even_batches": even_batches,
+    }
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset):
         batch_size = dataloader.batch_size
         if batch_size is None:
-            warnings.warn("a DataLoader with batch_size=None over an iterable dataset is not sharded", stacklevel=2)
+            warnings.warn(
+                "a DataLoader with batch_size=None over an iterable dataset is not sharded", stacklevel=2
+            )
             return dataloader
         info["batch_size"] = batch_size
         shard = IterableDatasetShard(
-            dataset, batch_size=batch_size, drop_last=dataloader.drop_last, num_processes=num_processes,
-            process_index=process_index, split_batches=split_batches, even_batches=even_batches,
+            dataset,
+            batch_size=batch_size,
+            drop_last=dataloader.drop_last,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+            even_batches=even_batches,
         )
         per_rank = batch_size // num_processes if split_batches else batch_size
         return DataLoaderShard(
-            shard, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-            batch_size=per_rank, drop_last=dataloader.drop_last, rng_types=rng_types,
-            use_stateful_dataloader=use_stateful_dataloader, **kwargs,
+            shard,
+            device=device,
+            non_blocking=non_blocking,
+            _source=dataloader,
+            _shard_info=info,
+            batch_size=per_rank,
+            drop_last=dataloader.drop_last,
+            rng_types=rng_types,
+            use_stateful_dataloader=use_stateful_dataloader,
+            **kwargs,
         )
     batch_sampler = dataloader.batch_sampler
     if batch_sampler is None:
@@ -129,18 +157,30 @@ def prepare_data_loader(
         )
         return dataloader
     if type(batch_sampler) is BatchSampler:  # the user's sampler is the batch sampler's, not dl.sampler
-        sampler = resolve_sampler(batch_sampler.sampler, data_seed, use_seedable_sampler or data_seed is not None)
+        sampler = resolve_sampler(
+            batch_sampler.sampler, data_seed, use_seedable_sampler or data_seed is not None
+        )
         if sampler is not batch_sampler.sampler:
             batch_sampler = BatchSampler(sampler, batch_sampler.batch_size, batch_sampler.drop_last)
     info["batch_size"] = getattr(batch_sampler, "batch_size", None)
     synchronized = give_generator(random_sampler(batch_sampler)) if num_processes > 1 else None
     if num_processes > 1 or split_batches:
         batch_sampler = BatchSamplerShard(
-            batch_sampler, num_processes=num_processes, process_index=process_index,
-            split_batches=split_batches, even_batches=even_batches,
+            batch_sampler,
+            num_processes=num_processes,
+            process_index=process_index,
+            split_batches=split_batches,
+            even_batches=even_batches,
         )
     return DataLoaderShard(
-        dataset, device=device, non_blocking=non_blocking, _source=dataloader, _shard_info=info,
-        batch_sampler=SkipBatchSampler(batch_sampler, 0), rng_types=rng_types,
-        synchronized_generator=synchronized, use_stateful_dataloader=use_stateful_dataloader, **kwargs,
+        dataset,
+        device=device,
+        non_blocking=non_blocking,
+        _source=dataloader,
+        _shard_info=info,
+        batch_sampler=SkipBatchSampler(batch_sampler, 0),
+        rng_types=rng_types,
+        synchronized_generator=synchronized,
+        use_stateful_dataloader=use_stateful_dataloader,
+        **kwargs,
     )

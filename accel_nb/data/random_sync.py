@@ -73,7 +73,9 @@ def _rng_type(value: Any) -> RNGType:
     try:
         kind = RNGType(value.value if isinstance(value, enum.Enum) else value)
     except ValueError:
-        raise ValueError(f"unknown rng type {value!r}; use one of {', '.join(repr(t.value) for t in RNGType)}") from None
+        raise ValueError(
+            f"unknown rng type {value!r}; use one of {', '.join(repr(t.value) for t in RNGType)}"
+        ) from None
     if kind not in _SUPPORTED:
         raise NotImplementedError(
             f"synchronizing the {kind.value!r} generator is not supported by accel_nb; it synchronizes "
@@ -104,7 +106,9 @@ def _write(kind: RNGType, state: torch.Tensor, generator: torch.Generator | None
         generator.set_state(state)
 
 
-def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torch.Generator | None = None) -> None:
+def synchronize_rng_state(
+    rng_type: RNGType | str | None = None, generator: torch.Generator | None = None
+) -> None:
     """Copy the main process's state of one generator to every process.
 
     ``"torch"`` is the global CPU generator, ``"cuda"`` the CUDA generators of this process (nothing
@@ -116,7 +120,9 @@ def synchronize_rng_state(rng_type: RNGType | str | None = None, generator: torc
     if kind is RNGType.GENERATOR and generator is None:
         return
     if kind is RNGType.XLA and not runtime.in_use():
-        raise ValueError("synchronizing the 'xla' generator needs a run on XLA devices (torch_xla, PJRT_DEVICE)")
+        raise ValueError(
+            "synchronizing the 'xla' generator needs a run on XLA devices (torch_xla, PJRT_DEVICE)"
+        )
     if world_size() == 1:  # one process (also outside a process group)
         return
     if kind is RNGType.CUDA and not torch.cuda.is_available():

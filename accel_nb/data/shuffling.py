@@ -102,7 +102,10 @@ class PassShuffle:
         self._no_base_seed = False  # resumed between passes: the saved run's next pass drew no base seed
 
     def begin(
-        self, sampler: RandomSampler | None, loader_generator: torch.Generator | None, new_iterator: bool = True
+        self,
+        sampler: RandomSampler | None,
+        loader_generator: torch.Generator | None,
+        new_iterator: bool = True,
     ) -> None:
         new_iterator = new_iterator and not self._no_base_seed
         if sampler is None:

@@ -20,5 +20,14 @@ from .wrappers import (
     DummyScheduler,
 )
 
-__all__ = ["DeepSpeedPlugin", "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper",
-           "DummyOptim", "DummyScheduler", "plugin_from_env", "plugin_from_launch_settings", "zero3_init"]  # fmt: skip
+__all__ = [
+    "DeepSpeedPlugin",
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+    "plugin_from_env",
+    "plugin_from_launch_settings",
+    "zero3_init",
+]

@@ -35,7 +35,9 @@ def engine_indices(accelerator: Any) -> tuple[list[int], list[int]]:
     from .wrappers import DeepSpeedOptimizerWrapper
 
     optimizers = [
-        i for i, o in enumerate(getattr(accelerator, "_optimizers", [])) if isinstance(o, DeepSpeedOptimizerWrapper)
+        i
+        for i, o in enumerate(getattr(accelerator, "_optimizers", []))
+        if isinstance(o, DeepSpeedOptimizerWrapper)
     ]
     return models, optimizers
 
@@ -61,8 +63,12 @@ def load_engines(accelerator: Any, plan: dict[str, Any]) -> None:
         loaded, _ = engine.load_checkpoint(plan["path"], tag=engine_folder(i))
         if loaded is None:
             raise RuntimeError(f"DeepSpeed could not load {os.path.join(plan['path'], engine_folder(i))}")
-    plan["models"] = [(m, s) for m, s in plan["models"] if not (isinstance(s, tuple) and s[0] == ENGINE_SOURCE)]
-    plan["optimizers"] = [(o, s) for o, s in plan["optimizers"] if not (isinstance(s, tuple) and s[0] == ENGINE_SOURCE)]
+    plan["models"] = [
+        (m, s) for m, s in plan["models"] if not (isinstance(s, tuple) and s[0] == ENGINE_SOURCE)
+    ]
+    plan["optimizers"] = [
+        (o, s) for o, s in plan["optimizers"] if not (isinstance(s, tuple) and s[0] == ENGINE_SOURCE)
+    ]
 
 
 def engine_source(accelerator: Any, path: str, kind: str, index: int) -> tuple[str, str] | None:

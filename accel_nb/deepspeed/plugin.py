@@ -18,8 +18,14 @@ from typing import Any
 from ..counts import is_count
 from ..env_names import ENV_DEEPSPEED_CONFIG, REFERENCE_USE_DEEPSPEED
 
-__all__ = ["DeepSpeedPlugin", "ENV_DEEPSPEED_CONFIG", "plugin_from_env", "resolve_deepspeed_plugin",
-           "plugin_from_launch_settings", "EXTRA_HINT"]  # fmt: skip
+__all__ = [
+    "DeepSpeedPlugin",
+    "ENV_DEEPSPEED_CONFIG",
+    "plugin_from_env",
+    "resolve_deepspeed_plugin",
+    "plugin_from_launch_settings",
+    "EXTRA_HINT",
+]
 
 EXTRA_HINT = "install it with `pip install 'accel_nb[deepspeed]'` (DS_BUILD_OPS=0 skips compiling its ops)"
 
@@ -38,15 +44,25 @@ FIELD_KEYS = {
 }
 # the launch config's deepspeed_config keys (the reference's YAML spelling) -> plugin fields
 LAUNCH_KEYS = {
-    "deepspeed_config_file": "hf_ds_config", "zero_stage": "zero_stage",
-    "gradient_accumulation_steps": "gradient_accumulation_steps", "gradient_clipping": "gradient_clipping",
-    "offload_optimizer_device": "offload_optimizer_device", "offload_param_device": "offload_param_device",
-    "offload_optimizer_nvme_path": "offload_optimizer_nvme_path", "offload_param_nvme_path": "offload_param_nvme_path",
-    "zero3_init_flag": "zero3_init_flag", "zero3_save_16bit_model": "zero3_save_16bit_model",
-}  # fmt: skip
+    "deepspeed_config_file": "hf_ds_config",
+    "zero_stage": "zero_stage",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "offload_optimizer_device": "offload_optimizer_device",
+    "offload_param_device": "offload_param_device",
+    "offload_optimizer_nvme_path": "offload_optimizer_nvme_path",
+    "offload_param_nvme_path": "offload_param_nvme_path",
+    "zero3_init_flag": "zero3_init_flag",
+    "zero3_save_16bit_model": "zero3_save_16bit_model",
+}
 # keys of the reference's deepspeed_config that need a multi-machine DeepSpeed launcher accel_nb does not run
-LAUNCH_KEYS_IGNORED = ("deepspeed_multinode_launcher", "deepspeed_hostfile", "deepspeed_exclusion_filter",
-                       "deepspeed_inclusion_filter", "deepspeed_moe_layer_cls_names")  # fmt: skip
+LAUNCH_KEYS_IGNORED = (
+    "deepspeed_multinode_launcher",
+    "deepspeed_hostfile",
+    "deepspeed_exclusion_filter",
+    "deepspeed_inclusion_filter",
+    "deepspeed_moe_layer_cls_names",
+)
 
 
 def get_value(config: dict[str, Any], dotted: str, default: Any = None) -> Any:
@@ -76,16 +92,22 @@ def _read_config(source: Any) -> dict[str, Any]:
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if not os.path.isfile(path):
-            raise ValueError(f"DeepSpeed config file {path!r} does not exist; pass a JSON file path or a dict")
+            raise ValueError(
+                f"DeepSpeed config file {path!r} does not exist; pass a JSON file path or a dict"
+            )
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
         except json.JSONDecodeError as exc:
             raise ValueError(f"DeepSpeed config file {path} is not valid JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"DeepSpeed config file {path} must hold a JSON object, not {type(data).__name__}")
+            raise ValueError(
+                f"DeepSpeed config file {path} must hold a JSON object, not {type(data).__name__}"
+            )
         return data
-    raise ValueError(f"hf_ds_config={source!r} is not a DeepSpeed config: pass a dict or the path of a JSON file")
+    raise ValueError(
+        f"hf_ds_config={source!r} is not a DeepSpeed config: pass a dict or the path of a JSON file"
+    )
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -132,7 +154,9 @@ class DeepSpeedPlugin:
     def __post_init__(self) -> None:
         if self.enable_msamp or self.transformer_moe_cls_names:
             name = "enable_msamp" if self.enable_msamp else "transformer_moe_cls_names"
-            raise ValueError(f"DeepSpeedPlugin({name}=...) is not supported by accel_nb (MS-AMP and MoE leaf modules)")
+            raise ValueError(
+                f"DeepSpeedPlugin({name}=...) is not supported by accel_nb (MS-AMP and MoE leaf modules)"
+            )
         if self.hf_ds_config is None:
             self.hf_ds_config = _env("ACCELERATE_DEEPSPEED_CONFIG_FILE")
         from_file = self.hf_ds_config is not None and self.hf_ds_config != "none"
@@ -157,16 +181,22 @@ class DeepSpeedPlugin:
             self.deepspeed_config = self._config_from_fields()
         self.deepspeed_config.setdefault("steps_per_print", 2**62)  # DeepSpeed stays quiet on stdout
         self.zero_stage = int(get_value(self.deepspeed_config, "zero_optimization.stage", 0))
-        self.offload_optimizer_device = str(get_value(self.deepspeed_config, FIELD_KEYS["offload_optimizer_device"],
-                                                      "none")).lower()  # fmt: skip
-        self.offload_param_device = str(get_value(self.deepspeed_config, FIELD_KEYS["offload_param_device"], "none")).lower()
+        self.offload_optimizer_device = str(
+            get_value(self.deepspeed_config, FIELD_KEYS["offload_optimizer_device"], "none")
+        ).lower()
+        self.offload_param_device = str(
+            get_value(self.deepspeed_config, FIELD_KEYS["offload_param_device"], "none")
+        ).lower()
         if self.zero3_init_flag is None:
             flag = _env("ACCELERATE_DEEPSPEED_ZERO3_INIT")
-            self.zero3_init_flag = self.zero_stage == 3 if flag is None else flag.lower() in ("1", "true", "yes")
+            self.zero3_init_flag = (
+                self.zero_stage == 3 if flag is None else flag.lower() in ("1", "true", "yes")
+            )
         self.validate()
 
     def _read_fields_from_env(self, from_file: bool) -> None:
-        if self.gradient_accumulation_steps is None:  # filled from the Accelerator's (which reads the launcher's)
+        # filled from the Accelerator's (which reads the launcher's)
+        if self.gradient_accumulation_steps is None:
             self.gradient_accumulation_steps = AUTO
         if self.gradient_clipping is None:
             clip = _env("ACCELERATE_GRADIENT_CLIPPING", AUTO)
@@ -180,11 +210,15 @@ class DeepSpeedPlugin:
         if self.offload_param_device is None:
             self.offload_param_device = _env("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "none")
         if self.offload_optimizer_nvme_path is None:
-            self.offload_optimizer_nvme_path = _env("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "none")
+            self.offload_optimizer_nvme_path = _env(
+                "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH", "none"
+            )
         if self.offload_param_nvme_path is None:
             self.offload_param_nvme_path = _env("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_NVME_PATH", "none")
         if self.zero3_save_16bit_model is None:
-            self.zero3_save_16bit_model = _env("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true"
+            self.zero3_save_16bit_model = (
+                _env("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", "false").lower() == "true"
+            )
 
     def _config_from_fields(self) -> dict[str, Any]:
         zero: dict[str, Any] = {
@@ -215,10 +249,14 @@ class DeepSpeedPlugin:
         for kind in ("optimizer", "param"):
             device = getattr(self, f"offload_{kind}_device")
             if device not in OFFLOAD_DEVICES:
-                raise ValueError(f"offload_{kind}_device={device!r} is not valid; use one of {', '.join(OFFLOAD_DEVICES)}")
+                raise ValueError(
+                    f"offload_{kind}_device={device!r} is not valid; use one of {', '.join(OFFLOAD_DEVICES)}"
+                )
             path = get_value(self.deepspeed_config, f"zero_optimization.offload_{kind}.nvme_path")
             if device == "nvme" and path in (None, "", "none"):
-                raise ValueError(f"offload_{kind}_device='nvme' needs offload_{kind}_nvme_path (a folder on an NVMe drive)")
+                raise ValueError(
+                    f"offload_{kind}_device='nvme' needs offload_{kind}_nvme_path (a folder on an NVMe drive)"
+                )
         if self.offload_param_device != "none" and self.zero_stage != 3:
             raise ValueError(
                 f"offload_param_device={self.offload_param_device!r} needs zero_stage=3 (only stage 3 partitions the "
@@ -231,10 +269,16 @@ class DeepSpeedPlugin:
             )
         gas = self.deepspeed_config.get("gradient_accumulation_steps")
         if gas != AUTO and not is_count(gas):
-            raise ValueError(f"gradient_accumulation_steps={gas!r} in the DeepSpeed config must be a whole number >= 1 or 'auto'")
+            raise ValueError(
+                f"gradient_accumulation_steps={gas!r} in the DeepSpeed config must be a whole number >= 1 or 'auto'"
+            )
         clip = self.deepspeed_config.get("gradient_clipping")
-        if clip not in (None, AUTO) and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
-            raise ValueError(f"gradient_clipping={clip!r} in the DeepSpeed config must be a number >= 0 or 'auto'")
+        if clip not in (None, AUTO) and (
+            isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0
+        ):
+            raise ValueError(
+                f"gradient_clipping={clip!r} in the DeepSpeed config must be a number >= 0 or 'auto'"
+            )
         if self.zero3_init_flag and self.zero_stage != 3:
             self.zero3_init_flag = False  # as the reference: the flag only means something with stage 3
 
@@ -273,7 +317,9 @@ class DeepSpeedPlugin:
             )
         chosen = mixed_precision if mixed_precision is not None else (config_choice or "no")
         if chosen == "fp8":
-            raise ValueError("mixed_precision='fp8' with DeepSpeed is not supported by accel_nb; use bf16 or fp16")
+            raise ValueError(
+                "mixed_precision='fp8' with DeepSpeed is not supported by accel_nb; use bf16 or fp16"
+            )
         for kind in ("fp16", "bf16"):
             if kind in self.deepspeed_config or chosen == kind:
                 section = self.deepspeed_config.setdefault(kind, {})
@@ -284,9 +330,13 @@ class DeepSpeedPlugin:
         """The ``deepspeed_config`` mapping of a launch config that stands for this plugin."""
         if isinstance(self.hf_ds_config, (str, os.PathLike)) and self.hf_ds_config != "none":
             return {"deepspeed_config_file": os.fspath(self.hf_ds_config)}
-        out = {"zero_stage": self.zero_stage, "offload_optimizer_device": self.offload_optimizer_device,
-               "offload_param_device": self.offload_param_device, "zero3_init_flag": bool(self.zero3_init_flag),
-               "zero3_save_16bit_model": bool(self.zero3_save_16bit_model)}  # fmt: skip
+        out = {
+            "zero_stage": self.zero_stage,
+            "offload_optimizer_device": self.offload_optimizer_device,
+            "offload_param_device": self.offload_param_device,
+            "zero3_init_flag": bool(self.zero3_init_flag),
+            "zero3_save_16bit_model": bool(self.zero3_save_16bit_model),
+        }
         for name in ("gradient_accumulation_steps", "gradient_clipping"):
             if getattr(self, name) not in (None, AUTO):
                 out[name] = getattr(self, name)
@@ -296,6 +346,7 @@ class DeepSpeedPlugin:
 def plugin_from_launch_settings(settings: dict[str, Any] | None) -> DeepSpeedPlugin:
     """The plugin a launch config's ``deepspeed_config`` mapping (the reference's YAML keys) stands for.
 
+    Example:
         plugin_from_launch_settings({"zero_stage": 3, "offload_optimizer_device": "cpu"})
     """
     settings = dict(settings or {})
@@ -336,8 +387,11 @@ def resolve_deepspeed_plugin(plugin: Any) -> DeepSpeedPlugin | None:
             "deepspeed_plugin as a dict of several plugins is not supported by accel_nb; pass one DeepSpeedPlugin"
         )
     if not isinstance(plugin, DeepSpeedPlugin):
-        if type(plugin).__name__ == "DeepSpeedPlugin" and hasattr(plugin, "deepspeed_config"):  # the reference's
-            return DeepSpeedPlugin(hf_ds_config=copy.deepcopy(plugin.deepspeed_config),
-                                   zero3_init_flag=getattr(plugin, "zero3_init_flag", None))  # fmt: skip
+        # the reference's
+        if type(plugin).__name__ == "DeepSpeedPlugin" and hasattr(plugin, "deepspeed_config"):
+            return DeepSpeedPlugin(
+                hf_ds_config=copy.deepcopy(plugin.deepspeed_config),
+                zero3_init_flag=getattr(plugin, "zero3_init_flag", None),
+            )
         raise TypeError(f"deepspeed_plugin must be a DeepSpeedPlugin, got {type(plugin).__name__}")
     return plugin

@@ -42,8 +42,10 @@ def import_deepspeed(device_type: str) -> Any:
         import deepspeed
         from deepspeed.accelerator import get_accelerator
     except ImportError as exc:
-        raise ImportError(f"DeepSpeed was asked for (deepspeed_plugin / distributed_type DEEPSPEED) but "
-                          f"`import deepspeed` failed ({exc}); {EXTRA_HINT}") from exc  # fmt: skip
+        raise ImportError(
+            f"DeepSpeed was asked for (deepspeed_plugin / distributed_type DEEPSPEED) but "
+            f"`import deepspeed` failed ({exc}); {EXTRA_HINT}"
+        ) from exc
     chosen = get_accelerator().device_name()
     wanted = "cpu" if device_type == "cpu" else device_type
     if chosen != wanted:
@@ -68,10 +70,17 @@ def _ensure_process_group(deepspeed: Any, device_type: str) -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())  # adopts the existing group
         return
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    for name, value in (
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ):
         os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    deepspeed.init_distributed(dist_backend="gloo" if device_type == "cpu" else "nccl", auto_mpi_discovery=False)
+    deepspeed.init_distributed(
+        dist_backend="gloo" if device_type == "cpu" else "nccl", auto_mpi_discovery=False
+    )
 
 
 def agree_accumulation(plugin: DeepSpeedPlugin, steps: int, explicit: bool) -> int:
@@ -92,7 +101,9 @@ def agree_accumulation(plugin: DeepSpeedPlugin, steps: int, explicit: bool) -> i
 
 
 def _micro_batch(accelerator: Any, plugin: DeepSpeedPlugin, loaders: list[Any]) -> int:
-    if not plugin.is_auto("train_micro_batch_size_per_gpu") and plugin.get_value("train_micro_batch_size_per_gpu"):
+    if not plugin.is_auto("train_micro_batch_size_per_gpu") and plugin.get_value(
+        "train_micro_batch_size_per_gpu"
+    ):
         return int(plugin.get_value("train_micro_batch_size_per_gpu"))
     sizes = [getattr(dl, "batch_size", None) for dl in loaders]
     if not sizes or any(size is None for size in sizes):
@@ -131,26 +142,34 @@ def filled_config(
         "gradient_clipping": 1.0,
         "zero_optimization.stage3_gather_16bit_weights_on_model_save": False,
     }
-    hidden_keys = [f"zero_optimization.{k}" for k in ("reduce_bucket_size", "stage3_prefetch_bucket_size",
-                                                      "stage3_param_persistence_threshold")]  # fmt: skip
+    hidden_keys = [
+        f"zero_optimization.{k}"
+        for k in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+    ]
     auto_hidden = [k for k in hidden_keys if get_value(config, k) == AUTO]
     if auto_hidden and model is not None:
         size = _hidden_size(model, auto_hidden)
         values.update(dict(zip(hidden_keys, (size * size, int(0.9 * size * size), 10 * size))))
     if isinstance(optimizer, DummyOptim):
-        values.update({"optimizer.params.lr": optimizer.lr, "optimizer.params.weight_decay": optimizer.weight_decay})
+        values.update(
+            {"optimizer.params.lr": optimizer.lr, "optimizer.params.weight_decay": optimizer.weight_decay}
+        )
     if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None:
         base = scheduler.optimizer
-        values.update({
-            "scheduler.params.warmup_min_lr": 0,
-            "scheduler.params.warmup_max_lr": getattr(base, "lr", None) if not hasattr(base, "defaults")
-            else base.defaults["lr"],
-            "scheduler.params.warmup_num_steps": max(1, scheduler.warmup_num_steps),
-        })  # fmt: skip
+        values.update(
+            {
+                "scheduler.params.warmup_min_lr": 0,
+                "scheduler.params.warmup_max_lr": getattr(base, "lr", None)
+                if not hasattr(base, "defaults")
+                else base.defaults["lr"],
+                "scheduler.params.warmup_num_steps": max(1, scheduler.warmup_num_steps),
+            }
+        )
         if scheduler.total_num_steps is not None:
             total = scheduler.total_num_steps
-            values["scheduler.params.total_num_steps"] = total if accelerator.split_batches else -(
-                -total // accelerator.num_processes)  # fmt: skip
+            values["scheduler.params.total_num_steps"] = (
+                total if accelerator.split_batches else -(-total // accelerator.num_processes)
+            )
     left: list[str] = []
 
     def fill(node: dict[str, Any], prefix: str) -> None:
@@ -183,20 +202,29 @@ def _check_pairing(plugin: DeepSpeedPlugin, optimizer: Any, scheduler: Any) -> N
     if optimizer is not None and has_opt != isinstance(optimizer, DummyOptim):
         raise ValueError(
             "the DeepSpeed config defines an optimizer and prepare() got a torch optimizer too; remove the config's "
-            "optimizer section or pass accel_nb.deepspeed.DummyOptim(model.parameters(), lr=...)" if has_opt else
-            "DummyOptim stands for the DeepSpeed config's optimizer section, and this config has none; add one or "
+            "optimizer section or pass accel_nb.deepspeed.DummyOptim(model.parameters(), lr=...)"
+            if has_opt
+            else "DummyOptim stands for the DeepSpeed config's optimizer section, and this config has none; add one or "
             "pass a torch optimizer"
-        )  # fmt: skip
+        )
     if scheduler is not None:
         if has_sched and not isinstance(scheduler, DummyScheduler):
             raise ValueError(
                 "the DeepSpeed config defines a scheduler and prepare() got a scheduler too; remove the config's "
                 "scheduler section or pass accel_nb.deepspeed.DummyScheduler(optimizer, ...)"
             )
-        if isinstance(scheduler, DummyScheduler) and not has_sched and scheduler.lr_scheduler_callable is None:
-            raise ValueError("DummyScheduler needs a scheduler section in the DeepSpeed config or lr_scheduler_callable=")
+        if (
+            isinstance(scheduler, DummyScheduler)
+            and not has_sched
+            and scheduler.lr_scheduler_callable is None
+        ):
+            raise ValueError(
+                "DummyScheduler needs a scheduler section in the DeepSpeed config or lr_scheduler_callable="
+            )
         if isinstance(optimizer, DummyOptim) is False and isinstance(scheduler, DummyScheduler):
-            raise ValueError("DummyScheduler goes with DummyOptim (the config's optimizer); pass a torch scheduler")
+            raise ValueError(
+                "DummyScheduler goes with DummyOptim (the config's optimizer); pass a torch scheduler"
+            )
 
 
 def _half_dtype(config: dict[str, Any]) -> torch.dtype | None:
@@ -243,7 +271,9 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
             if adopt_prepared(obj, accelerator._models):
                 continue  # a rerun cell: the engine prepare() returned
             if model is not None:
-                raise ValueError("DeepSpeed prepares one model per Accelerator; create an Accelerator per model")
+                raise ValueError(
+                    "DeepSpeed prepares one model per Accelerator; create an Accelerator per model"
+                )
             model = obj
         elif isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
             if adopt_prepared(obj, accelerator._optimizers):
@@ -261,7 +291,9 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
             )
         return result
     if accelerator.deepspeed_engine_wrapped is not None:
-        raise ValueError("this Accelerator already prepared a DeepSpeed model; create an Accelerator per model")
+        raise ValueError(
+            "this Accelerator already prepared a DeepSpeed model; create an Accelerator per model"
+        )
     _check_pairing(plugin, optimizer, scheduler)
     loaders = new_loaders or [dl for dl in accelerator._dataloaders]
     config = filled_config(accelerator, plugin, model, optimizer, scheduler, loaders)
@@ -290,9 +322,12 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
             wrapped_sched = DeepSpeedSchedulerWrapper(ds_scheduler, [wrapped_opt])
         else:  # a torch scheduler: stepped by the loop after each real optimizer step, as without DeepSpeed
             wrapped_sched = AcceleratedScheduler(
-                scheduler, [wrapped_opt], step_with_optimizer=accelerator.step_scheduler_with_optimizer,
-                split_batches=accelerator.split_batches, num_processes=accelerator.num_processes,
-            )  # fmt: skip
+                scheduler,
+                [wrapped_opt],
+                step_with_optimizer=accelerator.step_scheduler_with_optimizer,
+                split_batches=accelerator.split_batches,
+                num_processes=accelerator.num_processes,
+            )
         accelerator._schedulers.append(mark_prepared(wrapped_sched))
     for i, obj in enumerate(args):
         if obj is model:
@@ -302,7 +337,6 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
         elif obj is scheduler:
             result[i] = wrapped_sched
     return result
-
 
 
 def zero3_init(accelerator: Any) -> Any:
@@ -324,8 +358,11 @@ def zero3_init(accelerator: Any) -> Any:
     micro = 1 if micro in (None, AUTO) else micro
     gas = config.get("gradient_accumulation_steps")
     gas = accelerator.gradient_accumulation_steps if gas in (None, AUTO) else gas
-    config.update(train_micro_batch_size_per_gpu=micro, gradient_accumulation_steps=gas,
-                  train_batch_size=micro * gas * accelerator.num_processes)  # fmt: skip
+    config.update(
+        train_micro_batch_size_per_gpu=micro,
+        gradient_accumulation_steps=gas,
+        train_batch_size=micro * gas * accelerator.num_processes,
+    )
 
     def drop_auto(node: dict[str, Any]) -> None:
         for key in [k for k, v in node.items() if v == AUTO]:

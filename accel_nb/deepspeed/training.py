@@ -38,8 +38,12 @@ def configure(accelerator: Any, explicit_steps: bool) -> None:
     if accelerator.device.type == "xla":
         raise ValueError("DeepSpeed does not run on XLA devices (TPU cores); use FSDP or DDP there")
     if accelerator.compile_options is not None:
-        raise ValueError("torch.compile with DeepSpeed is not supported by accel_nb yet; drop the compile setting")
-    steps = agree_accumulation(accelerator.deepspeed_plugin, accelerator.gradient_accumulation_steps, explicit_steps)
+        raise ValueError(
+            "torch.compile with DeepSpeed is not supported by accel_nb yet; drop the compile setting"
+        )
+    steps = agree_accumulation(
+        accelerator.deepspeed_plugin, accelerator.gradient_accumulation_steps, explicit_steps
+    )
     accelerator.gradient_accumulation_steps = steps
     accelerator.scaler = None
     accelerator.state.distributed_type = DistributedType.DEEPSPEED
@@ -94,8 +98,9 @@ def engine_state_dict(accelerator: Any, model: Any) -> dict[str, Any] | None:
         return None
     if accelerator.deepspeed_plugin.zero_stage != 3:
         return {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    gather = (getattr(accelerator, "deepspeed_config", None) or accelerator.deepspeed_plugin.deepspeed_config).get(
-        "zero_optimization", {})  # fmt: skip
+    gather = (
+        getattr(accelerator, "deepspeed_config", None) or accelerator.deepspeed_plugin.deepspeed_config
+    ).get("zero_optimization", {})
     if not gather.get("stage3_gather_16bit_weights_on_model_save"):
         raise ValueError(
             "the model is sharded with ZeRO-3 and the config does not gather it for saving; set "

@@ -15,13 +15,19 @@ from typing import Any
 
 from ..accelerator.optim import AcceleratedOptimizer, AcceleratedScheduler
 
-__all__ = ["DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper", "DeepSpeedSchedulerWrapper", "DummyOptim",
-           "DummyScheduler"]  # fmt: skip
+__all__ = [
+    "DeepSpeedEngineWrapper",
+    "DeepSpeedOptimizerWrapper",
+    "DeepSpeedSchedulerWrapper",
+    "DummyOptim",
+    "DummyScheduler",
+]
 
 
 class DeepSpeedEngineWrapper:
     """Drives a ``DeepSpeedEngine`` from ``Accelerator.backward``: backward always, step on sync steps.
 
+    Example:
         wrapped = DeepSpeedEngineWrapper(engine); wrapped.backward(loss, sync_gradients=True)
     """
 

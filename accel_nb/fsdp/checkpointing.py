@@ -28,8 +28,15 @@ from .state_dicts import (
     read_sharded_optimizer,
 )
 
-__all__ = ["SHARDED", "apply_optimizer", "load_model", "model_weights", "read_sharded_parts",
-           "save_sharded_parts", "sharded_folder"]  # fmt: skip
+__all__ = [
+    "SHARDED",
+    "apply_optimizer",
+    "load_model",
+    "model_weights",
+    "read_sharded_parts",
+    "save_sharded_parts",
+    "sharded_folder",
+]
 
 SHARDED = "fsdp_sharded"  # marks a part that lives in a DCP folder, read in load_state's collective phase
 
@@ -92,8 +99,10 @@ def save_sharded_parts(accelerator: Any, tmp: str, weights: list[Any], models: l
         else:
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-            dcp.save({"optimizer": get_optimizer_state_dict(owner, inner)},
-                     checkpoint_id=sharded_folder(tmp, "optimizer", i))  # fmt: skip
+            dcp.save(
+                {"optimizer": get_optimizer_state_dict(owner, inner)},
+                checkpoint_id=sharded_folder(tmp, "optimizer", i),
+            )
             overrides[i] = None
     return overrides
 
@@ -101,7 +110,8 @@ def save_sharded_parts(accelerator: Any, tmp: str, weights: list[Any], models: l
 def read_sharded_parts(plan: dict[str, Any], models: list[Any]) -> None:
     """Read every DCP part the plan marks (collective on all ranks), replacing the marks with the read states."""
     plan["models"] = [
-        (module, read_sharded(source[1], module) if _marked(source) else source) for module, source in plan["models"]
+        (module, read_sharded(source[1], module) if _marked(source) else source)
+        for module, source in plan["models"]
     ]
     optimizers = []
     for opt, state in plan["optimizers"]:

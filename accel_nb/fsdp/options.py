@@ -18,16 +18,28 @@ from typing import Any
 
 from ..env_names import ENV_FSDP_CONFIG
 
-__all__ = ["ENV_FSDP_CONFIG", "FSDPOptions", "FullyShardedDataParallelPlugin", "options_from_config", "resolve_fsdp_options",
-           "options_from_env"]  # fmt: skip
+__all__ = [
+    "ENV_FSDP_CONFIG",
+    "FSDPOptions",
+    "FullyShardedDataParallelPlugin",
+    "options_from_config",
+    "resolve_fsdp_options",
+    "options_from_env",
+]
 
 
 # our spelling -> (reshard_after_forward, mesh layout)
 SHARDING_STRATEGIES = ("full", "shard_grad_op", "hybrid", "no_shard")
 _REFERENCE_STRATEGIES = {
-    "FULL_SHARD": "full", "SHARD_GRAD_OP": "shard_grad_op", "HYBRID_SHARD": "hybrid", "NO_SHARD": "no_shard",
-    "1": "full", "2": "shard_grad_op", "3": "no_shard", "4": "hybrid",
-}  # fmt: skip
+    "FULL_SHARD": "full",
+    "SHARD_GRAD_OP": "shard_grad_op",
+    "HYBRID_SHARD": "hybrid",
+    "NO_SHARD": "no_shard",
+    "1": "full",
+    "2": "shard_grad_op",
+    "3": "no_shard",
+    "4": "hybrid",
+}
 STATE_DICT_TYPES = ("sharded", "full")
 _REFERENCE_STATE_DICT = {"SHARDED_STATE_DICT": "sharded", "FULL_STATE_DICT": "full"}
 
@@ -53,18 +65,22 @@ def _named_choice(value: Any, own: Any, reference: dict[str, str], error: str) -
 
 def _strategy(value: Any, option: str) -> str:
     return _named_choice(
-        value, SHARDING_STRATEGIES, _REFERENCE_STRATEGIES,
+        value,
+        SHARDING_STRATEGIES,
+        _REFERENCE_STRATEGIES,
         f"{option}={value!r} is not a sharding strategy; use one of {', '.join(SHARDING_STRATEGIES)} "
         "(or the reference names FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, NO_SHARD)",
-    )  # fmt: skip
+    )
 
 
 def _state_dict_type(value: Any, option: str) -> str:
     return _named_choice(
-        value, STATE_DICT_TYPES, _REFERENCE_STATE_DICT,
+        value,
+        STATE_DICT_TYPES,
+        _REFERENCE_STATE_DICT,
         f"{option}={value!r} is not supported; use 'sharded' (SHARDED_STATE_DICT: each rank saves its shards "
         "with torch.distributed.checkpoint) or 'full' (FULL_STATE_DICT: gathered on the main process)",
-    )  # fmt: skip
+    )
 
 
 def _class_names(value: Any, option: str) -> list[str]:
@@ -120,7 +136,9 @@ class FSDPOptions:
         self.auto_wrap_classes = _class_names(self.auto_wrap_classes, "auto_wrap_classes")
         if self.min_num_params is not None:
             if isinstance(self.min_num_params, bool) or int(self.min_num_params) < 1:
-                raise ValueError(f"min_num_params={self.min_num_params!r} must be a whole number >= 1 (or None)")
+                raise ValueError(
+                    f"min_num_params={self.min_num_params!r} must be a whole number >= 1 (or None)"
+                )
             self.min_num_params = int(self.min_num_params)
         if not isinstance(self.cpu_offload, bool):
             raise ValueError(f"cpu_offload={self.cpu_offload!r} must be True or False")
@@ -131,9 +149,13 @@ class FSDPOptions:
                     "auto_wrap_classes=[...] or activation_checkpointing=['BlockClassName']"
                 )
         else:
-            self.activation_checkpointing = _class_names(self.activation_checkpointing, "activation_checkpointing")
+            self.activation_checkpointing = _class_names(
+                self.activation_checkpointing, "activation_checkpointing"
+            )
         if self.reshard_after_forward is not None and not isinstance(self.reshard_after_forward, bool):
-            raise ValueError(f"reshard_after_forward={self.reshard_after_forward!r} must be True, False or None")
+            raise ValueError(
+                f"reshard_after_forward={self.reshard_after_forward!r} must be True, False or None"
+            )
 
     @property
     def checkpointed_classes(self) -> list[str]:
@@ -151,11 +173,22 @@ class FSDPOptions:
 
 
 # fields of the reference plugin that only its FSDP1 path uses: FSDP2 has nothing to apply them to
-_FSDP1_ONLY = {"backward_prefetch": None, "forward_prefetch": False, "limit_all_gathers": True,
-               "use_orig_params": None, "sync_module_states": None}  # fmt: skip
+_FSDP1_ONLY = {
+    "backward_prefetch": None,
+    "forward_prefetch": False,
+    "limit_all_gathers": True,
+    "use_orig_params": None,
+    "sync_module_states": None,
+}
 # fields accel_nb does not implement: anything but the default is an error
-_NOT_SUPPORTED = {"ignored_modules": None, "param_init_fn": None, "activation_checkpointing_offload": False, "state_dict_config": None,
-                  "optim_state_dict_config": None, "mixed_precision_policy": None}  # fmt: skip
+_NOT_SUPPORTED = {
+    "ignored_modules": None,
+    "param_init_fn": None,
+    "activation_checkpointing_offload": False,
+    "state_dict_config": None,
+    "optim_state_dict_config": None,
+    "mixed_precision_policy": None,
+}
 
 
 @dataclass
@@ -197,46 +230,72 @@ class FullyShardedDataParallelPlugin:
         """The ``FSDPOptions`` these fields mean; a clear error for a field accel_nb would ignore."""
         for name, default in _NOT_SUPPORTED.items():
             if getattr(self, name) not in (default, None):
-                fix = " (the Accelerator's mixed_precision sets it)" if name == "mixed_precision_policy" else ""
-                raise ValueError(f"FullyShardedDataParallelPlugin({name}=...) is not supported by accel_nb{fix}")
+                fix = (
+                    " (the Accelerator's mixed_precision sets it)" if name == "mixed_precision_policy" else ""
+                )
+                raise ValueError(
+                    f"FullyShardedDataParallelPlugin({name}=...) is not supported by accel_nb{fix}"
+                )
         for name, default in _FSDP1_ONLY.items():
             if getattr(self, name) not in (default, None):
-                _warn_once(name, f"FullyShardedDataParallelPlugin({name}=...) applies to FSDP1 only; accel_nb runs "
-                                 "FSDP2 (fully_shard), which has no such setting: it is ignored")  # fmt: skip
+                _warn_once(
+                    name,
+                    f"FullyShardedDataParallelPlugin({name}=...) applies to FSDP1 only; accel_nb runs "
+                    "FSDP2 (fully_shard), which has no such setting: it is ignored",
+                )
         if self.cpu_ram_efficient_loading:
-            _warn_once("cpu_ram_efficient_loading", "cpu_ram_efficient_loading=True is not applied by accel_nb: every "
-                       "process builds the whole model, and fully_shard then frees what each process does not own")  # fmt: skip
+            _warn_once(
+                "cpu_ram_efficient_loading",
+                "cpu_ram_efficient_loading=True is not applied by accel_nb: every "
+                "process builds the whole model, and fully_shard then frees what each process does not own",
+            )
         version = int(self.fsdp_version or 2)
         if version not in (1, 2):
             raise ValueError(f"fsdp_version={self.fsdp_version!r} must be 1 or 2")
         if version == 1:
-            _warn_once("fsdp_version", "fsdp_version=1: accel_nb runs FSDP2 (torch's fully_shard) for it; sharding "
-                                       "strategy, wrapping and state dict type keep their meaning")  # fmt: skip
-        strategy = "full" if self.sharding_strategy is None else _strategy(self.sharding_strategy, "sharding_strategy")
+            _warn_once(
+                "fsdp_version",
+                "fsdp_version=1: accel_nb runs FSDP2 (torch's fully_shard) for it; sharding "
+                "strategy, wrapping and state dict type keep their meaning",
+            )
+        strategy = (
+            "full"
+            if self.sharding_strategy is None
+            else _strategy(self.sharding_strategy, "sharding_strategy")
+        )
         reshard = self.reshard_after_forward
         if isinstance(reshard, str) and reshard.strip().lower() not in ("true", "false"):
-            strategy, reshard = _strategy(reshard, "reshard_after_forward"), None  # a strategy name (v1 files)
+            # a strategy name (v1 files)
+            strategy, reshard = _strategy(reshard, "reshard_after_forward"), None
         elif isinstance(reshard, str):
             reshard = reshard.strip().lower() == "true"
         policy = self.auto_wrap_policy
         if callable(policy):
-            raise ValueError("FullyShardedDataParallelPlugin(auto_wrap_policy=<callable>) is not supported; use "
-                             "'transformer_based_wrap' with transformer_cls_names_to_wrap, or 'size_based_wrap'")
+            raise ValueError(
+                "FullyShardedDataParallelPlugin(auto_wrap_policy=<callable>) is not supported; use "
+                "'transformer_based_wrap' with transformer_cls_names_to_wrap, or 'size_based_wrap'"
+            )
         policy = str(policy or "no_wrap").strip().lower()
         if policy not in ("transformer_based_wrap", "size_based_wrap", "no_wrap"):
-            raise ValueError(f"auto_wrap_policy={self.auto_wrap_policy!r}: use transformer_based_wrap, "
-                             "size_based_wrap or no_wrap")  # fmt: skip
+            raise ValueError(
+                f"auto_wrap_policy={self.auto_wrap_policy!r}: use transformer_based_wrap, "
+                "size_based_wrap or no_wrap"
+            )
         classes = _class_names(self.transformer_cls_names_to_wrap, "transformer_cls_names_to_wrap")
         if policy == "transformer_based_wrap" and not classes:
-            raise ValueError("auto_wrap_policy='transformer_based_wrap' needs transformer_cls_names_to_wrap "
-                             "(the block class names, e.g. ['GPT2Block']); accel_nb cannot read them from the model")
+            raise ValueError(
+                "auto_wrap_policy='transformer_based_wrap' needs transformer_cls_names_to_wrap "
+                "(the block class names, e.g. ['GPT2Block']); accel_nb cannot read them from the model"
+            )
         if policy == "size_based_wrap" and not self.min_num_params:
             raise ValueError("auto_wrap_policy='size_based_wrap' needs min_num_params (e.g. 100000000)")
         checkpointing: bool | list[str] = False
         if self.activation_checkpointing:
             if not classes:
-                raise ValueError("activation_checkpointing=True needs transformer_cls_names_to_wrap: accel_nb "
-                                 "checkpoints the blocks of those classes")  # fmt: skip
+                raise ValueError(
+                    "activation_checkpointing=True needs transformer_cls_names_to_wrap: accel_nb "
+                    "checkpoints the blocks of those classes"
+                )
             checkpointing = True if policy == "transformer_based_wrap" else classes
         return FSDPOptions(
             sharding_strategy=strategy,
@@ -263,18 +322,28 @@ def _as_bool(value: Any, key: str) -> bool:
 def options_from_config(config: dict[str, Any] | None) -> FSDPOptions:
     """The ``FSDPOptions`` of a launch config's ``fsdp_config`` mapping (the reference's ``fsdp_*`` keys).
 
+    Example:
         options_from_config({"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT"}).state_dict_type  # 'full'
     """
     config = dict(config or {})
     plugin: dict[str, Any] = {}
-    simple = {"fsdp_version": "fsdp_version", "fsdp_sharding_strategy": "sharding_strategy",
-              "fsdp_reshard_after_forward": "reshard_after_forward", "fsdp_auto_wrap_policy": "auto_wrap_policy",
-              "fsdp_state_dict_type": "state_dict_type", "fsdp_backward_prefetch": "backward_prefetch",
-              "fsdp_transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap"}  # fmt: skip
-    flags = {"fsdp_offload_params": "cpu_offload", "fsdp_activation_checkpointing": "activation_checkpointing",
-             "fsdp_forward_prefetch": "forward_prefetch", "fsdp_use_orig_params": "use_orig_params",
-             "fsdp_sync_module_states": "sync_module_states",
-             "fsdp_cpu_ram_efficient_loading": "cpu_ram_efficient_loading"}  # fmt: skip
+    simple = {
+        "fsdp_version": "fsdp_version",
+        "fsdp_sharding_strategy": "sharding_strategy",
+        "fsdp_reshard_after_forward": "reshard_after_forward",
+        "fsdp_auto_wrap_policy": "auto_wrap_policy",
+        "fsdp_state_dict_type": "state_dict_type",
+        "fsdp_backward_prefetch": "backward_prefetch",
+        "fsdp_transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
+    }
+    flags = {
+        "fsdp_offload_params": "cpu_offload",
+        "fsdp_activation_checkpointing": "activation_checkpointing",
+        "fsdp_forward_prefetch": "forward_prefetch",
+        "fsdp_use_orig_params": "use_orig_params",
+        "fsdp_sync_module_states": "sync_module_states",
+        "fsdp_cpu_ram_efficient_loading": "cpu_ram_efficient_loading",
+    }
     for key, value in config.items():
         if key in simple:
             plugin[simple[key]] = value
@@ -303,16 +372,23 @@ def options_from_env() -> FSDPOptions | None:
     return options_from_config(json.loads(raw))
 
 
-def resolve_fsdp_options(fsdp: Any, fsdp_plugin: Any, num_processes: int, on_xla: bool = False) -> FSDPOptions | None:
+def resolve_fsdp_options(
+    fsdp: Any, fsdp_plugin: Any, num_processes: int, on_xla: bool = False
+) -> FSDPOptions | None:
     """The FSDP settings of an Accelerator: ``fsdp=``, ``fsdp_plugin=`` or the launcher's config; None without FSDP.
 
+    Example:
         resolve_fsdp_options(FSDPOptions(), None, num_processes=2)     # FSDPOptions(...)
     """
     if fsdp is not None and fsdp_plugin is not None:
-        raise ValueError("pass either fsdp=FSDPOptions(...) or fsdp_plugin=FullyShardedDataParallelPlugin(...), not both")
+        raise ValueError(
+            "pass either fsdp=FSDPOptions(...) or fsdp_plugin=FullyShardedDataParallelPlugin(...), not both"
+        )
     if fsdp_plugin is not None:
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
-            raise TypeError(f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}")
+            raise TypeError(
+                f"fsdp_plugin must be a FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}"
+            )
         fsdp = fsdp_plugin.to_options()
     elif fsdp is True:
         fsdp = FSDPOptions()

@@ -74,7 +74,9 @@ def _mesh(options: FSDPOptions, device: torch.device, num_processes: int, local_
                 f"sharding_strategy='hybrid' shards within a machine ({shard} processes) but {num_processes} "
                 "processes do not divide evenly into machines"
             )
-        return init_device_mesh(device.type, (num_processes // shard, shard), mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(
+            device.type, (num_processes // shard, shard), mesh_dim_names=("replicate", "shard")
+        )
     if options.sharding_strategy == "no_shard":
         return init_device_mesh(device.type, (num_processes, 1), mesh_dim_names=("replicate", "shard"))
     return init_device_mesh(device.type, (num_processes,))
@@ -88,7 +90,9 @@ def _policies(options: FSDPOptions, mixed_precision: str, device: torch.device) 
     if dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     elif mixed_precision not in ("no", None):
-        raise ValueError(f"FSDP with mixed_precision={mixed_precision!r} is not supported; use 'no', 'bf16' or 'fp16'")
+        raise ValueError(
+            f"FSDP with mixed_precision={mixed_precision!r} is not supported; use 'no', 'bf16' or 'fp16'"
+        )
     if options.cpu_offload:
         if device.type == "cpu":
             raise ValueError(
@@ -114,13 +118,20 @@ def shard_model(
     from torch.distributed.fsdp import fully_shard
 
     if is_fsdp_model(model):
-        raise ValueError(f"this {type(model).__name__} is already sharded with fully_shard; pass it unsharded")
+        raise ValueError(
+            f"this {type(model).__name__} is already sharded with fully_shard; pass it unsharded"
+        )
     kwargs = _policies(options, mixed_precision, device)
     targets = _targets(model, options)
-    _checkpoint_activations(model, options)  # checks (like the two calls above) come before the first collective
+    # checks (like the two calls above) come before the first collective
+    _checkpoint_activations(model, options)
     kwargs["mesh"] = _mesh(options, device, num_processes, local_processes)
-    before = [(module, name, param) for module in model.modules() for name, param in module._parameters.items()
-              if param is not None]  # fmt: skip
+    before = [
+        (module, name, param)
+        for module in model.modules()
+        for name, param in module._parameters.items()
+        if param is not None
+    ]
     for module in targets:
         fully_shard(module, **kwargs)
     fully_shard(model, **kwargs)

@@ -13,8 +13,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["apply_model_state", "apply_optimizer_state", "full_model_state", "full_optimizer_state",
-           "owning_model", "read_sharded", "read_sharded_optimizer", "save_sharded", "save_sharded_optimizer"]  # fmt: skip
+__all__ = [
+    "apply_model_state",
+    "apply_optimizer_state",
+    "full_model_state",
+    "full_optimizer_state",
+    "owning_model",
+    "read_sharded",
+    "read_sharded_optimizer",
+    "save_sharded",
+    "save_sharded_optimizer",
+]
 
 
 def _options(full: bool, **extra: Any) -> Any:
@@ -73,7 +82,9 @@ def read_sharded(folder: str, model: torch.nn.Module) -> dict[str, Any]:
     return state["model"]
 
 
-def read_sharded_optimizer(folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def read_sharded_optimizer(
+    folder: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
     """This rank's shards of the optimizer state in ``folder``, read into copies.
 
     An optimizer that never stepped gets its state tensors created first (DCP reads into them).

@@ -136,4 +136,3 @@ class EventReader:
                 pass
             self.fd = -1
             self.eof = True
-

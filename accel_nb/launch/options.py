@@ -130,7 +130,9 @@ class LaunchOptions:
             raise LaunchSetupError(str(exc)) from None
         set_(self, "cpu", bool(self.cpu))
         if self.xla is not None and not isinstance(self.xla, bool):
-            raise LaunchSetupError(f"xla={self.xla!r} must be True, False or None (None: XLA when an XLA runtime is present)")
+            raise LaunchSetupError(
+                f"xla={self.xla!r} must be True, False or None (None: XLA when an XLA runtime is present)"
+            )
         from .elastic.multinode import check_machine_options
 
         check_machine_options(self)

@@ -72,7 +72,9 @@ def _check_bf16_hardware(num_gpus: int) -> None:
     """bf16 on a GPU needs compute capability 8.0: say which GPU lacks it, before anything starts."""
     problem = bf16_gpu_problem(hardware.gpu_info()[:num_gpus])
     if problem:
-        raise LaunchSetupError(f"mixed_precision='bf16' cannot run here: {problem}. Use mixed_precision='fp16' or 'no'")
+        raise LaunchSetupError(
+            f"mixed_precision='bf16' cannot run here: {problem}. Use mixed_precision='fp16' or 'no'"
+        )
 
 
 # how each face spells the choices a refusal names (the notebook's keyword arguments by default)
@@ -103,6 +105,7 @@ def check_one_gpu_per_rank(processes: int, gpus: int, choices: dict[str, str] = 
 def check_gpu_processes(options: LaunchOptions, choices: dict[str, str] = NOTEBOOK_CHOICES) -> None:
     """``check_one_gpu_per_rank`` for ``options`` on this machine (a face calls it first to name its own flags).
 
+    Example:
         check_gpu_processes(options, MAGIC_CHOICES)   # "-n 1", "--cpu" in the refusal
     """
     if options.cpu or options.num_processes is None:

@@ -1,5 +1,6 @@
 """The environment of a fresh interpreter that must import this very accel_nb (spawned ranks, spawn server).
 
+Example:
     env = with_package_on_path(dict(os.environ))
     subprocess.Popen([sys.executable, "-c", "import accel_nb"], env=env)
 """

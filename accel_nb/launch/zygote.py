@@ -73,7 +73,8 @@ class SpawnServer:
         msg = self._recv(timeout=READY_TIMEOUT_S)
         if msg is None or msg[0] != "ready":
             err = b""
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):  # already gone / stuck: the error says so
+            # already gone / stuck: the error says so
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 self.popen.kill()
                 err = self.popen.communicate(timeout=5)[1] or b""
             self.close()
@@ -207,7 +208,8 @@ def serve(argv: list[str] | None = None) -> None:
     launch_started = False  # every rank of a launch is forked: pre-importing can no longer hold one back
     while True:
         ready, _, _ = select.select([sock], [], [], 0.02)
-        if launch_started:  # the first ranks run: import what their first DDP step imports, once, for later ranks
+        # the first ranks run: import what their first DDP step imports, once, for later ranks
+        if launch_started:
             preimport.start()
         if ready:
             try:

@@ -69,8 +69,18 @@ def _unit_of(nbytes: float) -> tuple[int, str]:
 
 # well-apart hues, light enough for the hatching and the budget line to show over them
 PALETTE = (
-    "#7aa6d8", "#f2a65a", "#7cc47f", "#e07b7b", "#b39ddb", "#c9a27e",
-    "#f09cc8", "#a8a8a8", "#d4cf6a", "#6fcad1", "#9fb86b", "#d98e5f",
+    "#7aa6d8",
+    "#f2a65a",
+    "#7cc47f",
+    "#e07b7b",
+    "#b39ddb",
+    "#c9a27e",
+    "#f09cc8",
+    "#a8a8a8",
+    "#d4cf6a",
+    "#6fcad1",
+    "#9fb86b",
+    "#d98e5f",
 )
 
 
@@ -353,7 +363,9 @@ class DeviceMapView:
 
     def _headroom_title(self, d: dict[str, Any]) -> str:
         notes = self.plan.notes if self.plan is not None else []
-        return f"headroom {self._fmt(d, d['headroom'])}: " + (notes[0] if notes else "kept free on this device")
+        return f"headroom {self._fmt(d, d['headroom'])}: " + (
+            notes[0] if notes else "kept free on this device"
+        )
 
     def _repr_html_(self) -> str | None:
         if self._already_shown():
@@ -421,7 +433,8 @@ class DeviceMapView:
         if self._interactive:
             from .widget_compat import WIDGET_VIEW_MIME, view_bundle
 
-            bundle[WIDGET_VIEW_MIME] = view_bundle(self.widget())[WIDGET_VIEW_MIME]  # ipywidgets 7 and 8 alike
+            # ipywidgets 7 and 8 alike
+            bundle[WIDGET_VIEW_MIME] = view_bundle(self.widget())[WIDGET_VIEW_MIME]
         return bundle
 
     _interactive = False

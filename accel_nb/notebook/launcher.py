@@ -37,6 +37,7 @@ if in_ipython_kernel():
 def launch_payload(payload: Any, options: LaunchOptions, reporter: Reporter | None = None) -> list[Any]:
     """The one code path behind ``notebook_launcher``, ``debug_launcher`` and ``%%accelerate``.
 
+    Example:
         launch_payload(FunctionPayload(fn), LaunchOptions(num_processes=2, cpu=True))
     """
     __tracebackhide__ = True
@@ -45,7 +46,10 @@ def launch_payload(payload: Any, options: LaunchOptions, reporter: Reporter | No
     plan = make_plan(options)
     if reporter is None:  # the live widget in a Jupyter kernel, else text; a bad progress= is a ValueError
         reporter = make_reporter(
-            plan.num_processes, progress=options.progress, show_ranks=options.show_ranks, title=payload.describe()
+            plan.num_processes,
+            progress=options.progress,
+            show_ranks=options.show_ranks,
+            title=payload.describe(),
         )
     return run_launch(payload, plan, reporter, info={"title": payload.describe()})
 

@@ -49,7 +49,8 @@ class AccelerateMagics(Magics):
         from .launcher import launch_payload
 
         options = launch_options(args, saved_config())
-        check_gpu_processes(options, MAGIC_CHOICES)  # refused in the magic's own flags, before anything starts
+        # refused in the magic's own flags, before anything starts
+        check_gpu_processes(options, MAGIC_CHOICES)
         return_rank = args.rank if isinstance(args.rank, int) else 0
         payload = self._cell_payload(cell, args.return_names, return_rank)
         results = launch_payload(payload, options)
@@ -68,7 +69,11 @@ class AccelerateMagics(Magics):
         filename = f"<accelerate-cell-{max(self.shell.execution_count - 1, 1)}>"
         try:
             return CellPayload(
-                cell, self.shell.user_ns, filename=filename, return_names=return_names, return_rank=return_rank
+                cell,
+                self.shell.user_ns,
+                filename=filename,
+                return_names=return_names,
+                return_rank=return_rank,
             )
         except SyntaxError as exc:
             where = f"line {exc.lineno}" + (f": {exc.text.strip()}" if exc.text else "")

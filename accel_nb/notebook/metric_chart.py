@@ -30,6 +30,7 @@ MAX_PANELS = 6  # metrics drawn; the text line lists them all
 def render_png(history: MetricHistory, max_panels: int = MAX_PANELS) -> bytes | None:
     """The curves as PNG bytes, or None without matplotlib (or without points).
 
+    Example:
         png = render_png(history)   # b'\\x89PNG...'
     """
     names = curve_names(history)[:max_panels]
@@ -44,15 +45,28 @@ def render_png(history: MetricHistory, max_panels: int = MAX_PANELS) -> bytes | 
     rows = math.ceil(len(names) / cols)
     # a Figure with its own Agg canvas: no pyplot, no global state, safe off the main thread
     figure = Figure(figsize=(3.1 * cols, 2.1 * rows), dpi=96)  # fixed margins: a layout engine costs 2x
-    figure.subplots_adjust(left=0.22 / cols, right=0.98, top=1 - 0.3 / (2.1 * rows), bottom=0.25 / (2.1 * rows),
-                           wspace=0.28, hspace=0.5)
+    figure.subplots_adjust(
+        left=0.22 / cols,
+        right=0.98,
+        top=1 - 0.3 / (2.1 * rows),
+        bottom=0.25 / (2.1 * rows),
+        wspace=0.28,
+        hspace=0.5,
+    )
     FigureCanvasAgg(figure)
     axes = list(figure.subplots(rows, cols, squeeze=False).flat)
     for ax, name in zip(axes, names):
         for rank, points in history.series(name).items():
             xs, ys = zip(*points)
-            ax.plot(xs, ys, color=f"C{rank % 10}", linewidth=1.3, label=f"rank {rank}",
-                    marker="." if len(points) < 25 else None, markersize=4)
+            ax.plot(
+                xs,
+                ys,
+                color=f"C{rank % 10}",
+                linewidth=1.3,
+                label=f"rank {rank}",
+                marker="." if len(points) < 25 else None,
+                markersize=4,
+            )
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
@@ -84,7 +98,11 @@ def points_html(history: MetricHistory, note: str | None = None) -> str:
         lines.append(f"<b>{html.escape(name)}</b> &middot; " + " &middot; ".join(parts))
     if note and lines:
         lines.append(f"<i>{html.escape(note)}</i>")
-    return "<div style='font-size:11px;color:#424242;line-height:1.35'>" + "<br>".join(lines) + "</div>" if lines else ""
+    return (
+        "<div style='font-size:11px;color:#424242;line-height:1.35'>" + "<br>".join(lines) + "</div>"
+        if lines
+        else ""
+    )
 
 
 class MetricChart:
@@ -98,7 +116,9 @@ class MetricChart:
         import ipywidgets as W
 
         self.interval = interval
-        self.image = W.Image(format="png", layout=W.Layout(display="none", max_width="100%", align_self="flex-start"))
+        self.image = W.Image(
+            format="png", layout=W.Layout(display="none", max_width="100%", align_self="flex-start")
+        )
         self.text = W.HTML(value="")
         self.widget = W.VBox([self.image, self.text])
         self.png: bytes | None = None  # the last picture drawn

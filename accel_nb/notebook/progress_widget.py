@@ -75,7 +75,8 @@ class WidgetReporter(ev.Reporter):
         self.stall_after = stall_after
         self.echo_logs = echo_logs
         self.display = display
-        self.idle_when_done = idle_when_done  # a session start: ranks that answered are alive and idle, not done
+        # a session start: ranks that answered are alive and idle, not done
+        self.idle_when_done = idle_when_done
         self.session_stopped = False
         self.stop_reason = "its workers ended"
         self.state = LaunchProgress(self.num_processes, stall_after)
@@ -148,7 +149,8 @@ class WidgetReporter(ev.Reporter):
                 if failure:
                     self._show_failures()
                 now = time.monotonic()
-                if self._finished:  # a rank's last events may come in after finish(): the final view shows them
+                # a rank's last events may come in after finish(): the final view shows them
+                if self._finished:
                     self._flush_locked(force=True, now=now)
                 elif failure or now - self._last_flush >= self.min_interval:
                     self._flush_locked(now=now)
@@ -357,7 +359,9 @@ class WidgetReporter(ev.Reporter):
         if status == "failed" and v.failure is not None:
             text = f"failed: {describe(v.failure, form='label')}"
         shown = f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
-        if status in ("starting", "running", "stalled") or (self.state.ended is None and status not in STATUS_STYLE):
+        if status in ("starting", "running", "stalled") or (
+            self.state.ended is None and status not in STATUS_STYLE
+        ):
             gone = f"<span style='color:{STATUS_STYLE['stopped'][1]};font-weight:600;white-space:nowrap'>stopped (kernel gone)</span>"
             return GONE_CSS + live_or_gone(shown, gone)
         return shown
@@ -380,7 +384,11 @@ class WidgetReporter(ev.Reporter):
             message = str(v.message or "")
             if len(message) > 300:
                 message = message[:300] + " ..."
-            said = describe(dataclasses.replace(v.failure, message=message), brief=True) if v.failure else f"rank {v.rank} failed"
+            said = (
+                describe(dataclasses.replace(v.failure, message=message), brief=True)
+                if v.failure
+                else f"rank {v.rank} failed"
+            )
             head = _esc(said)
             body = _esc((v.traceback or "").rstrip())
             if final:
@@ -405,7 +413,8 @@ class WidgetReporter(ev.Reporter):
         if first is not None and self.logs is not None:
             order = sorted(self.panes)
             view = self.state.ranks.get(first)
-            if first in order and view is not None and view.log_count:  # never open a pane to show "no output"
+            # never open a pane to show "no output"
+            if first in order and view is not None and view.log_count:
                 self.logs.selected_index = order.index(first)
 
     def _show_launch_problem(self, summary: str) -> None:
@@ -470,7 +479,8 @@ class WidgetReporter(ev.Reporter):
                             set_titles(self.logs, titles)
         # still dirty only if a log pane waits for its own (slower) refresh
         self._dirty = any(
-            r in self.state.ranks and self._pane_seen.get(r) != (self.state.ranks[r].log_count, self._finished)
+            r in self.state.ranks
+            and self._pane_seen.get(r) != (self.state.ranks[r].log_count, self._finished)
             for r in self.panes
         )
         self._last_flush = now
@@ -542,7 +552,8 @@ class WidgetReporter(ev.Reporter):
                 if (
                     self._dirty
                     or self.chart.pending(self.state.history)
-                    or self._shown_elapsed != self._elapsed_text()  # the clock runs from the start, quiet or not
+                    # the clock runs from the start, quiet or not
+                    or self._shown_elapsed != self._elapsed_text()
                     or any(self._shown_rows.get(r) != self._row_key(r, now) for r in self.state.ranks)
                 ):
                     self._flush_locked(now=now)
@@ -558,7 +569,9 @@ class WidgetReporter(ev.Reporter):
     def summary_text(self, ok: bool | None = None, summary: str | None = None) -> str:
         """The final per-rank state as plain text."""
         if self.idle_when_done and (self.session_stopped or (ok is not False and self.state.ok)):
-            word = f"stopped ({self.stop_reason})" if self.session_stopped else "ready: workers alive and idle"
+            word = (
+                f"stopped ({self.stop_reason})" if self.session_stopped else "ready: workers alive and idle"
+            )
             lines = [f"accel_nb session {word}: {plural(len(self.state.ranks), 'rank')}"]
             lines += [f"  rank {r} {self._status(r)}" for r in sorted(self.state.ranks)]
             return "\n".join(lines)
@@ -576,4 +589,3 @@ class WidgetReporter(ev.Reporter):
                 self._fall_back("show the final state", exc)
         if self.display or self.text_view is not None:
             print(text)
-

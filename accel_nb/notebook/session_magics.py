@@ -59,7 +59,11 @@ def _gpu_ids(text: str) -> tuple[int, ...]:
 
 def _start_parser() -> argparse.ArgumentParser:
     p = UsageParser(
-        prog="%accelerate start", add_help=False, allow_abbrev=False, label="%accelerate", usage_line=VERBS_USAGE
+        prog="%accelerate start",
+        add_help=False,
+        allow_abbrev=False,
+        label="%accelerate",
+        usage_line=VERBS_USAGE,
     )
     add_launch_flags(p)
     p.add_argument("--gpu_ids", "--gpu-ids", type=_gpu_ids, default=None)
@@ -86,7 +90,9 @@ def start_options(line: str) -> Any:
             )
         n = options.num_processes or len(args.gpu_ids)
         if n != len(args.gpu_ids):
-            raise UsageError(f"%accelerate start: -n {n} but --gpu_ids lists {len(args.gpu_ids)} GPUs; give one per rank")
+            raise UsageError(
+                f"%accelerate start: -n {n} but --gpu_ids lists {len(args.gpu_ids)} GPUs; give one per rank"
+            )
         env = dict(options.env, CUDA_VISIBLE_DEVICES=",".join(map(str, args.gpu_ids)))
         options = dataclasses.replace(options, num_processes=n, env=env)
     else:
@@ -111,7 +117,9 @@ def session_verb(shell: Any, line: str) -> Any:
         return None
     if verb == "start":
         if active_session() is not None:
-            raise UsageError("%accelerate start: a session is already running; %accelerate restart or stop it first")
+            raise UsageError(
+                "%accelerate start: a session is already running; %accelerate restart or stop it first"
+            )
         session = Session.from_options(start_options(rest))
         session.start()
         _active = session
@@ -151,7 +159,9 @@ def session_verb(shell: Any, line: str) -> Any:
 def _push(shell: Any, rest: str) -> None:
     names = shlex.split(rest.replace(",", " "))
     if not names:
-        raise UsageError("%accelerate push: name the notebook variables to send, e.g. %accelerate push model lr")
+        raise UsageError(
+            "%accelerate push: name the notebook variables to send, e.g. %accelerate push model lr"
+        )
     missing = [n for n in names if n not in shell.user_ns]
     if missing:
         raise UsageError(f"%accelerate push: the notebook has no variable {missing[0]!r}")
@@ -161,7 +171,11 @@ def _push(shell: Any, rest: str) -> None:
 
 def _pull(shell: Any, rest: str) -> None:
     p = UsageParser(
-        prog="%accelerate pull", add_help=False, allow_abbrev=False, label="%accelerate", usage_line=VERBS_USAGE
+        prog="%accelerate pull",
+        add_help=False,
+        allow_abbrev=False,
+        label="%accelerate",
+        usage_line=VERBS_USAGE,
     )
     p.add_argument("name")
     p.add_argument("--rank", type=rank_or_all, default=0)
@@ -174,7 +188,13 @@ def _pull(shell: Any, rest: str) -> None:
     print(f"[accel_nb] {args.name} copied from rank {args.rank} into the notebook")
 
 
-_FIXED_AT_START = ("num_processes", "mixed_precision", "gradient_accumulation_steps", "start_method", "use_port")
+_FIXED_AT_START = (
+    "num_processes",
+    "mixed_precision",
+    "gradient_accumulation_steps",
+    "start_method",
+    "use_port",
+)
 
 
 def run_cell_on_session(magics: Any, session: Session, line: str, cell: str) -> None:
@@ -192,10 +212,14 @@ def run_cell_on_session(magics: Any, session: Session, line: str, cell: str) -> 
     rank = args.rank if isinstance(args.rank, int) else None
     filename = f"<accelerate-cell-{max(magics.shell.execution_count - 1, 1)}>"
     try:
-        values = session.run_cell(cell, filename, rank=rank, return_names=args.return_names, timeout=args.timeout)
+        values = session.run_cell(
+            cell, filename, rank=rank, return_names=args.return_names, timeout=args.timeout
+        )
     except SyntaxError as exc:
         where = f"line {exc.lineno}" + (f": {exc.text.strip()}" if exc.text else "")
-        raise UsageError(f"%%accelerate: the cell does not compile, nothing was run: {exc.msg} ({where})") from None
+        raise UsageError(
+            f"%%accelerate: the cell does not compile, nothing was run: {exc.msg} ({where})"
+        ) from None
     if args.return_names:
         magics.shell.user_ns.update(values)
         print(f"[accel_nb] {', '.join(args.return_names)} copied from rank {rank or 0} into the notebook")

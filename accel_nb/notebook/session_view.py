@@ -48,7 +48,11 @@ class Session(WarmSession):
     ) -> None:
         reject_unknown_options("Session", options)
         launch_options = LaunchOptions(
-            num_processes=num_processes, mixed_precision=mixed_precision, start_method=start_method, cpu=cpu, **options
+            num_processes=num_processes,
+            mixed_precision=mixed_precision,
+            start_method=start_method,
+            cpu=cpu,
+            **options,
         )
         super().__init__(launch_options, reporter_factory=self._make_reporter)
 
@@ -63,8 +67,14 @@ class Session(WarmSession):
         start = title == "session start"  # its widget says the workers are ready (idle), then stopped
         progress = self.options.progress
         own = hasattr(progress, "handle")  # a ready reporter object is used as it is
-        extra = {"idle_when_done": True} if start and not own and resolve_progress_mode(progress) == "widget" else {}
-        reporter = make_reporter(num_processes, progress=self.options.progress, show_ranks=show_ranks, title=title, **extra)
+        extra = (
+            {"idle_when_done": True}
+            if start and not own and resolve_progress_mode(progress) == "widget"
+            else {}
+        )
+        reporter = make_reporter(
+            num_processes, progress=self.options.progress, show_ranks=show_ranks, title=title, **extra
+        )
         if start:
             self._start_view = reporter
         return reporter
@@ -91,7 +101,9 @@ def status_text(session: WarmSession) -> str:
         lines.append(f"{'rank':>4}  {'pid':>7}  {'device':<8}  {'memory':>9}  state")
         for row in rows:
             memory = human_bytes(row["memory"]) if row["memory"] is not None else "-"
-            lines.append(f"{row['rank']:>4}  {row['pid']:>7}  {row['device']:<8}  {memory:>9}  {row['state']}")
+            lines.append(
+                f"{row['rank']:>4}  {row['pid']:>7}  {row['device']:<8}  {memory:>9}  {row['state']}"
+            )
     return "\n".join(lines)
 
 
@@ -113,7 +125,9 @@ def status_html(session: WarmSession) -> str:
         + "</tr>"
         for r in rows
     )
-    head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in ("rank", "pid", "device", "memory (RSS)", "state"))
+    head = "".join(
+        f"<th style='padding:0 8px'>{h}</th>" for h in ("rank", "pid", "device", "memory (RSS)", "state")
+    )
     return (
         f"<div class='accel-nb-session'><b>{html.escape(session.describe())}</b>"
         f"<table><tr>{head}</tr>{cells}</table></div>"

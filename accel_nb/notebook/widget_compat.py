@@ -38,13 +38,18 @@ def view_bundle(widget: Any, text: str | None = None) -> dict[str, Any]:
     """
     model_id = getattr(widget, "model_id", None)
     if not model_id:
-        raise RuntimeError(f"{type(widget).__name__} has no model in this kernel (closed, or no kernel): nothing to show")
+        raise RuntimeError(
+            f"{type(widget).__name__} has no model in this kernel (closed, or no kernel): nothing to show"
+        )
     if text is None:
         text = repr(widget)
         if len(text) > 110:
             text = text[:110] + "..."
     # the view version is 2.0 in both generations (ipywidgets 7.x and 8.x front-ends read it)
-    return {"text/plain": text, WIDGET_VIEW_MIME: {"version_major": 2, "version_minor": 0, "model_id": model_id}}
+    return {
+        "text/plain": text,
+        WIDGET_VIEW_MIME: {"version_major": 2, "version_minor": 0, "model_id": model_id},
+    }
 
 
 def set_titles(accordion: Any, titles: Iterable[str]) -> None:

@@ -33,9 +33,19 @@ from ..config import (
 from ..hardware import HardwareInfo, detect
 
 _CONTROL_ORDER = (
-    "compute", "num_processes", "mixed_precision", "gradient_accumulation_steps", "gpu_ids", "start_method",
-    "num_machines", "machine_rank", "main_process_ip", "main_process_port", "rdzv_backend", "dynamo_backend",
-)  # fmt: skip
+    "compute",
+    "num_processes",
+    "mixed_precision",
+    "gradient_accumulation_steps",
+    "gpu_ids",
+    "start_method",
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "rdzv_backend",
+    "dynamo_backend",
+)
 # torch.compile backends the wizard offers (a config's other valid backend is kept in the list)
 _COMPILE_BACKENDS = ("no", "inductor", "aot_eager", "eager")
 
@@ -175,7 +185,9 @@ class ConfigWizard:
         try:
             base = load_config(path) if path is None or _exists(path) else None
         except ConfigError as exc:
-            return default_config(self.hw), f"The saved config cannot be used ({exc}); showing this machine's proposal."
+            return default_config(
+                self.hw
+            ), f"The saved config cannot be used ({exc}); showing this machine's proposal."
         if base is None:
             return default_config(self.hw), ""
         return base, f"Loaded {base.source}."
@@ -202,31 +214,53 @@ class ConfigWizard:
         text = {"continuous_update": True}
         c: dict[str, Any] = {
             "compute": w.Dropdown(options=options, value=compute, description="Compute on"),
-            "num_processes": w.IntText(value=b.num_processes or max(self.hw.num_gpus, 1),
-                                       description="Processes (all machines)", **text),
-            "mixed_precision": w.Dropdown(options=list(MIXED_PRECISION_CHOICES), value=b.mixed_precision,
-                                          description="Mixed precision"),
-            "gradient_accumulation_steps": w.IntSlider(value=min(b.gradient_accumulation_steps, 64), min=1, max=64,
-                                                       description="Gradient accumulation"),
+            "num_processes": w.IntText(
+                value=b.num_processes or max(self.hw.num_gpus, 1),
+                description="Processes (all machines)",
+                **text,
+            ),
+            "mixed_precision": w.Dropdown(
+                options=list(MIXED_PRECISION_CHOICES), value=b.mixed_precision, description="Mixed precision"
+            ),
+            "gradient_accumulation_steps": w.IntSlider(
+                value=min(b.gradient_accumulation_steps, 64),
+                min=1,
+                max=64,
+                description="Gradient accumulation",
+            ),
             "gpu_ids": w.Text(value=b.gpu_ids, description="GPU ids", placeholder="all, or 0,1", **text),
-            "start_method": w.Dropdown(options=list(START_METHODS), value=b.start_method,
-                                       description="Notebook start method"),
+            "start_method": w.Dropdown(
+                options=list(START_METHODS), value=b.start_method, description="Notebook start method"
+            ),
             "num_machines": w.IntText(value=b.num_machines, description="Machines", **text),
             "machine_rank": w.IntText(value=b.machine_rank, description="This machine's rank", **text),
-            "main_process_ip": w.Text(value=b.main_process_ip or "", description="Main machine address",
-                                      placeholder="IP or host name of machine 0", **text),
-            "main_process_port": w.Text(value=str(b.main_process_port or ""), description="Main machine port",
-                                        placeholder="empty: a free port", **text),
-            "rdzv_backend": w.Dropdown(options=list(RDZV_BACKENDS), value=b.rdzv_backend,
-                                       description="Rendezvous backend"),
-            "dynamo_backend": w.Dropdown(options=list(dict.fromkeys([*_COMPILE_BACKENDS, b.dynamo_backend])),
-                                         value=b.dynamo_backend, description="torch.compile backend"),
-        }  # fmt: skip
+            "main_process_ip": w.Text(
+                value=b.main_process_ip or "",
+                description="Main machine address",
+                placeholder="IP or host name of machine 0",
+                **text,
+            ),
+            "main_process_port": w.Text(
+                value=str(b.main_process_port or ""),
+                description="Main machine port",
+                placeholder="empty: a free port",
+                **text,
+            ),
+            "rdzv_backend": w.Dropdown(
+                options=list(RDZV_BACKENDS), value=b.rdzv_backend, description="Rendezvous backend"
+            ),
+            "dynamo_backend": w.Dropdown(
+                options=list(dict.fromkeys([*_COMPILE_BACKENDS, b.dynamo_backend])),
+                value=b.dynamo_backend,
+                description="torch.compile backend",
+            ),
+        }
         for control in c.values():
             control.style = {"description_width": "170px"}
             # one layout each (hiding gpu_ids must not hide the rest); as wide as the cell allows, up to 480 px:
             # a fixed width overflowed a narrow cell and cut the slider's value off
-            control.layout = w.Layout(width="calc(100% - 8px)", max_width="480px")  # 8 px: the widget's margins
+            # 8 px: the widget's margins
+            control.layout = w.Layout(width="calc(100% - 8px)", max_width="480px")
         return c
 
     def _make_layout(self) -> Any:
@@ -247,13 +281,21 @@ class ConfigWizard:
         self.status_label = w.HTML("")
         self.save_button.on_click(lambda _b: self.save())
         self.reset_button.on_click(lambda _b: self.reset())
-        self._multi = w.VBox([c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]])
+        self._multi = w.VBox(
+            [c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]]
+        )
         return w.VBox(
             [
                 w.HTML("<b>accel_nb launch config</b> &mdash; this machine:"),
                 self.hardware_box,
-                c["compute"], c["num_processes"], c["gpu_ids"], c["mixed_precision"],
-                c["gradient_accumulation_steps"], c["start_method"], c["dynamo_backend"], c["num_machines"],
+                c["compute"],
+                c["num_processes"],
+                c["gpu_ids"],
+                c["mixed_precision"],
+                c["gradient_accumulation_steps"],
+                c["start_method"],
+                c["dynamo_backend"],
+                c["num_machines"],
                 self._multi,
                 self.error_label,
                 self.notes_label,
@@ -262,7 +304,7 @@ class ConfigWizard:
                 w.HTML("<b>Equivalent launches</b>"),
                 self.commands,
             ]
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ public API
 
@@ -321,9 +363,19 @@ class ConfigWizard:
         compute = {"XLA": "xla", "MULTI_GPU": "gpu"}.get(
             p.distributed_type, "gpu" if self.hw.num_gpus else "cpu"
         )
-        self.set_values(compute=compute, num_processes=p.num_processes or 1, mixed_precision=p.mixed_precision,
-                        gradient_accumulation_steps=1, gpu_ids="all", start_method="auto", num_machines=1, machine_rank=0,
-                        main_process_ip="", main_process_port="", dynamo_backend="no")  # fmt: skip
+        self.set_values(
+            compute=compute,
+            num_processes=p.num_processes or 1,
+            mixed_precision=p.mixed_precision,
+            gradient_accumulation_steps=1,
+            gpu_ids="all",
+            start_method="auto",
+            num_machines=1,
+            machine_rank=0,
+            main_process_ip="",
+            main_process_port="",
+            dynamo_backend="no",
+        )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         from .widget_compat import view_bundle
@@ -402,10 +454,16 @@ class ConfigWizard:
             )
             text = "\n".join(
                 [
-                    f"# a notebook cell{share}", magic_line(cfg), "", f"# a function from a notebook{share}",
-                    notebook_launcher_call(cfg), "", "# a script, from a terminal", launch_command_line(cfg),
+                    f"# a notebook cell{share}",
+                    magic_line(cfg),
+                    "",
+                    f"# a function from a notebook{share}",
+                    notebook_launcher_call(cfg),
+                    "",
+                    "# a script, from a terminal",
+                    launch_command_line(cfg),
                 ]
-            )  # fmt: skip
+            )
             self.commands_text = text
             self.commands.value = commands_html(text)
         else:

@@ -10,16 +10,23 @@ from ..atomic_files import atomic_write, atomic_write_bytes, fsync_path
 from ..byte_sizes import parse_size as _parse_size
 
 __all__ = [
-    "ALIASES_KEY", "SAVE_ID_KEY", "SAFE_WEIGHTS_NAME", "SAFE_INDEX_SUFFIX", "CheckpointError", "parse_size",
-    "fsync_path", "atomic_write", "atomic_write_bytes", "atomic_save_file", "atomic_torch_save",
-]  # fmt: skip
+    "ALIASES_KEY",
+    "SAVE_ID_KEY",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_INDEX_SUFFIX",
+    "CheckpointError",
+    "parse_size",
+    "fsync_path",
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_save_file",
+    "atomic_torch_save",
+]
 
 ALIASES_KEY = "accel_nb.aliases"
 SAVE_ID_KEY = "accel_nb.save_id"  # in every shard and the index: shards of one save belong together
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_INDEX_SUFFIX = ".index.json"
-
-
 
 
 class CheckpointError(ValueError):
@@ -46,5 +53,3 @@ def atomic_save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict
 def atomic_torch_save(obj: Any, path: str) -> None:
     """``torch.save`` through a temp file and a rename."""
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
-
-

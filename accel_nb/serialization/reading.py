@@ -425,4 +425,3 @@ def load_safetensors_state_dict(
         if saved in out:
             out[alias] = out[saved]
     return out
-

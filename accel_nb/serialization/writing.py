@@ -174,5 +174,3 @@ def save_sharded_safetensors(
         _remove_stale_shards(save_directory, weights_name, keep=set(names))
     fsync_path(save_directory)
     return written
-
-

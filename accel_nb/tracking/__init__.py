@@ -77,6 +77,7 @@ def _installed(module: str) -> bool:
 def available_trackers() -> list[str]:
     """The built-in tracker names whose package is installed here.
 
+    Example:
         available_trackers()   # e.g. ['tensorboard', 'mlflow']
     """
     return [name for name, (_, module, _) in _BUILTIN.items() if _installed(module)]
@@ -91,7 +92,9 @@ def _one_name(item: Any) -> str:
             f"log_with={name!r}: accel_nb ships no {name} tracker; wrap its client in a GeneralTracker "
             "subclass (accel_nb.tracking.GeneralTracker, see docs/tracking.md) and pass an instance"
         )
-    raise ValueError(f"log_with={item!r} names no tracker; use one of {sorted(_BUILTIN)}, 'all' or a GeneralTracker")
+    raise ValueError(
+        f"log_with={item!r} names no tracker; use one of {sorted(_BUILTIN)}, 'all' or a GeneralTracker"
+    )
 
 
 def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
@@ -109,26 +112,38 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
     for item in items:
         if isinstance(item, GeneralTracker):
             if not isinstance(getattr(item, "name", None), str) or not item.name:
-                raise ValueError(f"{type(item).__name__} needs a class attribute name = '...' (how get_tracker finds it)")
+                raise ValueError(
+                    f"{type(item).__name__} needs a class attribute name = '...' (how get_tracker finds it)"
+                )
             chosen.append(item)
             continue
         if isinstance(item, type) and issubclass(item, GeneralTracker):
             raise TypeError(f"log_with: pass an instance, {item.__name__}(...), not the class")
         if not isinstance(item, (str, enum.Enum)):
-            raise TypeError(f"log_with takes tracker names or GeneralTracker instances, not {type(item).__name__}")
+            raise TypeError(
+                f"log_with takes tracker names or GeneralTracker instances, not {type(item).__name__}"
+            )
         name = _one_name(item)
         names = available_trackers() if name == "all" else [name]
         if name == "all" and not names:
-            warnings.warn("log_with='all' found no tracker installed: pip install 'accel_nb[tensorboard]' "
-                          "(or mlflow / wandb)", UserWarning, stacklevel=3)
+            warnings.warn(
+                "log_with='all' found no tracker installed: pip install 'accel_nb[tensorboard]' "
+                "(or mlflow / wandb)",
+                UserWarning,
+                stacklevel=3,
+            )
         for one in names:
             tracker_class, module, extra = _BUILTIN[one]
             if not _installed(module):
-                raise ImportError(f"log_with={one!r} needs the {module} package, which is not installed: "
-                                  f"pip install 'accel_nb[{extra}]'")
+                raise ImportError(
+                    f"log_with={one!r} needs the {module} package, which is not installed: "
+                    f"pip install 'accel_nb[{extra}]'"
+                )
             if tracker_class.requires_logging_directory and logging_dir is None:
-                raise ValueError(f"log_with={one!r} writes files: give Accelerator(project_dir=...) (or "
-                                 "ProjectConfiguration(logging_dir=...)) to say where")
+                raise ValueError(
+                    f"log_with={one!r} writes files: give Accelerator(project_dir=...) (or "
+                    "ProjectConfiguration(logging_dir=...)) to say where"
+                )
             if one not in chosen:
                 chosen.append(one)
     return chosen
@@ -152,8 +167,11 @@ def start_trackers(
     if config is not None:
         flat, dropped = flatten_config(config)
         if dropped:
-            warnings.warn(f"init_trackers: config values no tracker can store were dropped: {', '.join(dropped)}",
-                          UserWarning, stacklevel=3)
+            warnings.warn(
+                f"init_trackers: config values no tracker can store were dropped: {', '.join(dropped)}",
+                UserWarning,
+                stacklevel=3,
+            )
     trackers: list[GeneralTracker] = []
     for want in wanted:
         if isinstance(want, GeneralTracker):
@@ -171,7 +189,9 @@ def start_trackers(
     return trackers
 
 
-def find_tracker(trackers: list[GeneralTracker], wanted: list[Any], name: str, unwrap: bool, started: bool) -> Any:
+def find_tracker(
+    trackers: list[GeneralTracker], wanted: list[Any], name: str, unwrap: bool, started: bool
+) -> Any:
     """The tracker called ``name`` (its run object with ``unwrap``); a no-op stand-in where this process does not log."""
     for tracker in trackers:
         if tracker.name == name:
@@ -197,8 +217,12 @@ def log_to_trackers(
     if wanted and not started and "log_before_init" not in _warned:
         _warned.add("log_before_init")
         names = [w if isinstance(w, str) else w.name for w in wanted]
-        warnings.warn(f"accelerator.log() before init_trackers(): nothing goes to {names}; call "
-                      "accelerator.init_trackers(project_name) first", UserWarning, stacklevel=3)
+        warnings.warn(
+            f"accelerator.log() before init_trackers(): nothing goes to {names}; call "
+            "accelerator.init_trackers(project_name) first",
+            UserWarning,
+            stacklevel=3,
+        )
     if log_kwargs:
         names = [w if isinstance(w, str) else w.name for w in wanted]
         unknown = sorted(set(log_kwargs) - set(names))

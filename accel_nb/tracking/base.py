@@ -1,5 +1,6 @@
 """The tracker interface (start, store config, log, finish) and the value cleaning every tracker shares.
 
+Example:
     class PrintTracker(GeneralTracker):
         name = "print"
 
@@ -67,6 +68,7 @@ class GeneralTracker:
 class InactiveTracker(GeneralTracker):
     """What ``get_tracker`` gives on a process that does not log: every call does nothing.
 
+    Example:
         accelerator.get_tracker("tensorboard", unwrap=True).add_histogram(...)  # a no-op on rank 1
     """
 
@@ -99,7 +101,9 @@ def _as_scalar(value: Any) -> tuple[bool, Any]:
     numel = getattr(value, "numel", None) or getattr(value, "size", None)  # torch tensor / numpy value
     if hasattr(value, "item") and (numel() if callable(numel) else numel) == 1:
         return True, value.item()
-    if isinstance(value, (list, tuple)) and all(_as_scalar(v)[0] and not isinstance(v, (list, tuple)) for v in value):
+    if isinstance(value, (list, tuple)) and all(
+        _as_scalar(v)[0] and not isinstance(v, (list, tuple)) for v in value
+    ):
         return True, str([_as_scalar(v)[1] for v in value])
     return False, None
 
@@ -126,7 +130,9 @@ def flatten_config(config: Any, sep: str = "/") -> tuple[dict[str, Any], list[st
     """
     mapping = _as_mapping(config)
     if mapping is None:
-        raise TypeError(f"config must be a dict (or a dataclass / argparse Namespace), not {type(config).__name__}")
+        raise TypeError(
+            f"config must be a dict (or a dataclass / argparse Namespace), not {type(config).__name__}"
+        )
     flat: dict[str, Any] = {}
     dropped: list[str] = []
 
@@ -175,6 +181,8 @@ def scalar_values(values: Mapping[str, Any], who: str) -> dict[str, Any]:
     if dropped:
         warnings.warn(
             f"{who}: dropped values a tracker cannot take: {', '.join(dropped)}; log numbers, strings "
-            "or one-element tensors", UserWarning, stacklevel=3,
+            "or one-element tensors",
+            UserWarning,
+            stacklevel=3,
         )
     return clean

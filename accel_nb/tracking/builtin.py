@@ -1,5 +1,6 @@
 """The trackers accel_nb ships: TensorBoard, MLflow and Weights & Biases (each an optional extra).
 
+Example:
     accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
     accelerator.init_trackers("mnist", config={"lr": 0.1})   # runs/mnist/events.out.tfevents...
 """
@@ -13,7 +14,8 @@ from typing import Any
 
 from .base import GeneralTracker
 
-FLUSH_EVERY = 1.0  # seconds: TensorBoard's files are flushed at most this often while logging (and at the end)
+# seconds: TensorBoard's files are flushed at most this often while logging (and at the end)
+FLUSH_EVERY = 1.0
 
 __all__ = ["MLflowTracker", "TensorBoardTracker", "WandBTracker"]
 
@@ -170,7 +172,9 @@ class WandBTracker(GeneralTracker):
 
     name = "wandb"
 
-    def __init__(self, run_name: str, logging_dir: str | os.PathLike | None = None, **init_kwargs: Any) -> None:
+    def __init__(
+        self, run_name: str, logging_dir: str | os.PathLike | None = None, **init_kwargs: Any
+    ) -> None:
         self.run_name = run_name
         self.init_kwargs = init_kwargs
         if logging_dir is not None:

@@ -25,8 +25,13 @@ _REFERENCE_PATHS: dict[str, str] = {
     **dict.fromkeys(["DistributedType", "PartialState", "AcceleratorState", "GradientState"], "..state"),
     **dict.fromkeys(
         [
-            "gather", "gather_object", "broadcast", "broadcast_object_list", "pad_across_processes",
-            "send_to_device", "recursively_apply",
+            "gather",
+            "gather_object",
+            "broadcast",
+            "broadcast_object_list",
+            "pad_across_processes",
+            "send_to_device",
+            "recursively_apply",
         ],
         "..ops",
     ),
@@ -34,13 +39,20 @@ _REFERENCE_PATHS: dict[str, str] = {
     "DataLoaderConfiguration": "..data",
     **dict.fromkeys(
         [
-            "AutocastKwargs", "DDPCommunicationHookType", "DistributedDataParallelKwargs", "GradScalerKwargs",
-            "GradientAccumulationPlugin", "InitProcessGroupKwargs", "KwargsHandler", "ProfileKwargs",
+            "AutocastKwargs",
+            "DDPCommunicationHookType",
+            "DistributedDataParallelKwargs",
+            "GradScalerKwargs",
+            "GradientAccumulationPlugin",
+            "InitProcessGroupKwargs",
+            "KwargsHandler",
+            "ProfileKwargs",
         ],
         "..kwargs_handlers",
     ),
     **dict.fromkeys(
-        ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"], "..memory"
+        ["clear_device_cache", "find_executable_batch_size", "release_memory", "should_reduce_batch_size"],
+        "..memory",
     ),
     **dict.fromkeys(["patch_environment", "clear_environment"], "..environment"),
     "write_basic_config": "..config.basic",
@@ -52,25 +64,46 @@ _REFERENCE_PATHS: dict[str, str] = {
     **dict.fromkeys(["compile_regions", "has_compiled_regions"], "..compile.apply"),
     **dict.fromkeys(
         [
-            "find_tied_parameters", "load_state_dict", "named_module_tensors", "set_module_tensor_to_device",
+            "find_tied_parameters",
+            "load_state_dict",
+            "named_module_tensors",
+            "set_module_tensor_to_device",
         ],
         "..big_model.module_tensors",
     ),
     "get_state_dict_offloaded_model": "..big_model.module_helpers",
     **dict.fromkeys(
         [
-            "check_device_map", "compute_module_sizes", "get_balanced_memory", "get_max_memory",
-            "infer_auto_device_map", "load_checkpoint_in_model",
+            "check_device_map",
+            "compute_module_sizes",
+            "get_balanced_memory",
+            "get_max_memory",
+            "infer_auto_device_map",
+            "load_checkpoint_in_model",
         ],
         "..big_model",
     ),
-}  # fmt: skip
+}
 
 
 # the reference's submodules of ``utils``: each a shim module here; their names resolve from this
 # package too (``accel_nb.utils.listify``), as in the reference
-_SHIMS = ("bnb", "constants", "dataclasses", "deepspeed", "environment", "imports", "memory", "modeling", "offload",
-          "operations", "other", "random", "tqdm", "versions")  # fmt: skip
+_SHIMS = (
+    "bnb",
+    "constants",
+    "dataclasses",
+    "deepspeed",
+    "environment",
+    "imports",
+    "memory",
+    "modeling",
+    "offload",
+    "operations",
+    "other",
+    "random",
+    "tqdm",
+    "versions",
+)
 for _shim in _SHIMS:
     for _name in importlib.import_module(f".{_shim}", __name__).__all__:
         _REFERENCE_PATHS.setdefault(_name, f".{_shim}")

@@ -27,10 +27,20 @@ PROFILE_PATTERN_NAME = "profile_{suffix}.json"
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
 
 __all__ = [
-    "MODEL_NAME", "OPTIMIZER_NAME", "PROFILE_PATTERN_NAME", "SAFE_MODEL_NAME", "SAFE_WEIGHTS_INDEX_NAME",
-    "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_PATTERN_NAME", "SCALER_NAME", "SCHEDULER_NAME",
-    "TORCH_DYNAMO_MODES", "WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "WEIGHTS_PATTERN_NAME",
-]  # fmt: skip
+    "MODEL_NAME",
+    "OPTIMIZER_NAME",
+    "PROFILE_PATTERN_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "SCALER_NAME",
+    "SCHEDULER_NAME",
+    "TORCH_DYNAMO_MODES",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
+]
 
 # the version comparison table is compare_versions' (accel_nb.availability), read on first use
 _LAZY = {"STR_OPERATION_TO_FUNC": "accel_nb.availability"}

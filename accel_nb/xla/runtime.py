@@ -29,9 +29,20 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
-    "StateStore", "use_xla", "in_use", "devices_are_threads", "topology", "device", "ordinal", "world_size",
-    "graph_lock", "sync", "barrier", "rng_state", "set_rng_state",
-]  # fmt: skip
+    "StateStore",
+    "use_xla",
+    "in_use",
+    "devices_are_threads",
+    "topology",
+    "device",
+    "ordinal",
+    "world_size",
+    "graph_lock",
+    "sync",
+    "barrier",
+    "rng_state",
+    "set_rng_state",
+]
 
 _IN_USE = False  # a PartialState of this process chose XLA devices
 _THREADED = False  # this process drives several XLA devices, one thread each (XLA's CPU backend)

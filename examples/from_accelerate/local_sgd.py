@@ -16,7 +16,9 @@ from common import checksum, report, synthetic_images  # noqa: E402
 def main():
     accelerator = Accelerator()
     set_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2)
     loader = DataLoader(synthetic_images(), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)

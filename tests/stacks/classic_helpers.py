@@ -44,21 +44,36 @@ class ClassicServer:
     def start(self, timeout: float = 90.0) -> ClassicServer:
         env = dict(os.environ)
         env.update(
-            JUPYTER_CONFIG_DIR=os.path.join(self.home, "config"),  # the venv's own nbconfig (widgets) still applies
+            # the venv's own nbconfig (widgets) still applies
+            JUPYTER_CONFIG_DIR=os.path.join(self.home, "config"),
             JUPYTER_DATA_DIR=os.path.join(self.home, "data"),  # no user kernelspec: python3 is this venv's
             JUPYTER_RUNTIME_DIR=os.path.join(self.home, "runtime"),
             OMP_NUM_THREADS="1",
         )
         cmd = [
-            sys.executable, "-m", "notebook", "--no-browser", "--ip", "127.0.0.1", "--port", str(self.port),
-            f"--NotebookApp.token={self.token}", f"--NotebookApp.notebook_dir={self.root_dir}",
-            "--NotebookApp.show_banner=False",  # the "migrate to Notebook 7" banner would cover the screenshots
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "notebook",
+            "--no-browser",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            f"--NotebookApp.token={self.token}",
+            f"--NotebookApp.notebook_dir={self.root_dir}",
+            # the "migrate to Notebook 7" banner would cover the screenshots
+            "--NotebookApp.show_banner=False",
+        ]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.root_dir, start_new_session=True
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.root_dir,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -140,9 +155,14 @@ def run_cell(page: Any, index: int) -> None:
 
 def cell_done(page: Any, index: int) -> bool:
     """True once cell ``index`` has run (its prompt holds a number, not ``*``)."""
-    return bool(page.evaluate("i => { const c = Jupyter.notebook.get_cell(i); "
-                              "return c.input_prompt_number !== null && c.input_prompt_number !== '*' "
-                              "&& c.input_prompt_number !== undefined; }", index))  # fmt: skip
+    return bool(
+        page.evaluate(
+            "i => { const c = Jupyter.notebook.get_cell(i); "
+            "return c.input_prompt_number !== null && c.input_prompt_number !== '*' "
+            "&& c.input_prompt_number !== undefined; }",
+            index,
+        )
+    )
 
 
 def cell_outputs(page: Any, index: int) -> list[dict[str, Any]]:

@@ -73,8 +73,13 @@ class Classic:
         page.evaluate("i => Jupyter.notebook.execute_cells([i])", i)
 
     def done(self, page, i: int) -> bool:
-        return bool(page.evaluate("i => { const n = Jupyter.notebook.get_cell(i).input_prompt_number; "
-                                  "return typeof n === 'number'; }", i))  # fmt: skip
+        return bool(
+            page.evaluate(
+                "i => { const n = Jupyter.notebook.get_cell(i).input_prompt_number; "
+                "return typeof n === 'number'; }",
+                i,
+            )
+        )
 
     def outputs(self, page, i: int) -> list:
         return page.evaluate("i => Jupyter.notebook.get_cell(i).output_area.toJSON()", i)
@@ -93,18 +98,29 @@ class Lab:
         open_notebook(page, self.server, notebook)
 
     def run(self, page, i: int) -> None:
-        page.evaluate("""i => { const panel = window.jupyterapp.shell.currentWidget;
+        page.evaluate(
+            """i => { const panel = window.jupyterapp.shell.currentWidget;
             panel.content.activeCellIndex = i;
-            window.jupyterapp.commands.execute('notebook:run-cell'); }""", i)
+            window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+            i,
+        )
 
     def done(self, page, i: int) -> bool:
-        return bool(page.evaluate("""i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
-            return /\\[\\d+\\]/.test(cell.node.querySelector('.jp-InputPrompt').textContent); }""", i))
+        return bool(
+            page.evaluate(
+                """i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+            return /\\[\\d+\\]/.test(cell.node.querySelector('.jp-InputPrompt').textContent); }""",
+                i,
+            )
+        )
 
     def outputs(self, page, i: int) -> list:
-        return page.evaluate("""i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+        return page.evaluate(
+            """i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
             const out = []; for (let j = 0; j < cell.model.outputs.length; j++) out.push(cell.model.outputs.get(j).toJSON());
-            return out; }""", i)
+            return out; }""",
+            i,
+        )
 
     def node(self, page, i: int):
         return page.locator(".jp-Notebook .jp-Cell").nth(i)
@@ -121,7 +137,9 @@ def _text(outputs: list) -> str:
 
 
 def _widths(node) -> list[str]:
-    return node.evaluate("n => [...n.querySelectorAll('.widget-hprogress .progress-bar')].map(b => b.style.width)")
+    return node.evaluate(
+        "n => [...n.querySelectorAll('.widget-hprogress .progress-bar')].map(b => b.style.width)"
+    )
 
 
 def _shot(node, stack: str, name: str) -> str:
@@ -203,7 +221,9 @@ def test_the_notebook_face_in_the_stacks_front_end(tmp_path, stack):
         shows(PULL, "the session was stopped")
         # a failing cell: the error output holds the user's frames only
         run(FAILING, 180)
-        wait_until(lambda: any(o["output_type"] == "error" for o in front.outputs(page, FAILING)), 60, "the error")
+        wait_until(
+            lambda: any(o["output_type"] == "error" for o in front.outputs(page, FAILING)), 60, "the error"
+        )
         errors = [o for o in front.outputs(page, FAILING) if o["output_type"] == "error"]
         assert len(errors) == 1 and errors[0]["ename"] == "LaunchError", errors
         tb = "\n".join(errors[0]["traceback"])

@@ -13,10 +13,15 @@ from tests.kernel_helpers import ROOT
 
 # what each runtime ships (issue 26's table); the venv must hold exactly these
 STACK_VERSIONS = {
-    "colab": {"ipython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7.1", "notebook": "6.5.7",
-              "jupyter_client": "7.4.9"},
+    "colab": {
+        "ipython": "7.34.0",
+        "ipykernel": "6.17.1",
+        "ipywidgets": "7.7.1",
+        "notebook": "6.5.7",
+        "jupyter_client": "7.4.9",
+    },
     "kaggle": {"ipywidgets": "8.1.5"},
-}  # fmt: skip
+}
 RUNTIME_PACKAGES = ("ipython", "ipykernel", "ipywidgets")
 
 
@@ -33,15 +38,32 @@ def test_pip_would_replace_nothing_of_the_runtime_to_install_the_notebook_extra(
     report = tmp_path / "report.json"
     # --no-build-isolation: the build backend already in the venv (no setuptools download to build accel_nb)
     res = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-build-isolation", "--quiet",
-         "--report", str(report), f"{ROOT}[notebook]"],
-        capture_output=True, text=True, timeout=280, cwd=str(tmp_path),
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-build-isolation",
+            "--quiet",
+            "--report",
+            str(report),
+            f"{ROOT}[notebook]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=str(tmp_path),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    would = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
-             for item in json.loads(report.read_text())["install"]}  # fmt: skip
+    would = {
+        item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
     replaced = {name: (md.version(name), would[name]) for name in RUNTIME_PACKAGES if name in would}
-    assert replaced == {}, f"installing accel_nb[notebook] would replace {replaced} (installed, would install)"
+    assert replaced == {}, (
+        f"installing accel_nb[notebook] would replace {replaced} (installed, would install)"
+    )
     assert set(would) <= {"accel-nb"}, would  # and nothing else the runtime has either
 
 
@@ -54,6 +76,9 @@ def test_the_extras_lower_bounds_admit_the_runtime():
     for req in extra:
         name = req.name.lower()
         if name in RUNTIME_PACKAGES:
-            for runtime_version in {"ipython": ("7.34.0",), "ipykernel": ("6.17.1", "6.29.5"),
-                                    "ipywidgets": ("7.7.1", "8.1.5")}[name]:  # fmt: skip
+            for runtime_version in {
+                "ipython": ("7.34.0",),
+                "ipykernel": ("6.17.1", "6.29.5"),
+                "ipywidgets": ("7.7.1", "8.1.5"),
+            }[name]:
                 assert req.specifier.contains(runtime_version), (req, runtime_version)

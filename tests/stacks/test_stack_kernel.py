@@ -61,7 +61,9 @@ def _bars(comms):
 
 
 def test_live_progress_changes_while_the_launch_runs_and_ends_right(kernel, tmp_path):
-    msg_id = kernel.kc.execute(f"results = notebook_launcher(train, args=({str(tmp_path)!r},), num_processes=2, cpu=True)")
+    msg_id = kernel.kc.execute(
+        f"results = notebook_launcher(train, args=({str(tmp_path)!r},), num_processes=2, cpu=True)"
+    )
     comms, stdout, stderr, bundles, error = [], "", "", [], None
     seen_running = []  # the bars' values each time both ranks waited at a gate (the launch still running)
     gates = list(GATES)
@@ -82,7 +84,11 @@ def test_live_progress_changes_while_the_launch_runs_and_ends_right(kernel, tmp_
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
             continue
         if mtype == "stream":
-            stdout, stderr = (stdout + content["text"], stderr) if content["name"] == "stdout" else (stdout, stderr + content["text"])
+            stdout, stderr = (
+                (stdout + content["text"], stderr)
+                if content["name"] == "stdout"
+                else (stdout, stderr + content["text"])
+            )
         elif mtype in ("display_data", "update_display_data"):
             bundles.append((mtype, content["data"]))
         elif mtype == "error":
@@ -92,7 +98,9 @@ def test_live_progress_changes_while_the_launch_runs_and_ends_right(kernel, tmp_
     assert error is None, "\n".join(error["traceback"])
     assert seen_running == [[30, 30], [60, 60]], (seen_running, _bars(comms))
     final = _bars(comms)
-    assert len(final) == 2 and all((s["value"], s["max"], s["bar_style"]) == (100, 100, "success") for s in final.values()), final
+    assert len(final) == 2 and all(
+        (s["value"], s["max"], s["bar_style"]) == (100, 100, "success") for s in final.values()
+    ), final
     # shown once as a widget view (IPython's display API), updated at the end to the final text summary
     shown = [b for kind, b in bundles if kind == "display_data" and WIDGET_VIEW in b]
     assert len(shown) == 1 and "live progress widget" in shown[0]["text/plain"], bundles
@@ -108,20 +116,28 @@ def test_a_failing_accelerate_cell_shows_the_users_traceback_only(kernel):
     out = kernel.run("%%accelerate -n 2\nvalue = 1\nraise ValueError(f'bad value {value}')\n", timeout=180)
     assert out.error is not None and out.error["ename"] == "LaunchError", out.stderr
     tb = out.traceback
-    assert "rank 0 (first to fail) failed: ValueError: bad value 1" in tb or "failed: ValueError: bad value 1" in tb
+    assert (
+        "rank 0 (first to fail) failed: ValueError: bad value 1" in tb
+        or "failed: ValueError: bad value 1" in tb
+    )
     assert 'File "<accelerate-cell-' in tb and "raise ValueError(f'bad value {value}')" in tb
     for internal in ("interactiveshell", "decorator", "magic.py", "accel_nb/", "IPython/core"):
         assert internal not in tb, (internal, tb)
     assert not any(p in out.stderr + out.stdout for p in PROBLEMS), out.stderr
     # a one-shot cell keeps its final summary in the output (the widget view's text)
-    assert any(r.get("text/plain", "").startswith("accel_nb launch failed: 2 processes") for r in out.results), out.results
+    assert any(
+        r.get("text/plain", "").startswith("accel_nb launch failed: 2 processes") for r in out.results
+    ), out.results
 
 
 def test_a_session_is_started_used_and_stopped(kernel):
     out = kernel.run("%accelerate start -n 2", timeout=180)
     assert out.error is None, out.traceback
     try:
-        out = kernel.run("%%accelerate\nfrom accel_nb import PartialState\nscaled = PartialState().process_index * 10\n", timeout=120)
+        out = kernel.run(
+            "%%accelerate\nfrom accel_nb import PartialState\nscaled = PartialState().process_index * 10\n",
+            timeout=120,
+        )
         assert out.error is None, out.traceback
         out = kernel.run("%accelerate pull scaled --rank 1\nprint('scaled', scaled)", timeout=60)
         assert out.error is None, out.traceback
@@ -134,10 +150,14 @@ def test_a_session_is_started_used_and_stopped(kernel):
 
 def test_the_wizard_and_the_device_map_show_as_widgets_and_act(kernel, tmp_path):
     path = tmp_path / "config.yaml"
-    out = kernel.run(f"from accel_nb import config_wizard\nwizard = config_wizard({str(path)!r})\nwizard", timeout=60)
+    out = kernel.run(
+        f"from accel_nb import config_wizard\nwizard = config_wizard({str(path)!r})\nwizard", timeout=60
+    )
     assert out.error is None, out.traceback
     assert any(WIDGET_VIEW in r for r in out.results), out.results
-    out = kernel.run("wizard.set_values(num_processes=2, mixed_precision='no')\nprint(wizard.save())", timeout=60)
+    out = kernel.run(
+        "wizard.set_values(num_processes=2, mixed_precision='no')\nprint(wizard.save())", timeout=60
+    )
     assert out.error is None, out.traceback
     assert os.path.exists(path) and "num_processes: 2" in path.read_text()
     out = kernel.run(
@@ -180,6 +200,6 @@ def test_a_widget_that_cannot_render_hands_over_to_the_text_view_in_the_kernel(k
     assert not any(WIDGET_VIEW in r for r in out.results), out.results  # no widget view was left behind
     for rank in (0, 1):  # the text view's progress line of each rank's finished loop
         assert re.search(rf"^\[rank {rank}\] train: .*100/100", out.stdout, re.M), out.stdout
-    summary = out.stdout[out.stdout.index("accel_nb launch finished: 2 processes"):]
+    summary = out.stdout[out.stdout.index("accel_nb launch finished: 2 processes") :]
     assert "rank 0 done" in summary and "rank 1 done" in summary
     assert "again [0, 1]" in out.stdout

@@ -15,7 +15,9 @@ PROBLEMS = ("reporter failed", "the progress widget could not", "display failed 
 
 
 def _widget_states(nb, model_name):
-    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    state = (
+        nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    )
     return [m["state"] for m in state.values() if m.get("model_name") == model_name]
 
 
@@ -39,7 +41,8 @@ def test_quickstart(tmp_path):
 def test_interactive_session():
     nb = runner.execute_notebook(os.path.join(NOTEBOOKS, "interactive_session.ipynb"), timeout=600)
     errors = error_outputs(nb)
-    assert len(errors) == 1 and "rank 1 (first to fail) failed: ValueError" in errors[0], errors  # the tagged cell
+    # the tagged cell
+    assert len(errors) == 1 and "rank 1 (first to fail) failed: ValueError" in errors[0], errors
     results = "\n".join(runner.key_results(nb))
     assert "rank 1 computed scaled = 10.0" in results and "worker processes left: 0" in results
     text = all_text(nb)

@@ -59,7 +59,12 @@ def train_linear(steps: int = 4) -> dict:
         optimizer.zero_grad()
     print(f"ordinal {rank} of {world} on {accelerator.device}")
     weight = accelerator.unwrap_model(model).weight.detach().cpu()
-    return {"rank": rank, "world": world, "type": str(accelerator.distributed_type), "weight": weight.tolist()}
+    return {
+        "rank": rank,
+        "world": world,
+        "type": str(accelerator.distributed_type),
+        "weight": weight.tolist(),
+    }
 
 
 @pytest.mark.multiproc
@@ -72,7 +77,8 @@ def test_notebook_launcher_trains_on_every_xla_device_and_returns_each_result(tw
     import torch
 
     start = [torch.linspace(-0.5, 0.5, 4).tolist()]
-    assert all(abs(a - b) > 1e-4 for a, b in zip(results[0]["weight"][0], start[0]))  # and the model did train
+    # and the model did train
+    assert all(abs(a - b) > 1e-4 for a, b in zip(results[0]["weight"][0], start[0]))
     assert reporter.started[0] == 2 and reporter.finished == (True, None)
     for rank in (0, 1):  # what each ordinal printed and its progress came back under its own rank
         assert f"ordinal {rank} of 2 on xla:" in reporter.output(rank)
@@ -119,7 +125,8 @@ def test_a_failing_ordinal_raises_its_traceback_and_nothing_is_left_running(two_
     assert 'raise ValueError("boom on ordinal 1")' in text and "in fails_on_ordinal_1" in text
     assert "rank 0 was stopped" in text
     left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-    left = [p for p in left if "zygote" not in " ".join(p.cmdline())]  # the warm spawn server stays, by design
+    # the warm spawn server stays, by design
+    left = [p for p in left if "zygote" not in " ".join(p.cmdline())]
     assert left == []
 
 
@@ -144,7 +151,9 @@ def test_a_process_count_other_than_the_device_count_is_refused(two_xla_devices)
     with pytest.raises(LaunchSetupError, match=r"num_processes=3 but this XLA runtime has 2 devices"):
         notebook_launcher(train_linear, num_processes=3)
     # the launch's env= is what the host gets: three devices there are three ranks here
-    assert notebook_launcher(ordinal_and_pid, env={"CPU_NUM_DEVICES": "3"}, reporter=ListReporter())[2][0] == 2
+    assert (
+        notebook_launcher(ordinal_and_pid, env={"CPU_NUM_DEVICES": "3"}, reporter=ListReporter())[2][0] == 2
+    )
     assert notebook_launcher(os.getpid, cpu=True, num_processes=1)[0] != os.getpid()  # cpu=True: a CPU launch
 
 
@@ -225,8 +234,13 @@ def test_accel_nb_env_shows_the_xla_runtime_it_would_launch_on():
     import sys
 
     env = dict(os.environ, **XLA_CPU_2)
-    out = subprocess.run([sys.executable, "-m", "accel_nb.commands", "env"], env=env, capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "accel_nb.commands", "env"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "- TPU/XLA: no TPU, torch_xla installed" in out.stdout
     assert "- XLA launch: XLA CPU runtime, 2 devices (PJRT_DEVICE=CPU, CPU_NUM_DEVICES=2)" in out.stdout
@@ -251,7 +265,15 @@ def test_a_notebook_that_opened_the_tpu_itself_is_told_to_restart():
         except LaunchSetupError as exc:
             print("refused:", exc)
     """)
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **XLA_CPU_2), capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, **XLA_CPU_2),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    assert "refused: this notebook's process already opened the TPU" in out.stdout and "restart the kernel" in out.stdout
+    assert (
+        "refused: this notebook's process already opened the TPU" in out.stdout
+        and "restart the kernel" in out.stdout
+    )

@@ -19,7 +19,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _runner():
-    spec = importlib.util.spec_from_file_location("run_quickstart", os.path.join(ROOT, "examples", "run_quickstart.py"))
+    spec = importlib.util.spec_from_file_location(
+        "run_quickstart", os.path.join(ROOT, "examples", "run_quickstart.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -30,13 +30,21 @@ def run_program(name: str, out_dir: str, devices: int, **env: str) -> list[dict]
     full_env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), PYTHONPATH=ROOT, **env)
     proc = subprocess.run(
         [sys.executable, "-m", "tests.xla.xla_programs", name, str(out_dir)],
-        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=280,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     lines = (proc.stdout + proc.stderr).splitlines()
     xla_abort = [line for line in lines[:-30] if "rendezvous.cc" in line]  # XLA's own abort (docs/tpu.md)
     tail = "\n".join(xla_abort + lines[-30:])
     assert proc.returncode == 0, f"{name} on {devices} XLA devices failed:\n{tail}"
-    prefix = f"{name}_{env['XLA_TEST_PHASE']}" if "XLA_TEST_PHASE" in env else name + env.get("XLA_TEST_ACCUMULATION", "")
+    prefix = (
+        f"{name}_{env['XLA_TEST_PHASE']}"
+        if "XLA_TEST_PHASE" in env
+        else name + env.get("XLA_TEST_ACCUMULATION", "")
+    )
     return [json.load(open(os.path.join(out_dir, f"{prefix}_rank{r}.json"))) for r in range(devices)]
 
 
@@ -72,7 +80,8 @@ def test_two_devices_train_like_one_device_with_the_double_batch(tmp_path):
     one = run_program("train", tmp_path / "one", devices=1)  # 8 samples per step
     # 2 samples per device and micro-batch, 2 micro-batches accumulated per step: 8 samples a step again
     accumulated = run_program("train", tmp_path / "accumulated", devices=2, XLA_TEST_ACCUMULATION="2")
-    assert two[0]["batch_devices"] == ["xla:0"] and two[1]["batch_devices"] == ["xla:1"]  # the parallel loader's
+    # the parallel loader's
+    assert two[0]["batch_devices"] == ["xla:0"] and two[1]["batch_devices"] == ["xla:1"]
     assert two[0]["model_class"] == "Sequential"  # no DDP wrapper on XLA devices
     assert two[0]["steps_per_epoch"] == one[0]["steps_per_epoch"] == 4
     assert_weights_close(two[0]["weights"], two[1]["weights"], atol=0)  # the devices agree exactly
@@ -80,7 +89,8 @@ def test_two_devices_train_like_one_device_with_the_double_batch(tmp_path):
     assert two[0]["losses"] == pytest.approx(one[0]["losses"], abs=1e-5)
     # clip_grad_norm_ returns the norm of the averaged gradient: the one device's, step by step
     assert len(two[0]["norms"]) == 8 and two[0]["norms"] == pytest.approx(one[0]["norms"], rel=1e-4)
-    assert any(n < 1.0 for n in one[0]["norms"]) and any(n > 1.0 for n in one[0]["norms"])  # some steps clipped
+    # some steps clipped
+    assert any(n < 1.0 for n in one[0]["norms"]) and any(n > 1.0 for n in one[0]["norms"])
     assert accumulated[0]["norms"] == pytest.approx(one[0]["norms"], rel=1e-4)
     assert accumulated[0]["steps_per_epoch"] == 8  # micro-batches
     assert_weights_close(accumulated[0]["weights"], accumulated[1]["weights"], atol=0)
@@ -103,8 +113,13 @@ def test_checkpoint_round_trip_on_two_devices(tmp_path):
     # written from the main device only, as CPU tensors that load without torch_xla
     ckpt = tmp_path / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir()) == [
-        "checkpoint.json", "model.safetensors", "optimizer.bin", "rank_0.pt", "rank_1.pt", "scheduler.bin",
-    ]  # fmt: skip
+        "checkpoint.json",
+        "model.safetensors",
+        "optimizer.bin",
+        "rank_0.pt",
+        "rank_1.pt",
+        "scheduler.bin",
+    ]
     optimizer_state = torch.load(ckpt / "optimizer.bin", weights_only=True)
     assert all(t.device.type == "cpu" for s in optimizer_state["state"].values() for t in s.values())
     assert "xla" in torch.load(ckpt / "rank_1.pt", weights_only=True)["rng"]
@@ -144,8 +159,12 @@ def test_a_device_that_skips_a_collective_gives_a_clear_error_not_a_hang(tmp_pat
     env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="2", PYTHONPATH=ROOT, ACCEL_NB_COLLECTIVE_TIMEOUT="5")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.xla.xla_programs", "skipped_collective", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode != 0
     assert "XLA device 0 waited for the other device threads at a collective" in proc.stderr
     assert "Every rank must call the same collectives in the same order" in proc.stderr

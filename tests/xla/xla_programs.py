@@ -92,8 +92,15 @@ def _setup(
     return acc, model, optimizer, loader, scheduler
 
 
-def _step(acc: Any, model: Any, optimizer: Any, scheduler: Any, x: torch.Tensor, y: torch.Tensor,
-          norms: list[torch.Tensor] | None = None) -> float:  # fmt: skip
+def _step(
+    acc: Any,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    norms: list[torch.Tensor] | None = None,
+) -> float:
     with acc.accumulate(model):
         loss = torch.nn.functional.mse_loss(model(x), y)
         acc.backward(loss)
@@ -117,7 +124,9 @@ def train_program(out_dir: str) -> None:
     (``XLA_TEST_ACCUMULATION=2``: in two accumulated micro-batches)."""
     world = int(os.environ.get("CPU_NUM_DEVICES", "1"))
     accumulation = int(os.environ.get("XLA_TEST_ACCUMULATION", "1"))
-    acc, model, optimizer, loader, scheduler = _setup(8 // world // accumulation, rng_types=["xla"], accumulation=accumulation)
+    acc, model, optimizer, loader, scheduler = _setup(
+        8 // world // accumulation, rng_types=["xla"], accumulation=accumulation
+    )
     losses, batch_devices, norms = [], set(), []
     for _epoch in range(2):
         for x, y in loader:
@@ -125,11 +134,15 @@ def train_program(out_dir: str) -> None:
             losses.append(_step(acc, model, optimizer, scheduler, x, y, norms))
     # evaluation over 30 samples: the last round is padded to fill every device, gather_for_metrics drops it
     x, y = _data().tensors
-    evaluation = acc.prepare(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:30], y[:30]), batch_size=4))
+    evaluation = acc.prepare(
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:30], y[:30]), batch_size=4)
+    )
     gathered = []
     with torch.no_grad():
         for xb, yb in evaluation:
-            gathered.append(acc.gather_for_metrics(torch.nn.functional.mse_loss(model(xb), yb, reduction="none")))
+            gathered.append(
+                acc.gather_for_metrics(torch.nn.functional.mse_loss(model(xb), yb, reduction="none"))
+            )
     result = {
         "eval_rows": sum(int(g.shape[0]) for g in gathered),
         "eval_loss": float(torch.cat(gathered).mean().item()),
@@ -160,7 +173,12 @@ def checkpoint_program(out_dir: str) -> None:
             losses = []  # what comes after the checkpoint
         if len(losses) == 2:
             break
-    result = {"losses": losses, "weights": _weights(acc, model), "lr": scheduler.get_last_lr(), "saved": saved}
+    result = {
+        "losses": losses,
+        "weights": _weights(acc, model),
+        "lr": scheduler.get_last_lr(),
+        "saved": saved,
+    }
     _write(out_dir, f"checkpoint_{phase}", acc.process_index, result)
 
 
@@ -186,10 +204,16 @@ def precision_program(out_dir: str) -> None:
     AcceleratorState._reset_state()
     acc = Accelerator(mixed_precision="bf16")
     model = _model()
-    model[0].register_forward_hook(lambda m, i, o: seen.update(inner=str(o.dtype)))  # returns None: output kept
+    # returns None: output kept
+    model[0].register_forward_hook(lambda m, i, o: seen.update(inner=str(o.dtype)))
     model = acc.prepare(model)
     out = model(torch.ones(2, DIM_IN, device=acc.device))
-    _write(out_dir, "precision", acc.process_index, {"fp16_error": fp16_error, "inner": seen["inner"], "output": str(out.dtype), **refused})
+    _write(
+        out_dir,
+        "precision",
+        acc.process_index,
+        {"fp16_error": fp16_error, "inner": seen["inner"], "output": str(out.dtype), **refused},
+    )
 
 
 def skipped_collective_program(out_dir: str) -> None:
@@ -202,7 +226,13 @@ def skipped_collective_program(out_dir: str) -> None:
     _write(out_dir, "skipped_collective", acc.process_index, {"done": True})
 
 
-PROGRAMS = {"skipped_collective": skipped_collective_program, "ops": ops_program, "train": train_program, "checkpoint": checkpoint_program, "precision": precision_program}
+PROGRAMS = {
+    "skipped_collective": skipped_collective_program,
+    "ops": ops_program,
+    "train": train_program,
+    "checkpoint": checkpoint_program,
+    "precision": precision_program,
+}
 
 
 def _run(index: int, name: str, out_dir: str) -> None:

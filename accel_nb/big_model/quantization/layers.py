@@ -111,14 +111,21 @@ def make_shell(target: QuantTarget, config: QuantizationConfig) -> nn.Module:
         with torch.device("meta"):
             if config.load_in_8bit:
                 layer = bnb.nn.Linear8bitLt(
-                    target.in_features, target.out_features, target.has_bias,
-                    has_fp16_weights=False, threshold=config.llm_int8_threshold,
-                )  # fmt: skip
+                    target.in_features,
+                    target.out_features,
+                    target.has_bias,
+                    has_fp16_weights=False,
+                    threshold=config.llm_int8_threshold,
+                )
             else:
                 layer = bnb.nn.Linear4bit(
-                    target.in_features, target.out_features, target.has_bias, config.bnb_4bit_compute_dtype,
-                    compress_statistics=config.bnb_4bit_use_double_quant, quant_type=config.bnb_4bit_quant_type,
-                )  # fmt: skip
+                    target.in_features,
+                    target.out_features,
+                    target.has_bias,
+                    config.bnb_4bit_compute_dtype,
+                    compress_statistics=config.bnb_4bit_use_double_quant,
+                    quant_type=config.bnb_4bit_quant_type,
+                )
     else:
         require("torchao")
         with torch.device("meta"):
@@ -145,9 +152,13 @@ def quantize_weight(
             param = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
         else:
             param = bnb.nn.Params4bit(
-                weight, requires_grad=False, compress_statistics=config.bnb_4bit_use_double_quant,
-                quant_type=config.bnb_4bit_quant_type, quant_storage=torch.uint8, module=layer,
-            )  # fmt: skip
+                weight,
+                requires_grad=False,
+                compress_statistics=config.bnb_4bit_use_double_quant,
+                quant_type=config.bnb_4bit_quant_type,
+                quant_storage=torch.uint8,
+                module=layer,
+            )
         layer.weight = param.to(device)  # bitsandbytes quantizes when a float weight moves to a device
         return
     quantize_torchao(layer, weight.to(device=device, dtype=config.torch_dtype), config)

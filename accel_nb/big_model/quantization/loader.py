@@ -256,9 +256,12 @@ def _resolve_device_map(
             budgets = max_memory
             if device_map != "sequential":
                 budgets = get_balanced_memory(
-                    model, max_memory, no_split_module_classes, special_dtypes=special,
+                    model,
+                    max_memory,
+                    no_split_module_classes,
+                    special_dtypes=special,
                     low_zero=device_map == "balanced_low_0",
-                )  # fmt: skip
+                )
             return dict(
                 infer_auto_device_map(model, budgets, no_split_module_classes, special_dtypes=special)
             )

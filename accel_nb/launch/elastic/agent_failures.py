@@ -26,8 +26,10 @@ _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warn
 
 
 def _rank_log(log_dir: str, local_rank: int, stream: str = "stderr") -> str | None:
-    found = sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), f"{stream}.log")),
-                   key=os.path.getmtime)  # fmt: skip
+    found = sorted(
+        glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), f"{stream}.log")),
+        key=os.path.getmtime,
+    )
     return found[-1] if found else None
 
 

@@ -33,16 +33,28 @@ from .rendezvous import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_
 __all__ = ["MachineSeat", "NOTEBOOK_NAMES", "check_machine_options", "take_reference_options", "plan_seat"]
 
 # the notebook_launcher arguments named in rendezvous errors
-NOTEBOOK_NAMES = {"ip": "master_addr", "port": "use_port", "rank": "node_rank",
-                  "timeout": "rdzv_conf={'timeout': seconds}"}  # fmt: skip
+NOTEBOOK_NAMES = {
+    "ip": "master_addr",
+    "port": "use_port",
+    "rank": "node_rank",
+    "timeout": "rdzv_conf={'timeout': seconds}",
+}
 _BACKENDS_SAID = ", ".join(repr(b) for b in LAUNCHER_RDZV_BACKENDS)  # 'static', 'c10d'
 
 
 class MachineSeat:
     """The rendezvous of torchrun's agent for ``nproc`` local ranks of machine ``machine_rank``."""
 
-    def __init__(self, num_machines: int, machine_rank: int, nproc: int, addr: str, port: int,
-                 backend: str = "static", timeout: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        num_machines: int,
+        machine_rank: int,
+        nproc: int,
+        addr: str,
+        port: int,
+        backend: str = "static",
+        timeout: float | None = None,
+    ) -> None:
         if backend not in LAUNCHER_RDZV_BACKENDS:
             raise LaunchSetupError(f"rdzv_backend={backend!r} is not one of {_BACKENDS_SAID}")
         self.num_machines, self.machine_rank, self.nproc = num_machines, machine_rank, nproc
@@ -57,17 +69,32 @@ class MachineSeat:
         from torch.distributed.launcher.api import _get_addr_and_port
         from torch.distributed.run import config_from_args, parse_args
 
-        args = agent_arguments(self.num_machines, self.machine_rank, self.nproc, self.backend,
-                               self.addr, self.port, self.timeout)  # fmt: skip
+        args = agent_arguments(
+            self.num_machines, self.machine_rank, self.nproc, self.backend, self.addr, self.port, self.timeout
+        )
         config, _, _ = config_from_args(parse_args([*args, "accel_nb_notebook_ranks"]))
-        params = RendezvousParameters(backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=RUN_ID,
-                                      min_nodes=config.min_nodes, max_nodes=config.max_nodes,
-                                      local_addr=config.local_addr, **config.rdzv_configs)  # fmt: skip
+        params = RendezvousParameters(
+            backend=config.rdzv_backend,
+            endpoint=config.rdzv_endpoint,
+            run_id=RUN_ID,
+            min_nodes=config.min_nodes,
+            max_nodes=config.max_nodes,
+            local_addr=config.local_addr,
+            **config.rdzv_configs,
+        )
         master_addr, master_port = _get_addr_and_port(params)
-        spec = WorkerSpec(role=config.role, local_world_size=self.nproc, entrypoint="python", args=(),
-                          rdzv_handler=registry.get_rendezvous_handler(params), max_restarts=0,
-                          monitor_interval=config.monitor_interval, master_addr=master_addr,
-                          master_port=master_port, local_addr=config.local_addr)  # fmt: skip
+        spec = WorkerSpec(
+            role=config.role,
+            local_world_size=self.nproc,
+            entrypoint="python",
+            args=(),
+            rdzv_handler=registry.get_rendezvous_handler(params),
+            max_restarts=0,
+            monitor_interval=config.monitor_interval,
+            master_addr=master_addr,
+            master_port=master_port,
+            local_addr=config.local_addr,
+        )
         return LocalElasticAgent(spec=spec, logs_specs=config.logs_specs, start_method="fork")
 
     def join(self) -> None:
@@ -80,8 +107,9 @@ class MachineSeat:
             with _fd2_to(fd):
                 agent._rendezvous(agent._worker_group)  # torch's own rendezvous and rank assignment
         except Exception as exc:
-            said = rendezvous_failure(exc, self.num_machines, self.machine_rank, self.addr, self.port,
-                                      self.timeout, NOTEBOOK_NAMES)  # fmt: skip
+            said = rendezvous_failure(
+                exc, self.num_machines, self.machine_rank, self.addr, self.port, self.timeout, NOTEBOOK_NAMES
+            )
             if said is None:
                 raise
             if os.path.getsize(torch_log):
@@ -119,8 +147,10 @@ class MachineSeat:
 
     def describe(self) -> str:
         """``machine 1 of 2, static rendezvous at 10.0.0.1:29500``."""
-        return (f"machine {self.machine_rank} of {self.num_machines}, {self.backend} rendezvous at "
-                f"{self.addr}:{self.port}")  # fmt: skip
+        return (
+            f"machine {self.machine_rank} of {self.num_machines}, {self.backend} rendezvous at "
+            f"{self.addr}:{self.port}"
+        )
 
     @property
     def global_ranks(self) -> list[int]:
@@ -174,7 +204,9 @@ def check_machine_options(options: Any) -> None:
     if options.rdzv_backend not in LAUNCHER_RDZV_BACKENDS:
         raise LaunchSetupError(f"rdzv_backend={options.rdzv_backend!r} is not one of {_BACKENDS_SAID}")
     timeout = options.rdzv_timeout
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+    ):
         raise LaunchSetupError(f"rdzv_timeout={timeout!r} must be a number of seconds above 0 (None: 600)")
 
 
@@ -203,13 +235,23 @@ def plan_seat(options: Any, nproc: int) -> MachineSeat:
     problem = endpoint_problem(options.num_nodes, options.node_rank, options.master_addr, port)
     if problem is not None:
         which, reason = problem
-        fix = ("give machine 0's address as master_addr=" if which == "ip"
-               else "pick another use_port=, the same on every machine")  # fmt: skip
+        fix = (
+            "give machine 0's address as master_addr="
+            if which == "ip"
+            else "pick another use_port=, the same on every machine"
+        )
         value = options.master_addr if which == "ip" else port
         raise LaunchSetupError(f"{NOTEBOOK_NAMES[which]}={value!r}: {reason}; {fix}")
     _warn_if_loopback(options.master_addr, options.num_nodes)
-    return MachineSeat(options.num_nodes, options.node_rank, nproc, options.master_addr, port,
-                       options.rdzv_backend, options.rdzv_timeout)  # fmt: skip
+    return MachineSeat(
+        options.num_nodes,
+        options.node_rank,
+        nproc,
+        options.master_addr,
+        port,
+        options.rdzv_backend,
+        options.rdzv_timeout,
+    )
 
 
 def _warn_if_loopback(addr: str, num_nodes: int) -> None:

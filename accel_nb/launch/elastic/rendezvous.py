@@ -47,12 +47,17 @@ def main_endpoint(cfg: Any) -> tuple[str, int]:
     return addr, pick_free_port(addr) if cfg.num_machines == 1 else DEFAULT_PORT
 
 
-CLI_NAMES = {"ip": "--main_process_ip", "port": "--main_process_port", "rank": "--machine_rank",
-             "timeout": "--rdzv_timeout"}  # fmt: skip
+CLI_NAMES = {
+    "ip": "--main_process_ip",
+    "port": "--main_process_port",
+    "rank": "--machine_rank",
+    "timeout": "--rdzv_timeout",
+}
 
 
-def endpoint_problem(num_machines: int, machine_rank: int, addr: str, port: int,
-                     port_given: bool = True) -> tuple[str, str] | None:  # fmt: skip
+def endpoint_problem(
+    num_machines: int, machine_rank: int, addr: str, port: int, port_given: bool = True
+) -> tuple[str, str] | None:
     """What stops machine ``machine_rank`` from using ``addr:port``, as ``("ip"|"port", reason)``; None if fine.
 
     Machine 0 must own ``addr`` and find ``port`` free; the others must resolve ``addr``. On one
@@ -74,8 +79,10 @@ def endpoint_problem(num_machines: int, machine_rank: int, addr: str, port: int,
         except OSError as exc:
             if exc.errno != errno.EADDRNOTAVAIL:
                 raise
-            return "ip", (f"{ip} is not an address of this machine, but machine 0 hosts the rendezvous there; "
-                          "start machine 0 on the machine that has that address")  # fmt: skip
+            return "ip", (
+                f"{ip} is not an address of this machine, but machine 0 hosts the rendezvous there; "
+                "start machine 0 on the machine that has that address"
+            )
     if not port_is_free(ip, port):
         return "port", f"port {port} on {addr} is already in use (another launch or a server listens there)"
     return None
@@ -88,17 +95,30 @@ def check_endpoint(cfg: Any, addr: str, port: int) -> None:
         return
     which, reason = problem
     if which == "ip":
-        raise ConfigError(CLI_NAMES["ip"], addr, "an address of machine 0 that every machine reaches", None, reason)
-    fix = ("pick another, the same on every machine" if cfg.num_machines > 1
-           else "pick another or leave the flag out to get a free one")  # fmt: skip
+        raise ConfigError(
+            CLI_NAMES["ip"], addr, "an address of machine 0 that every machine reaches", None, reason
+        )
+    fix = (
+        "pick another, the same on every machine"
+        if cfg.num_machines > 1
+        else "pick another or leave the flag out to get a free one"
+    )
     raise ConfigError(CLI_NAMES["port"], port, "a free port on the main machine", None, f"{reason}; {fix}")
 
 
 RUN_ID = "accel_nb"  # the rendezvous id of every accel_nb job (the CLI's and a notebook's agree)
 
 
-def agent_arguments(num_machines: int, machine_rank: int, nproc: int, backend: str, addr: str, port: int,
-                    timeout: float | None = None, max_restarts: int = 0) -> list[str]:  # fmt: skip
+def agent_arguments(
+    num_machines: int,
+    machine_rank: int,
+    nproc: int,
+    backend: str,
+    addr: str,
+    port: int,
+    timeout: float | None = None,
+    max_restarts: int = 0,
+) -> list[str]:
     """torchrun's flags for this machine's agent: machines, processes here, restarts, rendezvous.
 
     agent_arguments(2, 1, 4, "static", "10.0.0.1", 29500)   # ["--nnodes", "2", "--node_rank", "1", ...]
@@ -114,7 +134,16 @@ def agent_arguments(num_machines: int, machine_rank: int, nproc: int, backend: s
         # the store lives on machine 0 (torch's own guess compares host names, which fails behind NAT
         # or in a network namespace); its connection timeout is the same
         conf += f",is_host={int(machine_rank == 0)},read_timeout={seconds}"
-    args += ["--rdzv_backend", backend, "--rdzv_endpoint", f"{addr}:{port}", "--rdzv_id", RUN_ID, "--rdzv_conf", conf]
+    args += [
+        "--rdzv_backend",
+        backend,
+        "--rdzv_endpoint",
+        f"{addr}:{port}",
+        "--rdzv_id",
+        RUN_ID,
+        "--rdzv_conf",
+        conf,
+    ]
     local = address_toward(addr) if num_machines > 1 else None
     if local:
         # the ranks meet at the address machine 0 announces; torch's default (the host name) may
@@ -178,8 +207,15 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def rendezvous_failure(exc: BaseException, num_machines: int, machine_rank: int, addr: str, port: int,
-                       timeout: float | None, names: dict[str, str] = CLI_NAMES) -> str | None:  # fmt: skip
+def rendezvous_failure(
+    exc: BaseException,
+    num_machines: int,
+    machine_rank: int,
+    addr: str,
+    port: int,
+    timeout: float | None,
+    names: dict[str, str] = CLI_NAMES,
+) -> str | None:
     """One line for a rendezvous that did not complete (a machine never came), or None for other errors.
 
     ``names`` are the face's names of the rank and timeout options (the CLI's flags by default).

@@ -19,7 +19,8 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 _DISTRIBUTED = re.compile(r"[/\\]torch[/\\](distributed|nn[/\\]parallel)[/\\]")
 _AUTOGRAD = re.compile(r"[/\\]torch[/\\]autograd[/\\]")
 _LIBRARY = re.compile(r"[/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|^<frozen ")
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # accel_nb/
+# accel_nb/
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _WRAPPERS = ("wrapper", "inner", "_fn")  # decorators around torch.distributed's calls: not the call's name
 
 
@@ -103,9 +104,13 @@ class Blame:
             parts.append(f"{_ranks(self.silent)} did not answer with a stack")
         if self.waiting and not self.elsewhere and not self.silent:
             if len(set(self.waiting.values())) > 1:
-                parts.append("the ranks wait in different collectives: each must call the same ones, in the same order")
+                parts.append(
+                    "the ranks wait in different collectives: each must call the same ones, in the same order"
+                )
             else:
-                parts.append("every rank waits in it: a rank may have called it once more or less than the others")
+                parts.append(
+                    "every rank waits in it: a rank may have called it once more or less than the others"
+                )
         return "; ".join(parts)
 
 

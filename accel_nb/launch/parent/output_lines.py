@@ -39,7 +39,9 @@ def rank_label(ranks: Iterable[int]) -> str:
         if r is not None and r == prev + 1:
             prev = r
             continue
-        spans.append(str(start) if start == prev else f"{start},{prev}" if prev == start + 1 else f"{start}-{prev}")
+        spans.append(
+            str(start) if start == prev else f"{start},{prev}" if prev == start + 1 else f"{start}-{prev}"
+        )
         if r is not None:
             start = prev = r
     return f"[ranks {','.join(spans)}]"
@@ -101,7 +103,9 @@ class OutputRelay:
             self._dropped[event.rank] = event
             if first:
                 where = f"; all of it is in {event.log_path}" if event.log_path else ""
-                self._write("stderr", [f"{rank_label([event.rank])} output too fast to show: dropping lines{where}"])
+                self._write(
+                    "stderr", [f"{rank_label([event.rank])} output too fast to show: dropping lines{where}"]
+                )
             if event.held:  # the flood's last lines follow: say so in their place, after the head
                 with self._lock:
                     self._queue.append(_Pending("stderr", _tail_note(event), event.rank, now, whole=True))
@@ -112,9 +116,12 @@ class OutputRelay:
             return
         with self._lock:
             for line in event.text.splitlines():
-                if self._unmerged.get(event.rank):  # a flood's tail: labelled by its rank alone, after its note
+                # a flood's tail: labelled by its rank alone, after its note
+                if self._unmerged.get(event.rank):
                     self._unmerged[event.rank] -= 1
-                    self._queue.append(_Pending(event.stream, f"{rank_label([event.rank])} {line}", event.rank, now, True))
+                    self._queue.append(
+                        _Pending(event.stream, f"{rank_label([event.rank])} {line}", event.rank, now, True)
+                    )
                     continue
                 key = (event.stream, line)
                 entry = self._open.get(key)

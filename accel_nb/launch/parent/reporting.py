@@ -107,7 +107,9 @@ class TextReporter(Reporter):
             if not final and now - self._last_progress.get(key, -1e9) < self.progress_interval:
                 return
             self._last_progress[key] = now
-            line = format_progress_line(event.n, event.total, event.rate, event.metrics, event.desc or event.name)
+            line = format_progress_line(
+                event.n, event.total, event.rate, event.metrics, event.desc or event.name
+            )
             self.relay.add_line(rank, "stdout", f"[rank {rank}] {line}")  # in order with the rank's output
         elif isinstance(event, Metrics):
             if not self.shown(rank):

@@ -108,7 +108,8 @@ def run_launch(
     procs: list[RankProcess] = []
     try:
         try:
-            plan.launcher.start(plan, payload, log_dir, procs)  # the launch kind's way: processes, or XLA's host
+            # the launch kind's way: processes, or XLA's host
+            plan.launcher.start(plan, payload, log_dir, procs)
         except BaseException:  # interrupted or failed half-way: take down what was started
             Supervisor(procs, reporter, log_dir).cleanup()
             raise
@@ -116,7 +117,8 @@ def run_launch(
         try:
             outcome = supervisor.run()
         except KeyboardInterrupt:
-            finish_reporter(reporter, False, "interrupted: every rank was stopped")  # the stacks were just shown
+            # the stacks were just shown
+            finish_reporter(reporter, False, "interrupted: every rank was stopped")
             raise
         if outcome.failures:
             failures = list(outcome.failures.values())
@@ -140,13 +142,15 @@ def run_launch(
     finally:
         plan.launcher.release(plan, ok)
         if ok and not keep_logs:
-            if outcome.dropped_output:  # a note names a log in it: kept until the next launch or the kernel ends
+            # a note names a log in it: kept until the next launch or the kernel ends
+            if outcome.dropped_output:
                 keep_until_next_launch(log_dir)
             else:
                 shutil.rmtree(log_dir, ignore_errors=True)
 
 
-_kept_log_dir: list[tuple[int, str]] = []  # (pid, folder): the last launch's logs a "dropped lines" note names
+# (pid, folder): the last launch's logs a "dropped lines" note names
+_kept_log_dir: list[tuple[int, str]] = []
 _exit_hook: list[bool] = []
 
 

@@ -135,7 +135,10 @@ def start_ranks(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankPr
         try:
             server = zygote.get_server()
         except zygote.SpawnServerError as exc:
-            print(f"[accel_nb] the spawn server is unavailable ({exc}); starting fresh interpreters", file=sys.stderr)
+            print(
+                f"[accel_nb] the spawn server is unavailable ({exc}); starting fresh interpreters",
+                file=sys.stderr,
+            )
     if server is not None:
         start_served(plan, server, spec_file, log_dir, procs)
     else:
@@ -157,7 +160,14 @@ def start_forked(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankP
     for rank in range(plan.num_processes):
         r, w = os.pipe()
         spec = RankSpec(
-            rank, plan.num_processes, log_dir, w, parent_pid, True, plan.rank_env(rank), threads=plan.fork_threads
+            rank,
+            plan.num_processes,
+            log_dir,
+            w,
+            parent_pid,
+            True,
+            plan.rank_env(rank),
+            threads=plan.fork_threads,
         )
         inherited = [r] + [p.reader.fd for p in procs]  # the parent's ends: the child must not hold them
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

@@ -32,7 +32,8 @@ from .start import RankProcess
 STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every rank runs the payload
 FAILURE_GRACE_S = 0.5  # after a first failure, let the others report their own errors this long
 TERM_GRACE_S = 2.0  # SIGTERM -> SIGKILL
-STACKS_WAIT_S = 3.0  # how long the watchdog waits at most for faulthandler to write the stacks (a loaded machine)
+# how long the watchdog waits at most for faulthandler to write the stacks (a loaded machine)
+STACKS_WAIT_S = 3.0
 
 
 @dataclass
@@ -44,7 +45,8 @@ class Outcome:
     stopped: list[int] = field(default_factory=list)
     hung_after: float | None = None
     hang_blame: Blame | None = None  # after a hang: who waited in a collective, who did not
-    dropped_output: set[int] = field(default_factory=set)  # ranks whose output was not all shown (see the logs)
+    # ranks whose output was not all shown (see the logs)
+    dropped_output: set[int] = field(default_factory=set)
 
 
 def _from_event(event: Failure) -> RankFailure:
@@ -237,7 +239,9 @@ class Supervisor:
         if code is not None and code < 0:
             sig = -code
             killed = f"killed by {signal_name(sig)}"
-            return RankFailure(rank, None, killed, details, exit_code=code, signal=sig, kind=FailureKind.SIGNAL)
+            return RankFailure(
+                rank, None, killed, details, exit_code=code, signal=sig, kind=FailureKind.SIGNAL
+            )
         if code == 0:
             why = "it ended without returning a result (os._exit(0) or sys.exit inside the function?)"
         else:
@@ -312,7 +316,11 @@ class Supervisor:
         for rank in sorted(stopped, key=lambda r: (r not in cause, r)):  # the likely cause first
             text = stacks.get(rank, "(no stack: the rank did not answer)")
             failure = RankFailure(
-                rank, None, _hang_message(rank, idle, blame), f"Python stacks of rank {rank}:\n{text}", kind=FailureKind.HANG
+                rank,
+                None,
+                _hang_message(rank, idle, blame),
+                f"Python stacks of rank {rank}:\n{text}",
+                kind=FailureKind.HANG,
             )
             self._add_failure(failure, stop_the_rest=False)  # stopped already
 

@@ -65,7 +65,9 @@ class _RateLimit:
             if over:
                 self.flooding = True
                 keep = over[-self.held.maxlen :] if self.held.maxlen else []
-                self.dropped += max(0, len(self.held) + len(keep) - (self.held.maxlen or 0)) + len(over) - len(keep)
+                self.dropped += (
+                    max(0, len(self.held) + len(keep) - (self.held.maxlen or 0)) + len(over) - len(keep)
+                )
                 self.held.extend((stream, line) for line in keep)
             return lines[:ok]
 
@@ -170,7 +172,9 @@ class OutputCapture:
         with self.limit.lock:
             count = self.limit.dropped
             now = time.monotonic()
-            due = held > 0 or (count != self._dropped_sent and (final or now - self._dropped_sent_at >= DROPPED_NOTE_S))
+            due = held > 0 or (
+                count != self._dropped_sent and (final or now - self._dropped_sent_at >= DROPPED_NOTE_S)
+            )
             if due:
                 self._dropped_sent, self._dropped_sent_at = count, now
         if due:
@@ -274,8 +278,8 @@ def _redirect_logging(old: tuple, new: tuple) -> None:
                     if stream is before:
                         try:
                             handler.setStream(after)
-                        except (ValueError, OSError):  # flushing the dead stream failed: it is replaced anyway
-                            pass
+                        except (ValueError, OSError):
+                            pass  # flushing the dead stream failed: it is replaced anyway
 
 
 def _unread(fd: int) -> int:

@@ -277,7 +277,9 @@ class WorkerRuntime:
         try:
             frame = encode_event(events.Result(rank=self.rank, value=to_cpu(value)))
         except Exception as exc:  # noqa: BLE001 - any pickling error: say which value
-            return self.report_failure(TypeError(payload.unsendable(self.rank, value, exc)), with_traceback=False)
+            return self.report_failure(
+                TypeError(payload.unsendable(self.rank, value, exc)), with_traceback=False
+            )
         self._sync_output()
         with contextlib.suppress(ChannelClosed):
             self.writer.send_frame(frame)
@@ -323,7 +325,8 @@ class WorkerRuntime:
                     if succeeded and dist.get_backend() == "gloo" and not formed_by_state:
                         # a rank that returns right after joining must not tear its connections down
                         # while a peer is still finishing gloo's connection handshake
-                        with contextlib.suppress(RuntimeError):  # a peer that already left: nothing to wait for
+                        # a peer that already left: nothing to wait for
+                        with contextlib.suppress(RuntimeError):
                             dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
                     dist.destroy_process_group()
         if self.capture is not None:

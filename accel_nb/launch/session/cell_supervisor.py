@@ -41,12 +41,15 @@ from ..parent.supervisor import (
 )
 from ..rank.worker import STACKS_SIGNAL, stacks_path
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # accel_nb/
+# accel_nb/
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 INTERRUPT_GRACE_S = 2.0  # after SIGINT, how long a rank may take to raise KeyboardInterrupt and answer
 FREE_GRACE_S = 5.0  # after the group was closed under a stuck rank, how long until it is killed
 
 
-_LIBRARY_FRAME = re.compile(r'File "[^"]*([/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|<frozen )')
+_LIBRARY_FRAME = re.compile(
+    r'File "[^"]*([/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|<frozen )'
+)
 
 
 def _innermost_user_frame(traceback: str) -> str | None:
@@ -75,7 +78,8 @@ class CellStep(enum.Enum):
 
     RUNNING = "running"  # the command runs
     INTERRUPTED = "interrupted"  # the running ranks were sent SIGINT (their stacks shown first)
-    GROUP_CLOSED = "group closed"  # INTERRUPT_GRACE_S later: the process group was closed under them (on_stuck)
+    # INTERRUPT_GRACE_S later: the process group was closed under them (on_stuck)
+    GROUP_CLOSED = "group closed"
     KILLED = "killed"  # FREE_GRACE_S later: what still ran was killed
 
 
@@ -230,7 +234,12 @@ class CellSupervisor(Supervisor):
         self._settle_peer_lost(now, final=not waiting)
         self._advance(now)
         self._tick()
-        if self.timeout is not None and waiting and self.step is CellStep.RUNNING and not self.outcome.failures:
+        if (
+            self.timeout is not None
+            and waiting
+            and self.step is CellStep.RUNNING
+            and not self.outcome.failures
+        ):
             idle = now - self._last_progress
             if idle >= self.timeout:
                 self.outcome.hung_after = idle

@@ -74,7 +74,8 @@ class SessionCommand:
 
     kind = "session"
     namespace: dict[str, Any]
-    check_stale = False  # set by the session after a re-formed group: the answer says what still holds the old one
+    # set by the session after a re-formed group: the answer says what still holds the old one
+    check_stale = False
 
     def describe(self) -> str:
         return type(self).__name__
@@ -136,10 +137,12 @@ class RunCode(SessionCommand):
             raise NameError(
                 f"--return asked for {', '.join(missing)} but rank {rank}'s namespace has no such name"
             )
-        return self._with_stale({
-            "value": value if self.send_value else None,
-            "names": {n: ns[n] for n in self.return_names},
-        })
+        return self._with_stale(
+            {
+                "value": value if self.send_value else None,
+                "names": {n: ns[n] for n in self.return_names},
+            }
+        )
 
 
 class RunFunction(SessionCommand):
@@ -185,7 +188,9 @@ class Pull(SessionCommand):
 
     def run(self, rank: int) -> Any:
         if self.name not in self.namespace:
-            raise NameError(f"rank {rank} has no variable {self.name!r}; define it in a cell or push it first")
+            raise NameError(
+                f"rank {rank} has no variable {self.name!r}; define it in a cell or push it first"
+            )
         return {"value": self.namespace[self.name], "names": {}}
 
 
@@ -231,7 +236,13 @@ def session_links(pids: list[int]) -> dict[int, int]:
     """This rank's TCP connections to other session ranks (inode -> fd): the process group's links."""
     links = _tcp_links()
     mine = _socket_inodes("self")
-    theirs = {(links[i][1], links[i][0]) for pid in pids if pid != os.getpid() for i in _socket_inodes(pid) if i in links}
+    theirs = {
+        (links[i][1], links[i][0])
+        for pid in pids
+        if pid != os.getpid()
+        for i in _socket_inodes(pid)
+        if i in links
+    }
     return {i: fd for i, fd in mine.items() if i in links and links[i] in theirs}
 
 
@@ -281,7 +292,9 @@ class Regroup(SessionCommand):
 
         state = PartialState._shared_state
         if not state.get("initialized") or not state.get("backend"):
-            raise RuntimeError("this rank never joined a process group (PartialState was not formed); restart the session")
+            raise RuntimeError(
+                "this rank never joined a process group (PartialState was not formed); restart the session"
+            )
         os.environ["MASTER_PORT"] = str(self.port)
         topo = dict(read_topology(), master_port=self.port)
         rejoin_process_group(topo, state["backend"], state.get("collective_timeout"))

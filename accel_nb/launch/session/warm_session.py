@@ -56,7 +56,8 @@ from .loop import (
 )
 
 STOP_GRACE_S = 3.0  # after Stop, how long ranks may take to leave before they are killed
-REGROUP_TRIES = 3  # fresh groups tried after a broken one (a new port each: another program may take the one picked)
+# fresh groups tried after a broken one (a new port each: another program may take the one picked)
+REGROUP_TRIES = 3
 # the failures that leave a rank's process gone: the session is broken then
 _DEATHS = (FailureKind.SIGNAL, FailureKind.EXIT_CODE, FailureKind.STUCK)
 
@@ -99,7 +100,8 @@ class WarmSession:
         self.broken: str | None = None  # why the session cannot run anything (a rank died)
         self.group_broken: str | None = None  # why the process group cannot be used any more
         self.stale: dict[int, list[str]] = {}  # per rank: names still bound to a group that was replaced
-        self.rebound: dict[int, list[str]] = {}  # per rank: DDP models given the new group by the last re-forming
+        # per rank: DDP models given the new group by the last re-forming
+        self.rebound: dict[int, list[str]] = {}
         self.cell = 0
         self.log_dir: str | None = None
         self._conns: dict[int, socket.socket] = {}
@@ -170,7 +172,9 @@ class WarmSession:
                     sup._on_exit(p)
                 raise LaunchError(list(sup.outcome.failures.values()), log_dir=self.log_dir)
             if time.monotonic() > deadline:
-                raise SessionError(f"the ranks did not connect within {STARTUP_GRACE_S:.0f} s (logs: {self.log_dir})")
+                raise SessionError(
+                    f"the ranks did not connect within {STARTUP_GRACE_S:.0f} s (logs: {self.log_dir})"
+                )
             ready, _, _ = select.select([self._listener], [], [], 0.05)
             if not ready:
                 continue
@@ -218,7 +222,9 @@ class WarmSession:
         return self.start()
 
     # -- verbs ------------------------------------------------------------------------------------
-    def run(self, code_or_function: Any, rank: int | None = None, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def run(
+        self, code_or_function: Any, rank: int | None = None, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         """Run code (its last expression is the value) or ``function(*args, **kwargs)`` on every rank (or ``rank``).
 
         s.run("x = torch.ones(2) * PartialState().process_index; x.sum().item()")   # [0.0, 2.0]
@@ -262,7 +268,9 @@ class WarmSession:
 
         metric = s.pull("accuracy")
         """
-        return self._command(Pull(name), rank, title=f"pull {name}", quiet=True, label=f"pull {name}")[rank]["value"]
+        return self._command(Pull(name), rank, title=f"pull {name}", quiet=True, label=f"pull {name}")[rank][
+            "value"
+        ]
 
     def status(self) -> list[dict[str, Any]]:
         """One dict per rank: ``rank``, ``pid``, ``device``, ``memory`` (resident bytes), ``state``."""
@@ -299,7 +307,9 @@ class WarmSession:
             if p.poll() is not None and self.states.get(p.rank) != "dead":
                 self.states[p.rank] = "dead"
                 if not self.broken:
-                    failure = Supervisor(self.procs, ListReporter(), self.log_dir or "")._death(p.rank, p.returncode)
+                    failure = Supervisor(self.procs, ListReporter(), self.log_dir or "")._death(
+                        p.rank, p.returncode
+                    )
                     self.broken = failure.summary()
 
     def _check_usable(self, command: SessionCommand, ranks: list[int]) -> None:
@@ -307,7 +317,9 @@ class WarmSession:
             raise SessionError("no session is running; start it with Session.start() or %accelerate start")
         bad = [r for r in ranks if not 0 <= r < self.num_processes]
         if bad:
-            raise SessionError(f"rank {bad[0]} does not exist: the session has ranks 0..{self.num_processes - 1}")
+            raise SessionError(
+                f"rank {bad[0]} does not exist: the session has ranks 0..{self.num_processes - 1}"
+            )
         self._notice_deaths()
         if self.broken:
             raise SessionError(
@@ -338,7 +350,11 @@ class WarmSession:
                 self.cell += 1
             cell = label
             show = rank if rank is not None else self.options.show_ranks
-            reporter = TextReporter(show_ranks=show) if quiet else self.reporter_factory(self.num_processes, show, title)
+            reporter = (
+                TextReporter(show_ranks=show)
+                if quiet
+                else self.reporter_factory(self.num_processes, show, title)
+            )
             reporter = start_reporter(reporter, self.num_processes, {"title": title, "log_dir": self.log_dir})
             procs = [self.procs[r] for r in ranks]
             self._pass_on_earlier_events(reporter)
@@ -350,7 +366,11 @@ class WarmSession:
                     pass
                 self.states[p.rank] = f"running {cell}"
             supervisor = CellSupervisor(
-                procs, reporter, self.log_dir or "", timeout=timeout or self.options.timeout, on_stuck=self._free_stuck
+                procs,
+                reporter,
+                self.log_dir or "",
+                timeout=timeout or self.options.timeout,
+                on_stuck=self._free_stuck,
             )
             try:
                 outcome = supervisor.run()
@@ -364,7 +384,9 @@ class WarmSession:
             recovered = self._recover_group()
             if outcome.failures or outcome.hung_after is not None:
                 error = self._error(outcome, cell, recovered)
-                finish_reporter(reporter, False, error.failures[0].summary() if error.failures else error.headline)
+                finish_reporter(
+                    reporter, False, error.failures[0].summary() if error.failures else error.headline
+                )
                 raise error
             finish_reporter(reporter, True, None)
             if command.check_stale:  # what the cell re-prepared is no longer named
@@ -396,8 +418,15 @@ class WarmSession:
                 self.states[p.rank] = "dead"
             elif p.rank in outcome.failures and outcome.failures[p.rank].kind is not FailureKind.HANG:
                 self.states[p.rank] = f"failed in {cell}"
-            elif p.rank in outcome.stopped or p.rank in outcome.failures:  # stopped by the user, a peer or the watchdog
-                why = "interrupted" if outcome.interrupted else "hung" if outcome.hung_after is not None else "stopped"
+            elif p.rank in outcome.stopped or p.rank in outcome.failures:
+                # stopped by the user, a peer or the watchdog
+                why = (
+                    "interrupted"
+                    if outcome.interrupted
+                    else "hung"
+                    if outcome.hung_after is not None
+                    else "stopped"
+                )
                 self.states[p.rank] = f"{why} in {cell}"
             elif self.states.get(p.rank, "").startswith("running"):
                 self.states[p.rank] = "idle"
@@ -422,7 +451,11 @@ class WarmSession:
         failure = None
         for _ in range(REGROUP_TRIES):
             port = pick_free_port(self.plan.options.master_addr)
-            reporter = start_reporter(ListReporter(), self.num_processes, {"title": "re-form the process group", "log_dir": self.log_dir})
+            reporter = start_reporter(
+                ListReporter(),
+                self.num_processes,
+                {"title": "re-form the process group", "log_dir": self.log_dir},
+            )
             for p in self.procs:
                 with contextlib.suppress(OSError):  # its end is closed: the supervisor reads how it died
                     send_message(self._conns[p.rank], Regroup(port))
@@ -439,14 +472,20 @@ class WarmSession:
             if not outcome.failures:
                 self.group_broken = None
                 self.stale = {
-                    r: list(answer["value"]["stale"]) for r, answer in outcome.results.items() if answer["value"]["stale"]
+                    r: list(answer["value"]["stale"])
+                    for r, answer in outcome.results.items()
+                    if answer["value"]["stale"]
                 }
                 self.rebound = {
-                    r: list(answer["value"]["rebound"]) for r, answer in outcome.results.items() if answer["value"]["rebound"]
+                    r: list(answer["value"]["rebound"])
+                    for r, answer in outcome.results.items()
+                    if answer["value"]["rebound"]
                 }
                 return why
             failure = next(iter(outcome.failures.values()))
-        self.group_broken = f"{why}; a fresh group could not be formed ({failure.summary() if failure else '?'})"
+        self.group_broken = (
+            f"{why}; a fresh group could not be formed ({failure.summary() if failure else '?'})"
+        )
         return None
 
     def _regrouped_sentence(self, recovered: str) -> str:
@@ -475,15 +514,16 @@ class WarmSession:
             blame = blame_stacks(outcome.stuck_stacks, stopped or None) if outcome.stuck_stacks else None
             said = f"; {blame.sentence()}" if blame is not None and blame.sentence() else ""
             what = f"{cell} hung: no rank made progress for {outcome.hung_after:.0f} s{said}; each rank was interrupted"
-            failures = [RankFailure(r, None, "interrupted by the hang watchdog", kind=FailureKind.HANG) for r in stopped]
+            failures = [
+                RankFailure(r, None, "interrupted by the hang watchdog", kind=FailureKind.HANG)
+                for r in stopped
+            ]
         else:
             what = f"{cell}: " + first.summary(first=True)
         if self.broken:
             then = f"the session is broken ({self.broken}): restart it"
         elif self.group_broken:
-            then = (
-                f"the process group is broken ({self.group_broken}): pull what you need, then restart the session"
-            )
+            then = f"the process group is broken ({self.group_broken}): pull what you need, then restart the session"
         elif recovered:
             then = self._regrouped_sentence(recovered) + "; fix the cell and run it again"
         else:
@@ -510,13 +550,17 @@ def _per_object(per_rank: dict[int, list[str]]) -> str:
     for rank, items in sorted(per_rank.items()):
         for item in items:
             ranks_of.setdefault(item, []).append(rank)
-    return "; ".join(f"{item} on rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}" for item, rs in ranks_of.items())
+    return "; ".join(
+        f"{item} on rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}"
+        for item, rs in ranks_of.items()
+    )
 
 
 def stale_sentence(stale: dict[int, list[str]]) -> str:
     """What still holds a replaced process group, per object with its ranks, and what to do about it."""
     return (
-        "still bound to the old process group (it would fail or hang): " + _per_object(stale)
+        "still bound to the old process group (it would fail or hang): "
+        + _per_object(stale)
         + ". Build them again and prepare them (e.g. a new model loaded from your last checkpoint, then its "
         "optimizer)"
     )
@@ -528,11 +572,14 @@ def _stuck_sentence(outcome: CellOutcome) -> str:
     if not stuck:
         return "a rank did not stop at the interrupt and the group was closed under it"
     collectives = {r: collective_of(outcome.stuck_stacks.get(r, "")) for r in stuck}
-    if any(collectives.values()):  # the ones blocked in a collective; a rank merely slow to answer is not named
+    # the ones blocked in a collective; a rank merely slow to answer is not named
+    if any(collectives.values()):
         stuck = [r for r in stuck if collectives[r]]
     parts = [f"rank {r}" + (f" (in {collectives[r]})" if collectives[r] else "") for r in stuck]
     verb = "was" if len(stuck) == 1 else "were"
-    return f"{' and '.join(parts)} did not stop at the interrupt and {verb} freed by closing the process group"
+    return (
+        f"{' and '.join(parts)} did not stop at the interrupt and {verb} freed by closing the process group"
+    )
 
 
 def _last_user_line(stacks: str) -> str:

@@ -202,12 +202,16 @@ class XlaHostPayload:
             import torch_xla
 
             with warnings.catch_warnings():  # Python 3.12 warns about forking a process with threads
-                warnings.filterwarnings("ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning)
+                warnings.filterwarnings(
+                    "ignore", message=r".*fork\(\) may lead to deadlocks", category=DeprecationWarning
+                )
                 torch_xla.launch(ordinal_main, args=(blob, info), start_method=ordinal_start_method())
         except BaseException as exc:  # noqa: BLE001 - torch_xla itself failed (not the user's function)
             relay.close(RELAY_DRAIN_S)
             if type(exc).__name__ == "BrokenProcessPool":  # an ordinal's process died: say where it was
-                return runtime.report_failure(OrdinalProcessDied(_crash_stacks(log_dir)), with_traceback=False)
+                return runtime.report_failure(
+                    OrdinalProcessDied(_crash_stacks(log_dir)), with_traceback=False
+                )
             return runtime.report_failure(exc)
         relay.close(RELAY_DRAIN_S)
         return True
@@ -223,7 +227,11 @@ def _crash_stacks(log_dir: str) -> str:
     from ..rank.worker import crash_path
 
     stacks = clean_stacks(read_tail(crash_path(log_dir, 0), 200))
-    where = f"; Python stacks at the crash (faulthandler):\n{stacks}" if stacks else " (no Python stack was recorded)"
+    where = (
+        f"; Python stacks at the crash (faulthandler):\n{stacks}"
+        if stacks
+        else " (no Python stack was recorded)"
+    )
     return (
         "a process torch_xla started for the XLA devices ended abruptly (a crash in native code such as "
         f"a segmentation fault, or a kill){where}"

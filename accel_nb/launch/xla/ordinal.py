@@ -191,7 +191,8 @@ def ordinal_main(ordinal: int, blob: bytes, info: Any) -> None:
         problem = _world_size_problem(info)
         if problem:
             raise RuntimeError(problem)
-        payload = cloudpickle.loads(blob)  # this ordinal's own copy of the function, its arguments, the cell's namespace
+        # this ordinal's own copy of the function, its arguments, the cell's namespace
+        payload = cloudpickle.loads(blob)
     except BaseException as exc:  # noqa: BLE001
         runtime.report_failure(exc)
         return
