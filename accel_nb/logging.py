@@ -33,6 +33,17 @@ def _state() -> Any:
 class MultiProcessAdapter(logging.LoggerAdapter):
     """Wraps a ``logging.Logger``; ``log`` and its shortcuts take ``main_process_only`` and ``in_order``."""
 
+    def process(self, msg: Any, kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Prefix ``msg`` with ``[RANK i]`` and default ``stacklevel`` to 2 (the caller of ``log``).
+
+        A ``stacklevel`` passed by the caller is kept as given and counts this adapter's ``log``
+        as its first frame, as in the reference: ``stacklevel=3`` from a helper names the
+        helper's caller.
+        """
+        msg, kwargs = super().process(msg, kwargs)
+        kwargs.setdefault("stacklevel", 2)
+        return f"[RANK {_state().process_index}] {msg}", kwargs
+
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         """Log ``msg`` on the main process, on every process, or on every process in rank order.
 
@@ -40,21 +51,17 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         """
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 2  # name the caller, not this module
         if not self.isEnabledFor(level):
             return
+        msg, kwargs = self.process(msg, kwargs)
         state = _state()
         if in_order:
             for index in range(state.num_processes):
                 if index == state.process_index:
-                    self._emit(level, msg, args, kwargs)
+                    self.logger.log(level, msg, *args, **kwargs)
                 state.wait_for_everyone()
         elif not main_process_only or state.is_main_process:
-            self._emit(level, msg, args, kwargs)
-
-    def _emit(self, level: int, msg: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-        msg, kwargs = self.process(msg, kwargs)
-        self.logger.log(level, f"[RANK {_state().process_index}] {msg}", *args, **kwargs)
+            self.logger.log(level, msg, *args, **kwargs)
 
     @functools.lru_cache(None)  # noqa: B019 - one entry per distinct message, like warnings' "once"
     def warning_once(self, *args: Any, **kwargs: Any) -> None:
@@ -62,7 +69,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
         logger.warning_once("the option x is deprecated")
         """
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+        kwargs.setdefault("stacklevel", 3)  # name the caller of warning_once, not this module
         self.warning(*args, **kwargs)
 
 
