@@ -297,3 +297,103 @@ def test_adjacent_blocks_never_share_a_colour():
     table = dict(re.findall(r'<tr data-module="([^"]*)"[^>]*><td><span style="color:([^"]+)"', html))
     bar = dict(re.findall(r'data-module="([^"]*)" style="width:[^;]+;background:([^"]+)"', html))
     assert table == bar, "a module has one colour in the bar and in the table"
+
+
+# -- a quantized plan: quantized sizes and the dtype per block (issue 29) ------------------------------
+def _meta_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    with init_empty_weights():
+        return transformers.LlamaForCausalLM(config), config
+
+
+def test_a_view_planned_with_torchao_int8_places_and_labels_by_quantized_bytes():
+    from accel_nb.big_model.quantization import TorchAoQuantizationConfig, quantized_weight_bytes
+
+    model, _ = _meta_llama()
+    quant = TorchAoQuantizationConfig("int8")
+    plain = DeviceMapView(model, max_memory={"cpu": "1GiB"})
+    full = plain.rows()[0]["size"]
+    quantized = DeviceMapView(model, max_memory={"cpu": "1GiB"}, quantization_config=quant)
+    small = quantized.rows()[0]["size"]
+    assert small < full / 2 and quantized.rows()[0]["unquantized"] == full
+    # a budget only the quantized model fits: all on the CPU; the float plan spills to disk
+    budget = {"cpu": int(small * 1.1), "disk": "1GB"}
+    assert set(DeviceMapView(model, max_memory=budget).device_map.values()) == {"cpu", "disk"}
+    fits = DeviceMapView(model, max_memory=budget, quantization_config=quant)
+    assert fits.error is None and fits.device_map == {"": "cpu"}
+    # a budget that splits it: each decoder layer is int8 weights + float32 norms, counted exactly
+    split = DeviceMapView(
+        model, max_memory={"cpu": int(small * 0.6), "disk": "1GB"}, quantization_config=quant
+    )
+    rows = {r["module"]: r for r in split.rows()}
+    layer = rows["model.layers.0"]
+    assert layer["dtype"] == "int8 + float32"
+    proj = quantized_weight_bytes(64, 256, quant)  # up_proj: in 64, out 256
+    linears = 2 * quantized_weight_bytes(64, 64, quant) + 2 * quantized_weight_bytes(64, 32, quant)
+    linears += 2 * proj + quantized_weight_bytes(256, 64, quant)
+    assert layer["size"] == linears + 2 * 64 * 4  # + two float32 RMSNorm weights
+    assert rows["lm_head"]["dtype"] == "float32"  # the output head stays unquantized
+    assert rows["model.embed_tokens"]["dtype"] == "float32"
+    assert set(split.device_map.values()) == {"cpu", "disk"}
+    # the planner used the same quantized sizes as the rows show
+    assert split.plan.sizes["model.layers.0"] == layer["size"]
+    text = split.text_summary()
+    assert "quantized torchao-int8:" in text and "x smaller" in text
+    assert "int8 + float32" in text and "(unquantized 240.5 KiB)" in text
+    assert all(len(line) < 120 for line in text.splitlines())
+    html = split.to_html()
+    assert "<th>dtype</th><th>unquantized</th>" in html
+    assert '<td class="accel-nb-dtype">int8 + float32</td>' in html
+    assert 'class="accel-nb-quantization"' in html
+    assert "<th>dtype</th>" not in plain.to_html()  # an unquantized view is unchanged
+
+
+def test_a_view_planned_with_bnb_4bit_needs_no_gpu():
+    from accel_nb.big_model.quantization import BnbQuantizationConfig, get_quantized_model_device_map
+
+    model, _ = _meta_llama()
+    quant = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    budgets = {"cpu": "150KiB", "disk": "1GB"}
+    view = DeviceMapView(model, max_memory=budgets, quantization_config=quant)
+    assert view.error is None
+    # the same map the loader would use
+    assert view.device_map == get_quantized_model_device_map(model, quant, "sequential", max_memory=budgets)
+    rows = {r["module"]: r for r in view.rows()}
+    assert rows["model.layers.0"]["dtype"] == "nf4 + float16"
+    assert rows["lm_head"]["dtype"] == "float16"  # torch_dtype: the 4-bit compute dtype
+    assert rows["model.layers.0"]["size"] * 5 < rows["model.layers.0"]["unquantized"]
+
+
+def test_a_model_loaded_quantized_shows_itself_quantized():
+    pytest.importorskip("torchao")
+    import torch
+
+    from accel_nb.big_model.quantization import TorchAoQuantizationConfig, load_and_quantize_model
+
+    _, config = _meta_llama()
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    with init_empty_weights():
+        planned = transformers.LlamaForCausalLM(config)
+    quant = TorchAoQuantizationConfig("int8")
+    expected = DeviceMapView(planned, max_memory={"cpu": "1GiB"}, quantization_config=quant).rows()[0]
+    model = load_and_quantize_model(model, quant)
+    view = show_device_map(model, interactive=False)
+    assert view.device_map == {"": "cpu"} and view.quantized
+    row = view.rows()[0]
+    assert (row["dtype"], row["size"], row["unquantized"]) == (
+        expected["dtype"],
+        expected["size"],
+        expected["unquantized"],
+    )
+    assert view.quantization_summary().startswith("torchao-int8: ")

@@ -34,6 +34,7 @@ _CSS = """
 .accel-nb-device-table td,.accel-nb-device-table th{padding:1px 8px;text-align:left;border-bottom:1px solid #eee}
 .accel-nb-moves{margin-top:6px;color:#333}
 .accel-nb-error{color:#b00;font-weight:600}
+.accel-nb-quantization{margin-top:6px;color:#333;font-weight:600}
 </style>
 """
 
@@ -105,6 +106,7 @@ class DeviceMapView:
         max_memory: Mapping[Any, Any] | None = None,
         no_split_module_classes: Iterable[str | type] | None = None,
         dtype: Any = None,
+        quantization_config: Any = None,
     ) -> None:
         self.model = model
         if no_split_module_classes is None:  # a transformers model knows its blocks
@@ -120,6 +122,12 @@ class DeviceMapView:
         self._units: dict[Any, tuple[int, str]] = {}  # device -> its slider's unit
         self._sliders_by_dev: dict[Any, Any] = {}
         self._shown_in: int | None = None
+        self.quantization_config = quantization_config
+        self._storage: dict[str, tuple[str, int, int]] | None = None
+        if model is not None and quantization_config is None:  # a model load_and_quantize_model quantized
+            self.quantization_config = getattr(model, "accel_nb_quantization", None)
+        if model is not None and self.quantization_config is not None:
+            self._storage = self._tensor_storage()
         from ..big_model.sizes import get_max_memory
 
         if max_memory is not None or (model is not None and self._fixed_map is None):
@@ -127,17 +135,54 @@ class DeviceMapView:
         self._recompute()
 
     # -- the model of the view -------------------------------------------------------------------
+    def _tensor_storage(self) -> dict[str, tuple[str, int, int]] | None:
+        """Each tensor's dtype and bytes once quantized (and unquantized); None if the config does not apply."""
+        # deferred: torch and the quantization code load only for a quantized view
+        from ..big_model.quantization import QuantizationError, tensor_storage
+        from ..big_model.sizes import as_dtype
+
+        try:
+            return tensor_storage(self.model, self.quantization_config, as_dtype(self.dtype))
+        except QuantizationError as exc:
+            self.error = str(exc)
+            return None
+
     def _recompute(self) -> None:
         from ..big_model.device_map import plan_device_map
 
         if self._fixed_map is not None or self.model is None:
             return
         try:
-            self.plan = plan_device_map(self.model, self._budgets, self.no_split_module_classes, self.dtype)
+            if self.quantization_config is not None:
+                self.plan = self._plan_quantized()
+            else:
+                self.plan = plan_device_map(
+                    self.model, self._budgets, self.no_split_module_classes, self.dtype
+                )
             self.error = None
-        except ValueError as exc:
+        except ValueError as exc:  # QuantizationError is one
             self.error = str(exc)
         self._refresh()
+
+    def _plan_quantized(self) -> Any:
+        """The plan load_and_quantize_model makes: each weight to quantize counted at its quantized size."""
+        # deferred: torch and the quantization code load only for a quantized view
+        from ..big_model.device_map import plan_device_map
+        from ..big_model.quantization.layers import find_targets
+        from ..big_model.quantization.sizes import (
+            mark_quantized_sizes,
+            special_dtypes_for,
+            unmark_quantized_sizes,
+        )
+
+        config = self.quantization_config
+        targets, _skip, fp32 = find_targets(self.model, config)
+        marked = mark_quantized_sizes(self.model, config, targets)
+        try:
+            special = special_dtypes_for(self.model, config, fp32)
+            return plan_device_map(self.model, self._budgets, self.no_split_module_classes, None, special)
+        finally:
+            unmark_quantized_sizes(marked)
 
     @property
     def device_map(self) -> dict[str, Any]:
@@ -191,6 +236,23 @@ class DeviceMapView:
                 i += 1
         return out
 
+    def _quantized_row(self, name: str) -> tuple[str, int, int]:
+        """A map entry's storage once quantized: ('int8 + float32', bytes, bytes unquantized)."""
+        by_dtype: dict[str, int] = {}
+        unquantized = 0
+        prefix = name + "." if name else ""
+        for tensor, (dtype, nbytes, unq) in (self._storage or {}).items():
+            if tensor == name or tensor.startswith(prefix):
+                by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+                unquantized += unq
+        dtypes = " + ".join(d for d, _ in sorted(by_dtype.items(), key=lambda kv: -kv[1]))
+        return dtypes, sum(by_dtype.values()), unquantized
+
+    @property
+    def quantized(self) -> bool:
+        """True when the sizes shown are those of the model quantized (a quantization config applies)."""
+        return self._storage is not None
+
     def _sizes(self) -> dict[str, int]:
         if self.plan is not None:
             return self.plan.sizes
@@ -208,10 +270,22 @@ class DeviceMapView:
         out = []
         for name, dev in self.device_map.items():
             cls = classes.get(name) or (type(modules[name]).__name__ if name in modules else "")
-            out.append(
-                {"module": name, "device": dev, "size": sizes.get(name) if sizes else None, "class": cls}
-            )
+            row = {"module": name, "device": dev, "size": sizes.get(name) if sizes else None, "class": cls}
+            if self.quantized:
+                row["dtype"], row["size"], row["unquantized"] = self._quantized_row(name)
+            out.append(row)
         return out
+
+    def quantization_summary(self) -> str:
+        """'bnb-nf4: 5.1 MiB, 21.3 MiB unquantized (4.2x smaller)', or '' for a view not quantized."""
+        if not self.quantized:
+            return ""
+        rows = self.rows()
+        total = sum(r["size"] or 0 for r in rows)
+        unquantized = sum(r["unquantized"] for r in rows)
+        ratio = f" ({unquantized / total:.1f}x smaller)" if total else ""
+        method = self.quantization_config.method
+        return f"{method}: {human_bytes(total)}, {human_bytes(unquantized)} unquantized{ratio}"
 
     def devices(self) -> list[dict[str, Any]]:
         """Per device: name, budget (or None), headroom, used, free, its rows."""
@@ -251,6 +325,8 @@ class DeviceMapView:
         rows = self.rows()
         total = sum(r["size"] or 0 for r in rows)
         lines = [f"Device map: {len(rows)} entries, {human_bytes(total)}"]
+        if self.quantized:
+            lines[0] = f"Device map: {len(rows)} entries, quantized {self.quantization_summary()}"
         if self.error:
             lines.append(f"ERROR: {self.error}")
         for d in self.devices():
@@ -275,7 +351,10 @@ class DeviceMapView:
         lines.append("Modules:")
         for r in rows:
             size = human_bytes(r["size"]) if r["size"] is not None else "?"
-            lines.append(f"  {r['module'] or '(model)':44s} {_dev_name(r['device']):>7s} {size:>10s}")
+            line = f"  {r['module'] or '(model)':44s} {_dev_name(r['device']):>7s} {size:>10s}"
+            if self.quantized:
+                line += f"  {r['dtype']:<16s} (unquantized {human_bytes(r['unquantized'])})"
+            lines.append(line.rstrip())
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -314,6 +393,8 @@ class DeviceMapView:
                 size = r["size"] or 0
                 pct = 100.0 * size / scale if d["used"] else 100.0 / max(len(d["rows"]), 1)
                 label = f"{r['module'] or '(model)'} ({r['class']}) {human_bytes(size) if r['size'] is not None else ''}"
+                if self.quantized:
+                    label += f" {r['dtype']}, unquantized {human_bytes(r['unquantized'])}"
                 parts.append(
                     f'<div class="accel-nb-module" data-module="{esc(r["module"])}" '
                     f'style="width:{pct:.3f}%;background:{colour(r["module"])}" title="{esc(label.strip())}"></div>'
@@ -341,15 +422,24 @@ class DeviceMapView:
             parts.append('<details class="accel-nb-moves"><summary>Why blocks moved on</summary><ul>')
             parts += [f"<li>{esc(m)}</li>" for m in moves]
             parts.append("</ul></details>")
+        if self.quantized:
+            parts.append(f'<div class="accel-nb-quantization">{esc(self.quantization_summary())}</div>')
+        quant_heads = "<th>dtype</th><th>unquantized</th>" if self.quantized else ""
         parts.append(
-            '<table class="accel-nb-device-table"><tr><th>module</th><th>device</th><th>size</th></tr>'
+            '<table class="accel-nb-device-table"><tr><th>module</th><th>device</th><th>size</th>'
+            f"{quant_heads}</tr>"
         )
         for r in self.rows():
             size = human_bytes(r["size"]) if r["size"] is not None else "?"
+            quant_cells = (
+                f'<td class="accel-nb-dtype">{esc(r["dtype"])}</td><td>{human_bytes(r["unquantized"])}</td>'
+                if self.quantized
+                else ""
+            )
             parts.append(
                 f'<tr data-module="{esc(r["module"])}" data-device="{esc(str(r["device"]))}" title="{esc(r["module"])}">'
                 f'<td><span style="color:{colour(r["module"])}">&#9632;</span> {esc(r["module"] or "(model)")}</td>'
-                f"<td>{esc(_dev_name(r['device']))}</td><td>{size}</td></tr>"
+                f"<td>{esc(_dev_name(r['device']))}</td><td>{size}</td>{quant_cells}</tr>"
             )
         parts.append("</table></div>")
         return "".join(parts)
@@ -454,6 +544,7 @@ def show_device_map(
     interactive: bool | None = None,
     no_split_module_classes: Iterable[str | type] | None = None,
     dtype: Any = None,
+    quantization_config: Any = None,
 ) -> DeviceMapView:
     """Draw where each module goes: bars per device, budgets, headroom, a module table.
 
@@ -463,15 +554,27 @@ def show_device_map(
     ``model_or_map``: a model (empty/meta is best; its ``hf_device_map`` is shown if it was
     dispatched) or a plain ``{module: device}`` dict. ``interactive`` (default: in Jupyter with
     ipywidgets) adds one budget slider per device that recomputes the map live.
+    ``quantization_config`` (a ``BnbQuantizationConfig`` or ``TorchAoQuantizationConfig``) plans and
+    shows the model as ``load_and_quantize_model`` will load it: quantized sizes, the dtype per block
+    and the unquantized size beside it (a model that loader quantized is shown so by itself).
     """
     from .display import widget_frontend_available
 
     if isinstance(model_or_map, Mapping):
         view = DeviceMapView(None, model_or_map, max_memory)
     elif getattr(model_or_map, "hf_device_map", None) is not None and max_memory is None:
-        view = DeviceMapView(model_or_map, model_or_map.hf_device_map, None, no_split_module_classes, dtype)
+        view = DeviceMapView(
+            model_or_map,
+            model_or_map.hf_device_map,
+            None,
+            no_split_module_classes,
+            dtype,
+            quantization_config,
+        )
     else:
-        view = DeviceMapView(model_or_map, None, max_memory, no_split_module_classes, dtype)
+        view = DeviceMapView(
+            model_or_map, None, max_memory, no_split_module_classes, dtype, quantization_config
+        )
     frontend = widget_frontend_available()
     view._interactive = frontend if interactive is None else bool(interactive)
     if frontend:

@@ -10,7 +10,13 @@ only when a quantized load runs.
 from .config import BnbQuantizationConfig, QuantizationError, TorchAoQuantizationConfig
 from .layers import get_keys_to_not_convert, get_parameter_device, has_4bit_bnb_layers
 from .loader import get_quantized_model_device_map, load_and_quantize_model
-from .sizes import mark_quantized_sizes, quantized_weight_bytes, unmark_quantized_sizes
+from .sizes import (
+    mark_quantized_sizes,
+    quantized_weight_bytes,
+    storage_format,
+    tensor_storage,
+    unmark_quantized_sizes,
+)
 
 __all__ = [
     "BnbQuantizationConfig",
@@ -23,5 +29,7 @@ __all__ = [
     "load_and_quantize_model",
     "mark_quantized_sizes",
     "quantized_weight_bytes",
+    "storage_format",
+    "tensor_storage",
     "unmark_quantized_sizes",
 ]

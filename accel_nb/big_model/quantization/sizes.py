@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from ..sizes import QUANTIZED_BYTES_ATTR, dtype_size
+from ..sizes import QUANTIZED_BYTES_ATTR, dtype_size, named_tensors
 from .config import BnbQuantizationConfig, QuantizationConfig
 from .layers import QuantTarget, find_targets, keeps_fp32
 
@@ -68,4 +68,50 @@ def special_dtypes_for(
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         if t.is_floating_point() and not hasattr(t, QUANTIZED_BYTES_ATTR):
             out[name] = torch.float32 if keeps_fp32(name, fp32_modules) else config.torch_dtype
+    return out
+
+
+def storage_format(config: QuantizationConfig) -> str:
+    """How a quantized weight is stored, as the device-map view writes it: 'int8', 'nf4', 'fp4' or 'int4'."""
+    if isinstance(config, BnbQuantizationConfig):
+        return "int8" if config.load_in_8bit else config.bnb_4bit_quant_type
+    return config.weight
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_storage(
+    model: nn.Module, config: QuantizationConfig, float_dtype: torch.dtype | None = None
+) -> dict[str, tuple[str, int, int]]:
+    """Each tensor once loaded with ``config``: (dtype, bytes, bytes unquantized). Nothing is loaded.
+
+        tensor_storage(empty_llama, TorchAoQuantizationConfig("int8"))["model.layers.0.mlp.up_proj.weight"]
+        # ('int8', 2_176, 8_192): one byte per weight + a float32 scale per row, vs 4 bytes per weight
+    Works on an empty (meta) model about to be loaded and on a model this package already
+    quantized (its layers are still linear layers with the same features). The dtype of a
+    quantized weight is :func:`storage_format`; other floating tensors get ``torch_dtype`` (float32
+    for ``keep_in_fp32_modules``). "Unquantized" counts every floating tensor in ``float_dtype``
+    (default: its own dtype; ``torch_dtype`` for a weight already quantized).
+    """
+    targets, _skip, fp32 = find_targets(model, config)
+    quantized = {id(t.module.weight): t for t in targets}
+    label = storage_format(config)
+    out = {}
+    for name, t in named_tensors(model):
+        target = quantized.get(id(t))
+        if target is not None:
+            numel = target.in_features * target.out_features
+            plain = type(t) in (torch.Tensor, nn.Parameter) and t.is_floating_point()
+            unq = float_dtype or (t.dtype if plain else config.torch_dtype)
+            qbytes = quantized_weight_bytes(target.in_features, target.out_features, config)
+            out[name] = (label, qbytes, int(numel * dtype_size(unq)))
+        elif t.is_floating_point():
+            use = torch.float32 if keeps_fp32(name, fp32) else config.torch_dtype
+            unq = float_dtype or t.dtype
+            out[name] = (_dtype_name(use), int(t.numel() * dtype_size(use)), int(t.numel() * dtype_size(unq)))
+        else:
+            nbytes = int(t.numel() * dtype_size(t.dtype))
+            out[name] = (_dtype_name(t.dtype), nbytes, nbytes)
     return out
