@@ -222,6 +222,7 @@ def test_questionnaire_through_stdin_validates_and_reasks(cfg):
             "bf16",
             "0",  # gradient accumulation: invalid
             "4",
+            "",  # DeepSpeed (asked where it is installed): default (no)
             "",  # start method: default (auto)
             "",  # torch.compile backend: default (no)
         ]
@@ -257,7 +258,25 @@ def test_questionnaire_keeps_fsdp_and_its_config(cfg):
 
 
 def test_questionnaire_for_several_machines(cfg):
-    answers = ["cpu", "2", "5", "1", "", "not a host!", "10.0.0.1", "", "c10d", "", "3", "4", "", "", "", ""]
+    answers = [
+        "cpu",
+        "2",
+        "5",
+        "1",
+        "",
+        "not a host!",
+        "10.0.0.1",
+        "",
+        "c10d",
+        "",
+        "3",
+        "4",
+        "",
+        "",
+        "",
+        "",
+        "",
+    ]
     out = accel_nb("config", cfg=cfg, stdin="\n".join(answers) + "\n")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "! machine_rank=5 is not valid" in out.stdout and "0 to 1" in out.stdout
@@ -364,7 +383,9 @@ def test_gpu_machine_defaults_through_the_driver(cfg, fake_nvml_dir):  # noqa: F
     )
     env = accel_nb("env", cfg=cfg, env=gpus).stdout
     assert "- GPUs: 2" in env and "GPU 1: NVIDIA A100, 80.0 GiB, compute capability 8.0, bf16 yes" in env
-    out = accel_nb("config", cfg=cfg, env=gpus, stdin="\n" * 8)
+    out = accel_nb(
+        "config", cfg=cfg, env=gpus, stdin="\n" * 9
+    )  # 8 questions, and DeepSpeed where it is installed
     assert out.returncode == 0, out.stdout + out.stderr
     assert (
         "Compute on (cpu/gpu) [gpu]" in out.stdout and "Detected: " in out.stdout and "2 GPU(s)" in out.stdout

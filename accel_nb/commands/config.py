@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -197,18 +198,29 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
         _one_of(MIXED_PRECISION_CHOICES, "mixed_precision"),
     )
     field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
+    if compute != "xla" and deepspeed_installed():
+        use_deepspeed = _ask(
+            "Train with DeepSpeed ZeRO (yes/no)",
+            cfg.distributed_type == "DEEPSPEED",
+            _yes_no("use_deepspeed"),
+            out,
+        )
+        cfg = _deepspeed_questions(cfg, compute, out) if use_deepspeed else _without_deepspeed(cfg, compute)
     field(
         "start_method",
         f"Start method for notebook launches ({'/'.join(START_METHODS)})",
         cfg.start_method,
         _one_of(START_METHODS, "start_method"),
     )
-    field(
-        "dynamo_backend",
-        "torch.compile backend (no/inductor/aot_eager/eager)",
-        cfg.dynamo_backend,
-        _one_of(DYNAMO_BACKENDS, "dynamo_backend"),
-    )
+    if cfg.distributed_type == "DEEPSPEED":
+        cfg = _checked(cfg, compute, dynamo_backend="no")  # DeepSpeed's engine is not compiled by accel_nb
+    else:
+        field(
+            "dynamo_backend",
+            "torch.compile backend (no/inductor/aot_eager/eager)",
+            cfg.dynamo_backend,
+            _one_of(DYNAMO_BACKENDS, "dynamo_backend"),
+        )
     if cfg.dynamo_backend != "no":
         field(
             "dynamo_use_regional_compilation",
@@ -223,6 +235,142 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     except ConfigError as exc:
         print(f"  warning: {exc} (saved anyway: the config may be meant for another machine)", file=out)
     return cfg
+
+
+def deepspeed_installed() -> bool:
+    """Whether ``deepspeed`` can be imported here (checked without importing it)."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _without_deepspeed(cfg: LaunchConfig, compute: str) -> LaunchConfig:
+    """``cfg`` with DeepSpeed turned off: its ``deepspeed_config`` goes, the type follows the process count."""
+    if cfg.distributed_type != "DEEPSPEED" and "deepspeed_config" not in cfg.extras:
+        return cfg
+    new = dataclasses.replace(cfg, distributed_type="NO")
+    new.extras = {k: v for k, v in cfg.extras.items() if k != "deepspeed_config"}
+    return _checked(new, compute)
+
+
+def _with_deepspeed(cfg: LaunchConfig, compute: str, settings: dict[str, Any]) -> LaunchConfig:
+    """``cfg`` training with DeepSpeed under ``settings`` (a ``deepspeed_config`` mapping), validated."""
+    new = dataclasses.replace(cfg, distributed_type="DEEPSPEED", dynamo_backend="no")
+    # an FSDP config left from before would be inert with DeepSpeed: it goes
+    new.extras = {k: v for k, v in cfg.extras.items() if k != "fsdp_config"}
+    new.extras["deepspeed_config"] = dict(settings)
+    new.use_cpu = compute == "cpu"
+    return new.validate()
+
+
+def _number_at_least_zero(key: str) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(key, raw, "a number >= 0 (0: no clipping)") from None
+        if value < 0 or value != value:
+            raise ConfigError(key, raw, "a number >= 0 (0: no clipping)")
+        return value
+
+    return parse
+
+
+def _deepspeed_questions(cfg: LaunchConfig, compute: str, out: Any) -> LaunchConfig:
+    """The DeepSpeed questions; every answer is checked by ``DeepSpeedPlugin`` as a launch would check it."""
+    old = dict(cfg.extras.get("deepspeed_config") or {}) if cfg.distributed_type == "DEEPSPEED" else {}
+    settings: dict[str, Any] = {}
+
+    def ask(key: str, prompt: str, default: Any, parse: Callable[[str], Any]) -> None:
+        def check(raw: str) -> Any:
+            value = parse(raw)
+            trial = {**settings, key: value}
+            if key.endswith("_device") and value == "nvme":  # its folder is the next question
+                trial[key.replace("_device", "_nvme_path")] = "/nvme"
+            try:
+                _with_deepspeed(cfg, compute, trial)
+            except ConfigError as exc:  # the plugin's reason, without the whole mapping
+                raise ConfigError(key, value, exc.allowed, None, exc.reason or str(exc)) from None
+            return value
+
+        settings[key] = _ask(prompt, default, check, out)
+
+    def path_or_none(raw: str) -> str | None:
+        return (
+            None
+            if raw.strip().lower() in ("", "none", "no")
+            else os.path.abspath(os.path.expanduser(raw.strip()))
+        )
+
+    file_default = old.get("deepspeed_config_file") or "none"
+    ask(
+        "deepspeed_config_file",
+        "A DeepSpeed JSON config file (none: answer the questions instead)",
+        file_default,
+        path_or_none,
+    )
+    if settings["deepspeed_config_file"] is None:
+        del settings["deepspeed_config_file"]
+        stages = ("0", "1", "2", "3")
+        ask(
+            "zero_stage",
+            "ZeRO stage (0/1/2/3)",
+            old.get("zero_stage", 2),
+            lambda r: int(_one_of(stages, "zero_stage")(r)),
+        )
+        stage = settings["zero_stage"]
+        devices = ("none", "cpu", "nvme")
+        if stage >= 1:
+            ask(
+                "offload_optimizer_device",
+                "Offload the optimizer state to (none/cpu/nvme)",
+                old.get("offload_optimizer_device", "none"),
+                _one_of(devices, "offload_optimizer_device"),
+            )
+            if settings["offload_optimizer_device"] == "nvme":
+                ask(
+                    "offload_optimizer_nvme_path",
+                    "Folder on the NVMe drive for the optimizer state",
+                    old.get("offload_optimizer_nvme_path"),
+                    path_or_none,
+                )
+        if stage == 3:
+            ask(
+                "offload_param_device",
+                "Offload the parameters to (none/cpu/nvme)",
+                old.get("offload_param_device", "none"),
+                _one_of(devices, "offload_param_device"),
+            )
+            if settings["offload_param_device"] == "nvme":
+                ask(
+                    "offload_param_nvme_path",
+                    "Folder on the NVMe drive for the parameters",
+                    old.get("offload_param_nvme_path"),
+                    path_or_none,
+                )
+        ask(
+            "gradient_clipping",
+            "Clip the gradient norm at (0: no clipping)",
+            old.get("gradient_clipping", 1.0),
+            _number_at_least_zero("gradient_clipping"),
+        )
+        if stage == 3:
+            ask(
+                "zero3_save_16bit_model",
+                "Gather the shards into one model file in save_model (yes/no)",
+                _as_bool(old.get("zero3_save_16bit_model", True)),
+                _yes_no("zero3_save_16bit_model"),
+            )
+            ask(
+                "zero3_init_flag",
+                "Partition big models as they are built, inside zero3_init(accelerator) (yes/no)",
+                _as_bool(old.get("zero3_init_flag", True)),
+                _yes_no("zero3_init_flag"),
+            )
+    kept = {k: v for k, v in old.items() if k in ("deepspeed_multinode_launcher", "deepspeed_hostfile")}
+    return _with_deepspeed(cfg, compute, {**kept, **settings})
+
+
+def _as_bool(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
 
 
 def cmd_config_questions(path: str | None) -> int:

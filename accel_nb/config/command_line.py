@@ -17,6 +17,20 @@ __all__ = ["PROG", "launch_command_line"]
 PROG = "accel-nb"  # the script face's command (pyproject.toml's console script)
 
 
+# the deepspeed_config keys `accel-nb launch` takes as flags (the reference's), in the order shown
+DEEPSPEED_FLAG_KEYS = (
+    "deepspeed_config_file",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_optimizer_nvme_path",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "gradient_clipping",
+    "zero3_save_16bit_model",
+    "zero3_init_flag",
+)
+
+
 def launch_command_line(cfg: LaunchConfig, script: str = "train.py", explicit: bool = True) -> str:
     """The ``accel-nb launch`` command equivalent to ``cfg`` (every flag given when ``explicit``)."""
     parts = [PROG, "launch"]
@@ -35,5 +49,12 @@ def launch_command_line(cfg: LaunchConfig, script: str = "train.py", explicit: b
         parts += ["--gpu_ids", cfg.gpu_ids]
     if cfg.use_cpu or cfg.distributed_type == "MULTI_CPU":
         parts.append("--cpu")
+    if cfg.distributed_type == "DEEPSPEED":
+        parts.append("--use_deepspeed")
+        settings = cfg.extras.get("deepspeed_config") or {}
+        for key in DEEPSPEED_FLAG_KEYS:
+            value = settings.get(key)
+            if value is not None:
+                parts += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     parts.append(script)
     return " ".join(shlex.quote(p) for p in parts)

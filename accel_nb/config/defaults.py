@@ -42,12 +42,15 @@ def derive_distributed_type(cfg: LaunchConfig, compute: str) -> str:
 
     derive_distributed_type(LaunchConfig(num_processes=2), "gpu")   # 'MULTI_GPU'
 
-    A config that shards with FSDP keeps ``FSDP`` while it has several processes.
+    A config that shards with FSDP keeps ``FSDP`` while it has several processes; one that trains with
+    DeepSpeed keeps ``DEEPSPEED`` on CPU and GPU (one process too: ZeRO offload on a single GPU).
     """
     if compute not in COMPUTE_KINDS:
         raise ValueError(f"compute={compute!r} is not one of {', '.join(COMPUTE_KINDS)}")
     if compute == "xla":
         return "XLA"
+    if cfg.distributed_type == "DEEPSPEED":  # chosen earlier (its deepspeed_config stays with it)
+        return "DEEPSPEED"
     several = int(cfg.num_processes or 1) > 1 or int(cfg.num_machines) > 1
     if not several:
         return "NO"

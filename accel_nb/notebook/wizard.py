@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import importlib.util
 from typing import Any
 
 from ..byte_sizes import human_bytes
@@ -48,6 +49,61 @@ _CONTROL_ORDER = (
 )
 # torch.compile backends the wizard offers (a config's other valid backend is kept in the list)
 _COMPILE_BACKENDS = ("no", "inductor", "aot_eager", "eager")
+# the DeepSpeed controls: deepspeed_config keys (the reference's launch-config keys)
+_DEEPSPEED_KEYS = (
+    "deepspeed_config_file",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_optimizer_nvme_path",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "gradient_clipping",
+    "zero3_save_16bit_model",
+    "zero3_init_flag",
+)
+_TEXT_KEYS = (
+    "main_process_port",
+    "main_process_ip",
+    "gpu_ids",
+    "deepspeed_config_file",
+    "offload_optimizer_nvme_path",
+    "offload_param_nvme_path",
+)
+
+
+def deepspeed_installed() -> bool:
+    """Whether ``deepspeed`` can be imported here (checked without importing it)."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def deepspeed_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """The ``deepspeed_config`` mapping the DeepSpeed controls' ``values`` stand for (only what applies).
+
+    deepspeed_settings({"zero_stage": 1, "offload_param_device": "cpu", ...})   # no parameter offload below stage 3
+    """
+    path = (values.get("deepspeed_config_file") or "").strip()
+    if path:
+        return {"deepspeed_config_file": path}
+    stage = int(values.get("zero_stage", 2))
+    out: dict[str, Any] = {"zero_stage": stage}
+    kinds = ["optimizer"] * (stage >= 1) + ["param"] * (stage == 3)
+    for kind in kinds:
+        device = values.get(f"offload_{kind}_device") or "none"
+        out[f"offload_{kind}_device"] = device
+        if device == "nvme":
+            out[f"offload_{kind}_nvme_path"] = (values.get(f"offload_{kind}_nvme_path") or "").strip() or None
+    out["gradient_clipping"] = float(values.get("gradient_clipping", 1.0))
+    if stage == 3:
+        out["zero3_save_16bit_model"] = bool(values.get("zero3_save_16bit_model", True))
+        out["zero3_init_flag"] = bool(values.get("zero3_init_flag", True))
+    return out
+
+
+def deepspeed_plugin_call(settings: dict[str, Any]) -> str:
+    """``DeepSpeedPlugin(...)`` with ``settings`` (a ``deepspeed_config`` mapping) as its arguments."""
+    names = {"deepspeed_config_file": "hf_ds_config"}
+    args = ", ".join(f"{names.get(k, k)}={v!r}" for k, v in settings.items() if v is not None)
+    return f"DeepSpeedPlugin({args})"
 
 
 def _groups(line: str) -> list[str]:
@@ -123,6 +179,11 @@ def notebook_launcher_call(cfg: LaunchConfig, function: str = "training_function
     if cfg.use_cpu:
         args.append("cpu=True")
     call = f"notebook_launcher({', '.join(args)})"
+    if (
+        cfg.distributed_type == "DEEPSPEED"
+    ):  # notebook_launcher reads no config file: the function asks for it
+        plugin = deepspeed_plugin_call(cfg.extras.get("deepspeed_config") or {})
+        call += f"  # with Accelerator(deepspeed_plugin={plugin}) in {function}"
     if cfg.dynamo_backend != "no":  # notebook_launcher reads no config file: the function asks for it
         call += f"  # with Accelerator(dynamo_backend={cfg.dynamo_backend!r}) in {function}"
     return call + (
@@ -255,6 +316,44 @@ class ConfigWizard:
                 description="torch.compile backend",
             ),
         }
+        ds = dict(b.extras.get("deepspeed_config") or {}) if b.distributed_type == "DEEPSPEED" else {}
+        devices = ["none", "cpu", "nvme"]
+        c["use_deepspeed"] = w.Checkbox(
+            value=b.distributed_type == "DEEPSPEED", description="DeepSpeed ZeRO", indent=True
+        )
+        c["deepspeed_config_file"] = w.Text(
+            value=str(ds.get("deepspeed_config_file") or ""),
+            description="DeepSpeed JSON file",
+            placeholder="empty: the settings below",
+            **text,
+        )
+        c["zero_stage"] = w.Dropdown(
+            options=[0, 1, 2, 3], value=int(ds.get("zero_stage", 2)), description="ZeRO stage"
+        )
+        for kind, label in (("optimizer", "Offload optimizer state"), ("param", "Offload parameters")):
+            c[f"offload_{kind}_device"] = w.Dropdown(
+                options=devices, value=str(ds.get(f"offload_{kind}_device", "none")), description=label
+            )
+            c[f"offload_{kind}_nvme_path"] = w.Text(
+                value=str(ds.get(f"offload_{kind}_nvme_path") or ""),
+                description=f"NVMe folder ({kind})",
+                placeholder="a folder on an NVMe drive",
+                **text,
+            )
+        c["gradient_clipping"] = w.BoundedFloatText(
+            value=float(ds.get("gradient_clipping", 1.0)),
+            min=0.0,
+            max=1e9,
+            description="Clip grad norm (0: off)",
+        )
+        c["zero3_save_16bit_model"] = w.Checkbox(
+            value=_as_bool(ds.get("zero3_save_16bit_model", True)),
+            description="save_model gathers the shards",
+        )
+        c["zero3_init_flag"] = w.Checkbox(
+            value=_as_bool(ds.get("zero3_init_flag", True)),
+            description="Partition while building (zero3_init)",
+        )
         for control in c.values():
             control.style = {"description_width": "170px"}
             # one layout each (hiding gpu_ids must not hide the rest); as wide as the cell allows, up to 480 px:
@@ -284,6 +383,7 @@ class ConfigWizard:
         self._multi = w.VBox(
             [c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]]
         )
+        self._deepspeed_box = w.VBox([c[k] for k in _DEEPSPEED_KEYS])
         return w.VBox(
             [
                 w.HTML("<b>accel_nb launch config</b> &mdash; this machine:"),
@@ -294,6 +394,8 @@ class ConfigWizard:
                 c["mixed_precision"],
                 c["gradient_accumulation_steps"],
                 c["start_method"],
+                c["use_deepspeed"],
+                self._deepspeed_box,
                 c["dynamo_backend"],
                 c["num_machines"],
                 self._multi,
@@ -335,7 +437,7 @@ class ConfigWizard:
                 self.controls["compute"].value = values.pop("compute")
             for key, value in values.items():
                 control = self.controls[key]
-                if key in ("main_process_port", "main_process_ip", "gpu_ids"):
+                if key in _TEXT_KEYS:
                     value = "" if value is None else str(value)
                 control.value = value
         finally:
@@ -375,6 +477,7 @@ class ConfigWizard:
             main_process_ip="",
             main_process_port="",
             dynamo_backend="no",
+            use_deepspeed=False,
         )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -419,6 +522,14 @@ class ConfigWizard:
         cfg = dataclasses.replace(self._base, use_cpu=compute == "cpu", **values)
         cfg.extras = dict(self._base.extras)
         cfg.source = None  # errors name the key, not a file the value is not in yet
+        cfg.extras.pop("deepspeed_config", None)
+        if cfg.distributed_type == "DEEPSPEED":
+            cfg.distributed_type = "NO"  # derived again below
+        if c["use_deepspeed"].value and compute != "xla":
+            cfg.distributed_type = "DEEPSPEED"
+            cfg.dynamo_backend = "no"  # accel_nb does not compile a DeepSpeed engine
+            cfg.extras.pop("fsdp_config", None)
+            cfg.extras["deepspeed_config"] = deepspeed_settings({k: c[k].value for k in _DEEPSPEED_KEYS})
         try:
             cfg.distributed_type = derive_distributed_type(cfg, compute)
         except (TypeError, ValueError):
@@ -430,6 +541,7 @@ class ConfigWizard:
         gpu = c["compute"].value == "gpu"
         c["gpu_ids"].layout.display = None if gpu else "none"
         self._multi.layout.display = None if (c["num_machines"].value or 1) > 1 else "none"
+        self._show_deepspeed_controls()
         try:
             cfg = self._read().validate()
             self.notes = cfg.check_hardware(self.hw)
@@ -452,9 +564,10 @@ class ConfigWizard:
             share = (
                 " (this machine's share: notebook launches use one machine)" if cfg.num_machines > 1 else ""
             )
+            saved = " (DeepSpeed's settings come from the saved config: Save first)"
             text = "\n".join(
                 [
-                    f"# a notebook cell{share}",
+                    f"# a notebook cell{share}{saved if cfg.distributed_type == 'DEEPSPEED' else ''}",
                     magic_line(cfg),
                     "",
                     f"# a function from a notebook{share}",
@@ -475,6 +588,37 @@ class ConfigWizard:
             fix = "" if self._config is not None else "; fix the value above to save again"
             self._set_status(f"Changed since the last save{fix}.")
 
+    def _show_deepspeed_controls(self) -> None:
+        """DeepSpeed is offered where it is installed (or the saved config asks for it), never on XLA;
+        each of its controls shows only where it applies."""
+        c = self.controls
+        offered = (deepspeed_installed() or self._base.distributed_type == "DEEPSPEED") and (
+            c["compute"].value != "xla"
+        )
+        on = offered and c["use_deepspeed"].value
+        c["use_deepspeed"].layout.display = None if offered else "none"
+        self._deepspeed_box.layout.display = None if on else "none"
+        c["dynamo_backend"].layout.display = "none" if on else None
+        from_file = bool(c["deepspeed_config_file"].value.strip())
+        stage = c["zero_stage"].value
+        shown = {
+            "deepspeed_config_file": True,
+            "zero_stage": not from_file,
+            "offload_optimizer_device": not from_file and stage >= 1,
+            "offload_optimizer_nvme_path": not from_file
+            and stage >= 1
+            and c["offload_optimizer_device"].value == "nvme",
+            "offload_param_device": not from_file and stage == 3,
+            "offload_param_nvme_path": not from_file
+            and stage == 3
+            and c["offload_param_device"].value == "nvme",
+            "gradient_clipping": not from_file,
+            "zero3_save_16bit_model": not from_file and stage == 3,
+            "zero3_init_flag": not from_file and stage == 3,
+        }
+        for key, show in shown.items():
+            c[key].layout.display = None if show else "none"
+
     def _set_status(self, text: str) -> None:
         self._status = text
         color = (
@@ -483,6 +627,10 @@ class ConfigWizard:
         # a long path wraps inside the cell (a narrow window cut it off)
         style = f"color:{color};line-height:1.4;overflow-wrap:anywhere"
         self.status_label.value = f"<div style='{style}'>{html.escape(text)}</div>"
+
+
+def _as_bool(value: Any) -> bool:
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("true", "1", "yes")
 
 
 def _exists(path: str) -> bool:
