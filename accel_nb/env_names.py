@@ -20,6 +20,7 @@ __all__ = [
     "ENV_KEEP_LOGS",
     "ENV_MIXED_PRECISION",
     "ENV_RENDEZVOUS_TIMEOUT",
+    "ENV_TORCH_DEVICE",
     "ENV_USE_CPU",
     "ENV_XLA_LAUNCH",
     "REFERENCE_NAMES",
@@ -37,6 +38,9 @@ ENV_DEEPSPEED_CONFIG = "ACCEL_NB_DEEPSPEED_CONFIG"  # the launch config's deepsp
 ENV_FSDP_CONFIG = "ACCEL_NB_FSDP_CONFIG"  # the launch config's fsdp_config, as JSON
 ENV_XLA_LAUNCH = "ACCEL_NB_XLA_LAUNCH"  # "1": the ranks were started by the XLA launcher
 
+# -- read by the rank (a user may export it) ---------------------------------------------------------
+ENV_TORCH_DEVICE = "ACCEL_NB_TORCH_DEVICE"  # a torch device string ("cuda:1", "cpu"): this process's device
+
 # option -> (accel_nb's variable, the reference's): the launch config's dynamo settings
 DYNAMO_ENV = {
     "backend": ("ACCEL_NB_DYNAMO_BACKEND", "ACCELERATE_DYNAMO_BACKEND"),
@@ -51,6 +55,7 @@ REFERENCE_NAMES = {
     ENV_MIXED_PRECISION: "ACCELERATE_MIXED_PRECISION",
     ENV_GRADIENT_ACCUMULATION_STEPS: "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     ENV_USE_CPU: "ACCELERATE_USE_CPU",
+    ENV_TORCH_DEVICE: "ACCELERATE_TORCH_DEVICE",
 }
 REFERENCE_USE_CPU = REFERENCE_NAMES[ENV_USE_CPU]  # "true"
 REFERENCE_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"  # "true"

@@ -30,6 +30,7 @@ from .env_names import (  # the launcher's variables (the reference's spellings 
     ENV_DEEPSPEED_CONFIG,
     ENV_FORKED,
     ENV_MIXED_PRECISION,
+    ENV_TORCH_DEVICE,
     ENV_USE_CPU,
     REFERENCE_NAMES,
     REFERENCE_USE_DEEPSPEED,
@@ -156,6 +157,28 @@ def _cuda_usable(cpu: bool) -> bool:
     return not cpu and torch.cuda.is_available()
 
 
+def _requested_device(cpu: bool) -> torch.device | None:
+    """The device named by ``ACCEL_NB_TORCH_DEVICE`` (or the reference's ``ACCELERATE_TORCH_DEVICE``).
+
+    As in the reference, the named device is used as given (no ``torch.cuda.set_device``); the
+    backend follows its type (nccl for a CUDA device, gloo otherwise).
+    """
+    value = env_value(ENV_TORCH_DEVICE)
+    if value is None:
+        return None
+    name = ENV_TORCH_DEVICE if os.environ.get(ENV_TORCH_DEVICE) else REFERENCE_NAMES[ENV_TORCH_DEVICE]
+    try:
+        device = torch.device(value)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"{name}={value!r} is not a torch device ({exc}); set it to e.g. 'cpu', 'cuda' or 'cuda:1', or unset it"
+        ) from None
+    if device.type == "cuda" and (cpu or not torch.cuda.is_available()):
+        why = "cpu=True was given" if cpu else "CUDA is not available on this machine"
+        raise ValueError(f"{name}={value!r} names a CUDA device but {why}; unset {name} or set it to 'cpu'")
+    return device
+
+
 def _choose_state_scope(owner: Any, cpu: bool) -> bool:
     """Before the first state of a run: start the XLA runtime when it is configured (which decides
     whether the shared state is per thread). True when this run uses XLA devices."""
@@ -209,13 +232,18 @@ class PartialState:
         self.local_process_index: int = topo["local_rank"]
         self.num_local_processes: int = topo["local_world_size"]
         self._owns_group = False
-        use_cuda = _cuda_usable(cpu)
-        if use_cuda:
-            index = self.local_process_index % max(torch.cuda.device_count(), 1)
-            self.device = torch.device("cuda", index)
-            torch.cuda.set_device(self.device)
+        requested = _requested_device(cpu)
+        if requested is not None:
+            use_cuda = requested.type == "cuda"
+            self.device = requested
         else:
-            self.device = torch.device("cpu")
+            use_cuda = _cuda_usable(cpu)
+            if use_cuda:
+                index = self.local_process_index % max(torch.cuda.device_count(), 1)
+                self.device = torch.device("cuda", index)
+                torch.cuda.set_device(self.device)
+            else:
+                self.device = torch.device("cpu")
         chosen = check_backend(backend, use_cuda)
         self.collective_timeout = collective_timeout
         if self.num_processes > 1:

@@ -9,6 +9,7 @@ import importlib
 import logging
 
 import pytest
+import torch
 
 from tests.dist_helpers import run_ranks
 
@@ -100,3 +101,97 @@ def test_get_logger_prefix_and_callers_match_the_reference():
         ("[RANK 1] <wrapped> through an adapter", "_logged"),
         ("[RANK 1] once", "_warns_once"),
     ]
+
+
+# -- ACCELERATE_TORCH_DEVICE (and ACCEL_NB_TORCH_DEVICE) choose the device ------------------------------
+def _state_device(library, cpu=False):
+    state = importlib.import_module(library).PartialState(cpu=cpu)
+    return str(state.device), state.num_processes, str(state.distributed_type).split(".")[-1]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size, cpu", [(1, False), (2, True)])
+def test_accelerate_torch_device_chooses_the_device_as_in_the_reference(world_size, cpu):
+    # cpu=True on 2 processes: the reference forms a CPU process group only when asked (docs/migration.md)
+    env = {"ACCELERATE_TORCH_DEVICE": "meta"}
+    ours, ref = (
+        run_ranks(_state_device, world_size=world_size, args=(library, cpu), env=env) for library in LIBRARIES
+    )
+    assert ours == ref
+    assert [device for device, _, _ in ours] == ["meta"] * world_size
+
+
+@pytest.mark.multiproc
+def test_accel_nb_torch_device_is_read_first():
+    env = {"ACCEL_NB_TORCH_DEVICE": "meta", "ACCELERATE_TORCH_DEVICE": "cpu"}
+    assert run_ranks(_state_device, world_size=1, args=("accel_nb",), env=env)[0][0] == "meta"
+
+
+def _state_error(value):
+    import os
+
+    os.environ["ACCEL_NB_TORCH_DEVICE"] = value
+    try:
+        importlib.import_module("accel_nb").PartialState()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.multiproc
+def test_a_torch_device_that_cannot_be_used_is_named_with_the_fix():
+    message = run_ranks(_state_error, world_size=1, args=("nodevice:3",))[0]
+    assert "ACCEL_NB_TORCH_DEVICE='nodevice:3' is not a torch device" in message and "unset it" in message
+    if not torch.cuda.is_available():
+        message = run_ranks(_state_error, world_size=1, args=("cuda:1",))[0]
+        assert "names a CUDA device but CUDA is not available" in message
+
+
+# -- TorchDynamoPlugin() reads ACCELERATE_DYNAMO_* at construction ----------------------------------
+_PLUGIN_FIELDS = ("backend", "mode", "fullgraph", "dynamic", "use_regional_compilation")
+
+
+def _plugin_fields(plugin):
+    values = {name: getattr(plugin, name) for name in _PLUGIN_FIELDS}
+    values["backend"] = (type(values["backend"]).__name__, values["backend"].value)
+    return values
+
+
+@pytest.mark.parametrize(
+    "env, kwargs",
+    [
+        ({}, {}),
+        (
+            {
+                "ACCELERATE_DYNAMO_BACKEND": "aot_eager",
+                "ACCELERATE_DYNAMO_MODE": "default",
+                "ACCELERATE_DYNAMO_USE_FULLGRAPH": "yes",
+                "ACCELERATE_DYNAMO_USE_DYNAMIC": "false",
+                "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "1",
+            },
+            {},
+        ),
+        (
+            {"ACCELERATE_DYNAMO_BACKEND": "INDUCTOR", "ACCELERATE_DYNAMO_USE_DYNAMIC": "True"},
+            {"mode": "max-autotune"},
+        ),
+        ({"ACCELERATE_DYNAMO_BACKEND": "inductor"}, {"backend": "eager", "fullgraph": True}),
+    ],
+)
+def test_torch_dynamo_plugin_reads_the_environment_as_the_reference(monkeypatch, env, kwargs):
+    from accel_nb.env_names import DYNAMO_ENV
+
+    for names in DYNAMO_ENV.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    ours = importlib.import_module("accel_nb.utils").TorchDynamoPlugin(**kwargs)
+    ref = importlib.import_module("accelerate.utils").TorchDynamoPlugin(**kwargs)
+    assert _plugin_fields(ours) == _plugin_fields(ref)
+    options = ours.to_compile_options()
+    if ours.backend.value == "NO":
+        assert options is None
+    else:
+        assert options.backend == ref.backend.value.lower()
+        assert options.fullgraph == ref.fullgraph and options.regional == ref.use_regional_compilation

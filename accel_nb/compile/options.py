@@ -32,7 +32,7 @@ __all__ = [
 
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_TRUE, _FALSE = ("1", "true", "t", "yes", "y", "on"), ("0", "false", "f", "no", "n", "off")  # the reference's
 
 
 class DynamoBackend(str, enum.Enum):
@@ -178,8 +178,11 @@ class CompileOptions:
 class TorchDynamoPlugin(KwargsHandler):
     """The reference library's compile settings (``Accelerator(dynamo_plugin=...)``).
 
-    A field left at ``None`` takes the launch config's value (``ACCEL_NB_DYNAMO_*`` or the
-    reference's ``ACCELERATE_DYNAMO_*`` variables), else torch.compile's default.
+    As in the reference, a field left at ``None`` is filled at construction from the launch
+    config's ``ACCEL_NB_DYNAMO_*`` (or the reference's ``ACCELERATE_DYNAMO_*``) environment
+    variables, else the reference's default: ``backend`` becomes a ``DynamoBackend``
+    (``DynamoBackend.NO`` when unset), ``mode`` ``"default"``, ``fullgraph`` and
+    ``use_regional_compilation`` ``False``; ``dynamic`` stays ``None`` unless the variable is set.
     ``disable=True`` compiles nothing.
 
         Accelerator(dynamo_plugin=TorchDynamoPlugin(backend="inductor", use_regional_compilation=True))
@@ -193,25 +196,33 @@ class TorchDynamoPlugin(KwargsHandler):
     disable: bool = False
     use_regional_compilation: bool | None = None
 
+    def __post_init__(self) -> None:
+        env = _env_settings()
+        if self.backend is None:
+            self.backend = env.get("backend", "no")
+        if isinstance(self.backend, str):
+            # the reference's enum for its names; another registered torch backend stays a string
+            self.backend = DynamoBackend.__members__.get(self.backend.strip().upper(), self.backend)
+        if self.mode is None:
+            self.mode = env.get("mode", "default")
+        if self.fullgraph is None:
+            self.fullgraph = env.get("fullgraph", False)
+        if self.use_regional_compilation is None:
+            self.use_regional_compilation = env.get("regional", False)
+        if self.dynamic is None:
+            self.dynamic = env.get("dynamic")
+
     def to_compile_options(self) -> CompileOptions | None:
         """The CompileOptions these settings mean (None: no compilation)."""
-        if self.disable:
+        if self.disable or _backend_name(self.backend) == "no":
             return None
-        env = _env_settings()
-        backend = self.backend if self.backend is not None else env.get("backend", "no")
-        if _backend_name(backend) == "no":
-            return None
-
-        def pick(name: str, own: Any, default: Any) -> Any:
-            return own if own is not None else env.get(name, default)
-
         return CompileOptions(
-            backend=backend,
-            mode=pick("mode", self.mode, None),
-            fullgraph=pick("fullgraph", self.fullgraph, False),
-            dynamic=pick("dynamic", self.dynamic, None),
+            backend=self.backend,
+            mode=self.mode,
+            fullgraph=self.fullgraph,
+            dynamic=self.dynamic,
             options=self.options,
-            regional=pick("regional", self.use_regional_compilation, False),
+            regional=self.use_regional_compilation,
         )
 
 
