@@ -1,0 +1,185 @@
+"""``accel-nb migrate --check PATH``: real files written for accelerate, read (never run) and reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from accel_nb.commands.migrate import check_path
+from accel_nb.commands.migrate_data import DIFFERENCES, LEFT_OUT
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+EXAMPLES = os.path.join(ROOT, "examples", "from_accelerate")
+
+CLEAN = """\
+import torch
+from accelerate import Accelerator, notebook_launcher
+from accelerate.logging import get_logger
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils.operations import gather, send_to_device
+from accelerate.utils.modeling import clean_device_map
+import accelerate.utils as au
+
+logger = get_logger(__name__)
+
+
+def train():
+    accelerator = Accelerator(gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration())
+    set_seed(0)
+    model = accelerator.prepare(torch.nn.Linear(2, 2), device_placement=[True])
+    accelerator.print(au.gather(send_to_device(torch.ones(1), accelerator.device)))
+
+
+notebook_launcher(train, num_processes=2, mixed_precision="no")
+"""
+
+GAPS = """\
+from accelerate import Accelerator, infer_auto_device_map
+from accelerate.utils import FP8RecipeKwargs, gather, helper_nobody_wrote
+from accelerate.utils.fsdp_utils import save_fsdp_model
+from accelerate.utils.operations import GatheredParameters
+import accelerate.utils as au
+
+accelerator = Accelerator(mixed_precision="fp8", megatron_lm_plugin=None)
+accelerator.frobnicate()
+model = accelerator.prepare(object(), evaluation_mode=True)
+infer_auto_device_map(model, fallback_allocation=True)
+au.not_there_either(1)
+"""
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _errors(findings):
+    return [f for f in findings if f.severity == "error"]
+
+
+def test_a_script_using_names_accel_nb_has_checks_clean(tmp_path):
+    script = _write(tmp_path / "train.py", CLEAN)
+    findings, files, bad = check_path(script)
+    assert files == [script] and bad == []
+    assert _errors(findings) == [], [str(f) for f in findings]
+    # the deliberate difference it touches is named, at the import line
+    notes = [str(f) for f in findings]
+    assert any(
+        n.startswith(f"{script}:2: note: `notebook_launcher`") and "LaunchError" in n for n in notes
+    ), notes
+
+
+def test_a_script_with_gaps_reports_each_at_its_line(tmp_path):
+    script = _write(tmp_path / "gaps.py", GAPS)
+    findings, _, _ = check_path(script)
+    lines = [str(f) for f in _errors(findings)]
+
+    def has(line, *words):
+        return any(s.startswith(f"{script}:{line}: error:") and all(w in s for w in words) for s in lines)
+
+    assert has(
+        2,
+        "`accelerate.utils.FP8RecipeKwargs` is left out",
+        "on purpose",
+        LEFT_OUT["dataclasses.FP8RecipeKwargs"],
+    )
+    assert has(2, "`helper_nobody_wrote` in `accel_nb.utils`", "has no")
+    assert not any("gather`" in s for s in lines)  # gather exists
+    assert has(3, "`accelerate.utils.fsdp_utils` is left out", LEFT_OUT["fsdp_utils"])
+    assert has(4, "GatheredParameters", LEFT_OUT["operations.GatheredParameters"])
+    assert has(7, "mixed_precision='fp8'")
+    assert has(7, "megatron_lm_plugin=", "does not take")
+    assert has(8, "has no `frobnicate`")
+    assert has(9, "Accelerator.prepare", "evaluation_mode=")
+    assert has(10, "fallback_allocation=True", "drop it")
+    assert has(11, "accelerate.utils.not_there_either", "has no `not_there_either`")
+    assert len(lines) == 10, lines
+
+
+def test_the_user_files_are_not_written_nor_run(tmp_path):
+    marker = tmp_path / "ran"
+    script = _write(
+        tmp_path / "side_effect.py", f"open({str(marker)!r}, 'w').write('x')\nimport accelerate\n"
+    )
+    before = open(script, encoding="utf-8").read()
+    findings, _, _ = check_path(script)
+    assert findings == [] and not marker.exists()
+    assert open(script, encoding="utf-8").read() == before
+
+
+def test_a_folder_and_a_notebook(tmp_path):
+    _write(tmp_path / "proj" / "ok.py", CLEAN)
+    _write(tmp_path / "proj" / "pkg" / "gaps.py", GAPS)
+    _write(tmp_path / "proj" / "notes.txt", "from accelerate import nothing_here\n")
+    nb = {
+        "cells": [
+            {"cell_type": "markdown", "metadata": {}, "source": ["from accelerate import not_code\n"]},
+            {"cell_type": "code", "metadata": {}, "source": ["%pip install accelerate\n", "import torch\n"]},
+            {
+                "cell_type": "code",
+                "metadata": {},
+                "source": [
+                    "!nvidia-smi\n",
+                    "from accelerate.utils import set_seed, offload_weight, no_such_name\n",
+                ],
+            },
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    notebook = _write(tmp_path / "proj" / "nb" / "train.ipynb", json.dumps(nb))
+    findings, files, bad = check_path(str(tmp_path / "proj"))
+    assert bad == [] and len(files) == 3 and not any(f.endswith(".txt") for f in files)
+    errors = [str(f) for f in _errors(findings)]
+    assert len([e for e in errors if "gaps.py" in e]) == 10
+    assert [e for e in errors if ".ipynb" in e] == [
+        f"{notebook}:cell 3:line 2: error: `accelerate.utils.no_such_name`: accel_nb has no "
+        "`no_such_name` in `accel_nb.utils` (not provided yet; see docs/migration.md)"
+    ]
+    assert not any("ok.py" in e for e in errors)
+
+
+def _cli(*args):
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "accel_nb.commands", "migrate", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def test_the_cli_exit_codes(tmp_path):
+    clean = _write(tmp_path / "clean" / "train.py", CLEAN)
+    gaps = _write(tmp_path / "gaps" / "train.py", GAPS)
+    done = _cli("--check", clean)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 error(s)" in done.stdout and "Nothing blocks" in done.stdout
+    done = _cli("--check", str(tmp_path / "gaps"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{gaps}:8: error: accel_nb's Accelerator has no `frobnicate`" in done.stdout
+    assert "10 error(s)" in done.stdout
+    done = _cli("--check", str(tmp_path / "missing.py"))
+    assert done.returncode == 2 and "no such file or folder" in done.stderr
+    broken = _write(tmp_path / "broken.py", "from accelerate import (\n")
+    done = _cli("--check", broken)
+    assert done.returncode == 2 and "not valid Python" in done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(EXAMPLES) if n.endswith(".py")))
+def test_the_reference_example_scripts_check_clean(name):
+    findings, _, bad = check_path(os.path.join(EXAMPLES, name))
+    assert bad == [] and _errors(findings) == [], [str(f) for f in findings]
+
+
+def test_every_difference_names_a_passage_of_the_migration_docs():
+    text = open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read()
+    absent = [d.anchor for d in DIFFERENCES if d.anchor not in text]
+    assert not absent, f"docs/migration.md has no passage {absent}"
