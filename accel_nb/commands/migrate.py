@@ -25,7 +25,13 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from .migrate_data import DIFFERENCES, KEYWORD_RULES, LAUNCHER_REFERENCE_OPTIONS, LEFT_OUT
+from .migrate_data import (
+    DIFFERENCES,
+    FORWARDS_KEYWORDS_TO,
+    KEYWORD_RULES,
+    LAUNCHER_REFERENCE_OPTIONS,
+    LEFT_OUT,
+)
 
 __all__ = ["Finding", "add_parser", "check_path", "check_source", "run"]
 
@@ -265,6 +271,15 @@ class _Checker(ast.NodeVisitor):
                 open_ended = False
             elif label == "Accelerator":
                 open_ended = False  # its **kwargs only catch the reference's other arguments to refuse them
+            elif open_ended and label in FORWARDS_KEYWORDS_TO:
+                module, _, name = FORWARDS_KEYWORDS_TO[label].partition(":")
+                target = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+                accepted |= {
+                    n
+                    for n, p in list(target.items())[1:]
+                    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                }
+                open_ended = any(p.kind is p.VAR_KEYWORD for p in target.values())
             if not open_ended:
                 for name in given:
                     if name not in accepted:

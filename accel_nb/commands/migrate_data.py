@@ -386,3 +386,10 @@ LAUNCHER_REFERENCE_OPTIONS: frozenset[str] = frozenset(
         "rdzv_conf",
     }
 )
+
+# callables whose **kwargs only pass on to another accel_nb function ("module:name"): their keywords are
+# checked against that function's signature
+FORWARDS_KEYWORDS_TO: dict[str, str] = {
+    "Accelerator.save_state": "accel_nb.checkpoint.save:save_accelerator_state",
+    "Accelerator.load_state": "accel_nb.checkpoint.load:load_accelerator_state",
+}
