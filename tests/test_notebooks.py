@@ -64,6 +64,7 @@ def test_every_notebook_is_covered_here():
     assert names == [
         "big_model_inference.ipynb",
         "config_wizard.ipynb",
+        "deepspeed_zero3.ipynb",
         "interactive_session.ipynb",
         "quickstart.ipynb",
         "tpu_kaggle_colab.ipynb",
@@ -177,6 +178,24 @@ def test_config_wizard_notebook_saves_a_config():
     results = "\n".join(runner.key_results(nb))
     assert "num_processes=2, mixed_precision=no" in results
     assert "num_processes: 2" in results  # the YAML file the Save wrote
+
+
+@pytest.mark.notebooks
+@pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None,
+    reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install 'accel_nb[deepspeed]')",
+)
+def test_deepspeed_zero3_notebook_trains_and_saves_a_model_the_plain_model_loads():
+    nb = runner.execute_notebook(os.path.join(NOTEBOOKS, "deepspeed_zero3.ipynb"), timeout=600)
+    assert error_outputs(nb) == []
+    results = "\n".join(runner.key_results(nb))
+    assert "(went down: True)" in results
+    # ZeRO-3 on 2 processes: each holds about half of the 321 parameter elements
+    assert "rank 0 held 161 of 321" in results and "rank 1 held 161 of 321" in results
+    assert "files: ['model.safetensors']" in results
+    assert "the plain model computes what the trained engine computed: True; trained weights: True" in results
+    text = all_text(nb)
+    assert all(f"step {i}: loss" in text for i in range(8)) and "is deprecated" not in text
 
 
 @pytest.mark.notebooks
