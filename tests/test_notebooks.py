@@ -154,6 +154,13 @@ def test_big_model_inference_runs():
     assert "same tokens as the in-memory model: True" in results
     assert "cpu_offload: forward matches the in-memory model: True" in results
     assert "disk_offload: forward matches the in-memory model: True" in results
+    # 7. quantized (torchao int8 on the CPU): fits a budget the float model does not
+    assert "planned: torchao-int8: " in results
+    assert "float32 with this budget: ['cpu', 'disk']" in results
+    assert "int8 with this budget: ['cpu']" in results
+    assert "x smaller)" in results
+    assert "int8 logits close to float32 (under 5%): True" in results
+    assert "same greedy tokens as float32: True" in results
 
 
 @pytest.mark.notebooks
