@@ -187,3 +187,52 @@ def test_every_difference_names_a_passage_of_the_migration_docs():
     text = open(os.path.join(ROOT, "docs", "migration.md"), encoding="utf-8").read()
     absent = [d.anchor for d in DIFFERENCES if d.anchor not in text]
     assert not absent, f"docs/migration.md has no passage {absent}"
+
+
+def test_what_it_reports_missing_is_exactly_what_fails_to_import_after_the_rename(tmp_path):
+    """Every public name of the installed reference's top level and utils submodules, imported from its
+    path in one script: the checker flags exactly the imports that really fail under accel_nb."""
+    pytest.importorskip("accelerate")
+    import importlib
+    import pkgutil
+    import types
+
+    import accelerate.utils
+
+    modules = ["accelerate", "accelerate.utils"] + [
+        f"accelerate.utils.{m.name}" for m in pkgutil.iter_modules(accelerate.utils.__path__)
+    ]
+    lines, expected = [], set()
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # an optional dependency of the reference
+            continue
+        if module_name in ("accelerate", "accelerate.utils"):  # what the packages re-export
+            names = [n for n in dir(module) if not n.startswith("_")]
+        else:  # what each submodule defines
+            names = [
+                n
+                for n, v in vars(module).items()
+                if not n.startswith("_") and callable(v) and getattr(v, "__module__", None) == module.__name__
+            ]
+        for name in sorted(set(names)):
+            if isinstance(getattr(module, name, None), types.ModuleType):
+                continue
+            lines.append(f"from {module_name} import {name}")
+            ours = module_name.replace("accelerate", "accel_nb", 1)
+            try:
+                ok = hasattr(importlib.import_module(ours), name)
+            except ImportError:
+                ok = False
+            if not ok:
+                expected.add(len(lines))
+    script = _write(tmp_path / "everything.py", "\n".join(lines) + "\n")
+    findings, _, bad = check_path(script)
+    assert bad == []
+    flagged = {int(f.where.rsplit(":", 1)[1]) for f in _errors(findings)}
+    assert flagged == expected, (
+        [lines[i - 1] for i in sorted(flagged - expected)],
+        [lines[i - 1] for i in sorted(expected - flagged)],
+    )
+    assert len(lines) > 500, len(lines)
