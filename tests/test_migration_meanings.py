@@ -10,6 +10,7 @@ import logging
 
 import pytest
 import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from tests.dist_helpers import run_ranks
 
@@ -195,3 +196,39 @@ def test_torch_dynamo_plugin_reads_the_environment_as_the_reference(monkeypatch,
     else:
         assert options.backend == ref.backend.value.lower()
         assert options.fullgraph == ref.fullgraph and options.regional == ref.use_regional_compilation
+
+
+# -- a custom batch sampler nests as in the reference ------------------------------------------------
+class _EvenFirstBatches(BatchSampler):
+    """A user's batch sampler: the even indices first, then the odd ones."""
+
+    def __iter__(self):
+        order = [i for i in self.sampler if i % 2 == 0] + [i for i in self.sampler if i % 2 == 1]
+        for start in range(0, len(order), self.batch_size):
+            yield order[start : start + self.batch_size]
+
+
+def _nesting(library, cpu):
+    accelerator = importlib.import_module(library).Accelerator(cpu=cpu)
+    sampler = _EvenFirstBatches(SequentialSampler(range(12)), batch_size=2, drop_last=False)
+    loader = accelerator.prepare(DataLoader(torch.arange(12), batch_sampler=sampler))
+    chain, level = [], loader.batch_sampler
+    while level is not None:
+        chain.append(type(level).__name__)
+        level = None if level is sampler else getattr(level, "batch_sampler", None)
+    return {
+        "loader": type(loader).__name__,
+        "chain": chain,
+        "batches": [[b.tolist() for b in loader] for _ in range(2)],
+    }
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size, cpu", [(1, False), (2, True)])
+def test_a_custom_batch_sampler_nests_as_in_the_reference(world_size, cpu):
+    ours, ref = (run_ranks(_nesting, world_size=world_size, args=(library, cpu)) for library in LIBRARIES)
+    assert ours == ref
+    expected = ["_EvenFirstBatches"] if world_size == 1 else ["BatchSamplerShard", "_EvenFirstBatches"]
+    assert ours[0]["chain"] == expected
+    # the batches unchanged: the user's order, dealt out batch by batch to the ranks
+    assert [rank["batches"][0][0] for rank in ours] == [[0, 2], [4, 6]][:world_size]

@@ -86,6 +86,13 @@ class DataLoaderShard(DataLoader):
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
+        # Skipping (skip_batches, a resumed pass) goes by index, through a SkipBatchSampler that the
+        # iterators read (``_index_sampler``) but ``batch_sampler`` does not show: the prepared
+        # loader's batch_sampler nests as the reference's (BatchSamplerShard(user's), or the user's).
+        bs = self.batch_sampler
+        self._index_skipper: SkipBatchSampler | None = None
+        if bs is not None and not isinstance(dataset, IterableDataset):
+            self._index_skipper = bs if isinstance(bs, SkipBatchSampler) else SkipBatchSampler(bs, 0)
         self.use_stateful_dataloader = bool(use_stateful_dataloader)
         self.base_dataloader = _stateful_twin(self) if use_stateful_dataloader else None
         self.rng_types = rng_types  # synchronised from process 0 at the start of every pass
@@ -197,7 +204,7 @@ class DataLoaderShard(DataLoader):
             target.seed = int(seed)
         self.skip_batches = int(state.get("skip_batches", self.skip_batches))
         if self._skip_in_sampler():
-            self.batch_sampler.skip_batches = self.skip_batches
+            self._index_skipper.skip_batches = self.skip_batches
         epoch = int(state.get("epoch", 0))
         done = int(state.get("batches_yielded", 0))
         if self._has_len() and done >= len(self) + self.skip_batches:
@@ -225,10 +232,16 @@ class DataLoaderShard(DataLoader):
         return n
 
     # -- iteration -------------------------------------------------------------------------------
+    @property
+    def _index_sampler(self) -> Any:
+        """What torch's iterators draw batches of indices from: the batch sampler behind its skipper."""
+        skipper = self.__dict__.get("_index_skipper")
+        if skipper is not None and self._auto_collation:
+            return skipper
+        return super()._index_sampler
+
     def _skip_in_sampler(self) -> bool:
-        return isinstance(self.batch_sampler, SkipBatchSampler) and not isinstance(
-            self.dataset, IterableDataset
-        )
+        return self._index_skipper is not None
 
     def _synchronize_rngs(self) -> None:
         """Give every rank process 0's generator states (``rng_types``, the shuffle's) before a pass."""
@@ -251,7 +264,7 @@ class DataLoaderShard(DataLoader):
         resume = self._resume_skip
         self._resume_skip = 0
         if self._skip_in_sampler():  # skip by index: the skipped samples are never loaded
-            self.batch_sampler.skip_batches = self.skip_batches + resume
+            self._index_skipper.skip_batches = self.skip_batches + resume
             to_drop = 0
         else:
             to_drop = self.skip_batches + resume
@@ -299,7 +312,7 @@ class DataLoaderShard(DataLoader):
             self._finish_pass()
         finally:
             if self._skip_in_sampler():
-                self.batch_sampler.skip_batches = self.skip_batches
+                self._index_skipper.skip_batches = self.skip_batches
             self._shuffle.end(shuffler)
             self.gradient_state._remove_dataloader(self)
 
@@ -371,8 +384,8 @@ def _stateful_twin(loader: DataLoader) -> Any:
     kwargs = loader_kwargs(loader)
     if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
         batching: dict[str, Any] = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
-    else:  # the very batch sampler object: skips set on it reach the twin too
-        batching = {"batch_sampler": loader.batch_sampler}
+    else:  # the very skipper object: skips set on it reach the twin too
+        batching = {"batch_sampler": getattr(loader, "_index_skipper", None) or loader.batch_sampler}
     with warnings.catch_warnings():  # torchdata 0.11 calls torch.set_vital, deprecated in newer torch
         warnings.filterwarnings("ignore", message=".*set_vital.*", category=UserWarning)
         return StatefulDataLoader(loader.dataset, **batching, **kwargs)

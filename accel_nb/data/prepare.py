@@ -19,7 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from ..state import PartialState
 from .dispatch import prepare_dispatcher
 from .loader import DataLoaderShard, loader_kwargs, require_torchdata
-from .samplers import BatchSamplerShard, IterableDatasetShard, SkipBatchSampler
+from .samplers import BatchSamplerShard, IterableDatasetShard
 from .shuffling import give_generator, random_sampler, resolve_sampler
 
 __all__ = ["DataLoaderConfiguration", "prepare_data_loader"]
@@ -178,7 +178,7 @@ def prepare_data_loader(
         non_blocking=non_blocking,
         _source=dataloader,
         _shard_info=info,
-        batch_sampler=SkipBatchSampler(batch_sampler, 0),
+        batch_sampler=batch_sampler,
         rng_types=rng_types,
         synchronized_generator=synchronized,
         use_stateful_dataloader=use_stateful_dataloader,
