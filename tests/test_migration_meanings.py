@@ -232,3 +232,31 @@ def test_a_custom_batch_sampler_nests_as_in_the_reference(world_size, cpu):
     assert ours[0]["chain"] == expected
     # the batches unchanged: the user's order, dealt out batch by batch to the ranks
     assert [rank["batches"][0][0] for rank in ours] == [[0, 2], [4, 6]][:world_size]
+
+
+# -- prepared objects carry _is_accelerate_prepared --------------------------------------------------
+def _prepared_marks(library, cpu):
+    accelerator = importlib.import_module(library).Accelerator(cpu=cpu)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    loader = DataLoader(torch.arange(8.0), batch_size=2)
+    given = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "loader": loader}
+    prepared = dict(zip(given, accelerator.prepare(model, optimizer, scheduler, loader)))
+    marks = {f"prepared {k}": getattr(v, "_is_accelerate_prepared", None) for k, v in prepared.items()}
+    marks.update({f"given {k}": getattr(v, "_is_accelerate_prepared", None) for k, v in given.items()})
+    # marked by hand: prepare returns the object as it is, in both libraries
+    other = torch.nn.Linear(2, 2)
+    other._is_accelerate_prepared = True
+    marks["marked by hand is returned"] = accelerator.prepare(other) is other
+    return marks
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("world_size, cpu", [(1, False), (2, True)])
+def test_prepared_objects_carry_is_accelerate_prepared(world_size, cpu):
+    ours, ref = (
+        run_ranks(_prepared_marks, world_size=world_size, args=(library, cpu)) for library in LIBRARIES
+    )
+    assert ours == ref
+    assert all(ours[0][f"prepared {k}"] is True for k in ("model", "optimizer", "scheduler", "loader"))

@@ -18,11 +18,14 @@ from torch.nn.parallel import DistributedDataParallel
 __all__ = ["adopt_prepared", "mark_prepared", "place_and_wrap"]
 
 _PREPARED = "_accel_nb_prepared"  # set on every object Accelerator.prepare() returns
+# the reference's name for the same mark: code written for it reads it (and sets it to skip prepare)
+_REFERENCE_PREPARED = "_is_accelerate_prepared"
 
 
 def mark_prepared(obj: Any) -> Any:
-    """``obj``, marked as something ``Accelerator.prepare`` returned."""
+    """``obj``, marked as something ``Accelerator.prepare`` returned (under both libraries' names)."""
     setattr(obj, _PREPARED, True)
+    setattr(obj, _REFERENCE_PREPARED, True)
     return obj
 
 
@@ -32,7 +35,7 @@ def adopt_prepared(obj: Any, prepared: list[Any]) -> bool:
     Rerunning a notebook cell ``model = accelerator.prepare(model)`` passes the prepared model
     again, possibly to a new Accelerator: it is tracked (checkpoints, ``free_memory``) and returned.
     """
-    if not getattr(obj, _PREPARED, False):
+    if not (getattr(obj, _PREPARED, False) or getattr(obj, _REFERENCE_PREPARED, False)):
         return False
     if not any(obj is seen for seen in prepared):
         prepared.append(obj)
