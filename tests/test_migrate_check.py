@@ -105,6 +105,20 @@ def test_a_script_with_gaps_reports_each_at_its_line(tmp_path):
     assert len(lines) == 11, lines
 
 
+def test_a_name_defined_again_by_the_script_is_its_own(tmp_path):
+    script = _write(
+        tmp_path / "own.py",
+        "from accelerate.utils import gather, set_seed\n"
+        "def gather(x, my_option=1):\n"
+        "    return x\n"
+        "gather(1, my_option=2)\n"
+        "set_seed = print\n"
+        "set_seed(1, sep='')\n",
+    )
+    findings, _, _ = check_path(script)
+    assert findings == [], [str(f) for f in findings]
+
+
 def test_the_user_files_are_not_written_nor_run(tmp_path):
     marker = tmp_path / "ran"
     script = _write(

@@ -234,7 +234,22 @@ class _Checker(ast.NodeVisitor):
             return found, f"Accelerator.{method}"
         return None, None
 
+    def rebind(self, name: str) -> None:
+        """A later def/class/assignment of an imported name: it no longer means accelerate's object."""
+        self.bound.pop(name, None)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
+        self.generic_visit(node)
+        self.rebind(node.name)
+
+    visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
     def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Name) and target.id in self.bound:
+                self.generic_visit(node)
+                self.rebind(target.id)
+                return
         if isinstance(node.value, ast.Call):
             obj, label = self.callee(node.value.func)
             if obj is self.accelerator_class:
