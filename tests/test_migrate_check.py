@@ -119,6 +119,21 @@ def test_a_name_defined_again_by_the_script_is_its_own(tmp_path):
     assert findings == [], [str(f) for f in findings]
 
 
+def test_an_accelerator_reached_through_an_annotation(tmp_path):
+    script = _write(
+        tmp_path / "annotated.py",
+        "from accelerate import Accelerator\n"
+        "def train(acc: Accelerator, other):\n"
+        "    acc.prepare(other, not_a_keyword=1)\n"
+        "    other.frobnicate()\n"
+        "state: Accelerator = make()\n"
+        "state.not_a_method()\n",
+    )
+    errors = [str(f) for f in _errors(check_path(script)[0])]
+    assert [e.split(": error:")[0] for e in errors] == [f"{script}:3", f"{script}:6"], errors
+    assert "not_a_keyword=" in errors[0] and "not_a_method" in errors[1]
+
+
 def test_the_user_files_are_not_written_nor_run(tmp_path):
     marker = tmp_path / "ran"
     script = _write(

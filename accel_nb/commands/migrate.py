@@ -238,7 +238,22 @@ class _Checker(ast.NodeVisitor):
         """A later def/class/assignment of an imported name: it no longer means accelerate's object."""
         self.bound.pop(name, None)
 
+    def is_accelerator(self, node: ast.AST | None) -> bool:
+        """``Accelerator`` (imported from accelerate), as an annotation or the callee of an assignment."""
+        if node is None:
+            return False
+        dotted = _dotted(node)
+        if not dotted or dotted[0] not in self.bound:
+            return False
+        obj, _ = _resolve(self.bound[dotted[0]] + dotted[1:])
+        return obj is self.accelerator_class
+
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> None:
+        if not isinstance(node, ast.ClassDef):
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                if self.is_accelerator(arg.annotation):
+                    self.accelerators.add(arg.arg)
         self.generic_visit(node)
         self.rebind(node.name)
 
@@ -257,6 +272,13 @@ class _Checker(ast.NodeVisitor):
                     dotted = _dotted(target)
                     if dotted:
                         self.accelerators.add(".".join(dotted))
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        dotted = _dotted(node.target)
+        value = node.value.func if isinstance(node.value, ast.Call) else None
+        if dotted and (self.is_accelerator(node.annotation) or self.is_accelerator(value)):
+            self.accelerators.add(".".join(dotted))
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
