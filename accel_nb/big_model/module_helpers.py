@@ -23,7 +23,7 @@ from torch import nn
 from .dispatch_hooks import DISPATCH_HOOK_ATTR
 from .model_hooks import AlignDevicesHook, iter_hooks
 from .module_tensors import named_module_tensors, set_module_tensor_to_device
-from .sizes import tied_parameter_groups
+from .sizes import CustomDtype, dtype_size, tied_parameter_groups
 
 __all__ = [
     "align_module_device",
@@ -94,7 +94,10 @@ def dtype_byte_size(dtype: torch.dtype) -> float:
     """Bytes one element of ``dtype`` takes: 4 for float32, 1/8 for bool (one bit, as the reference counts).
 
     dtype_byte_size(torch.bfloat16)   # 2
+    dtype_byte_size(CustomDtype.INT4)   # 0.5
     """
+    if isinstance(dtype, CustomDtype):
+        return dtype_size(dtype)
     if dtype == torch.bool:
         return 1 / 8
     if "float8" in str(dtype):

@@ -6,6 +6,7 @@ budget = get_max_memory({0: "20GiB", "cpu": "64GiB"})      # {0: 21474836480, "c
 
 from __future__ import annotations
 
+import enum
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -61,8 +62,26 @@ def device_order(device: Device) -> tuple[int, int]:
     return ({"cpu": 2, "disk": 3}.get(device, 1), 0)
 
 
-def dtype_size(dtype: torch.dtype) -> float:
-    """Bytes per element (bool 1, float16 2, ...)."""
+class CustomDtype(enum.Enum):
+    """Storage formats torch has no dtype for, usable wherever the planner takes a dtype.
+
+        infer_auto_device_map(model, max_memory, special_dtypes={"lm_head.weight": CustomDtype.INT4})
+    ``FP8`` counts one byte per element, ``INT4`` half a byte, ``INT2`` a quarter (the reference's
+    ``accelerate.utils.dataclasses.CustomDtype``, same members and values).
+    """
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+_CUSTOM_SIZES = {CustomDtype.FP8: 1, CustomDtype.INT4: 0.5, CustomDtype.INT2: 0.25}
+
+
+def dtype_size(dtype: torch.dtype | CustomDtype) -> float:
+    """Bytes per element (bool 1, float16 2, CustomDtype.INT4 0.5, ...)."""
+    if isinstance(dtype, CustomDtype):
+        return _CUSTOM_SIZES[dtype]
     if dtype == torch.bool:
         return 1
     return torch.empty((), dtype=dtype, device="meta").element_size()
@@ -118,9 +137,9 @@ def compute_module_sizes(
     return dict(sizes)
 
 
-def as_dtype(dtype: torch.dtype | str | None) -> torch.dtype | None:
-    """'float16' / 'fp16' / torch.float16 -> torch.float16."""
-    if dtype is None or isinstance(dtype, torch.dtype):
+def as_dtype(dtype: torch.dtype | CustomDtype | str | None) -> torch.dtype | CustomDtype | None:
+    """'float16' / 'fp16' / torch.float16 -> torch.float16; a CustomDtype stays as it is."""
+    if dtype is None or isinstance(dtype, (torch.dtype, CustomDtype)):
         return dtype
     text = str(dtype).replace("torch.", "")
     aliases = {

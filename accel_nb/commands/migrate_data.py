@@ -38,7 +38,7 @@ _INTERNAL = "internal to the reference's implementation; code written for it doe
 LEFT_OUT: dict[str, str] = {
     "ao": _FP8,
     "transformer_engine": _FP8,
-    **{f"bnb.{n}": _Q for n in ["replace_with_bnb_layers", "quantize_and_offload_8bit"]},
+    "bnb.quantize_and_offload_8bit": _Q,
     "deepspeed.HfDeepSpeedConfig": "transformers' DeepSpeed config holder; accel_nb's DeepSpeedPlugin reads and fills the config itself",
     "deepspeed.get_active_deepspeed_plugin": "accel_nb takes one DeepSpeed plugin per Accelerator (accelerator.deepspeed_plugin)",
     "deepspeed.map_pytorch_optim_to_deepspeed": "accel_nb hands the torch optimizer to the engine as given (docs/deepspeed.md)",
@@ -106,7 +106,6 @@ LEFT_OUT: dict[str, str] = {
             "parse_glm4_moe_config",
         ]
     },
-    "dataclasses.CustomDtype": _Q,
     "dataclasses.SageMakerDistributedType": "SageMaker launching is not supported by accel_nb",
     "dataclasses.ComputeEnvironment": "SageMaker launching is not supported; accel_nb's config has no compute environment",
     "dataclasses.PrecisionType": "not yet: accel_nb takes mixed_precision as the strings 'no', 'fp16', 'bf16'",

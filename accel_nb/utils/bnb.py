@@ -16,7 +16,7 @@ _EXPORTS = {
         "accel_nb.big_model.quantization.loader",
     ),
     **dict.fromkeys(
-        ["get_keys_to_not_convert", "has_4bit_bnb_layers", "get_parameter_device"],
+        ["get_keys_to_not_convert", "has_4bit_bnb_layers", "get_parameter_device", "replace_with_bnb_layers"],
         "accel_nb.big_model.quantization.layers",
     ),
 }

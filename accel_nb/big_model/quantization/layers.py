@@ -9,6 +9,7 @@ keeps its float weights. The output head, tied weights, ``skip_modules`` and
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -204,3 +205,64 @@ def get_parameter_device(module: nn.Module) -> torch.device:
 
 
 get_keys_to_not_convert = default_skip_modules  # the reference's name
+
+
+def replace_with_bnb_layers(
+    model: nn.Module,
+    bnb_quantization_config: BnbQuantizationConfig,
+    modules_to_not_convert: list[str] | None = None,
+    current_key_name: list[str] | None = None,
+) -> nn.Module:
+    """Swap each linear layer for bitsandbytes' ``Linear8bitLt`` / ``Linear4bit`` holding the same float weight.
+
+        model = replace_with_bnb_layers(model, BnbQuantizationConfig(load_in_8bit=True), ["lm_head"])
+        model.to("cpu")        # bitsandbytes quantizes each weight when it is moved (CPU or GPU)
+    The reference's function (``accelerate.utils.bnb``): the layers are replaced in place and the
+    model returned; weights are quantized only when the model is moved to a device (or use
+    :func:`load_and_quantize_model`, which does both). ``modules_to_not_convert`` names modules
+    kept as they are (a name, or a dotted path prefix). GPT-2-style ``Conv1D`` layers are replaced
+    too (their transposed weight is turned the right way). ``current_key_name`` is the path of
+    ``model`` inside a larger model (the reference's recursion argument). A model (meta ones
+    included) with no linear layer left to replace gets a warning that says so. Needs bitsandbytes
+    (runs on a CPU).
+    """
+    if not isinstance(bnb_quantization_config, BnbQuantizationConfig):
+        raise QuantizationError(
+            "replace_with_bnb_layers takes a BnbQuantizationConfig (load_in_8bit=True or load_in_4bit=True), "
+            f"got {type(bnb_quantization_config).__name__}; for torchao use load_and_quantize_model"
+        )
+    bnb = require("bitsandbytes")
+    skip = list(modules_to_not_convert or [])
+    prefix = ".".join(current_key_name or [])
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        full = f"{prefix}.{name}" if prefix and name else prefix or name
+        target = as_target(name, module) if name else None
+        if target is None or _matches(full, skip) or _matches(name, skip):
+            continue
+        layer = make_shell(target, bnb_quantization_config)
+        weight = module.weight.detach()
+        weight = weight.t().contiguous() if target.transposed else weight
+        if bnb_quantization_config.load_in_8bit:
+            layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+        else:
+            layer.weight = bnb.nn.Params4bit(
+                weight,
+                requires_grad=False,
+                compress_statistics=bnb_quantization_config.bnb_4bit_use_double_quant,
+                quant_type=bnb_quantization_config.bnb_4bit_quant_type,
+                quant_storage=torch.uint8,
+                module=layer,
+            )
+        if target.has_bias:
+            layer.bias = nn.Parameter(module.bias.detach(), requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+        replaced += 1
+    if not replaced:
+        warnings.warn(
+            f"replace_with_bnb_layers: no linear layer of {type(model).__name__} was replaced (it has none "
+            f"outside modules_to_not_convert={skip}); the model is unchanged",
+            stacklevel=2,
+        )
+    return model
