@@ -58,6 +58,8 @@ class BadInput(Exception):
 
 def _left_out_reason(parts: list[str]) -> str | None:
     """Why ``accelerate.<parts>`` is deliberately not under accel_nb (LEFT_OUT is keyed under utils)."""
+    if len(parts) == 1 and parts[0] in LEFT_OUT and not parts[0].islower():
+        return LEFT_OUT[parts[0]]  # a name the reference's top level re-exports (ParallelismConfig)
     if len(parts) < 2 or parts[0] != "utils":
         return None
     if len(parts) >= 3 and parts[1] in LEFT_OUT:
