@@ -108,3 +108,53 @@ def test_device_bars_and_live_slider(tmp_path):
         cpu_after = page.locator('.accel-nb-device-row[data-device="cpu"] .accel-nb-device-info').inner_text()
         assert f"/ {readout_after} {slider_unit} budget" in cpu_after, (readout_after, cpu_after)
         screenshot(page, "device_map_after", SHOTS)
+
+
+QUANT_CELL = f"""
+import sys
+sys.path.insert(0, {ROOT!r})
+from transformers import LlamaConfig, LlamaForCausalLM
+from accel_nb import init_empty_weights, show_device_map
+from accel_nb.big_model.quantization import TorchAoQuantizationConfig
+
+config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=256, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2)
+with init_empty_weights():
+    model = LlamaForCausalLM(config)
+view = show_device_map(model, max_memory={{"cpu": "200KiB", "disk": "1GB"}},
+                       quantization_config=TorchAoQuantizationConfig("int8"))
+"""
+
+
+def test_quantized_plan_shows_dtype_and_unquantized_size(tmp_path):
+    pytest.importorskip("transformers")
+    _notebook(str(tmp_path / "quantized_map.ipynb"))
+    with open(tmp_path / "quantized_map.ipynb") as f:
+        nb = json.load(f)
+    nb["cells"][0]["source"] = QUANT_CELL
+    with open(tmp_path / "quantized_map.ipynb", "w") as f:
+        json.dump(nb, f)
+    with LabServer(str(tmp_path)) as lab, chromium() as browser:
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        open_notebook(page, lab, "quantized_map.ipynb")
+        run_all_cells(page, lab, "quantized_map.ipynb")
+        assert cell_errors(page) == []
+        wait_until(lambda: _bar_devices(page), 120, "the device bars to render")
+        assert _bar_devices(page) == ["cpu", "disk"]
+        row = page.locator('.jp-OutputArea .accel-nb-device-table tr[data-module="model.layers.0"]')
+        assert row.locator(".accel-nb-dtype").inner_text() == "int8 + float32"
+        assert "unquantized" in page.locator(".jp-OutputArea .accel-nb-quantization").inner_text()
+        title = page.locator('.jp-OutputArea .accel-nb-module[data-module="model.layers.0"]').get_attribute(
+            "title"
+        )
+        assert "int8 + float32" in title and "unquantized" in title
+        screenshot(page, "device_map_quantized_before", SHOTS)
+        # the slider re-plans with the quantized sizes: a budget above the quantized total empties the disk
+        readout = page.locator(".accel-nb-budget-slider .widget-readout").first
+        readout.click()
+        page.keyboard.press("Control+A")
+        page.keyboard.type("500")
+        page.keyboard.press("Enter")
+        disk_modules = page.locator('.accel-nb-device-bar[data-device="disk"] .accel-nb-module')
+        wait_until(lambda: disk_modules.count() == 0, 60, "the disk bar to empty after the slider moved")
+        screenshot(page, "device_map_quantized_after", SHOTS)
