@@ -260,3 +260,46 @@ def test_prepared_objects_carry_is_accelerate_prepared(world_size, cpu):
     )
     assert ours == ref
     assert all(ours[0][f"prepared {k}"] is True for k in ("model", "optimizer", "scheduler", "loader"))
+
+
+# -- save_state / load_state with a different folder per rank ----------------------------------------
+def _folder_per_rank(library, base):
+    import os
+    import warnings
+
+    accelerator = importlib.import_module(library).Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2))  # tracked by the accelerator: part of the checkpoint
+    rank = accelerator.process_index
+    mine = os.path.join(base, library, f"rank{rank}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator.save_state(mine)
+    accelerator.wait_for_everyone()
+    out = {"warned": [str(w.message) for w in caught if "save_state" in str(w.message)]}
+    try:
+        accelerator.load_state(mine)
+        out["load"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - compared below
+        out["load"] = f"{type(exc).__name__}: {exc}"
+    if library == "accel_nb":  # the one folder, read on every rank, resumes
+        accelerator.load_state(os.path.join(base, library, "rank0"))
+        out["main folder"] = "ok"
+    return out
+
+
+@pytest.mark.multiproc
+def test_a_folder_per_rank_fails_on_rank_1_in_both_and_accel_nb_names_the_fix(tmp_path):
+    ours, ref = (
+        run_ranks(_folder_per_rank, world_size=2, args=(library, str(tmp_path))) for library in LIBRARIES
+    )
+    # the reference: rank 0 loads, rank 1 cannot (its folder holds only its RNG file)
+    assert ref[0]["load"] == "ok" and ref[1]["load"].startswith("FileNotFoundError")
+    # accel_nb (docs/migration.md, deliberate differences): one folder, the main process's; rank 1 is
+    # warned at save, and load_state refuses on every rank before reading anything
+    assert ours[0]["warned"] == [] and "the checkpoint is one folder" in ours[1]["warned"][0]
+    for rank in ours:
+        assert (
+            rank["load"].startswith("CheckpointError")
+            and "pass that same folder on every rank" in rank["load"]
+        )
+        assert rank["main folder"] == "ok"

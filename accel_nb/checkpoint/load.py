@@ -233,6 +233,28 @@ def _read_checkpoint(
     }
 
 
+def _check_same_folder(accelerator: Any, input_dir: str | None) -> CheckpointError | None:
+    """On several processes: an error for this rank when it was given another folder than the main process.
+
+    A checkpoint is one folder that every rank reads (``save_state`` writes it to the main
+    process's folder), so a folder per rank is refused before anything is read.
+    """
+    if int(getattr(accelerator, "num_processes", 1)) <= 1:
+        return None
+    from ..ops import broadcast_object_list
+
+    asked = None if input_dir is None else os.path.abspath(os.fspath(input_dir))
+    main = [asked]
+    broadcast_object_list(main, from_process=0)
+    if asked == main[0]:
+        return None
+    return CheckpointError(
+        f"load_state: rank {getattr(accelerator, 'process_index', 0)} was given {asked} but the main process "
+        f"{main[0]}; a checkpoint is one folder that every rank reads (save_state wrote it to the main "
+        "process's folder): pass that same folder on every rank"
+    )
+
+
 def load_accelerator_state(
     accelerator: Any, input_dir: str | None = None, strict: bool = True, weights_only: bool = True
 ) -> str:
@@ -246,8 +268,10 @@ def load_accelerator_state(
     """
     from ..ops import gather_object
 
-    failure: BaseException | None = None
+    failure: BaseException | None = _check_same_folder(accelerator, input_dir)
     try:
+        if failure is not None:
+            raise failure
         plan = _read_checkpoint(accelerator, input_dir, strict, weights_only)
     except Exception as exc:  # noqa: BLE001 - shared with the other ranks below
         failure = exc

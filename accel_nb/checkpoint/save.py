@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -166,17 +167,27 @@ def _agree_on_folder(accelerator: Any, output_dir: str | None) -> tuple[str, boo
     """Process 0 picks the folder (and whether it was named automatically); every rank gets its choice."""
     from ..ops import broadcast_object_list
 
-    plan: list[Any] = [None, None, None, None]
+    asked = None if output_dir is None else os.path.abspath(os.fspath(output_dir))
+    plan: list[Any] = [None, None, None, None, asked]
     if getattr(accelerator, "is_main_process", True):
         try:
             final, automatic = _resolve_output_dir(accelerator, output_dir)
             _check_replaceable(final)
-            plan = [final, automatic, os.getpid(), None]
+            plan = [final, automatic, os.getpid(), None, asked]
         except Exception as exc:  # noqa: BLE001 - shared with every rank below
-            plan = [None, None, None, f"{type(exc).__name__}: {exc}"]
+            plan = [None, None, None, f"{type(exc).__name__}: {exc}", asked]
     broadcast_object_list(plan, from_process=0)
     if plan[3]:
         raise CheckpointError(f"save_state: {plan[3]}")
+    if asked is not None and plan[4] is not None and asked != plan[4]:
+        # the reference writes this rank's RNG file into its own folder (which its load_state
+        # cannot resume from); here the checkpoint is one folder, the main process's
+        warnings.warn(
+            f"save_state: rank {getattr(accelerator, 'process_index', 0)} was given {asked} but the main "
+            f"process {plan[4]}; the checkpoint is one folder, written to {plan[0]} (this rank's state "
+            "included). Pass the same folder on every rank, and load_state from it on every rank",
+            stacklevel=4,  # the caller of Accelerator.save_state
+        )
     return plan[0], plan[1], plan[2]
 
 
