@@ -53,8 +53,11 @@ def test_8bit_replacement_quantizes_when_moved_and_keeps_the_skipped_head():
     assert torch.equal(up.weight.data, model.model.layers[0].mlp.up_proj.weight)
     out = out.to("cpu")  # bitsandbytes quantizes on the move
     assert out.model.layers[0].mlp.up_proj.weight.dtype == torch.int8
+    assert not out.model.layers[0].mlp.up_proj.training  # the replaced layers keep the model's eval mode
     error = (_logits(out) - expected).norm() / expected.norm()
     assert error < 0.05
+    loaded = load_and_quantize_model(copy.deepcopy(model), quant).eval()
+    assert torch.equal(_logits(out), _logits(loaded))
 
 
 def test_4bit_replacement_gives_the_loaders_logits_bitwise():

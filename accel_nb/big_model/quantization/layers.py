@@ -256,6 +256,7 @@ def replace_with_bnb_layers(
             )
         if target.has_bias:
             layer.bias = nn.Parameter(module.bias.detach(), requires_grad=False)
+        layer.train(module.training)  # a model in eval mode stays so (8-bit layers differ in training)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer)
         replaced += 1
