@@ -161,6 +161,8 @@ def test_big_model_inference_runs():
     assert "x smaller)" in results
     assert "int8 logits close to float32 (under 5%): True" in results
     assert "same greedy tokens as float32: True" in results
+    assert "planned: bnb-nf4: " in results  # bitsandbytes 4-bit on the CPU too
+    assert "nf4 greedy tokens same as float32: True" in results
 
 
 @pytest.mark.notebooks
