@@ -34,6 +34,10 @@ FAILURE_GRACE_S = 0.5  # after a first failure, let the others report their own 
 TERM_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 # how long the watchdog waits at most for faulthandler to write the stacks (a loaded machine)
 STACKS_WAIT_S = 3.0
+POLL_S = 0.05  # the loop's longest wait for an event; the watchdog and the reporter's tick run between waits
+# once every pipe is closed, a rank's exit is polled from this interval up (doubling to POLL_S): a launch
+# ends when its last rank has exited, not up to POLL_S later
+EXIT_POLL_S = 0.001
 
 
 @dataclass
@@ -140,6 +144,7 @@ class Supervisor:
         self._last_progress = time.monotonic()
         self._running: set[int] = set()  # ranks that reached the payload (startup is over for them)
         self._peer_lost: dict[int, tuple[Failure, float]] = {}  # held until it is clear whether a peer died
+        self._exit_wait = EXIT_POLL_S  # the next wait once every pipe is closed (see EXIT_POLL_S)
 
     # -- events -------------------------------------------------------------------------------
     def _handle(self, event: Event) -> None:
@@ -338,7 +343,13 @@ class Supervisor:
     # -- the loop -----------------------------------------------------------------------------
     def _read_and_reap(self, sel: selectors.BaseSelector, waiting: dict[int, RankProcess]) -> None:
         """One pass: handle what the ranks sent, then take ranks that are over out of ``waiting``."""
-        for key, _ in sel.select(timeout=0.05):
+        if sel.get_map():
+            ready = sel.select(timeout=POLL_S)
+        else:  # every pipe is closed: the ranks are exiting, and no fd will wake us when they are gone
+            time.sleep(self._exit_wait)
+            self._exit_wait = min(self._exit_wait * 2, POLL_S)
+            ready = []
+        for key, _ in ready:
             proc: RankProcess = key.data
             for event in proc.reader.read_available():
                 self._handle(event)
@@ -346,6 +357,7 @@ class Supervisor:
                 sel.unregister(key.fd)
         for rank, proc in list(waiting.items()):
             if proc.poll() is not None:
+                self._exit_wait = EXIT_POLL_S
                 del waiting[rank]
                 if not proc.reader.eof:
                     with contextlib.suppress(KeyError, ValueError):
