@@ -31,6 +31,7 @@ from ..config import (
     load_config,
     save_config,
 )
+from ..config.command_line import DEEPSPEED_FLAG_KEYS
 from ..hardware import HardwareInfo, detect
 
 _CONTROL_ORDER = (
@@ -49,18 +50,8 @@ _CONTROL_ORDER = (
 )
 # torch.compile backends the wizard offers (a config's other valid backend is kept in the list)
 _COMPILE_BACKENDS = ("no", "inductor", "aot_eager", "eager")
-# the DeepSpeed controls: deepspeed_config keys (the reference's launch-config keys)
-_DEEPSPEED_KEYS = (
-    "deepspeed_config_file",
-    "zero_stage",
-    "offload_optimizer_device",
-    "offload_optimizer_nvme_path",
-    "offload_param_device",
-    "offload_param_nvme_path",
-    "gradient_clipping",
-    "zero3_save_16bit_model",
-    "zero3_init_flag",
-)
+# the DeepSpeed controls: the deepspeed_config keys, as `accel-nb launch` takes them
+_DEEPSPEED_KEYS = DEEPSPEED_FLAG_KEYS
 _TEXT_KEYS = (
     "main_process_port",
     "main_process_ip",
