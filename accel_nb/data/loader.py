@@ -361,7 +361,13 @@ class SkipDataLoader(DataLoaderShard):
         )
 
     def __len__(self) -> int:
-        return max(DataLoader.__len__(self) - self.skip_batches, 0)
+        # the batches of a whole pass, counted without the index skipper (which may hold skip_batches
+        # already), less the skipped ones
+        skipper = self._index_skipper
+        whole = len(skipper.batch_sampler) if skipper is not None and self._auto_collation else None
+        if whole is None:
+            whole = DataLoader.__len__(self)
+        return max(whole - self.skip_batches, 0)
 
 
 def require_torchdata() -> None:
