@@ -247,9 +247,19 @@ def test_library_tqdm_bars_become_each_ranks_row_and_never_touch_the_kernel(kern
         assert final["value"] == 50 and final["max"] == 50
 
 
-def stuck_cell(sleep_s: float = 8, reporter: str | None = None) -> str:
-    """A cell whose 2 ranks finish a 50-step loop, then rank 1 sleeps while rank 0 waits in all_reduce."""
+def stuck_cell(sleep_s: float = 8, reporter: str | None = None, gate: str | None = None) -> str:
+    """A cell whose 2 ranks finish a 50-step loop, then rank 1 sleeps while rank 0 waits in all_reduce.
+
+    ``gate``: rank 1 sleeps until that file exists instead (the test opens it once it saw the stall).
+    """
     extra = f", reporter={reporter}" if reporter else ""
+    wait = (
+        # bounded: a test that fails before opening the gate must not leave the launch waiting
+        f"end = time.monotonic() + 180\n        while not os.path.exists({gate!r}) and time.monotonic() < end:"
+        "\n            time.sleep(0.05)"
+        if gate
+        else f"time.sleep({sleep_s})"
+    )
     return f"""
 from accel_nb import notebook_launcher, progress
 from accel_nb.launch.parent.reporting import TextReporter
@@ -264,7 +274,7 @@ def one_rank_sleeps():
     for _ in progress(range(50), desc="train"):
         time.sleep(0.02)
     if os.environ["RANK"] == "1":
-        time.sleep({sleep_s})  # rank 0 waits in all_reduce meanwhile
+        {wait}  # rank 0 waits in all_reduce meanwhile
     dist.all_reduce(torch.ones(1))
     return 0
 
