@@ -39,7 +39,11 @@ pip install -q "torch==2.13.0"
 # the browser driver), in one resolve so none of them moves the pins
 pip install -q "${STACK_PINS[@]}" numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
   "matplotlib>=3.7" "pytest>=8" pytest-timeout "nbclient>=0.7" "nbformat>=5" "nbconvert>=7" "playwright>=1.40" \
-  "tensorboard>=2.14" "transformers>=4.40"  # what the notebooks import (both runtimes ship them)
+  "tensorboard>=2.14" "transformers>=4.40" \
+  "bitsandbytes>=0.50" "torchao>=0.18"
+# (the last line: what the notebooks import; both runtimes ship tensorboard and transformers, and
+# big_model_inference.ipynb's section 7 needs accel_nb's quantization extra, which a user of either
+# runtime installs with pip install "accel_nb[quantization]")
 if ! "$VENV/bin/python" -m pip install -q --no-deps -e . >"$VENV/.editable-install.log" 2>&1; then
   cat "$VENV/.editable-install.log" >&2
   exit 1
