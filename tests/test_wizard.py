@@ -210,7 +210,7 @@ def test_wizard_on_a_tpu_host_proposes_one_process_per_xla_device_and_names_torc
 
 
 def test_commands_wrap_between_whole_flags_only():
-    from accel_nb.notebook.wizard import _groups, commands_html
+    from accel_nb.notebook.wizard_text import _groups, commands_html
 
     line = "accel-nb launch --num_processes 2 --mixed_precision bf16 --cpu train.py --lr 0.1"
     groups = _groups(line)

@@ -1,0 +1,155 @@
+"""The wizard's words: the equivalent launch commands (``%%accelerate``, ``notebook_launcher(...)``,
+``DeepSpeedPlugin(...)``) for a launch config, as text and as HTML that wraps between whole flags,
+and a few lines of what this machine has. Plain functions: no widget is built here.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+from typing import Any
+
+from ..byte_sizes import human_bytes
+from ..config import LaunchConfig
+from ..hardware import HardwareInfo
+
+
+def deepspeed_installed() -> bool:
+    """Whether ``deepspeed`` can be imported here (checked without importing it)."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def deepspeed_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """The ``deepspeed_config`` mapping the DeepSpeed controls' ``values`` stand for (only what applies).
+
+    deepspeed_settings({"zero_stage": 1, "offload_param_device": "cpu", ...})   # no parameter offload below stage 3
+    """
+    path = (values.get("deepspeed_config_file") or "").strip()
+    if path:
+        return {"deepspeed_config_file": path}
+    stage = int(values.get("zero_stage", 2))
+    out: dict[str, Any] = {"zero_stage": stage}
+    kinds = ["optimizer"] * (stage >= 1) + ["param"] * (stage == 3)
+    for kind in kinds:
+        device = values.get(f"offload_{kind}_device") or "none"
+        out[f"offload_{kind}_device"] = device
+        if device == "nvme":
+            out[f"offload_{kind}_nvme_path"] = (values.get(f"offload_{kind}_nvme_path") or "").strip() or None
+    out["gradient_clipping"] = float(values.get("gradient_clipping", 1.0))
+    if stage == 3:
+        out["zero3_save_16bit_model"] = bool(values.get("zero3_save_16bit_model", True))
+        out["zero3_init_flag"] = bool(values.get("zero3_init_flag", True))
+    return out
+
+
+def deepspeed_plugin_call(settings: dict[str, Any]) -> str:
+    """``DeepSpeedPlugin(...)`` with ``settings`` (a ``deepspeed_config`` mapping) as its arguments."""
+    names = {"deepspeed_config_file": "hf_ds_config"}
+    args = ", ".join(f"{names.get(k, k)}={v!r}" for k, v in settings.items() if v is not None)
+    return f"DeepSpeedPlugin({args})"
+
+
+def _groups(line: str) -> list[str]:
+    """A command's pieces that must stay on one line: ``--flag value`` pairs, ``name=value,`` arguments."""
+    tokens = line.split(" ")
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if (
+            token.startswith("-")
+            and "=" not in token
+            and i + 1 < len(tokens)
+            and tokens[i + 1]
+            and not tokens[i + 1].startswith(("-", "#"))
+        ):
+            out.append(token + " " + tokens[i + 1])
+            i += 2
+        else:
+            out.append(token)
+            i += 1
+    return out
+
+
+def commands_html(text: str) -> str:
+    """The equivalent launches as HTML that wraps in a narrow cell between whole flags (never inside one).
+
+    Each line is one command; a wrapped command's next lines are indented under it.
+    """
+    lines = []
+    for line in text.split("\n"):
+        if not line:
+            lines.append("<div style='height:0.6em'></div>")
+            continue
+        colour = "color:#6a737d;" if line.startswith("#") else ""
+        pieces = " ".join(f"<span style='white-space:nowrap'>{html.escape(g)}</span>" for g in _groups(line))
+        lines.append(f"<div style='{colour}padding-left:2em;text-indent:-2em'>{pieces}</div>")
+    return (
+        "<div class='accel-nb-wizard-commands' style='font-family:var(--jp-code-font-family,monospace);"
+        "font-size:var(--jp-code-font-size,13px);white-space:normal;overflow-wrap:normal;line-height:1.45'>"
+        + "".join(lines)
+        + "</div>"
+    )
+
+
+def magic_line(cfg: LaunchConfig) -> str:
+    """The ``%%accelerate`` line that launches a cell as ``cfg`` says."""
+    parts = ["%%accelerate"]
+    if cfg.num_processes is not None:
+        parts += ["--num_processes", str(cfg.num_processes // cfg.num_machines)]
+    parts += ["--mixed_precision", cfg.mixed_precision]
+    if cfg.gradient_accumulation_steps != 1:
+        parts += ["--gradient_accumulation_steps", str(cfg.gradient_accumulation_steps)]
+    if cfg.start_method != "auto":
+        parts += ["--start_method", cfg.start_method]
+    if cfg.main_process_port:
+        parts += ["--use_port", str(cfg.main_process_port)]
+    if cfg.use_cpu:
+        parts.append("--cpu")
+    return " ".join(parts)
+
+
+def notebook_launcher_call(cfg: LaunchConfig, function: str = "training_function") -> str:
+    """The ``notebook_launcher(...)`` call that launches ``function`` as ``cfg`` says (one machine)."""
+    args = [function]
+    if cfg.num_processes is not None:
+        args.append(f"num_processes={cfg.num_processes // cfg.num_machines}")
+    args.append(f"mixed_precision={cfg.mixed_precision!r}")
+    if cfg.main_process_port:
+        args.append(f"use_port={cfg.main_process_port}")
+    if cfg.start_method != "auto":
+        args.append(f"start_method={cfg.start_method!r}")
+    if cfg.use_cpu:
+        args.append("cpu=True")
+    call = f"notebook_launcher({', '.join(args)})"
+    if (
+        cfg.distributed_type == "DEEPSPEED"
+    ):  # notebook_launcher reads no config file: the function asks for it
+        plugin = deepspeed_plugin_call(cfg.extras.get("deepspeed_config") or {})
+        call += f"  # with Accelerator(deepspeed_plugin={plugin}) in {function}"
+    if cfg.dynamo_backend != "no":  # notebook_launcher reads no config file: the function asks for it
+        call += f"  # with Accelerator(dynamo_backend={cfg.dynamo_backend!r}) in {function}"
+    return call + (
+        "  # this machine's share; notebook launches use one machine" if cfg.num_machines > 1 else ""
+    )
+
+
+def hardware_summary(hw: HardwareInfo) -> str:
+    """A few lines of what the machine has (plain text)."""
+    cores = f"{hw.cpu_logical_cores} logical cores" + (
+        f" ({hw.cpu_physical_cores} physical)" if hw.cpu_physical_cores else ""
+    )
+    ram = f"{human_bytes(hw.ram_total)} RAM" if hw.ram_total else "RAM unknown"
+    lines = [f"CPU: {cores}, {ram}"]
+    if hw.gpus:
+        lines += [g.describe() for g in hw.gpus]
+    else:
+        lines.append("GPUs: none" + (" visible" if hw.nvml_available else " (no NVIDIA driver)"))
+    if hw.tpu_detected or hw.xla_available or hw.device_backends:
+        from ..hardware import tpu_report_lines
+
+        lines += [line[2:] for line in tpu_report_lines(hw)]  # the report's lines without their "- "
+    if hw.mps_available:
+        lines.append("Apple MPS: available")
+    lines.append(f"torch {hw.torch_version}, accel_nb {hw.accel_nb_version}, Python {hw.python_version}")
+    return "\n".join(lines)
