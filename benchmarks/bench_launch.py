@@ -120,6 +120,8 @@ def bare_fork_gloo(fn, args, n=2):
     return [results[rank] for rank in range(n)]
 
 def time_first_step(library, repeat):
+    # {"import_s": the library's import (its launcher) as this cell ran it, "times": each launch}
+    t_import = time.perf_counter()
     if library == "bare":  # accel_nb's Accelerator, launched by bare_fork_gloo
         launch = lambda i: bare_fork_gloo(first_step, ("accel_nb",))
     elif library == "accel_nb":
@@ -133,13 +135,14 @@ def time_first_step(library, repeat):
         def launch(i):
             with contextlib.redirect_stdout(io.StringIO()):
                 return ref_launcher(first_step, args=(library,), num_processes=2, use_port=str(29700 + i))
+    import_s = time.perf_counter() - t_import
     times = []
     for i in range(repeat):
         t = time.perf_counter()
         res = launch(i)
         times.append(time.perf_counter() - t)
         assert res is None or res == [2, 2], res
-    return times
+    return {"import_s": import_s, "times": times}
 """
 
 
@@ -147,9 +150,10 @@ WRITING_S = 10  # the user's time between the import cell and the first launch, 
 
 
 def _first_step_times(library: str, repeat: int, writing_s: float | None, bare: bool = False) -> Any:
-    """Launch times of ``first_step`` in a fresh kernel (None without ``library``); ``writing_s``: the
-    import cell runs that long before the first launch (the user writing the training function).
-    ``bare``: (accel_nb's times, a bare fork-and-gloo launch's times of the same step, same kernel)."""
+    """``time_first_step``'s answer for ``library`` in a fresh kernel (None without ``library``);
+    ``writing_s``: the import cell runs that long before the first launch (the user writing the
+    training function). ``bare``: (accel_nb's launch times, a bare fork-and-gloo launch's times of the
+    same step, same kernel)."""
     from tests.kernel_helpers import KernelSession
 
     try:
@@ -160,9 +164,9 @@ def _first_step_times(library: str, repeat: int, writing_s: float | None, bare: 
         _cell(k, FIRST_STEP)
         if bare:  # the same kernel, after accel_nb's launches: a bare fork-and-gloo launch of the same step
             out = _cell(k, f"print(json.dumps(time_first_step({library!r}, {repeat})))", timeout=900)
-            ours = json.loads(out.strip().splitlines()[-1])
+            ours = json.loads(out.strip().splitlines()[-1])["times"]
             out = _cell(k, f"print(json.dumps(time_first_step('bare', {repeat})))", timeout=900)
-            return ours, json.loads(out.strip().splitlines()[-1])
+            return ours, json.loads(out.strip().splitlines()[-1])["times"]
         if writing_s is not None:
             launcher_module = "accel_nb" if library == "accel_nb" else "accelerate"
             _cell(k, f"from {launcher_module} import notebook_launcher; time.sleep({writing_s})")
@@ -193,11 +197,34 @@ def first_step_rows(quick: bool = False) -> list[dict]:
                 f"supervision, failure handling or clean-up; {len(mine_b)} launches each",
             }
         )
-    for label, pick, goal in (
-        ("first launch of the kernel, launched right after the import", lambda t: t[0], None),
-        (f"first launch of the kernel, {WRITING_S} s after the import cell", lambda t: t[0], None),
-        ("second launch on (median)", lambda t: statistics.median(t[1:]), 0.5),
-        ("second launch on (min)", lambda t: min(t[1:]), 0.5),
+    first_cell_note = (
+        "the user's first impression: one cell imports the launcher and launches at once. The reference "
+        "imports torch with its launcher (~2 CPU-s) and its ranks import torch._dynamo when DDP is first "
+        "built; accel_nb's import leaves torch out and a background thread imports torch and "
+        "torch._dynamo before the first fork, so the launch-only row above charges accel_nb for the torch "
+        "import the reference pays in its import; goal ratio <= 1.0"
+    )
+    for label, pick, goal, note in (
+        (
+            "first launch of the kernel, launched right after the import (launch only)",
+            lambda r: r["times"][0],
+            None,
+            "",
+        ),
+        (
+            "the import and the first launch of the kernel, in one cell",
+            lambda r: r["import_s"] + r["times"][0],
+            None,
+            first_cell_note,
+        ),
+        (
+            f"first launch of the kernel, {WRITING_S} s after the import cell",
+            lambda r: r["times"][0],
+            None,
+            "",
+        ),
+        ("second launch on (median)", lambda r: statistics.median(r["times"][1:]), 0.5, ""),
+        ("second launch on (min)", lambda r: min(r["times"][1:]), 0.5, ""),
     ):
         mine, theirs = (ours_w, ref_w) if "after the import cell" in label else (ours, ref)
         ours_s = pick(mine)
@@ -211,8 +238,10 @@ def first_step_rows(quick: bool = False) -> list[dict]:
                 "ratio": ours_s / ref_s if ref_s else None,
                 "unit": "s",
                 "note": (f"goal <= {goal} s; " if goal else "")
-                + f"{len(mine)} launches per library, each library in a fresh kernel; Accelerator(cpu=True), "
-                "prepare(Linear, SGD), one forward/backward/step; DDP's first build imports torch._dynamo",
+                + (f"{note}; " if note else "")
+                + f"{len(mine['times'])} launches per library, each library in a fresh kernel; "
+                "Accelerator(cpu=True), prepare(Linear, SGD), one forward/backward/step; DDP's first build "
+                "imports torch._dynamo",
             }
         )
     return rows
