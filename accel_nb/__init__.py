@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     # config / hardware
     "LaunchConfig": ".config",
     "FSDPOptions": ".fsdp",
+    "FullyShardedDataParallelPlugin": ".fsdp",
     "DeepSpeedPlugin": ".deepspeed",
     "config_wizard": ".notebook.wizard",
     # big-model inference
@@ -73,6 +74,7 @@ _EXPORTS: dict[str, str] = {
     "find_executable_batch_size": ".memory",
     "synchronize_rng_states": ".data.random_sync",
     "cpu_offload_with_hook": ".big_model.model_hooks",
+    "is_rich_available": ".availability",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__", "load_ipython_extension"]

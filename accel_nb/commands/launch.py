@@ -47,6 +47,8 @@ __all__ = [
     "add_deepspeed_flags",
     "config_for_launch",
     "torchrun_arguments",
+    "rank_environment",
+    "agent_environment",
     "run_elastic",
 ]
 
@@ -249,8 +251,7 @@ def run(ns: argparse.Namespace) -> int:
     own_log_dir = ns.log_dir is None
     log_dir = ns.log_dir or tempfile.mkdtemp(prefix="accel_nb_launch_")
     device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
-    os.environ.update(cfg.to_env())
-    os.environ.update(agent_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
+    os.environ.update(rank_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
     args = torchrun_arguments(
         cfg,
         nproc,
@@ -284,6 +285,14 @@ def run(ns: argparse.Namespace) -> int:
     if code == 0 and own_log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)
     return code
+
+
+def rank_environment(
+    cfg: LaunchConfig, main_ip: str, device: str, template: str | None = None
+) -> dict[str, str]:
+    """What ``accel-nb launch`` adds to the environment of the agent and its ranks: the config's values and
+    :func:`agent_environment`'s (``prepare_multi_gpu_env`` in accel_nb.commands.launch_env returns the same)."""
+    return {**cfg.to_env(), **agent_environment(cfg, main_ip, device, template)}
 
 
 def agent_environment(cfg: LaunchConfig, main_ip: str, device: str, template: str | None) -> dict[str, str]:

@@ -44,7 +44,19 @@ LEFT_OUT: dict[str, str] = {
     "deepspeed.map_pytorch_optim_to_deepspeed": "accel_nb hands the torch optimizer to the engine as given (docs/deepspeed.md)",
     "megatron_lm": _MEGATRON,
     "fsdp_utils": "not yet: accel_nb's FSDP saves and loads through Accelerator.save_state / load_state (accel_nb.fsdp)",
-    "launch": _LAUNCH,
+    **{
+        f"launch.{n}": _LAUNCH
+        for n in [
+            "PrepareForLaunch",
+            "env_var_path_add",
+            "prepare_deepspeed_cmd_env",
+            "prepare_extend_env_parallelism_config",
+            "prepare_sagemager_args_inputs",
+            "prepare_simple_launcher_cmd_env",
+            "prepare_tpu",
+            "setup_fp8_env",
+        ]
+    },
     "rich": "the reference's optional rich tracebacks; not provided",
     "torch_xla": "installs packages with pip; see docs/tpu.md for setting up torch_xla",
     **{

@@ -95,6 +95,7 @@ _SHIMS = (
     "deepspeed",
     "environment",
     "imports",
+    "launch",
     "memory",
     "modeling",
     "offload",

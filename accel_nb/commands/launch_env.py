@@ -1,0 +1,114 @@
+"""The environment the ranks of an ``accel-nb launch`` get, from its parsed arguments.
+
+``prepare_multi_gpu_env`` is the reference's name (``accelerate.utils.launch``) for this: it takes
+the arguments ``accel-nb launch`` (or ``accelerate launch``) parsed and returns the environment
+torchrun hands to every rank, built from the same config as ``accel-nb launch`` itself.
+
+    ns = build_parser().parse_args(["launch", "--num_processes", "2", "--mixed_precision", "bf16", "train.py"])
+    env = prepare_multi_gpu_env(ns)     # env["ACCELERATE_MIXED_PRECISION"] == "bf16"; ns.nproc_per_node == "2"
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from ..launch.elastic.rendezvous import main_endpoint
+from .launch import config_for_launch, rank_environment
+
+__all__ = ["prepare_multi_gpu_env"]
+
+# what config_for_launch reads from the namespace (the reference's namespace has each of them too)
+_LAUNCH_FLAGS = (
+    "config_file",
+    "num_processes",
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "mixed_precision",
+    "gradient_accumulation_steps",
+    "gpu_ids",
+    "cpu",
+    "max_restarts",
+    "rdzv_backend",
+    "use_deepspeed",
+)
+_DYNAMO = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
+# the reference's --fsdp_* flags that mean something to accel_nb's fsdp_config (docs/configuration.md)
+_FSDP_KEYS = (
+    "fsdp_version",
+    "fsdp_sharding_strategy",
+    "fsdp_reshard_after_forward",
+    "fsdp_auto_wrap_policy",
+    "fsdp_transformer_layer_cls_to_wrap",
+    "fsdp_min_num_params",
+    "fsdp_offload_params",
+    "fsdp_activation_checkpointing",
+    "fsdp_state_dict_type",
+)
+
+
+def _as_flag(value: Any) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment every rank of a launch with these parsed arguments gets: ``os.environ`` plus the launch's values.
+
+        env = prepare_multi_gpu_env(args)     # args: what `accel-nb launch` or `accelerate launch` parsed
+
+    As in the reference, ``args`` is filled with torchrun's names for the same launch
+    (``nproc_per_node``, ``nnodes``, ``node_rank``, ``master_addr``/``master_port`` or
+    ``rdzv_endpoint``) and ``main_process_port=0`` becomes a free port. The values come from the
+    saved config where a flag is absent, exactly as ``accel-nb launch`` reads them; the reference's
+    ``--dynamo_*``, ``--use_fsdp``/``--fsdp_*``, ``--num_cpu_threads_per_process``, ``--debug``,
+    ``--multi_gpu`` and ``--same_network`` flags are honoured when present. Deliberate difference: with
+    no port given on one machine the port is a free one, not 29500 (docs/migration.md). An unusable
+    value raises the config's error naming the flag.
+    """
+    given = vars(args)
+    view = argparse.Namespace(**{**dict.fromkeys(_LAUNCH_FLAGS), **given})
+    port = given.get("main_process_port")
+    if port is not None and int(port) == 0:
+        view.main_process_port = None  # "pick a free port", as in the reference
+    if isinstance(view.mixed_precision, str):
+        view.mixed_precision = view.mixed_precision.lower()
+    cfg = config_for_launch(view)
+    changes: dict[str, Any] = {}
+    if given.get("multi_gpu"):  # the reference's --multi_gpu: GPU processes even where the config says CPU
+        changes.update(distributed_type="MULTI_GPU", use_cpu=False)
+    if given.get("same_network") is not None:
+        changes["same_network"] = bool(given["same_network"])
+    if given.get("dynamo_backend") is not None:
+        changes["dynamo_backend"] = str(given["dynamo_backend"]).lower()
+        for name in _DYNAMO:
+            if given.get(name) is not None:
+                changes[name] = _as_flag(given[name]) if name != "dynamo_mode" else given[name]
+    if given.get("use_fsdp"):
+        fsdp = {k: given[k] for k in _FSDP_KEYS if given.get(k) is not None}
+        changes["distributed_type"] = "FSDP"
+        cfg.extras = {**cfg.extras, "fsdp_config": {**(cfg.extras.get("fsdp_config") or {}), **fsdp}}
+    if changes:
+        cfg = cfg.replace(**changes)
+    addr, chosen_port = main_endpoint(cfg)
+    nproc = cfg.processes_here()
+    args.main_process_port = chosen_port
+    args.nproc_per_node = str(nproc)
+    if cfg.num_machines > 1:
+        args.nnodes, args.node_rank = str(cfg.num_machines), cfg.machine_rank
+        if cfg.same_network:
+            args.master_addr, args.master_port = str(addr), str(chosen_port)
+        else:
+            args.rdzv_endpoint = f"{addr}:{chosen_port}"
+    else:
+        args.master_port = str(chosen_port)
+    device = "CPU" if cfg.use_cpu or cfg.distributed_type == "MULTI_CPU" else "GPU"
+    env = dict(os.environ)
+    env.update(rank_environment(cfg, addr, device, given.get("log_line_prefix_template")))
+    if given.get("num_cpu_threads_per_process") is not None:
+        env["OMP_NUM_THREADS"] = str(given["num_cpu_threads_per_process"])
+    if given.get("debug"):
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    return env

@@ -1,0 +1,17 @@
+"""Shim at the reference's ``accelerate.utils.launch`` path: the environment a launch gives its ranks.
+
+    from accel_nb.utils.launch import prepare_multi_gpu_env
+
+Nothing is defined here; the name is accel_nb's one implementation (``accel-nb launch``'s), imported on
+first use. The reference's other launcher internals are left out (docs/migration.md says why).
+"""
+
+from __future__ import annotations
+
+from ..lazy_exports import lazy_exports
+
+_EXPORTS = {"prepare_multi_gpu_env": "accel_nb.commands.launch_env"}
+
+__all__ = sorted(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
