@@ -47,7 +47,7 @@ import accelerate.utils as au
 accelerator = Accelerator(mixed_precision="fp8", megatron_lm_plugin=None)
 accelerator.frobnicate()
 model = accelerator.prepare(object(), evaluation_mode=True)
-infer_auto_device_map(model, fallback_allocation=True)
+infer_auto_device_map(model, clean_result=False)
 au.not_there_either(1)
 accelerator.save_state("ckpt", safe_serialization=False)
 accelerator.load_state("ckpt", load_kwargs={"map_location": "cpu"})
@@ -98,7 +98,7 @@ def test_a_script_with_gaps_reports_each_at_its_line(tmp_path):
     assert has(7, "megatron_lm_plugin=", "does not take")
     assert has(8, "has no `frobnicate`")
     assert has(9, "Accelerator.prepare", "evaluation_mode=")
-    assert has(10, "fallback_allocation=True", "drop it")
+    assert has(10, "clean_result=False", "drop it")
     assert has(11, "accelerate.utils.not_there_either", "has no `not_there_either`")
     assert not any(s.startswith(f"{script}:12:") for s in lines)  # save_state passes safe_serialization on
     assert has(13, "Accelerator.load_state", "load_kwargs=", "does not take")

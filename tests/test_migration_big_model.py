@@ -169,9 +169,65 @@ def test_infer_auto_device_map_takes_the_reference_keywords():
     theirs = ref_infer(model, budget, clean_result=True, fallback_allocation=False, offload_buffers=False)
     assert dict(ours) == dict(theirs) == {"": "cpu"}
     with pytest.raises(ValueError, match="drop the argument"):
-        infer_auto_device_map(model, budget, fallback_allocation=True)
-    with pytest.raises(ValueError, match="drop the argument"):
         infer_auto_device_map(model, budget, clean_result=False)
+
+
+class _Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+
+class _EmbeddingFirst(nn.Module):
+    """The largest layer first (an embedding), then a small layer, then blocks: the shape where an
+    empty GPU is what fallback_allocation is for."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(1000, 32)
+        self.small = nn.Linear(4, 4)
+        self.blocks = nn.ModuleList([_Block(32) for _ in range(3)])
+
+
+def test_fallback_allocation_fills_the_gpu_the_first_layer_does_not_fit_like_the_reference():
+    """The embedding does not fit GPU 0 once room for streaming the largest offloaded layer is kept: without
+    fallback_allocation the GPU stays empty in both libraries; with it both put the later small layer there.
+    num_buffers=1 makes accel_nb keep one largest layer, the room the reference keeps (accel_nb's default, two
+    streaming buffers, keeps more: docs/migration.md)."""
+    import logging
+
+    from accelerate.utils import infer_auto_device_map as ref_infer
+
+    from accel_nb.big_model.device_map import device_for
+    from accel_nb.big_model.sizes import compute_module_sizes
+    from accel_nb.utils.modeling import infer_auto_device_map
+
+    with torch.device("meta"):
+        model = _EmbeddingFirst()
+    budgets = {0: compute_module_sizes(model)["embed"] + 4000, "cpu": 10**6}
+    names = [n for n, _ in model.named_parameters()]
+    maps = {}
+    level = logging.getLogger("accelerate").level
+    logging.getLogger("accelerate").setLevel(logging.ERROR)  # "Device 0 is not available" on a CPU machine
+    try:
+        for fallback in (False, True):
+            theirs = ref_infer(model, dict(budgets), ["_Block"], fallback_allocation=fallback)
+            ours = infer_auto_device_map(
+                model, dict(budgets), ["_Block"], fallback_allocation=fallback, num_buffers=1
+            )
+            assert [device_for(ours, n) for n in names] == [device_for(theirs, n) for n in names], (
+                ours,
+                theirs,
+            )
+            maps[fallback] = ours
+    finally:
+        logging.getLogger("accelerate").setLevel(level)
+    assert set(maps[False].values()) == {"cpu"}
+    assert device_for(maps[True], "small.weight") == 0 and device_for(maps[True], "embed.weight") == "cpu"
+    assert "fallback_allocation: 'embed' does not fit GPU 0" in maps[True].plan.explain()
+    # a unit that fits nowhere on the device leaves it empty, as without the flag
+    tight = {0: 60, "cpu": 10**6}
+    assert set(infer_auto_device_map(model, tight, ["_Block"], fallback_allocation=True).values()) == {"cpu"}
 
 
 _EXISTING = torch.ones(3)

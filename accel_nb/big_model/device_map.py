@@ -138,9 +138,15 @@ class _Planner:
     """Greedy placement in module order for fixed budgets and headroom (see the module docstring)."""
 
     def __init__(
-        self, model: nn.Module, budgets: dict[Device, int], no_split: list[str | type], sizes: dict[str, int]
+        self,
+        model: nn.Module,
+        budgets: dict[Device, int],
+        no_split: list[str | type],
+        sizes: dict[str, int],
+        fallback: bool = False,
     ) -> None:
         self.model = model
+        self.fallback = fallback
         self.budgets = budgets
         self.devices = sorted(budgets, key=device_order)
         self.no_split = no_split
@@ -166,7 +172,7 @@ class _Planner:
             if inside and isinstance(obj, nn.Module):
                 dev = self.devices[self.di]
                 free = self.budgets[dev] - self.headroom.get(dev, 0) - self.result.used[dev]
-                why = f"holds {inside[0]!r}, placed with its tied weights"
+                why = f"holds {inside[0]!r}, placed earlier (tied weights or fallback_allocation)"
                 self._step(name, "split", self.sizes.get(name, 0), free, why)
                 pending.extendleft(reversed(_children_units(name, obj)))
                 continue
@@ -189,12 +195,40 @@ class _Planner:
                 self._step(name, "split", size, free, why)
                 pending.extendleft(reversed(_children_units(name, obj)))
                 return
+            if (
+                self.fallback
+                and dev != "disk"
+                and self.result.used[dev] == 0
+                and self._fill(name, pending, free)
+            ):
+                continue  # the device holds the later unit now; this one moves on
             self._move_on(name, obj, partners, need, free)
 
-    def _commit(self, name: str, partners: list[str], dev: Device, size: int, need: int, free: int) -> None:
+    def _fill(self, blocked: str, pending: deque, free: int) -> bool:
+        """``fallback_allocation``: put on the empty current device the first later unit that fits it
+        (splitting too-big units in module order, no-split classes whole); False when none fits."""
+        search = list(pending)
+        while search:
+            name, obj = search.pop(0)
+            if self._placed(name):
+                continue
+            partners = self._tie_partners(name)
+            need = self.sizes.get(name, 0) + sum(self.sizes.get(p, 0) for p in partners)
+            if need <= free:
+                dev = self.devices[self.di]
+                why = f"fallback_allocation: {blocked!r} does not fit {_dev_name(dev)}, this later unit does"
+                self._commit(name, partners, dev, self.sizes.get(name, 0), need, free, why)
+                return True
+            if isinstance(obj, nn.Module) and obj._modules and not is_no_split(obj, self.no_split):
+                search[:0] = _children_units(name, obj)
+        return False
+
+    def _commit(
+        self, name: str, partners: list[str], dev: Device, size: int, need: int, free: int, why: str = ""
+    ) -> None:
         self.result.device_map[name] = dev
         self.result.used[dev] += need
-        self._step(name, "placed", size, free - need, dev=dev)
+        self._step(name, "placed", size, free - need, why, dev=dev)
         for p in partners:
             self.result.device_map[p] = dev
             self._step(p, "tied", self.sizes.get(p, 0), free - need, f"shares weights with {name!r}", dev)
@@ -304,13 +338,15 @@ def plan_device_map(
     *,
     offload_buffers: bool = False,
     num_buffers: int = DEFAULT_NUM_BUFFERS,
+    fallback_allocation: bool = False,
 ) -> DevicePlan:
     """Compute a device map and the trace of how it was found (see the module docstring).
 
         plan = plan_device_map(model, {0: "6GiB", "cpu": "30GiB"}, ["LlamaDecoderLayer"])
         print(plan.explain())
     ``offload_buffers`` and ``num_buffers`` are the settings ``dispatch_model`` will use; they
-    size the GPU headroom for the offload engine.
+    size the GPU headroom for the offload engine. ``fallback_allocation=True``: a device the next
+    unit does not fit is not left empty; the first later unit that fits goes there (the reference's mode).
     """
     dtype = as_dtype(dtype)
     if not is_count(num_buffers):
@@ -322,7 +358,7 @@ def plan_device_map(
         raise DeviceMapError("max_memory is empty; give at least one device, e.g. {'cpu': '8GiB'}")
     no_split = list(no_split_module_classes or [])
     sizes = compute_module_sizes(model, dtype, special_dtypes)
-    planner = _Planner(model, budgets, no_split, sizes)
+    planner = _Planner(model, budgets, no_split, sizes, fallback_allocation)
     engine = EngineReservation(model, no_split, dtype, special_dtypes, offload_buffers, num_buffers)
     result, headroom, note = _settle_headroom(planner, engine)
     order = definition_order(model)
@@ -357,21 +393,16 @@ def infer_auto_device_map(
     sizes, when even the last device cannot take the next block. ``offload_buffers`` and
     ``num_buffers`` must match what ``dispatch_model`` will get: they size the GPU headroom.
 
-    ``clean_result=True`` and ``fallback_allocation=False`` are the reference's defaults and what
-    this planner does (entries that share a device are merged; a GPU is filled in model order).
-    The reference's other two modes belong to its own planner and are refused with the reason.
+    ``clean_result=True`` is the reference's default and what this planner does (entries that share a
+    device are merged). ``fallback_allocation=True`` is the reference's mode for a device the next
+    block does not fit while it is still empty: the first later unit that fits goes there (split in
+    module order, no-split classes whole) instead of leaving it empty; later units go on after it.
     """
     if not clean_result:
         raise ValueError(
             "infer_auto_device_map(clean_result=False) is the reference planner's raw output, which accel_nb's "
             "planner does not produce; drop the argument (the map is always merged) or read map.plan.steps for "
             "each decision"
-        )
-    if fallback_allocation:
-        raise ValueError(
-            "infer_auto_device_map(fallback_allocation=True) is a mode of the reference's planner (when the next "
-            "block does not fit an empty GPU, place a smaller later one there); accel_nb's planner does not have "
-            "it yet; drop the argument (the map may then leave that GPU emptier than the reference's would)"
         )
     plan = plan_device_map(
         model,
@@ -381,6 +412,7 @@ def infer_auto_device_map(
         special_dtypes,
         offload_buffers=offload_buffers,
         num_buffers=num_buffers,
+        fallback_allocation=fallback_allocation,
     )
     if verbose:
         print(plan.explain())

@@ -304,13 +304,6 @@ KEYWORD_RULES: tuple[KeywordRule, ...] = (
     ),
     KeywordRule(
         "infer_auto_device_map",
-        "fallback_allocation",
-        _literal(True),
-        "error",
-        "the reference planner's fallback mode is refused (ValueError): drop it",
-    ),
-    KeywordRule(
-        "infer_auto_device_map",
         "clean_result",
         _literal(False),
         "error",
