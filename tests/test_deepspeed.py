@@ -324,3 +324,29 @@ def test_zero3_init_builds_the_model_partitioned(trained):
         assert rank["zero3_init"]["materialised"] == 0  # no rank ever held the whole model
         full = rank["zero3_init"]["full"]
         assert abs(rank["zero3_init"]["params_held"] - full / 2) <= 0.02 * full
+
+
+def test_the_torch_deprecations_deepspeed_triggers_every_step_are_not_shown():
+    """ZeRO calls two deprecated torch collectives every step and resets the warning filters every step,
+    so each step printed both FutureWarnings on every rank (a flood in the cell); preparing DeepSpeed
+    ignores exactly those two messages."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from accel_nb.deepspeed.preparing import import_deepspeed
+
+    import_deepspeed("cpu")
+    t = torch.zeros(2)
+    for _ in range(2):
+        with warnings.catch_warnings(
+            record=True
+        ) as seen:  # entering resets "once per place", as DeepSpeed does
+            for collective in (dist.all_gather_into_tensor, dist.reduce_scatter_tensor):
+                with pytest.raises(
+                    (ValueError, RuntimeError)
+                ):  # no process group here: the warning comes first
+                    collective(t, t)
+            warnings.warn("an unrelated FutureWarning", FutureWarning, stacklevel=1)
+        texts = [str(w.message) for w in seen]
+        assert texts == ["an unrelated FutureWarning"], texts

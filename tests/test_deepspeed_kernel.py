@@ -85,3 +85,42 @@ def test_notebook_launcher_and_an_accelerate_cell_train_with_deepspeed(tmp_path)
         assert (
             "RESULT DEEPSPEED 2 DeepSpeedEngine" in kernel.run("print('RESULT', kind, stage, engine)").stdout
         )
+        # a warm session: DeepSpeed cells run, run again, and change stage on the same workers, the
+        # namespace kept between them, and no per-step warning flood in the cell
+        (tmp_path / "none.yaml").write_text("num_processes: 2\nuse_cpu: true\n")
+        out = kernel.run("%accelerate start -n 2 --cpu", timeout=300)
+        assert out.error is None, out.traceback
+        out = kernel.run("%accelerate push make_model dataset", timeout=120)
+        assert out.error is None, out.traceback
+        cell = (
+            "%%accelerate\n"
+            "import torch\n"
+            "from accel_nb import Accelerator, DeepSpeedPlugin\n"
+            "accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=STAGE))\n"
+            "model = make_model(); opt = torch.optim.AdamW(model.parameters(), lr=0.01)\n"
+            "loader = torch.utils.data.DataLoader(dataset, batch_size=8)\n"
+            "model, opt, loader = accelerator.prepare(model, opt, loader)\n"
+            "losses = []\n"
+            "for xb, yb in loader:\n"
+            "    loss = torch.nn.functional.mse_loss(model(xb), yb)\n"
+            "    accelerator.backward(loss); opt.step(); opt.zero_grad(); losses.append(round(loss.item(), 6))\n"
+            "runs = globals().get('runs', 0) + 1\n"
+            "print('RESULT', runs, type(model).__name__, accelerator.process_index, losses)\n"
+        )
+        seen = {}
+        for stage in (2, 2, 3):
+            out = kernel.run(cell.replace("STAGE", str(stage)), timeout=600)
+            assert out.error is None, out.traceback
+            assert "deprecated" not in out.text, out.text
+            lines = [line.split("RESULT ", 1)[1] for line in out.stdout.splitlines() if "RESULT " in line]
+            assert len(lines) == 2, out.stdout
+            for line in lines:
+                runs, engine, rank, losses = line.split(" ", 3)
+                assert engine == "DeepSpeedEngine", line
+                seen.setdefault(rank, []).append((int(runs), losses))
+        for got in seen.values():
+            assert [r for r, _ in got] == [1, 2, 3], got  # one namespace across the cells
+            assert got[0][1] == got[1][1] == got[2][1], got  # a rerun and ZeRO-3 train the same
+        assert seen["0"][0][1] != seen["1"][0][1]  # each rank trained on its own shard of the data
+        out = kernel.run("%accelerate stop", timeout=120)
+        assert out.error is None and "the session was stopped" in out.stdout, out.text

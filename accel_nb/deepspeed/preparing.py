@@ -11,6 +11,7 @@ import copy
 import os
 import socket
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -56,7 +57,26 @@ def import_deepspeed(device_type: str) -> Any:
     if chosen == "cpu":  # the shared-memory allreduce op would be compiled at the first initialize (minutes)
         with contextlib.suppress(Exception):
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    quiet_deepspeed_deprecations()
     return deepspeed
+
+
+# torch's FutureWarnings for collectives DeepSpeed's ZeRO calls every step; DeepSpeed also changes the
+# warning filters every step, which resets Python's "once per place" memory, so each step printed them
+# again on every rank (the user can do nothing about either)
+DEEPSPEED_DEPRECATIONS = (
+    r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+    r"`torch\.distributed\.reduce_scatter_tensor` is deprecated",
+)
+
+
+def quiet_deepspeed_deprecations() -> None:
+    """Ignore ``DEEPSPEED_DEPRECATIONS`` in this process (once; a user's own filters added later still win)."""
+    for message in DEEPSPEED_DEPRECATIONS:
+        if not any(
+            f[0] == "ignore" and f[1] is not None and f[1].pattern == message for f in warnings.filters
+        ):
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
 
 
 def _free_port() -> int:
