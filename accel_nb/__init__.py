@@ -49,6 +49,7 @@ _EXPORTS: dict[str, str] = {
     "LaunchConfig": ".config",
     "FSDPOptions": ".fsdp",
     "FullyShardedDataParallelPlugin": ".fsdp",
+    "ParallelismConfig": ".parallel",
     "DeepSpeedPlugin": ".deepspeed",
     "config_wizard": ".notebook.wizard",
     # big-model inference
@@ -136,6 +137,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         reduce,
         send_to_device,
     )
+    from .parallel import ParallelismConfig
     from .progress_bar import progress
     from .serialization import CheckpointError
     from .state import AcceleratorState, DistributedType, GradientState, PartialState

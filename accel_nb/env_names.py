@@ -19,6 +19,8 @@ __all__ = [
     "ENV_GRADIENT_ACCUMULATION_STEPS",
     "ENV_KEEP_LOGS",
     "ENV_MIXED_PRECISION",
+    "ENV_USE_PARALLELISM_CONFIG",
+    "PARALLELISM_ENV",
     "ENV_RENDEZVOUS_TIMEOUT",
     "ENV_TORCH_DEVICE",
     "ENV_USE_CPU",
@@ -37,6 +39,20 @@ ENV_FORKED = "ACCEL_NB_FORKED"  # "1": the rank is a fork of the launching proce
 ENV_DEEPSPEED_CONFIG = "ACCEL_NB_DEEPSPEED_CONFIG"  # the launch config's deepspeed_config, as JSON
 ENV_FSDP_CONFIG = "ACCEL_NB_FSDP_CONFIG"  # the launch config's fsdp_config, as JSON
 ENV_XLA_LAUNCH = "ACCEL_NB_XLA_LAUNCH"  # "1": the ranks were started by the XLA launcher
+ENV_USE_PARALLELISM_CONFIG = "ACCEL_NB_USE_PARALLELISM_CONFIG"  # "true": build a ParallelismConfig from below
+
+# ParallelismConfig field -> (accel_nb's variable, the reference's): the launch config's parallelism sizes
+PARALLELISM_ENV = {
+    field: (f"ACCEL_NB_PARALLELISM_CONFIG_{field.upper()}", f"PARALLELISM_CONFIG_{field.upper()}")
+    for field in (
+        "dp_replicate_size",
+        "dp_shard_size",
+        "tp_size",
+        "cp_size",
+        "cp_backend",
+        "cp_comm_strategy",
+    )
+}
 
 # -- read by the rank (a user may export it) ---------------------------------------------------------
 ENV_TORCH_DEVICE = "ACCEL_NB_TORCH_DEVICE"  # a torch device string ("cuda:1", "cpu"): this process's device
@@ -56,6 +72,7 @@ REFERENCE_NAMES = {
     ENV_GRADIENT_ACCUMULATION_STEPS: "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     ENV_USE_CPU: "ACCELERATE_USE_CPU",
     ENV_TORCH_DEVICE: "ACCELERATE_TORCH_DEVICE",
+    ENV_USE_PARALLELISM_CONFIG: "ACCELERATE_USE_PARALLELISM_CONFIG",
 }
 REFERENCE_USE_CPU = REFERENCE_NAMES[ENV_USE_CPU]  # "true"
 REFERENCE_USE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"  # "true"

@@ -32,6 +32,7 @@ from ..deepspeed.plugin import resolve_deepspeed_plugin
 from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS
 from ..fsdp.options import resolve_fsdp_options
 from ..fsdp.sharding import is_fsdp_model, no_gradient_sync
+from ..parallel.preparing import resolve_layout
 from ..precision.policy import PrecisionPolicy
 from ..state import (
     AcceleratorState,
@@ -75,6 +76,10 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
     each model with torch.compile, whole or its repeated blocks (docs/compile.md).
     ``deepspeed_plugin=DeepSpeedPlugin(...)`` (default: the launch config's ``deepspeed_config``)
     runs DeepSpeed ZeRO behind ``prepare``/``backward`` (docs/deepspeed.md).
+    ``parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2)`` (default: the launch's
+    ``--parallelism_config_*``) lays the processes out on a device mesh (``torch_device_mesh``):
+    ``prepare`` splits models with their tensor-parallel plan and shards them with FSDP2, and
+    loaders split the data over the data-parallel ranks only (docs/parallelism.md).
     """
 
     def __init__(
@@ -100,6 +105,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         fsdp: Any = None,
         fsdp_plugin: Any = None,
         deepspeed_plugin: Any = None,
+        parallelism_config: Any = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -157,6 +163,21 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
             self.compile_options.check_backend()  # an unknown backend fails here, not at the first forward
         # FSDP2 sharding of prepared models: fsdp=/fsdp_plugin=, else the launch config (accel_nb.fsdp)
         self.fsdp_options = resolve_fsdp_options(fsdp, fsdp_plugin, self.state.num_processes, on_xla=on_xla)
+        # tensor parallel x FSDP2 on one device mesh: parallelism_config=, else the launch (accel_nb.parallel)
+        self._parallel = resolve_layout(
+            parallelism_config,
+            self.state.num_processes,
+            self.state.process_index,
+            self.state.device,
+            self.fsdp_options,
+        )
+        if self._parallel is not None:
+            if self.deepspeed_plugin is not None:
+                raise ValueError(
+                    "parallelism_config= with DeepSpeed is not supported by accel_nb: use FSDP2 (dp_shard_size) and "
+                    "tensor parallel (tp_size) through the ParallelismConfig, or DeepSpeed ZeRO alone"
+                )
+            self.fsdp_options = self._parallel.fsdp
         self.state.distributed_type = (
             DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
         )
@@ -260,8 +281,11 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
             self.fsdp_options,
             self._fsdp_swap,
             self.state.num_local_processes,
+            self._parallel,
         )
-        if self.fsdp_options is not None or self.device.type == "xla":  # optimizers prepared before the model
+        if (
+            self.fsdp_options is not None or self._parallel is not None or self.device.type == "xla"
+        ):  # optimizers prepared before the model
             # optimizers follow the new parameters (XLA: .to() made new ones)
             from ..fsdp.sharding import repoint_optimizer
 
@@ -287,7 +311,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
             repoint_optimizer(optimizer, self._fsdp_swap)
             if self._models:
                 check_optimizer_params(optimizer)
-        elif self.device.type == "xla":  # point it at the moved parameters of the models prepared before
+        elif self.device.type == "xla" or self._parallel is not None:
+            # point it at the moved (XLA) or tensor-parallel parameters of the models prepared before
             from ..fsdp.sharding import repoint_optimizer
 
             repoint_optimizer(optimizer, self._fsdp_swap)
@@ -325,11 +350,18 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
+        # the ranks of one tensor/context-parallel group read the same batches
+        layout = self._parallel
+        if layout is not None and layout.data_parallel_size != self.num_processes and cfg.dispatch_batches:
+            raise ValueError(
+                "dispatch_batches=True with tensor/context parallel is not supported: process 0 would send each "
+                "process its own slice; leave dispatch_batches unset (every data-parallel rank reads its shard)"
+            )
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=self.num_processes if layout is None else layout.data_parallel_size,
+            process_index=self.process_index if layout is None else layout.data_parallel_rank,
             split_batches=cfg.split_batches,
             even_batches=cfg.even_batches,
             put_on_device=device_placement,
@@ -451,6 +483,10 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources):
         from ..xla.training import reduce_before_clipping
 
         reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
+        if self._parallel is not None:  # parameters on several meshes (tp, dp_shard x tp) and plain ones
+            from ..parallel.clipping import clip_grad_norm_across_meshes
+
+            return clip_grad_norm_across_meshes(parameters, max_norm, norm_type)
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         return (
             norm.full_tensor() if hasattr(norm, "full_tensor") else norm

@@ -55,6 +55,7 @@ def place_and_wrap(
     fsdp: Any = None,
     fsdp_swap: dict[int, Any] | None = None,
     local_processes: int = 1,
+    parallel: Any = None,
 ) -> torch.nn.Module:
     """``model`` on ``device``, with the autocast forward of ``precision``, in DDP when ``distributed``.
 
@@ -65,7 +66,13 @@ def place_and_wrap(
     A model dispatched over several devices (``hf_device_map``) stays where it is, and cannot be
     trained by several processes (a clear error). ``compile_options`` (a CompileOptions) compiles
     it before the DDP wrapping, as torch recommends (accel_nb.compile.apply).
+
+    ``parallel`` (an ``accel_nb.parallel.preparing.ParallelLayout``) splits the model with its
+    tensor-parallel plan and shards it with FSDP2 over the layout's mesh instead of ``fsdp``/DDP.
     """
+    by_layout = parallel is not None and (parallel.tp_enabled or parallel.fsdp is not None)
+    if by_layout:
+        fsdp = parallel.fsdp  # sharded below, over the layout's mesh
     device_map = getattr(model, "hf_device_map", None)
     if device_map and len(set(device_map.values())) > 1:
         if distributed:
@@ -92,7 +99,13 @@ def place_and_wrap(
         from ..compile.apply import compile_model
 
         model = compile_model(model, compile_options, in_place=fsdp is not None)
-    if fsdp is not None:
+    if by_layout:
+        from ..parallel.preparing import parallelize  # deferred: torch.distributed.tensor
+
+        swap = parallelize(model, parallel, precision.mixed_precision, device)
+        if fsdp_swap is not None:
+            fsdp_swap.update(swap)
+    elif fsdp is not None:
         from ..fsdp.sharding import shard_model
 
         swap = shard_model(model, fsdp, precision.mixed_precision, device, num_processes, local_processes)

@@ -49,6 +49,51 @@ class StateViews:
         """True when prepared models are sharded with FSDP (accel_nb's FSDP is always torch's FSDP2)."""
         return getattr(self, "fsdp_options", None) is not None
 
+    # -- the parallelism layout (accel_nb.parallel): None without a ParallelismConfig ---------------------
+    @property
+    def parallelism_config(self) -> Any:
+        """The run's ``ParallelismConfig`` (sizes checked against the processes), or None."""
+        layout = getattr(self, "_parallel", None)
+        return None if layout is None else layout.config
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The torch ``DeviceMesh`` of the ParallelismConfig (dimensions ``dp_replicate``, ``dp_shard``,
+        ``cp``, ``tp`` where above 1, joint ``dp``, ``dp_shard_cp``, ``dp_cp``), or None.
+
+            tp_group = accelerator.torch_device_mesh["tp"].get_group()
+        """
+        layout = getattr(self, "_parallel", None)
+        return None if layout is None else layout.mesh
+
+    def _mesh_rank(self, dim: str) -> int:
+        config = self.parallelism_config
+        if config is None:
+            raise RuntimeError(
+                f"no parallelism layout: pass Accelerator(parallelism_config=ParallelismConfig(...)) to have a {dim} rank"
+            )
+        return config.coordinates(self.process_index)[dim]
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """This process's place in its tensor-parallel group (0 when ``tp_size`` is 1)."""
+        return self._mesh_rank("tp")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """This process's place in its context-parallel group (0 when ``cp_size`` is 1)."""
+        return self._mesh_rank("cp")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's replica index (the ``dp_replicate`` dimension; 0 when its size is 1)."""
+        return self._mesh_rank("dp_replicate")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's place in its FSDP shard group (the ``dp_shard`` dimension; 0 when its size is 1)."""
+        return self._mesh_rank("dp_shard")
+
     @property
     def use_distributed(self) -> bool:
         return self.state.num_processes > 1

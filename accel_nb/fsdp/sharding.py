@@ -108,11 +108,14 @@ def shard_model(
     options: FSDPOptions,
     mixed_precision: str,
     device: torch.device,
-    num_processes: int,
-    local_processes: int,
+    num_processes: int = 1,
+    local_processes: int = 1,
+    mesh: Any = None,
 ) -> ParamSwap:
     """Apply activation checkpointing, then ``fully_shard`` to the chosen blocks and the root, in place.
 
+    ``mesh``: the device mesh to shard over (a ParallelismConfig's ``dp_shard_cp`` dimension); by
+    default one the options' strategy builds over all ``num_processes``.
     Returns what each original parameter became, for :func:`repoint_optimizer`.
     """
     from torch.distributed.fsdp import fully_shard
@@ -125,7 +128,7 @@ def shard_model(
     targets = _targets(model, options)
     # checks (like the two calls above) come before the first collective
     _checkpoint_activations(model, options)
-    kwargs["mesh"] = _mesh(options, device, num_processes, local_processes)
+    kwargs["mesh"] = mesh if mesh is not None else _mesh(options, device, num_processes, local_processes)
     before = [
         (module, name, param)
         for module in model.modules()

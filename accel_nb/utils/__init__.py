@@ -57,6 +57,9 @@ _REFERENCE_PATHS: dict[str, str] = {
     **dict.fromkeys(["patch_environment", "clear_environment"], "..environment"),
     "write_basic_config": "..config.basic",
     **dict.fromkeys(["FSDPOptions", "FullyShardedDataParallelPlugin"], "..fsdp"),
+    **dict.fromkeys(
+        ["ParallelismConfig", "TorchTensorParallelConfig", "TorchContextParallelConfig"], "..parallel"
+    ),
     "LoggerType": "..tracking",
     **dict.fromkeys(["RNGType", "synchronize_rng_state", "synchronize_rng_states"], "..data.random_sync"),
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "..accelerator.unwrap"),

@@ -1,0 +1,17 @@
+"""Model parallelism beyond data parallel, on torch's own DeviceMesh, DTensor and pipelining.
+
+- ``config``: ``ParallelismConfig`` (dp_replicate × dp_shard × cp × tp sizes) and the device mesh it builds.
+- ``tensor_parallel``: a tensor-parallel plan (the model's own or a dict) applied with ``parallelize_module``.
+- ``preparing``: what ``Accelerator.prepare`` does with a ParallelismConfig (TP, then FSDP2 over dp_shard).
+- ``clipping``: gradient-norm clipping over parameters that live on different meshes.
+
+    from accel_nb import Accelerator, ParallelismConfig
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+"""
+
+from __future__ import annotations
+
+from .config import ParallelismConfig, TorchContextParallelConfig, TorchTensorParallelConfig
+
+__all__ = ["ParallelismConfig", "TorchContextParallelConfig", "TorchTensorParallelConfig"]

@@ -1,0 +1,162 @@
+"""Tensor parallel: split each planned layer's weights over the ``tp`` mesh dimension with torch's
+``parallelize_module``, from the model's own plan or a dict of module-name patterns to styles.
+
+    plan = resolve_plan(model, "auto")               # {"model.layers.0.mlp.up_proj": "colwise", ...}
+    apply_plan(model, plan, mesh["tp"])              # the planned weights become DTensors on the tp mesh
+
+Patterns use transformers' spelling: dot-separated module names where ``*`` stands for one name
+(``layers.*.mlp.down_proj``). Styles: ``colwise`` (output split over the last dimension),
+``rowwise`` (input split, output summed), ``colwise_rep``/``colwise_gather_output`` (output
+gathered), ``rowwise_rep``/``rowwise_split_input`` (full input split on entry), ``embedding_rowwise``
+(vocabulary split), ``embedding_colwise`` (embedding dimension split, output gathered), or a torch
+``ParallelStyle``. Parameters no pattern names stay whole on every rank of the tp group.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+__all__ = ["STYLE_NAMES", "apply_plan", "model_plan", "resolve_plan"]
+
+STYLE_NAMES = (
+    "colwise",
+    "rowwise",
+    "colwise_rep",
+    "colwise_gather_output",
+    "rowwise_rep",
+    "rowwise_split_input",
+    "embedding_rowwise",
+    "embedding_colwise",
+)
+# style -> (which weight dimension it splits, None for a torch ParallelStyle)
+_SPLIT_DIM = {
+    "colwise": 0,
+    "colwise_rep": 0,
+    "colwise_gather_output": 0,
+    "rowwise": 1,
+    "rowwise_rep": 1,
+    "rowwise_split_input": 1,
+    "embedding_rowwise": 0,
+    "embedding_colwise": 1,
+}
+
+
+def _style(name: str) -> Any:
+    from torch.distributed.tensor import Replicate  # deferred: torch.distributed
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # deferred: same
+
+    if name == "colwise":
+        return ColwiseParallel()
+    if name in ("colwise_rep", "colwise_gather_output", "embedding_colwise"):
+        return ColwiseParallel(output_layouts=Replicate())
+    if name == "rowwise":
+        return RowwiseParallel()
+    return RowwiseParallel(input_layouts=Replicate())  # rowwise_rep, rowwise_split_input, embedding_rowwise
+
+
+def model_plan(model: torch.nn.Module) -> dict[str, Any] | None:
+    """The model's own tensor-parallel plan with full module names, or None when it has none.
+
+    Looked up as ``model.tp_plan`` (a plain attribute or transformers' merged plan), ``model._tp_plan``,
+    then the config's ``base_model_tp_plan`` under the model's ``base_model_prefix``.
+    """
+    for attr in ("tp_plan", "_tp_plan"):
+        plan = getattr(model, attr, None)
+        if isinstance(plan, dict) and plan:
+            return dict(plan)
+    config = getattr(model, "config", None)
+    base = getattr(config, "base_model_tp_plan", None)
+    if isinstance(base, dict) and base:
+        prefix = getattr(model, "base_model_prefix", "")
+        names = dict(model.named_modules())
+        if prefix and prefix in names:
+            return {f"{prefix}.{k}": v for k, v in base.items()}
+        return dict(base)
+    return None
+
+
+def _pattern(key: str) -> re.Pattern[str]:
+    return re.compile(
+        "^" + r"\.".join("[^.]+" if part == "*" else re.escape(part) for part in key.split(".")) + "$"
+    )
+
+
+def resolve_plan(model: torch.nn.Module, plan: Any, tp_size: int) -> dict[str, Any]:
+    """``{module name: style}`` for every module of ``model`` the plan names; a clear error for a bad plan.
+
+    ``plan`` is ``"auto"``/None (the model's own) or a dict of patterns. Checked here, before any
+    collective: a pattern that names no module, an unknown style, a style on a module it cannot
+    split, and a weight dimension ``tp_size`` does not divide.
+    """
+    kind = type(model).__name__
+    if plan is None or plan == "auto":
+        plan = model_plan(model)
+        if plan is None:
+            raise ValueError(
+                f"tp_size={tp_size} but this {kind} has no tensor-parallel plan (no tp_plan attribute, no "
+                "config.base_model_tp_plan): give one, e.g. ParallelismConfig(tp_size=2, tp_plan="
+                '{"layers.*.up": "colwise", "layers.*.down": "rowwise"})'
+            )
+    modules = dict(model.named_modules())
+    out: dict[str, Any] = {}
+    missing = []
+    for key, style in plan.items():
+        if isinstance(style, str) and style not in STYLE_NAMES:
+            raise ValueError(
+                f"tp_plan[{key!r}] = {style!r} is not a tensor-parallel style; use one of {', '.join(STYLE_NAMES)} "
+                "or a torch.distributed.tensor.parallel ParallelStyle"
+            )
+        pattern = _pattern(key)
+        hits = [name for name in modules if name and pattern.match(name)]
+        if not hits:
+            missing.append(key)
+        for name in hits:
+            out[name] = style
+    if missing:
+        some = ", ".join(n for n in list(modules)[1:9] if n)
+        raise ValueError(
+            f"tp_plan names module(s) this {kind} does not have: {', '.join(map(repr, missing))}; its modules are "
+            f"named like {some}, ... (print(dict(model.named_modules()).keys())); fix the pattern(s) or drop them"
+        )
+    for name, style in out.items():
+        _check_splittable(kind, name, modules[name], style, tp_size)
+    return out
+
+
+def _check_splittable(kind: str, name: str, module: torch.nn.Module, style: Any, tp_size: int) -> None:
+    if not isinstance(style, str):
+        return
+    wants = torch.nn.Embedding if style.startswith("embedding") else (torch.nn.Linear, torch.nn.Embedding)
+    if not isinstance(module, wants):
+        raise ValueError(
+            f"tp_plan gives {kind}.{name} ({type(module).__name__}) the style {style!r}, which splits "
+            f"{'an nn.Embedding' if style.startswith('embedding') else 'an nn.Linear or nn.Embedding'}; plan "
+            "that module's Linear children instead, or pass a torch ParallelStyle for it"
+        )
+    weight = module.weight
+    dim = _SPLIT_DIM[style]
+    if isinstance(module, torch.nn.Embedding) and not style.startswith("embedding"):
+        dim = 1 - dim  # torch splits an embedding's table the other way round for colwise/rowwise
+    if weight.shape[dim] % tp_size:
+        raise ValueError(
+            f"tp_plan style {style!r} splits dimension {dim} of {kind}.{name}.weight {tuple(weight.shape)} over "
+            f"tp_size={tp_size}, which does not divide {weight.shape[dim]}; pick a tp_size that divides it"
+        )
+
+
+def apply_plan(model: torch.nn.Module, plan: dict[str, Any], tp_mesh: Any) -> None:
+    """Split the planned modules over ``tp_mesh`` in place (their weights become DTensors).
+
+    Every rank of the tp group must call it with the same model (same initial weights): each
+    keeps its slice of them.
+    """
+    from torch.distributed.tensor.parallel import parallelize_module  # deferred: torch.distributed
+
+    parallelize_module(
+        model,
+        tp_mesh,
+        {name: _style(style) if isinstance(style, str) else style for name, style in plan.items()},
+    )

@@ -1,0 +1,247 @@
+"""ParallelismConfig and tensor parallel × FSDP2 through Accelerator.prepare, on real gloo ranks on CPU.
+
+One 4-process launch (dp_shard=2 × tp=2) trains a small transformers Llama built from a config and
+checks, against the same loop on one plain process: the losses, gradient norms and final weights over
+20 steps; the mesh and each rank's coordinates; each rank's measured share of the parameter bytes;
+the batches each rank read; a plan naming a missing module; save_state/load_state resuming exactly;
+save_model writing one full safetensors model. The rest are checks that need no processes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from accel_nb.env_names import ENV_USE_PARALLELISM_CONFIG, PARALLELISM_ENV
+from accel_nb.parallel import ParallelismConfig
+from tests.dist_helpers import run_ranks
+
+pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
+
+STEPS = 20
+
+
+def _llama() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return LlamaForCausalLM(config)
+
+
+def _tokens() -> TensorDataset:
+    g = torch.Generator().manual_seed(1)
+    return TensorDataset(torch.randint(0, 64, (8 * (STEPS + 3), 12), generator=g))
+
+
+def _train(folder: str | None, sizes: dict | None, batch_size: int) -> dict:
+    """STEPS clipped SGD-with-momentum steps of the Llama; on the parallel run also the checks listed in the module doc."""
+    from accel_nb import Accelerator
+    from accel_nb import ParallelismConfig as TopLevel
+    from accel_nb.fsdp.sharding import local_shard_bytes
+
+    acc = Accelerator(parallelism_config=TopLevel(**sizes) if sizes else None)
+    out: dict = {}
+    model = _llama()
+    if sizes:
+        mesh = acc.torch_device_mesh
+        out["mesh"] = (tuple(mesh.mesh_dim_names), tuple(mesh.shape))
+        out["coords"] = (acc.data_parallel_shard_rank, acc.tensor_parallel_rank, acc.data_parallel_rank)
+        out["tp_group"] = mesh["tp"].mesh.tolist()
+        # a plan naming a module the model lacks: a clear error before any collective, nothing changed
+        plan, acc.parallelism_config.tp_plan = (
+            acc.parallelism_config.tp_plan,
+            {"model.layers.*.mlp.nope": "colwise"},
+        )
+        try:
+            acc.prepare(_llama())
+        except ValueError as exc:
+            out["bad_plan"] = str(exc)
+        acc.parallelism_config.tp_plan = plan
+    full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    planned = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "norm" not in n)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=0.5, momentum=0.9
+    )  # AdamW would blow rounding up (1/sqrt(v))
+    model, opt, dl = acc.prepare(model, opt, DataLoader(_tokens(), batch_size=batch_size))
+    batches = iter(dl)
+    losses, norms, seen = [], [], []
+
+    def step(x):
+        loss = model(input_ids=x, labels=x).loss
+        acc.backward(loss)
+        norms.append(float(acc.clip_grad_norm_(model.parameters(), 1.0)))
+        opt.step()
+        opt.zero_grad()
+        return acc.reduce(loss.detach(), "mean").item()
+
+    for _ in range(STEPS):
+        (x,) = next(batches)
+        seen.append(x[:, 0].tolist())
+        losses.append(step(x))
+    out.update(
+        losses=losses,
+        norms=norms,
+        seen=seen,
+        weights={k: v.detach().cpu().numpy().copy() for k, v in acc.get_state_dict(model).items()},
+        param_bytes=local_shard_bytes(model.parameters()),
+        full_bytes=full_bytes,
+        planned_bytes=planned,
+    )
+    if folder is None:
+        return out
+    out["gathered"] = acc.gather(torch.tensor([float(acc.process_index)])).tolist()
+    # resume exactly: three steps after save_state, then load_state and the same three batches again
+    acc.save_state(os.path.join(folder, "ckpt"))
+    acc.save_model(model, os.path.join(folder, "weights"))
+    nxt = [next(batches)[0] for _ in range(3)]
+    after = [step(x) for x in nxt]
+    acc.load_state(os.path.join(folder, "ckpt"))
+    again = [step(x) for x in nxt]
+    out.update(after=after, again=again)
+    return out
+
+
+@pytest.mark.multiproc
+def test_tp2_x_fsdp2_on_four_ranks_matches_one_process_and_round_trips(tmp_path):
+    reference = _train(None, None, batch_size=8)
+    ranks = run_ranks(_train, world_size=4, args=(str(tmp_path), {"dp_shard_size": 2, "tp_size": 2}, 4))
+    main = ranks[0]
+    # the mesh: tp innermost (ranks 0,1 and 2,3 split the layers), dp_shard outermost
+    assert main["mesh"] == (("dp_shard", "tp"), (2, 2))
+    assert [r["coords"] for r in ranks] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]
+    assert [r["tp_group"] for r in ranks] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    # both ranks of a tp group read the same batches; the two dp_shard groups read different ones
+    assert ranks[0]["seen"] == ranks[1]["seen"] and ranks[2]["seen"] == ranks[3]["seen"]
+    assert ranks[0]["seen"] != ranks[2]["seen"]
+    # a bad plan: named, with the fix
+    assert "'model.layers.*.mlp.nope'" in main["bad_plan"] and "does not have" in main["bad_plan"]
+    # training equals the one-process run (global batch 8 both ways) to float32 rounding
+    np.testing.assert_allclose(main["losses"], reference["losses"], rtol=1e-5)
+    np.testing.assert_allclose(main["norms"][:STEPS], reference["norms"], rtol=1e-4)
+    assert sorted(main["weights"]) == sorted(reference["weights"]) and ranks[1]["weights"] == {}
+    for name, value in reference["weights"].items():
+        np.testing.assert_allclose(main["weights"][name], value, rtol=1e-4, atol=5e-5, err_msg=name)
+    # bytes: every planned weight is split 4 ways (tp × dp_shard), the norms 2 ways (dp_shard only)
+    planned, full = reference["planned_bytes"], reference["full_bytes"]
+    assert reference["param_bytes"] == full
+    assert sum(r["param_bytes"] for r in ranks) == planned + 2 * (full - planned)
+    for r in ranks:
+        assert r["param_bytes"] == planned // 4 + (full - planned) // 2
+    assert main["gathered"] == [0.0, 1.0, 2.0, 3.0]
+    # save_state / load_state: the three steps after the checkpoint come out the same after loading it
+    assert main["again"] == main["after"]
+    assert {"fsdp_model", "fsdp_optimizer"} <= set(os.listdir(tmp_path / "ckpt"))
+    # save_model: one full model that a plain Llama loads
+    from safetensors.torch import load_file
+
+    plain = _llama()
+    plain.load_state_dict(load_file(str(tmp_path / "weights" / "model.safetensors")))
+    for name, value in main["weights"].items():
+        np.testing.assert_array_equal(plain.state_dict()[name].numpy(), value, err_msg=name)
+
+
+# ------------------------------------------------------------------ no processes needed
+
+
+def test_sizes_default_to_one_and_must_be_whole_numbers():
+    pc = ParallelismConfig()
+    assert (pc.dp_replicate_size, pc.dp_shard_size, pc.tp_size, pc.cp_size) == (1, 1, 1, 1)
+    assert pc.total_size == 1 and pc.active_mesh_dims == []
+    for bad in ({"tp_size": 0}, {"dp_shard_size": -2}, {"cp_size": 1.5}):
+        with pytest.raises(ValueError, match="must be a whole number >= 1"):
+            ParallelismConfig(**bad)
+    with pytest.raises(ValueError, match="does not compose with plain replicated data parallel"):
+        ParallelismConfig(dp_replicate_size=2, tp_size=2)
+    with pytest.raises(ValueError, match="tp_plan='bogus'"):
+        ParallelismConfig(tp_size=2, tp_plan="bogus")
+
+
+def test_the_layout_names_dimensions_and_coordinates_in_mesh_order():
+    pc = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2)
+    assert pc.mesh_shape() == (("dp_replicate", "dp_shard", "tp"), (2, 2, 2))
+    assert pc.dp_dim_names == ["dp_replicate", "dp_shard"] and pc.non_dp_dim_names == ["tp"]
+    assert pc.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"] and pc.dp_shard_cp_dim_names == ["dp_shard"]
+    assert pc.data_parallel_size == 4 and pc.non_data_parallel_size == 2
+    assert pc.coordinates(5) == {"dp_replicate": 1, "dp_shard": 0, "cp": 0, "tp": 1}
+    assert [pc.data_parallel_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_sizes_that_do_not_multiply_to_the_processes_are_a_clear_error():
+    with pytest.raises(ValueError) as info:
+        ParallelismConfig(dp_shard_size=2, tp_size=2).check_world_size(8)
+    message = str(info.value)
+    assert "multiplies to 4 processes but this run has 8" in message and "dp_shard_size=4" in message
+    # the Accelerator checks before it builds a mesh or prepares anything (one process here)
+    from accel_nb import Accelerator
+
+    with pytest.raises(ValueError, match="multiplies to 2 processes but this run has 1"):
+        Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
+    with pytest.raises(TypeError, match="ParallelismConfig"):
+        Accelerator(parallelism_config={"tp_size": 2})
+
+
+def test_sizes_come_from_the_launch_environment(monkeypatch):
+    monkeypatch.setenv(PARALLELISM_ENV["tp_size"][0], "2")
+    monkeypatch.setenv(PARALLELISM_ENV["dp_shard_size"][1], "4")  # the reference's spelling
+    pc = ParallelismConfig(cp_size=1)
+    assert (pc.dp_shard_size, pc.tp_size, pc.cp_size) == (4, 2, 1)
+    from accel_nb.parallel.config import parallelism_from_env
+
+    assert parallelism_from_env() is None
+    monkeypatch.setenv("ACCELERATE_USE_PARALLELISM_CONFIG", "true")
+    assert parallelism_from_env().total_size == 8
+    assert ENV_USE_PARALLELISM_CONFIG.startswith("ACCEL_NB_")
+
+
+def test_one_process_without_sizes_has_no_mesh():
+    from accel_nb import Accelerator
+
+    acc = Accelerator(parallelism_config=ParallelismConfig())
+    assert acc.torch_device_mesh is None and acc.parallelism_config.total_size == 1
+    assert acc.tensor_parallel_rank == 0 and acc.data_parallel_shard_rank == 0
+
+
+def test_plans_resolve_to_module_names_or_fail_clearly():
+    from accel_nb.parallel.tensor_parallel import resolve_plan
+
+    model = _llama()
+    plan = resolve_plan(model, "auto", 2)  # transformers' own plan, with the model's prefixes
+    assert plan["model.layers.1.mlp.down_proj"] == "rowwise" and plan["lm_head"] == "colwise_gather_output"
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+    assert resolve_plan(mlp, {"0": "colwise", "2": "rowwise"}, 2) == {"0": "colwise", "2": "rowwise"}
+    with pytest.raises(ValueError, match="has no tensor-parallel plan"):
+        resolve_plan(mlp, "auto", 2)
+    with pytest.raises(ValueError, match="does not have: '3'"):
+        resolve_plan(mlp, {"3": "colwise"}, 2)
+    with pytest.raises(ValueError, match="does not divide 6"):
+        resolve_plan(mlp, {"0": "colwise"}, 4)
+    with pytest.raises(ValueError, match="not a tensor-parallel style"):
+        resolve_plan(mlp, {"0": "diagonal"}, 2)
+    with pytest.raises(ValueError, match="ReLU"):
+        resolve_plan(mlp, {"1": "colwise"}, 2)
+
+
+def test_the_reference_paths_import():
+    import accel_nb
+    from accel_nb.parallelism_config import ParallelismConfig as AtReferencePath
+    from accel_nb.utils import ParallelismConfig as InUtils
+    from accel_nb.utils import TorchContextParallelConfig, TorchTensorParallelConfig
+
+    assert accel_nb.ParallelismConfig is AtReferencePath is InUtils is ParallelismConfig
+    assert ParallelismConfig(tp_size=2).tp_handler == TorchTensorParallelConfig()
+    assert ParallelismConfig(cp_size=2).cp_handler.cp_comm_strategy == "allgather"
+    with pytest.raises(ValueError, match="cp_comm_strategy"):
+        TorchContextParallelConfig(cp_comm_strategy="ring")
