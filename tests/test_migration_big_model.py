@@ -264,3 +264,58 @@ def test_init_empty_weights_places_tensors_like_the_reference(include_buffers):
     assert placed[0][0]["lin.weight"] == "meta" and placed[0][0]["pos"] == (
         "meta" if include_buffers else "cpu"
     )
+
+
+class TaggedParameter(nn.Parameter):
+    """A parameter class whose constructor takes an attribute (as bitsandbytes' ``Params4bit`` does)."""
+
+    def __new__(cls, data=None, requires_grad=True, tag=None):
+        param = super().__new__(cls, data, requires_grad)
+        param.tag = tag
+        return param
+
+
+class HoldsSpecialParameters(nn.Module):
+    def __init__(self):
+        super().__init__()
+        tagged = TaggedParameter(torch.ones(2), requires_grad=False, tag="int4")
+        tagged._is_hf_initialized = True
+        self.tagged = tagged
+        self.plain = nn.Parameter(torch.ones(2))
+        self.register_buffer("pos", torch.arange(3))
+
+
+@pytest.mark.parametrize("env", [None, "1", "0"])
+def test_init_empty_weights_rebuilds_parameters_and_reads_the_environment_like_the_reference(
+    env, monkeypatch
+):
+    """``include_buffers`` left out reads ACCELERATE_INIT_INCLUDE_BUFFERS; a parameter subclass is rebuilt with
+    its attributes as constructor arguments, and ``_is_hf_initialized`` survives, in both libraries."""
+    import accelerate
+
+    import accel_nb
+
+    if env is None:
+        monkeypatch.delenv("ACCELERATE_INIT_INCLUDE_BUFFERS", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_INIT_INCLUDE_BUFFERS", env)
+    seen = []
+    for library in (accel_nb, accelerate):
+        for context in (library.init_empty_weights(), library.init_on_device(torch.device("meta"))):
+            with context:
+                model = HoldsSpecialParameters()
+            t = model.tagged
+            seen.append(
+                (
+                    type(t).__name__,
+                    t.device.type,
+                    t.requires_grad,
+                    getattr(t, "tag", None),
+                    getattr(t, "_is_hf_initialized", None),
+                    model.plain.device.type,
+                    model.pos.device.type,
+                )
+            )
+    assert seen[0] == seen[2] and seen[1] == seen[3], seen
+    buffers = "meta" if env == "1" else "cpu"
+    assert seen[0] == ("TaggedParameter", "meta", False, "int4", True, "meta", buffers)
