@@ -59,14 +59,16 @@ def _state_numel(optimizer) -> int:
     )
 
 
-def _train(plugin_kwargs):
+def _train(plugin_kwargs, mixed_precision=None):
     """Train 2 epochs with accumulation and clipping; the losses, and how much state this rank holds."""
     from accel_nb import Accelerator
     from accel_nb.deepspeed import DeepSpeedPlugin, zero3_init
 
     _fresh_state()
     plugin = None if plugin_kwargs is None else DeepSpeedPlugin(gradient_clipping=CLIP, **plugin_kwargs)
-    accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATION, deepspeed_plugin=plugin)
+    accelerator = Accelerator(
+        gradient_accumulation_steps=ACCUMULATION, deepspeed_plugin=plugin, mixed_precision=mixed_precision
+    )
     with zero3_init(accelerator):  # with zero3_init_flag: built already partitioned
         model = _model()
     materialised = sum(p.numel() for p in model.parameters())  # 0 when partitioned at construction
@@ -100,6 +102,7 @@ def _train(plugin_kwargs):
         out["distributed_type"] = accelerator.distributed_type.value
         out["params_held"] = sum(getattr(p, "ds_tensor", p).numel() for p in model.module.parameters())
         out["unwrapped"] = type(accelerator.unwrap_model(model)).__name__
+        out["dtype"] = str(next(model.module.parameters()).dtype)
     return out
 
 
@@ -111,6 +114,8 @@ def _all_modes():
         "zero3": _train({"zero_stage": 3, "zero3_init_flag": False}),
         "zero3_init": _train({"zero_stage": 3, "zero3_init_flag": True}),
         "zero2_offload": _train({"zero_stage": 2, "offload_optimizer_device": "cpu"}),
+        "zero2_bf16": _train({"zero_stage": 2}, "bf16"),
+        "zero3_bf16": _train({"zero_stage": 3, "zero3_init_flag": False}, "bf16"),
     }
 
 
@@ -122,6 +127,20 @@ def trained():
 def _close(a, b):
     assert len(a) == len(b)
     torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_on_two_processes_trains_in_bf16_alike_at_stages_2_and_3(trained):
+    for rank in trained:
+        two, three = rank["zero2_bf16"], rank["zero3_bf16"]
+        assert (
+            two["dtype"] == three["dtype"] == "torch.bfloat16" and rank["zero2"]["dtype"] == "torch.float32"
+        )
+        assert two["losses"] == three["losses"]  # the same bf16 computation, partitioned differently
+        # bf16 follows the float32 run closely, not exactly
+        torch.testing.assert_close(
+            torch.tensor(two["losses"]), torch.tensor(rank["ddp"]["losses"]), rtol=0.05, atol=0.02
+        )
+        assert two["losses"] != rank["zero2"]["losses"]  # it did compute in bf16
 
 
 @pytest.mark.parametrize("mode", ["zero1", "zero2", "zero3", "zero3_init", "zero2_offload"])

@@ -127,6 +127,7 @@ def test_use_deepspeed_flags_run_a_script(tmp_path):
         (["--use_deepspeed", "--zero_stage", "2", "--offload_param_device", "cpu"], "needs zero_stage=3"),
         (["--use_deepspeed", "--offload_optimizer_device", "nvme"], "needs offload_optimizer_nvme_path"),
         (["--use_deepspeed", "--deepspeed_config_file", "/nonexistent/ds.json"], "does not exist"),
+        (["--use_deepspeed", "--mixed_precision", "fp16"], "DeepSpeed's CPU accelerator has no fp16"),
     ],
 )
 def test_bad_deepspeed_flags_are_refused_before_any_rank_starts(tmp_path, args, words):
@@ -237,6 +238,7 @@ def test_accelerator_settings_that_disagree_with_the_config_are_errors():
             dict(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(
                 hf_ds_config={"zero_optimization": {"stage": 2}, "bf16": {"enabled": True}})),
             dict(fsdp=True, deepspeed_plugin=DeepSpeedPlugin()),
+            dict(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(zero_stage=2)),
         ]
         for kwargs in cases:
             _reset_all_states()
@@ -254,6 +256,9 @@ def test_accelerator_settings_that_disagree_with_the_config_are_errors():
     )
     assert lines[1].startswith("ERR mixed_precision='fp16' disagrees with the DeepSpeed config"), lines
     assert lines[2].startswith("ERR"), lines
+    assert lines[3].startswith("ERR DeepSpeed's CPU accelerator has no fp16"), (
+        lines
+    )  # not DeepSpeed's own words
 
 
 def test_deepspeed_missing_is_an_error_naming_the_extra():

@@ -327,6 +327,14 @@ class LaunchConfig:
                     "deepspeed is not installed; pip install 'accel_nb[deepspeed]' (DS_BUILD_OPS=0 "
                     "skips compiling its ops)",
                 )
+            if self.mixed_precision == "fp16" and (self.use_cpu or hw.num_gpus == 0):
+                raise ConfigError(
+                    "mixed_precision",
+                    "fp16",
+                    "bf16 or no with DeepSpeed on CPU",
+                    path,
+                    "DeepSpeed's CPU accelerator has no fp16; fp16 with DeepSpeed needs GPUs",
+                )
         if self.distributed_type == "XLA" and not hw.xla_available:
             notes.append("distributed_type='XLA' but torch_xla is not installed in this environment")
         return notes

@@ -18,6 +18,11 @@ from .plugin import DeepSpeedPlugin
 
 __all__ = ["precision_for", "configure", "backward", "clip_grad_norm", "engine_state_dict", "find_engine"]
 
+CPU_FP16 = (
+    "DeepSpeed's CPU accelerator has no fp16 (mixed_precision='fp16' or an enabled 'fp16' section in the "
+    "DeepSpeed config); on CPU use mixed_precision='bf16' or 'no', fp16 with DeepSpeed needs GPUs"
+)
+
 
 def precision_for(plugin: DeepSpeedPlugin, mixed_precision: str | None) -> str:
     """The run's mixed precision agreed between the argument (or the launcher's setting) and the config."""
@@ -41,6 +46,9 @@ def configure(accelerator: Any, explicit_steps: bool) -> None:
         raise ValueError(
             "torch.compile with DeepSpeed is not supported by accel_nb yet; drop the compile setting"
         )
+    if accelerator.device.type == "cpu" and accelerator.mixed_precision == "fp16":
+        # DeepSpeed would refuse in deepspeed.initialize ("Type fp16 is not supported on your device")
+        raise ValueError(CPU_FP16)
     steps = agree_accumulation(
         accelerator.deepspeed_plugin, accelerator.gradient_accumulation_steps, explicit_steps
     )
