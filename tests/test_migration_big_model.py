@@ -319,3 +319,55 @@ def test_init_empty_weights_rebuilds_parameters_and_reads_the_environment_like_t
     assert seen[0] == seen[2] and seen[1] == seen[3], seen
     buffers = "meta" if env == "1" else "cpu"
     assert seen[0] == ("TaggedParameter", "meta", False, "int4", True, "meta", buffers)
+
+
+@pytest.mark.parametrize(
+    "layers,budgets,offload_buffers,warns",
+    [
+        ((16, 5000), {0: 3000, "cpu": 10**6}, False, True),  # 40 kB of buffers offloaded, no GPU has room
+        ((16, 5000), {0: 3000, "cpu": 10**6}, True, False),  # they stream with the weights
+        ((16, 16, 4), {0: 2676, "cpu": 10**6}, False, False),  # 40 bytes: room on GPU 0
+        ((16, 5000), {"cpu": 10**6}, False, False),  # no GPU in the budget
+    ],
+)
+def test_planner_warns_about_offloaded_buffers_in_the_cases_the_reference_does(
+    layers, budgets, offload_buffers, warns
+):
+    """Linear(16, 16) layers, then a BatchNorm1d whose running statistics are buffers."""
+    import warnings
+
+    from accelerate.utils import infer_auto_device_map as ref_infer
+
+    from accel_nb.utils.modeling import infer_auto_device_map
+
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Linear(16, 16) for _ in layers[:-1]], nn.BatchNorm1d(layers[-1]))
+    seen = []
+    for infer in (infer_auto_device_map, ref_infer):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            infer(model, dict(budgets), offload_buffers=offload_buffers)
+        seen.append([str(w.message) for w in caught if "offload_buffers=True" in str(w.message)])
+    assert [bool(s) for s in seen] == [warns, warns], seen
+    if warns:
+        assert "bytes of buffers" in seen[0][0]
+
+
+def test_planner_logs_untied_weights_that_the_config_ties_like_the_reference(caplog):
+    transformers = pytest.importorskip("transformers")
+    from accelerate.utils import infer_auto_device_map as ref_infer
+
+    from accel_nb.utils.modeling import infer_auto_device_map
+
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, n_positions=8, vocab_size=32)
+    for untie in (False, True):
+        with torch.device("meta"):
+            model = transformers.GPT2LMHeadModel(cfg)
+        if untie:
+            model.lm_head.weight = nn.Parameter(torch.empty(32, 16, device="meta"))
+        for infer, logger in ((infer_auto_device_map, "accel_nb"), (ref_infer, "accelerate")):
+            caplog.clear()
+            with caplog.at_level("WARNING", logger=logger):
+                infer(model, {"cpu": 10**7})
+            said = [r for r in caplog.records if r.name.startswith(logger) and "tie" in r.getMessage()]
+            assert bool(said) == untie, (logger, untie, [r.getMessage() for r in caplog.records])

@@ -23,6 +23,8 @@ for GPUs need no GPU: plan on a laptop, load on the GPU machine.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ from .offload import DEFAULT_NUM_BUFFERS
 from .sizes import (
     Device,
     as_dtype,
+    check_tied_parameters_in_config,
     compute_module_sizes,
     device_order,
     get_balanced_memory,
@@ -47,8 +50,11 @@ from .sizes import (
     layer_sizes,
     named_tensors,
     normalize_device,
+    tensor_bytes,
     tied_parameter_groups,
 )
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -414,11 +420,48 @@ def infer_auto_device_map(
         num_buffers=num_buffers,
         fallback_allocation=fallback_allocation,
     )
+    _warn_as_the_reference(model, plan, offload_buffers, dtype, special_dtypes)
     if verbose:
         print(plan.explain())
     out = DeviceMap(plan.device_map)
     out.plan = plan
     return out
+
+
+def _warn_as_the_reference(
+    model: nn.Module,
+    plan: DevicePlan,
+    offload_buffers: bool,
+    dtype: torch.dtype | str | None,
+    special_dtypes: Mapping[str, torch.dtype | str] | None,
+) -> None:
+    """The reference planner's two warnings, in the same cases: a transformers model whose config ties
+    weights that are not tied (a logged warning), and buffers of offloaded modules that no GPU has room
+    for (a UserWarning)."""
+    if check_tied_parameters_in_config(model) and not tied_parameter_groups(model):
+        _LOG.warning(
+            "the model's config ties its weights but the model's weights are not tied: call "
+            "model.tie_weights() before infer_auto_device_map, or tied weights may land on different devices"
+        )
+    gpus = [d for d in plan.budgets if isinstance(d, int)]
+    if offload_buffers or not gpus:
+        return
+    dtype, special = as_dtype(dtype), {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
+    modules = dict(model.named_modules(remove_duplicate=False))
+    offloaded = 0
+    for name, device in plan.device_map.items():
+        if device in ("cpu", "disk") and name in modules:
+            prefix = f"{name}." if name else ""
+            for bname, b in modules[name].named_buffers():
+                offloaded += tensor_bytes(b, dtype, special.get(prefix + bname))
+    if offloaded and not any(plan.budgets[g] >= offloaded + plan.used.get(g, 0) for g in gpus):
+        warnings.warn(
+            f"the offloaded modules hold {offloaded} bytes of buffers, which go to the GPU that runs them and "
+            "seem not to fit next to what the map puts on any GPU; if the GPU runs out of memory, pass "
+            "offload_buffers=True (buffers then stream with the weights)",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def resolve_device_map(

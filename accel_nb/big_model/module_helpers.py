@@ -23,7 +23,7 @@ from torch import nn
 from .dispatch_hooks import DISPATCH_HOOK_ATTR
 from .model_hooks import AlignDevicesHook, iter_hooks
 from .module_tensors import named_module_tensors, set_module_tensor_to_device
-from .sizes import CustomDtype, dtype_size, tied_parameter_groups
+from .sizes import CustomDtype, check_tied_parameters_in_config, dtype_size, tied_parameter_groups
 
 __all__ = [
     "align_module_device",
@@ -416,31 +416,6 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
         + list(model.named_buffers(recurse=False))
     )
     return sizes[""], get_max_layer_size(top, sizes, list(getattr(model, "_no_split_modules", None) or []))
-
-
-def check_tied_parameters_in_config(model: nn.Module) -> bool:
-    """True when a transformers model's config or modules say some weights are tied (tied word embeddings
-    with an output embedding, a tied encoder-decoder, or a module with ``_tie_weights``); False for any
-    other model."""
-    if "PreTrainedModel" not in [c.__name__ for c in type(model).__mro__]:
-        return False
-    config = getattr(model, "config", None)
-    decoder_config = None
-    if config is not None:
-        decoder_config = (
-            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-        )
-    tied_embeddings = bool(
-        decoder_config is not None
-        and getattr(decoder_config, "tie_word_embeddings", False)
-        and model.get_output_embeddings()
-    )
-    tied_encoder_decoder = bool(
-        config is not None
-        and getattr(config, "is_encoder_decoder", False)
-        and getattr(config, "tie_encoder_decoder", False)
-    )
-    return tied_embeddings or tied_encoder_decoder or any(hasattr(m, "_tie_weights") for m in model.modules())
 
 
 def _offloaded_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

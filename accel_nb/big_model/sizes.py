@@ -275,3 +275,28 @@ def get_balanced_memory(
         else:
             out[gpu] = min(budgets[gpu], share)
     return out
+
+
+def check_tied_parameters_in_config(model: nn.Module) -> bool:
+    """True when a transformers model's config or modules say some weights are tied (tied word embeddings
+    with an output embedding, a tied encoder-decoder, or a module with ``_tie_weights``); False for any
+    other model."""
+    if "PreTrainedModel" not in [c.__name__ for c in type(model).__mro__]:
+        return False
+    config = getattr(model, "config", None)
+    decoder_config = None
+    if config is not None:
+        decoder_config = (
+            config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        )
+    tied_embeddings = bool(
+        decoder_config is not None
+        and getattr(decoder_config, "tie_word_embeddings", False)
+        and model.get_output_embeddings()
+    )
+    tied_encoder_decoder = bool(
+        config is not None
+        and getattr(config, "is_encoder_decoder", False)
+        and getattr(config, "tie_encoder_decoder", False)
+    )
+    return tied_embeddings or tied_encoder_decoder or any(hasattr(m, "_tie_weights") for m in model.modules())
