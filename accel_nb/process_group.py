@@ -351,6 +351,7 @@ def rebind_ddp_models() -> list[Any]:
     Returns the models re-bound.
     """
     import gc
+    import itertools
 
     from torch.nn.parallel import DistributedDataParallel
 
@@ -358,10 +359,21 @@ def rebind_ddp_models() -> list[Any]:
         return []
     live = {id(g) for g in dist.distributed_c10d._world.pg_map}
     world = dist.get_world_size()
+    # DDP and its subclasses; type(), not isinstance(): a deprecated torch object warns when its
+    # __class__ is read. The objects are filtered in C (compress/map): a Python loop over the
+    # hundreds of thousands of objects of a process with torch took most of a regroup's time.
+    kinds, todo = {DistributedDataParallel}, [DistributedDataParallel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub not in kinds:
+                kinds.add(sub)
+                todo.append(sub)
+    objects = gc.get_objects()
+    models = list(itertools.compress(objects, map(kinds.__contains__, map(type, objects))))
+    del objects
     rebound = []
-    for obj in gc.get_objects():
-        # type(), not isinstance(): a deprecated torch object warns when its __class__ is read
-        if not issubclass(type(obj), DistributedDataParallel) or "reducer" not in obj.__dict__:
+    for obj in models:
+        if "reducer" not in obj.__dict__:
             continue
         old = obj.__dict__.get("process_group")
         if old is None or id(old) in live or old.size() != world:

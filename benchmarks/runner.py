@@ -34,6 +34,12 @@ ROOT = os.path.dirname(HERE)
 ROW_KEYS = ("benchmark", "metric", "accel_nb", "reference", "ratio", "unit", "note")
 _BEGIN, _END = "@@accel_nb-bench-rows@@", "@@end-rows@@"
 DEFAULT_TIMEOUT_S = 600.0
+# sections of the results page written by others, kept when the runner rewrites it:
+# scripts/gpu_check.sh's GPU run, and the soak's (python -m benchmarks.bench_soak --markdown PATH)
+KEPT_SECTIONS = (
+    ("<!-- gpu-run:begin -->", "<!-- gpu-run:end -->"),
+    ("<!-- soak:begin -->", "<!-- soak:end -->"),
+)
 
 
 # ----------------------------------------------------------------------------- discovery
@@ -408,11 +414,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         page = markdown_page(rows, argv, names, walls)
         old = open(args.markdown, encoding="utf-8").read() if os.path.exists(args.markdown) else ""
-        begin, end = "<!-- gpu-run:begin -->", "<!-- gpu-run:end -->"  # scripts/gpu_check.sh's section
-        if begin in old and end in old:
-            kept = old[old.index(begin) : old.index(end) + len(end)]
-            at = page.index("## What each benchmark measures")
-            page = page[:at] + kept + "\n\n" + page[at:]
+        for begin, end in KEPT_SECTIONS:
+            if begin in old and end in old:
+                kept = old[old.index(begin) : old.index(end) + len(end)]
+                at = page.index("## What each benchmark measures")
+                page = page[:at] + kept + "\n\n" + page[at:]
         with open(args.markdown, "w", encoding="utf-8") as f:
             f.write(page)
         print(f"wrote {args.markdown}")

@@ -76,6 +76,9 @@ def test_a_ddp_model_with_a_comm_hook_is_re_bound_and_averages_gradients_over_th
             "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
             "state = PartialState()\n"
             "torch.manual_seed(0)\n"
+            "class MyDDP(torch.nn.parallel.DistributedDataParallel):  # a subclass, held in a list: re-bound too\n"
+            "    pass\n"
+            "held = [MyDDP(torch.nn.Linear(2, 1))]\n"
             "ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))\n"
             "ddp.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)  # its state: the old group\n"
             "opt = torch.optim.SGD(ddp.parameters(), lr=0.1)\n"
@@ -98,3 +101,4 @@ def test_a_ddp_model_with_a_comm_hook_is_re_bound_and_averages_gradients_over_th
         (same0, w0), (same1, w1) = s.run(step)
         assert same0 and same1
         assert bool((w0 == w1).all()), (w0, w1)  # different data, equal replicas: gradients were averaged
+        assert s.run("held[0].process_group is dist.group.WORLD") == [True, True]

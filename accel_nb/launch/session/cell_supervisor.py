@@ -7,7 +7,9 @@ command once another failed (or after the user pressed stop, or the hang watchdo
 through three steps, each only if the last did not end it:
 
 1. its Python stacks are shown and it gets SIGINT (``KeyboardInterrupt`` in its code);
-2. ``on_stuck`` is called (the session closes the process group on the ranks that are done, which
+2. ``INTERRUPT_GRACE_S`` later, or ``COLLECTIVE_GRACE_S`` later when the stacks showed every rank
+   still running blocked in a collective (SIGINT cannot reach Python code waiting inside gloo),
+   ``on_stuck`` is called (the session closes the process group on the ranks that are done, which
    frees a peer waiting in a collective; the group is then broken, and the session forms a fresh
    one on the same ranks once the command is over);
 3. it is killed (the session is then broken).
@@ -30,6 +32,7 @@ from dataclasses import replace
 from ...events import Event, Failure, FailureKind, Log, Reporter, Result, Stacks
 from ..errors import RankFailure
 from ..failures import describe
+from ..parent.hang_blame import collective_of
 from ..parent.start import RankProcess
 from ..parent.supervisor import (
     FAILURE_GRACE_S,
@@ -44,12 +47,21 @@ from ..rank.worker import STACKS_SIGNAL, stacks_path
 # accel_nb/
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 INTERRUPT_GRACE_S = 2.0  # after SIGINT, how long a rank may take to raise KeyboardInterrupt and answer
+# after SIGINT, how long a rank whose stacks show it blocked in a collective may take to answer before
+# the group is closed under it: SIGINT reaches it only if the collective ends by itself meanwhile
+COLLECTIVE_GRACE_S = 0.2
 FREE_GRACE_S = 5.0  # after the group was closed under a stuck rank, how long until it is killed
 
 
 _LIBRARY_FRAME = re.compile(
     r'File "[^"]*([/\\](site-packages|dist-packages|lib[/\\]python3\.\d+)[/\\]|<frozen )'
 )
+
+
+def main_thread_stacks(stacks: str) -> str:
+    """The main thread's block of faulthandler's text (the thread the signal interrupted), else all of it."""
+    blocks = [b for b in stacks.split("\n\n") if b.strip()]
+    return next((b for b in blocks if "Current thread" in b), stacks)
 
 
 def _innermost_user_frame(traceback: str) -> str | None:
@@ -175,7 +187,7 @@ class CellSupervisor(Supervisor):
             if self.state is SupervisorState.FAILED and now - self.state_since >= FAILURE_GRACE_S:
                 self._interrupt_running("interrupt")  # shown as "stacks when stopped"
             return
-        if self.step is CellStep.INTERRUPTED and now - self.step_since >= INTERRUPT_GRACE_S:
+        if self.step is CellStep.INTERRUPTED and now - self.step_since >= self._grace(running):
             self.step, self.step_since = CellStep.GROUP_CLOSED, now
             self.outcome.group_broken = True
             self.outcome.stuck = sorted(p.rank for p in running)
@@ -186,6 +198,13 @@ class CellSupervisor(Supervisor):
             for p in running:
                 self.outcome.killed.append(p.rank)
                 p.signal_group(signal.SIGKILL)
+
+    def _grace(self, running: list[RankProcess]) -> float:
+        """How long the running ranks get to answer SIGINT: short when each is blocked in a collective."""
+        stacks = self.outcome.stuck_stacks
+        if all(collective_of(main_thread_stacks(stacks.get(p.rank, ""))) for p in running):
+            return COLLECTIVE_GRACE_S
+        return INTERRUPT_GRACE_S
 
     def _on_exit(self, proc: RankProcess) -> None:
         if proc.rank in self.outcome.killed:

@@ -18,11 +18,14 @@ import os
 import pickle
 import socket
 import struct
+import time
 from typing import Any
 
 from ..payload import register_sources, split_last_expression
 
 _HEADER = struct.Struct("!Q")
+_LOCAL_ADDRESSES = ("127.0.0.1", "localhost", "::1")
+REGROUP_LISTEN_WAIT_S = 30.0  # how long a rank waits for rank 0's new store before connecting anyway
 
 
 # ------------------------------------------------------------------------------------- framing
@@ -246,6 +249,36 @@ def session_links(pids: list[int]) -> dict[int, int]:
     return {i: fd for i, fd in mine.items() if i in links and links[i] in theirs}
 
 
+def listening_ports() -> set[int] | None:
+    """The TCP ports some process of this network namespace listens on (None where /proc cannot tell)."""
+    ports: set[int] = set()
+    read = False
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+            read = True
+    return ports if read else None
+
+
+def wait_for_listener(port: int, within: float) -> bool:
+    """Wait (polling /proc, no connection made) until ``port`` is listened on; False if it was not within ``within`` s.
+
+    A ``TCPStore`` client that connects before its server listens backs off for a good part of a second (0.4-0.7 s measured);
+    a session rank waits for rank 0's store this way instead, so a re-formed group is ready at once.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        ports = listening_ports()
+        if ports is None or port in ports:
+            return ports is not None
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+
+
 class BreakGroup(SessionCommand):
     """Close this rank's connections to the other ranks (frees a peer stuck in a collective); no result is sent.
 
@@ -297,6 +330,8 @@ class Regroup(SessionCommand):
             )
         os.environ["MASTER_PORT"] = str(self.port)
         topo = dict(read_topology(), master_port=self.port)
+        if rank != 0 and topo["master_addr"] in _LOCAL_ADDRESSES:  # a session's ranks share this machine
+            wait_for_listener(self.port, within=REGROUP_LISTEN_WAIT_S)  # else TCPStore's own retries apply
         rejoin_process_group(topo, state["backend"], state.get("collective_timeout"))
         rebound = {id(m) for m in rebind_ddp_models()}
         names = [f"{name} ({type(v).__name__})" for name, v in self.namespace.items() if id(v) in rebound]
