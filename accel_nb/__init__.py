@@ -65,6 +65,9 @@ _EXPORTS: dict[str, str] = {
     "cpu_offload": ".big_model",
     "disk_offload": ".big_model",
     "show_device_map": ".notebook.device_map_view",
+    # pipeline parallel
+    "prepare_pippy": ".parallel.pipeline",
+    "PipelineTrainer": ".parallel.pipeline_training",
     # the reference library's other top-level names (also under accel_nb.utils / accel_nb.hooks)
     "AutocastKwargs": ".kwargs_handlers",
     "DDPCommunicationHookType": ".kwargs_handlers",

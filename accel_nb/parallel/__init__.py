@@ -4,6 +4,9 @@
 - ``tensor_parallel``: a tensor-parallel plan (the model's own or a dict) applied with ``parallelize_module``.
 - ``preparing``: what ``Accelerator.prepare`` does with a ParallelismConfig (TP, then FSDP2 over dp_shard).
 - ``clipping``: gradient-norm clipping over parameters that live on different meshes.
+- ``pipeline``: ``prepare_pippy``, pipeline-parallel inference (one stage per process, microbatches through GPipe).
+- ``pipeline_training``: ``PipelineTrainer``, pipeline-parallel training (GPipe / 1F1B, per-stage optimizers).
+- ``pipeline_split``: where to cut a model into stages (checked names, or balanced by parameter bytes).
 
     from accel_nb import Accelerator, ParallelismConfig
     accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, tp_size=2))
