@@ -270,13 +270,13 @@ def test_what_it_reports_missing_is_exactly_what_fails_to_import_after_the_renam
 def test_left_out_names_at_the_top_level_and_whole_submodules_say_why(tmp_path):
     script = _write(
         tmp_path / "left_out.py",
-        "from accelerate import ParallelismConfig\nfrom accelerate.utils import transformer_engine\n"
+        "from accelerate.utils import TorchTensorParallelPlugin\nfrom accelerate.utils import transformer_engine\n"
         "import accelerate.utils.ao\nfrom accelerate.utils.launch import prepare_multi_gpu_env, prepare_tpu\n",
     )
     errors = [str(f) for f in _errors(check_path(script)[0])]
     assert errors == [
-        f"{script}:1: error: `accelerate.ParallelismConfig` is left out of accel_nb on purpose: "
-        + LEFT_OUT["ParallelismConfig"],
+        f"{script}:1: error: `accelerate.utils.TorchTensorParallelPlugin` is left out of accel_nb on purpose: "
+        + LEFT_OUT["dataclasses.TorchTensorParallelPlugin"],
         f"{script}:2: error: `accelerate.utils.transformer_engine` is left out of accel_nb on purpose: "
         + LEFT_OUT["transformer_engine"],
         f"{script}:3: error: `accelerate.utils.ao` is left out of accel_nb on purpose: " + LEFT_OUT["ao"],

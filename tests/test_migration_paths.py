@@ -162,10 +162,6 @@ def test_quantization_and_deepspeed_gates_answer_as_the_reference(name, args):
     assert getattr(ours, name)(*args) == getattr(ref, name)(*args)
 
 
-# top-level names of the reference still being built elsewhere (issue 30: pipeline parallelism)
-_TOP_LEVEL_PENDING = {"prepare_pippy"}
-
-
 @pytest.mark.parametrize("rich", ["1", "0"])
 def test_every_top_level_name_of_the_reference_imports_from_accel_nb(rich, monkeypatch):
     import accelerate
@@ -178,9 +174,7 @@ def test_every_top_level_name_of_the_reference_imports_from_accel_nb(rich, monke
         for n, v in vars(accelerate).items()
         if not n.startswith("_") and not isinstance(v, types.ModuleType)
     ]
-    missing = [
-        n for n in names if n not in LEFT_OUT and n not in _TOP_LEVEL_PENDING and not hasattr(accel_nb, n)
-    ]
+    missing = [n for n in names if not hasattr(accel_nb, n)]
     assert not missing, f"accel_nb lacks the reference's top-level {missing}"
     for name in ("FullyShardedDataParallelPlugin", "is_rich_available"):
         assert getattr(accel_nb, name) is getattr(accel_nb.utils, name)

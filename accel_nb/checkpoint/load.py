@@ -350,10 +350,9 @@ def load_accelerator_state(
 
 def _read_fsdp_shards(accelerator: Any, plan: dict[str, Any]) -> None:
     """FSDP: every rank reads its shards (a collective, so only after every rank's checks passed); all or nothing."""
-    from ..fsdp.checkpointing import read_sharded_parts, sharded_mode
-
-    if sharded_mode(accelerator) is None:  # neither FSDP nor tensor parallel
+    if getattr(accelerator, "fsdp_options", None) is None:
         return
+    from ..fsdp.checkpointing import read_sharded_parts
     from ..ops import gather_object
 
     error = None

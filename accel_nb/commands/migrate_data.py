@@ -102,10 +102,7 @@ LEFT_OUT: dict[str, str] = {
         ]
     },
     "dataclasses.DeepSpeedSequenceParallelConfig": "DeepSpeed's sequence parallelism (Ulysses) is not supported",
-    **{
-        f"dataclasses.{n}": _PAR
-        for n in ["TorchTensorParallelPlugin", "TorchContextParallelConfig", "TorchTensorParallelConfig"]
-    },
+    **{f"dataclasses.{n}": _PAR for n in ["TorchTensorParallelPlugin"]},
     **{
         f"dataclasses.{n}": _MEGATRON
         for n in [
@@ -173,8 +170,6 @@ LEFT_OUT: dict[str, str] = {
     "operations.GatheredParameters": "ZeRO-3 parameter gathering: use deepspeed.zero.GatheredParameters itself",
     "other.compile_regions_deepspeed": "torch.compile with DeepSpeed is refused with a clear error (docs/deepspeed.md)",
     **{f"other.{n}": _PAR for n in ["compile_regions_fsdp2", "model_has_dtensor", "get_model_tp_size"]},
-    # names of accelerate.utils that come from outside its submodules
-    "ParallelismConfig": _PAR,
 }
 
 
@@ -216,7 +211,8 @@ DIFFERENCES: tuple[Difference, ...] = (
     ),
     Difference(
         "notebook_launcher",
-        "a failed launch raises LaunchError (from accel_nb import LaunchError), not torch's ChildFailedError",
+        "a failed launch raises accel_nb's LaunchError, also a torch ChildFailedError; its .failures is a list "
+        "of accel_nb's RankFailure, not torch's dict of ProcessFailure",
         "A failed notebook launch raises `LaunchError`",
     ),
     Difference(
@@ -355,7 +351,7 @@ KEYWORD_RULES: tuple[KeywordRule, ...] = (
     ),
     *(
         KeywordRule("notebook_launcher", k, lambda v: v not in (0, None, "", "none"), "error", _RDZV)
-        for k in ("max_restarts", "rdzv_endpoint", "rdzv_id")
+        for k in ("rdzv_endpoint", "rdzv_id")
     ),
     *(
         KeywordRule(

@@ -10,6 +10,8 @@ notebook_launcher(where_am_i, num_processes=2)      # -> [0, 1]
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 from ..availability import in_ipython_kernel
 from ..events import Reporter
 from ..launch import cuda_guard, preimport
-from ..launch.errors import LaunchSetupError
+from ..launch.errors import LaunchError, LaunchSetupError
 from ..launch.options import LaunchOptions
 from ..launch.parent.run import run_launch
 from ..launch.payload import FunctionPayload
@@ -58,7 +60,6 @@ def launch_payload(payload: Any, options: LaunchOptions, reporter: Reporter | No
 _REFERENCE_DEFAULTS: dict[str, Any] = {
     "rdzv_endpoint": "",
     "rdzv_id": "none",
-    "max_restarts": 0,
     "monitor_interval": None,
     "log_line_prefix_template": None,
 }
@@ -96,6 +97,52 @@ def _accept_reference_options(options: dict[str, Any]) -> None:
         )
 
 
+def take_max_restarts(options: dict[str, Any]) -> int:
+    """``max_restarts`` out of ``options`` (0 when absent), checked: a count, and on one machine only."""
+    value = options.pop("max_restarts", 0)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LaunchSetupError(f"notebook_launcher(max_restarts={value!r}) must be an int >= 0")
+    if value and int(options.get("num_nodes") or 1) > 1:
+        raise LaunchSetupError(
+            f"notebook_launcher(max_restarts={value!r}) with num_nodes > 1: elastic restarts across machines are "
+            "not supported from a notebook; run a script with `accel-nb launch --max_restarts ...` for restarts"
+        )
+    return value
+
+
+def run_with_restarts(
+    payload: Any, options: LaunchOptions, reporter: Reporter | None, max_restarts: int
+) -> list[Any]:
+    """Launch; when a rank fails, stop every rank and start them all again, up to ``max_restarts`` times
+    (torch's elastic agent, behind the reference's launcher, does the same). Each attempt's ranks find its
+    number in ``TORCHELASTIC_RESTART_COUNT``. The last failure raises a ``LaunchError`` that is also torch's
+    ``ChildFailedError``."""
+    __tracebackhide__ = True
+    for attempt in range(max_restarts + 1):
+        env = {
+            **options.env,
+            "TORCHELASTIC_RESTART_COUNT": str(attempt),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        }
+        try:
+            return launch_payload(payload, dataclasses.replace(options, env=env), reporter=reporter)
+        except LaunchError as err:
+            if attempt < max_restarts:
+                first = err.first.summary() if err.first is not None else "the launch failed"
+                print(
+                    f"[accel_nb] {first}; starting every rank again (restart {attempt + 1} of {max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                continue
+            from ..launch.child_failed import as_child_failed  # deferred: imports torch's elastic package
+
+            raise as_child_failed(err) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def reject_unknown_options(caller: str, options: dict[str, Any]) -> None:
     """A TypeError naming the keywords of ``caller`` that are not launch options (and the ones that are)."""
     unknown = sorted(set(options) - set(LaunchOptions.names()))
@@ -130,11 +177,14 @@ def notebook_launcher(
     ``progress="widget"|"text"`` (how the launch shows itself; default: a widget in Jupyter).
     ``num_nodes=M, node_rank=R`` (``master_addr`` and ``use_port`` of machine 0, ``rdzv_backend``,
     ``rdzv_conf={"timeout": s}``): these ``num_processes`` ranks are machine R's share of a job that
-    ``accel-nb launch`` or other notebooks run on the other machines.
+    ``accel-nb launch`` or other notebooks run on the other machines. ``max_restarts=K`` (one machine):
+    when a rank fails, every rank is stopped and started again, up to K times, as torch's elastic agent
+    does. A failure raises ``LaunchError``, which ``except ChildFailedError:`` (torch's) also catches.
 
         results = notebook_launcher(train, args=(config,), num_processes=2)
     """
     __tracebackhide__ = True
+    max_restarts = take_max_restarts(options)
     _accept_reference_options(options)
     reject_unknown_options("notebook_launcher", options)
     launch_options = LaunchOptions(
@@ -147,7 +197,7 @@ def notebook_launcher(
         show_ranks=show_ranks,
         **options,
     )
-    return launch_payload(FunctionPayload(function, args, kwargs), launch_options, reporter=reporter)
+    return run_with_restarts(FunctionPayload(function, args, kwargs), launch_options, reporter, max_restarts)
 
 
 def debug_launcher(
@@ -159,6 +209,7 @@ def debug_launcher(
     """
     __tracebackhide__ = True
     _accept_reference_options(options)
-    reject_unknown_options("debug_launcher", {k: v for k, v in options.items() if k != "reporter"})
+    passed_on = ("reporter", "max_restarts")
+    reject_unknown_options("debug_launcher", {k: v for k, v in options.items() if k not in passed_on})
     options.setdefault("cpu", True)
     return notebook_launcher(function, args, num_processes=num_processes, **options)
