@@ -58,12 +58,6 @@ _LIBRARY_FRAME = re.compile(
 )
 
 
-def main_thread_stacks(stacks: str) -> str:
-    """The main thread's block of faulthandler's text (the thread the signal interrupted), else all of it."""
-    blocks = [b for b in stacks.split("\n\n") if b.strip()]
-    return next((b for b in blocks if "Current thread" in b), stacks)
-
-
 def _innermost_user_frame(traceback: str) -> str | None:
     """The last ``File ...`` line of a Python traceback that is the user's code (not torch's, not accel_nb's)."""
     frames = [ln.strip() for ln in traceback.splitlines() if ln.strip().startswith("File ")]
@@ -202,7 +196,7 @@ class CellSupervisor(Supervisor):
     def _grace(self, running: list[RankProcess]) -> float:
         """How long the running ranks get to answer SIGINT: short when each is blocked in a collective."""
         stacks = self.outcome.stuck_stacks
-        if all(collective_of(main_thread_stacks(stacks.get(p.rank, ""))) for p in running):
+        if all(collective_of(stacks.get(p.rank, "")) for p in running):
             return COLLECTIVE_GRACE_S
         return INTERRUPT_GRACE_S
 
