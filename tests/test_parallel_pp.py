@@ -95,17 +95,25 @@ def _two_ranks(folder: str) -> dict:
     from accel_nb import prepare_pippy
 
     model, x, x_3x5 = _llama(), _tokens(4, 8), _tokens(3, 5)
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0  # a left-padded row
+    inputs = {"input_ids": x, "attention_mask": mask, "use_cache": False}
     with torch.no_grad():
-        out = {"whole": model(x).logits, "whole_3x5": model(x_3x5).logits}
+        out = {
+            "whole": model(x).logits,
+            "whole_3x5": model(x_3x5).logits,
+            "whole_masked": model(**inputs).logits,
+        }
     piped = prepare_pippy(model, split_points="auto", example_args=(x,), num_chunks=2)
     out["split_points"] = piped.hf_split_points
     out["logits"] = piped(x)  # the last rank's; None elsewhere
     out["logits_3x5"] = piped(x_3x5)  # padded to 4 rows and traced again for the new shape
-    # named split points, keyword inputs, the output on every rank
+    # named split points, keyword inputs (a non-tensor one too), the output on every rank
     gathered = prepare_pippy(
-        _llama(), split_points=["model.layers.1"], example_kwargs={"input_ids": x}, gather_output=True
+        _llama(), split_points=["model.layers.1"], example_kwargs=inputs, gather_output=True
     )
-    out["gathered"] = gathered(input_ids=x)
+    out["gathered"] = gathered(**inputs)
+    out["reference"] = _reference_pippy(x)
     for schedule in ("gpipe", "1f1b"):
         batches = _batches()
         trainer = _trainer(schedule)
@@ -124,6 +132,20 @@ def _two_ranks(folder: str) -> dict:
     except ValueError as exc:
         out["wrong_shape"] = str(exc)
     return out
+
+
+def _reference_pippy(x: torch.Tensor):
+    """The reference library's prepare_pippy on the same model and batch (docs/pipeline.md: its differences)."""
+    try:
+        from accelerate import PartialState as ReferenceState
+        from accelerate.inference import prepare_pippy as reference_prepare_pippy
+    except ImportError:
+        return "not installed"
+    ReferenceState(cpu=True)  # without cpu=True it sees one process on a machine without CUDA
+    # its example_args are one microbatch (our group, set up by accel_nb, is adopted)
+    model = reference_prepare_pippy(_llama(), example_args=(x[:2],), num_chunks=2)
+    with torch.no_grad():
+        return model(x)
 
 
 def _four_ranks(folder: str) -> dict:
@@ -157,8 +179,9 @@ def _check_inference(results: list[dict]) -> None:
         torch.testing.assert_close(last["logits"], last["whole"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(last["logits_3x5"], last["whole_3x5"], rtol=1e-5, atol=1e-5)
         assert results[0]["logits"] is None and results[0]["logits_3x5"] is None
+    expected = last["whole_masked"] if len(results) == 2 else last["whole"]
     for r in results:  # gather_output=True: every rank holds the output
-        torch.testing.assert_close(r["gathered"], last["whole"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(r["gathered"], expected, rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------ multi-process
@@ -169,6 +192,9 @@ def test_two_stage_inference_and_training_match_the_whole_model(tmp_path):
     results = _launch(2, str(tmp_path))
     _check_inference(results)
     assert results[0]["split_points"] == ["model.layers.2"]  # balanced: equal halves of the layers
+    if results[-1]["reference"] != "not installed":  # side by side: the same logits as the reference's
+        assert results[0]["reference"] is None
+        torch.testing.assert_close(results[-1]["reference"], results[-1]["logits"], rtol=1e-5, atol=1e-5)
     plain = _plain_losses(_batches())
     for schedule in ("gpipe", "1f1b"):
         runs = [r[schedule] for r in results]

@@ -27,7 +27,14 @@ from torch import nn
 from ..state import PartialState
 from .pipeline_split import check_split_points, plan_split_points
 
-__all__ = ["PipelineInference", "describe_inputs", "prepare_pippy", "split_batch"]
+__all__ = [
+    "PipelineInference",
+    "describe_inputs",
+    "prepare_pippy",
+    "split_batch",
+    "tensor_kwargs",
+    "trace_stage",
+]
 
 _MAX_TRACED_SHAPES = 8  # stage graphs kept per model, one per input shape seen (oldest dropped first)
 
@@ -88,6 +95,11 @@ def split_batch(
 
         args, kwargs = _map_tensors((args, kwargs), pad)
     return args, kwargs, batch, padded
+
+
+def tensor_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword inputs that hold tensors: the others (``use_cache=False``, ``None``) were traced in as constants."""
+    return {k: v for k, v in kwargs.items() if _tensors(v)}
 
 
 def _first_microbatch(obj: Any, size: int) -> Any:
@@ -236,7 +248,7 @@ class PipelineInference:
         schedule = self.schedules[signature]
         with torch.no_grad():
             if first:
-                args, kwargs = _map_tensors((args, kwargs), lambda t: t.to(state.device))
+                args, kwargs = _map_tensors((args, tensor_kwargs(kwargs)), lambda t: t.to(state.device))
                 output = schedule.step(*args, **kwargs)
             else:
                 output = schedule.step()

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..atomic_files import atomic_write
 from ..state import PartialState
-from .pipeline import describe_inputs, split_batch, trace_stage
+from .pipeline import describe_inputs, split_batch, tensor_kwargs, trace_stage
 from .pipeline_split import check_split_points, plan_split_points
 
 __all__ = ["PIPELINE_SCHEDULES", "PipelineTrainer"]
@@ -179,7 +179,9 @@ class PipelineTrainer:
         if last:
             call.update(target=_to_device(target, state.device), losses=losses)
         if first:
-            self._schedule.step(*_to_device(args, state.device), **_to_device(kwargs, state.device), **call)
+            self._schedule.step(
+                *_to_device(args, state.device), **_to_device(tensor_kwargs(kwargs), state.device), **call
+            )
         else:
             self._schedule.step(**call)
         self.optimizer.step()
