@@ -101,3 +101,32 @@ def test_seedable_random_sampler_moves_to_the_next_epoch_after_a_pass_like_the_r
     assert runs[0] == runs[1]
     first, second, again, epoch = runs[0]
     assert first != second and again == first and epoch == 1
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_a_stateful_loader_is_a_statefuldataloader_instance_like_the_reference(stateful):
+    """With use_stateful_dataloader=True the prepared loader passes ``isinstance(dl, StatefulDataLoader)`` in
+    both libraries (it reads through one); it stays accel_nb's loader class, iterates, copies and pickles."""
+    import copy
+    import pickle
+
+    stateful_cls = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    from torch.utils.data import TensorDataset
+
+    seen = []
+    for library in ("accel_nb", "accelerate"):
+        accelerator_cls = importlib.import_module(library).Accelerator
+        config_cls = importlib.import_module(f"{library}.utils").DataLoaderConfiguration
+        acc = accelerator_cls(cpu=True, dataloader_config=config_cls(use_stateful_dataloader=stateful))
+        loader = acc.prepare(DataLoader(TensorDataset(torch.arange(12.0)), batch_size=2))
+        if library == "accel_nb":  # before a pass (a live torchdata iterator does not pickle)
+            from accel_nb.data_loader import DataLoaderShard
+
+            assert type(loader) is DataLoaderShard and isinstance(loader, DataLoaderShard)
+            for twin in (copy.copy(loader), pickle.loads(pickle.dumps(loader))):
+                assert type(twin) is DataLoaderShard and len(list(twin)) == 6
+        seen.append((isinstance(loader, stateful_cls), isinstance(loader, DataLoader), len(list(loader))))
+        import accelerate.state
+
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    assert seen[0] == seen[1] == (stateful, True, 6), seen

@@ -64,6 +64,11 @@ def loader_kwargs(dl: DataLoader) -> dict[str, Any]:
     return kw
 
 
+def _new_instance(cls: type) -> Any:
+    """An empty instance of ``cls``, for unpickling (its ``__dict__`` is set afterwards)."""
+    return cls.__new__(cls)
+
+
 class DataLoaderShard(DataLoader):
     """A ``DataLoader`` that yields this rank's batches on ``device`` and can resume mid-epoch.
 
@@ -71,6 +76,18 @@ class DataLoaderShard(DataLoader):
     ``set_epoch(e)``, ``end_of_dataloader`` (true while the last batch is out),
     ``state_dict()`` / ``load_state_dict()`` and ``len()`` = this rank's number of batches.
     """
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105
+        """With ``use_stateful_dataloader=True``, torchdata's ``StatefulDataLoader`` (what this loader reads
+        through), so ``isinstance(loader, StatefulDataLoader)`` holds as in the reference; ``type(loader)`` and
+        ``isinstance(loader, DataLoaderShard)`` are unchanged."""
+        base = self.__dict__.get("base_dataloader")
+        return type(base) if base is not None else type(self)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled by its real class (``__class__`` may name torchdata's)."""
+        return (_new_instance, (type(self),), dict(self.__dict__))
 
     def __init__(
         self,
