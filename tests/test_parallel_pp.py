@@ -61,20 +61,26 @@ def _tokens(batch: int, length: int) -> torch.Tensor:
     )
 
 
-def _plain_losses(batches) -> list[float]:
+def _plain_training(batches, max_grad_norm=None) -> tuple[list[float], torch.nn.Module]:
     model = _mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     out = []
     for x, y in batches:
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        if max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
         opt.step()
         opt.zero_grad()
         out.append(loss.item())
-    return out
+    return out, model
 
 
-def _trainer(schedule: str, n_microbatches: int = 4):
+def _plain_losses(batches) -> list[float]:
+    return _plain_training(batches)[0]
+
+
+def _trainer(schedule: str, n_microbatches: int = 4, max_grad_norm=None):
     from accel_nb import PipelineTrainer
 
     return PipelineTrainer(
@@ -84,6 +90,7 @@ def _trainer(schedule: str, n_microbatches: int = 4):
         example_args=(_batches(1)[0][0],),
         n_microbatches=n_microbatches,
         schedule=schedule,
+        max_grad_norm=max_grad_norm,
     )
 
 
@@ -127,6 +134,9 @@ def _two_ranks(folder: str) -> dict:
             "resumed": [resumed.step(xb, target=yb) for xb, yb in batches[3:]],
             "stage_params": sorted(resumed.model.state_dict()),
         }
+    clipped = _trainer("gpipe", max_grad_norm=0.05)  # small enough to clip every step
+    out["clipped"] = [clipped.step(xb, target=yb) for xb, yb in _batches()]
+    out["clipped_weights"] = clipped.full_state_dict()
     try:  # another batch shape: refused on every rank (process 0 tells the others), nothing left hanging
         trainer.step(torch.zeros(4, 6), target=torch.zeros(4, 1))
     except ValueError as exc:
@@ -205,6 +215,15 @@ def test_two_stage_inference_and_training_match_the_whole_model(tmp_path):
         assert runs[0]["stage_params"] == ["0.bias", "0.weight", "1.lin.bias", "1.lin.weight"]
         assert sorted(runs[0]["stage_params"] + runs[1]["stage_params"]) == sorted(_mlp().state_dict())
     assert all("differ in shape from example_args" in r["wrong_shape"] for r in results)
+    # gradient clipping over both stages = clip_grad_norm_ on the whole model; full weights on process 0
+    clipped_losses, clipped_model = _plain_training(_batches(), max_grad_norm=0.05)
+    assert clipped_losses != pytest.approx(plain, rel=1e-3)  # the clipping did change the run
+    assert results[0]["clipped"] == pytest.approx(clipped_losses, rel=1e-5, abs=1e-6)
+    assert results[1]["clipped_weights"] == {}
+    full = results[0]["clipped_weights"]
+    assert sorted(full) == sorted(clipped_model.state_dict())
+    for name, value in clipped_model.state_dict().items():
+        torch.testing.assert_close(full[name], value, rtol=1e-4, atol=1e-6)
     assert {p.name for p in tmp_path.glob("gpipe/*")} == {
         "pipeline_stage_0_of_2.pt",
         "pipeline_stage_1_of_2.pt",
@@ -295,6 +314,10 @@ def test_one_process_pipeline_trainer_is_plain_microbatched_training(tmp_path):
     trainer = _trainer("gpipe")
     losses = [trainer.step(x, target=y) for x, y in batches]
     assert losses == pytest.approx(_plain_losses(batches), rel=1e-5, abs=1e-6)
+    clipped = _trainer("gpipe", max_grad_norm=0.05)
+    assert [clipped.step(x, target=y) for x, y in batches] == pytest.approx(
+        _plain_training(batches, max_grad_norm=0.05)[0], rel=1e-5, abs=1e-6
+    )
     trainer.save_state(str(tmp_path))
     other = _trainer("gpipe")
     other.load_state(str(tmp_path))

@@ -56,7 +56,8 @@ class PipelineTrainer:
     ``split_points``: "auto" (balanced by parameter bytes) or the module names where stages 2, 3, ... begin.
     ``example_args``/``example_kwargs``: one training batch's model inputs (shapes stay fixed while training).
     ``n_microbatches`` must divide the batch; ``schedule`` is "gpipe" or "1f1b" (1F1B needs at least as many
-    microbatches as stages).
+    microbatches as stages). ``max_grad_norm``: clip the gradients of the whole model (all stages) to this norm
+    before each optimizer step, as ``torch.nn.utils.clip_grad_norm_`` on the unsplit model would.
     """
 
     def __init__(
@@ -70,8 +71,15 @@ class PipelineTrainer:
         schedule: str = "gpipe",
         split_points: str | Sequence[str] | None = "auto",
         no_split_module_classes: Iterable[str | type] | None = None,
+        max_grad_norm: float | None = None,
     ) -> None:
         factory = _check_optimizer_factory(optimizer)
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(
+                f"max_grad_norm must be a positive number (or None: no clipping), got {max_grad_norm!r}"
+            )
+        self.max_grad_norm = max_grad_norm
+        self.last_grad_norm: float | None = None
         if not callable(loss_fn):
             raise TypeError(
                 f"loss_fn must be callable as loss_fn(output, target), got {type(loss_fn).__name__}"
@@ -184,6 +192,7 @@ class PipelineTrainer:
             )
         else:
             self._schedule.step(**call)
+        self._clip_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
@@ -214,10 +223,47 @@ class PipelineTrainer:
             loss = self.loss_fn(output, chunk(target))
             (loss / n).backward()
             total += float(loss.detach()) / n
+        self._clip_gradients()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps += 1
         return total
+
+    def _clip_gradients(self) -> None:
+        """Scale every stage's gradients so that the whole model's gradient norm is at most ``max_grad_norm``."""
+        if self.max_grad_norm is None:
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        squares = torch.zeros((), dtype=torch.float32, device=self.state.device)
+        for g in grads:
+            squares += torch.linalg.vector_norm(g.detach().float()) ** 2
+        if self.num_stages > 1:
+            import torch.distributed as dist  # deferred: only a multi-process run needs it
+
+            dist.all_reduce(squares)  # the stages hold disjoint parameters: their squares add up
+        norm = squares.sqrt()
+        self.last_grad_norm = float(norm)
+        scale = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+        for g in grads:
+            g.detach().mul_(scale.to(g.dtype))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole model's weights (the original names, on the CPU) on process 0; ``{}`` on the others.
+
+        Every process calls it. ``model.load_state_dict(trainer.full_state_dict())`` on process 0 gives the
+        unsplit model the trained weights.
+        """
+        own = {k: v.detach().to("cpu") for k, v in self.model.state_dict().items()}
+        if self.num_stages == 1:
+            return own
+        import torch.distributed as dist  # deferred: only a multi-process run needs it
+
+        parts: list[Any] | None = [None] * self.num_stages if self.stage_index == 0 else None
+        dist.gather_object(own, parts, dst=0)
+        merged: dict[str, torch.Tensor] = {}
+        for part in parts or []:
+            merged.update(part)
+        return merged
 
     # ------------------------------------------------------------------ checkpoints
     def _stage_file(self, folder: str) -> str:
