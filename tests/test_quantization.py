@@ -320,19 +320,139 @@ def test_auto_device_map_fits_a_budget_only_the_quantized_model_fits(saved, conf
     assert _relative_error(_logits(model), _logits(float_model)) < 0.35
 
 
-def test_a_budget_too_small_even_quantized_says_so(saved):
+def test_a_budget_too_small_even_quantized_spills_to_disk_with_an_offload_folder(saved, tmp_path):
     _, folder = saved["llama"]
     empty = _empty("llama")
-    with pytest.raises(QuantizationError, match="offloading quantized weights to disk is not built yet"):
+    config = BnbQuantizationConfig(load_in_8bit=True)
+    small = {"cpu": 100_000, "disk": 10**12}
+    with pytest.raises(
+        QuantizationError, match="to 'disk' but no offload folder was given; pass offload_folder="
+    ):
+        load_and_quantize_model(empty, config, weights_location=folder, device_map="auto", max_memory=small)
+    assert all(p.device.type == "meta" for p in empty.parameters())
+    assert not any(hasattr(p, "accel_nb_quantized_bytes") for p in empty.parameters())
+    # with a folder, the blocks that do not fit go to disk in their quantized form, same outputs
+    model = load_and_quantize_model(
+        empty, config, weights_location=folder, device_map="auto", max_memory=small, offload_folder=tmp_path
+    )
+    assert "disk" in model.hf_device_map.values()
+    on_cpu = load_and_quantize_model(_empty("llama"), config, weights_location=folder, device_map=CPU)
+    assert torch.equal(_logits(model.eval()), _logits(on_cpu.eval()))
+
+
+# -- offloaded quantized layers -------------------------------------------------------------------------
+OFFLOAD_MAP = {  # execution on the CPU; blocks 1-2 and the (float) head on disk
+    "model.embed_tokens": "cpu",
+    "model.rotary_emb": "cpu",
+    "model.layers.0": "cpu",
+    "model.layers.1": "disk",
+    "model.layers.2": "disk",
+    "model.norm": "cpu",
+    "lm_head": "disk",
+}
+OFFLOAD_CONFIGS = {
+    "int8": lambda: BnbQuantizationConfig(load_in_8bit=True, torch_dtype=F32),
+    "nf4": lambda: BnbQuantizationConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=F32
+    ),
+    "torchao-int8": lambda: TorchAoQuantizationConfig("int8"),
+}
+
+
+def _released(layer):
+    """True when an offloaded layer holds nothing quantized between forwards."""
+    state = getattr(layer, "state", None)
+    return (
+        layer.weight is None
+        and getattr(state, "CB", None) is None
+        and getattr(state, "SCB", None) is None
+        and getattr(layer, "quant_state", None) is None
+    )
+
+
+@pytest.mark.parametrize("kind", list(OFFLOAD_CONFIGS))
+def test_disk_and_cpu_offloaded_quantized_layers_give_the_same_outputs(saved, kind, tmp_path):
+    from accel_nb.big_model.quantization.offload import OFFLOADER_ATTR, QuantizedOffloader
+
+    if kind.startswith("torchao"):
+        pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    float_model, folder = saved["llama"]
+    config = OFFLOAD_CONFIGS[kind]
+    in_place = load_and_quantize_model(
+        _empty("llama"), config(), weights_location=folder, device_map=CPU
+    ).eval()
+    expected = _logits(in_place)
+    model = load_and_quantize_model(
+        _empty("llama"), config(), weights_location=folder, device_map=OFFLOAD_MAP, offload_folder=tmp_path
+    ).eval()
+    assert model.hf_device_map == OFFLOAD_MAP
+    offloader = getattr(model, OFFLOADER_ATTR)
+    names = sorted(s.name for s in offloader.stores)
+    blocks = ("model.layers.1.", "model.layers.2.")
+    assert names == sorted(
+        n for n, m in in_place.named_modules() if isinstance(m, nn.Linear) and n.startswith(blocks)
+    )
+    assert len(names) == 14  # 7 linear layers in each of the two disk blocks
+    # the folder holds the quantized bytes: one file per layer, the size of the quantized weights
+    files = {
+        f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path) if f.startswith("accel_nb_quantized_")
+    }
+    assert len(files) == 14
+    float_bytes = sum(float_model.get_submodule(n).weight.numel() * 4 for n in names)
+    stored = sum(s.nbytes for s in offloader.stores)
+    assert stored < float_bytes * (0.27 if "int8" in kind else 0.15)
+    assert stored <= sum(files.values()) < stored + 14 * 1024  # + each file's small header
+    # no quantized layer holds its weights between forwards; only the running one during a forward
+    seen = []
+    probe = model.model.layers[2].mlp.down_proj
+    others = [model.get_submodule(n) for n in names if n != "model.layers.2.mlp.down_proj"]
+    probe.register_forward_pre_hook(lambda m, a: seen.append(all(_released(o) for o in others)))
+    assert all(_released(model.get_submodule(n)) for n in names)
+    out = _logits(model)
+    assert torch.equal(out, expected)  # bitwise: the same quantized bytes, the same kernels
+    assert seen == [True] and all(_released(model.get_submodule(n)) for n in names)
+    assert offloader.bytes_moved == stored and offloader.forwards == 14  # each layer's quantized bytes, once
+    assert torch.equal(_logits(model), expected)  # and again, from the same files
+    assert offloader.bytes_moved == 2 * stored
+    prompt = TOKENS[:1, :4]
+    generated = model.generate(prompt, max_new_tokens=3, do_sample=False)
+    assert generated.shape == (1, 7)
+    assert torch.equal(generated, in_place.generate(prompt, max_new_tokens=3, do_sample=False))
+    # "cpu" layers (streamed to the GPU on a GPU run): the same code with the bytes kept in RAM, run on the CPU
+    ram = QuantizedOffloader(torch.device("cpu"), config())
+    block = [
+        n for n, m in in_place.named_modules() if isinstance(m, nn.Linear) and n.startswith("model.layers.0.")
+    ]
+    for n in block:
+        ram.offload(n, in_place.get_submodule(n), "cpu")
+    ram.attach()
+    assert all(_released(in_place.get_submodule(n)) for n in block)
+    assert torch.equal(_logits(in_place), expected)
+    assert ram.forwards == 7 and ram.bytes_moved == sum(s.nbytes for s in ram.stores)
+    assert all(_released(in_place.get_submodule(n)) for n in block)
+
+
+def test_offload_placements_that_cannot_work_are_refused(saved, tmp_path):
+    _, folder = saved["llama"]
+    empty = _empty("llama")
+    split = dict(OFFLOAD_MAP, **{"model.layers.1.mlp.up_proj.weight": "cpu"})
+    with pytest.raises(QuantizationError, match="a quantized layer's tensors go to one device together"):
         load_and_quantize_model(
             empty,
             BnbQuantizationConfig(load_in_8bit=True),
             weights_location=folder,
-            device_map="auto",
-            max_memory={"cpu": 100_000, "disk": 10**12},
+            device_map=split,
+            offload_folder=tmp_path,
         )
-    assert all(p.device.type == "meta" for p in empty.parameters())
-    assert not any(hasattr(p, "accel_nb_quantized_bytes") for p in empty.parameters())
+    with pytest.raises(QuantizationError, match="torchao int4 layers cannot be offloaded yet"):
+        load_and_quantize_model(
+            empty,
+            TorchAoQuantizationConfig("int4"),
+            weights_location=folder,
+            device_map=OFFLOAD_MAP,
+            offload_folder=tmp_path,
+        )
+    assert all(p.device.type == "meta" for p in empty.parameters()) and not os.listdir(tmp_path)
 
 
 # -- bad input ----------------------------------------------------------------------------------------

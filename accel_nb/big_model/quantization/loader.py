@@ -24,11 +24,20 @@ import torch
 from torch import nn
 
 from ...serialization import CheckpointError, index_checkpoint, tensor_info
-from ..device_map import DeviceMapError, check_device_map, check_devices_exist, infer_auto_device_map
+from ..device_map import (
+    DeviceMapError,
+    check_device_map,
+    check_devices_exist,
+    device_for,
+    infer_auto_device_map,
+)
+from ..dispatch import dispatch_model
+from ..rollback import restore, snapshot
 from ..sizes import Device, get_balanced_memory, normalize_device, torch_device
 from . import prequantized
 from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError, TorchAoQuantizationConfig
 from .layers import QuantTarget, find_targets, keeps_fp32, make_shell, quantize_weight, require
+from .offload import OFFLOADER_ATTR, QuantizedOffloader
 from .sizes import mark_quantized_sizes, special_dtypes_for, unmark_quantized_sizes
 
 QUANTIZATION_ATTR = "accel_nb_quantization"  # set on a model this loader quantized: its config
@@ -295,24 +304,76 @@ def get_quantized_model_device_map(
     )
 
 
-def _check_placement(device_map: dict[str, Device], offload_folder: Any) -> Device:
+@dataclass
+class _Placement:
+    """Where each tensor goes: the execution device, and which quantized layers are offloaded where."""
+
+    device_map: dict[str, Device]
+    exec_device: torch.device
+    offloaded: dict[str, str]  # quantized layer -> "cpu" | "disk" (kept off the execution device)
+
+    @property
+    def dispatched(self) -> bool:
+        return (
+            len(set(self.device_map.values())) > 1
+            or bool(self.offloaded)
+            or "disk" in self.device_map.values()
+        )
+
+    def tensor_device(self, name: str) -> torch.device:
+        """Where a float tensor is loaded: its device, or the CPU for disk and offloaded entries
+        (the offload engine takes it from there)."""
+        dev = device_for(self.device_map, name)
+        if dev in ("cpu", "disk") or dev is None:
+            return torch.device("cpu")
+        return torch_device(dev)
+
+    def layer_device(self, layer: str) -> torch.device:
+        """Where a quantized layer is quantized: the execution device when it is offloaded (so its
+        bytes are those the execution device would compute), else its own device."""
+        if layer in self.offloaded:
+            return self.exec_device
+        return self.tensor_device(f"{layer}.weight")
+
+
+def _check_placement(
+    device_map: dict[str, Device], offload_folder: Any, targets: list[QuantTarget], config: QuantizationConfig
+) -> _Placement:
     devices = list(dict.fromkeys(device_map.values()))
-    if "disk" in devices:
+    check_devices_exist([d for d in devices if d != "disk"], "device_map")
+    layer_names = {t.name for t in targets}
+    split = [k for k in device_map if k.rpartition(".")[0] in layer_names]
+    if split:
+        raise QuantizationError(
+            f"the device map places {_listing(split, 4)} on its own, a tensor of a layer that is quantized; a "
+            "quantized layer's tensors go to one device together. Map the layer (or the block holding it) "
+            "instead. Nothing was loaded"
+        )
+    if "disk" in devices and offload_folder is None:
         on_disk = [k for k, v in device_map.items() if v == "disk"]
         raise QuantizationError(
-            f"the device map sends {_listing(on_disk, 4)} to 'disk'; offloading quantized weights to disk is not "
-            "built yet. Give the devices enough memory for the quantized model (it needs 2-4x less than in float), "
-            "or load it without quantization (load_checkpoint_and_dispatch). Nothing was loaded"
+            f"the device map sends {_listing(on_disk, 4)} to 'disk' but no offload folder was given; pass "
+            "offload_folder='some/folder' (quantized layers are written there in their quantized form, 2-4x "
+            "smaller than in float). Nothing was loaded"
         )
-    if len(devices) > 1:
+    in_place = [d for d in devices if d not in ("cpu", "disk")]
+    gpus = sorted(d for d in in_place if isinstance(d, int))
+    exec_device = torch_device(gpus[0] if gpus else (in_place[0] if in_place else "cpu"))
+    if exec_device.type == "cuda" and exec_device.index is None:
+        exec_device = torch.device("cuda", 0)
+    offloaded: dict[str, str] = {}
+    for t in targets:
+        dev = device_for(device_map, f"{t.name}.weight")
+        if dev == "disk" or (dev == "cpu" and exec_device.type != "cpu"):
+            offloaded[t.name] = dev
+    if offloaded and isinstance(config, TorchAoQuantizationConfig) and config.weight != "int8":
         raise QuantizationError(
-            f"the device map spreads the model over {', '.join(map(str, devices))}; a quantized model is loaded "
-            "onto one device for now (streaming quantized layers between devices is not built yet). Use "
-            "device_map={'': device} or a budget one device can hold. Nothing was loaded"
+            f"the device map offloads {_listing(list(offloaded), 4)} ({offloaded[next(iter(offloaded))]}), but "
+            f"torchao {config.weight} layers cannot be offloaded yet (only int8 weight-only and bitsandbytes "
+            "8/4-bit layers can). Give the execution device room for them, or use "
+            "TorchAoQuantizationConfig(weight='int8'). Nothing was loaded"
         )
-    check_devices_exist(devices, "device_map")
-    del offload_folder
-    return devices[0]
+    return _Placement(device_map, exec_device, offloaded)
 
 
 # -- the load -----------------------------------------------------------------------------------------
@@ -339,7 +400,10 @@ def load_and_quantize_model(
     weights is quantized from its own weights; a checkpoint saved quantized by bitsandbytes in the
     config's format (its state dict, as transformers writes it) loads as is. ``device_map`` is None (the GPU if there is one,
     else the CPU), ``"auto"``/``"balanced"``/``"sequential"`` (planned with the quantized sizes,
-    within ``max_memory``) or a dict; for now the whole model must land on one device.
+    within ``max_memory``) or a dict. Blocks may go to several devices, ``"cpu"`` and ``"disk"``
+    (with ``offload_folder``): offloaded quantized layers keep their quantized bytes on disk (or in
+    RAM) and come to the execution device (the map's first GPU, else the CPU) only for their
+    forward; the rest goes through ``dispatch_model``'s offload engine.
     Raises QuantizationError, with nothing changed, when anything does not fit.
     """
     del offload_state_dict  # shards are read one at a time anyway
@@ -372,8 +436,35 @@ def load_and_quantize_model(
     device_map = _resolve_device_map(
         model, config, targets, fp32, device_map, max_memory, no_split_module_classes
     )
-    device = torch_device(_check_placement(device_map, offload_folder))
+    placement = _check_placement(device_map, offload_folder, targets, config)
+    offloader = None
+    if placement.offloaded:
+        folder = os.fspath(offload_folder) if offload_folder is not None else None
+        offloader = QuantizedOffloader(placement.exec_device, config, folder)
+    snap = snapshot(model)  # no copies: which tensor each module holds, to put back on a failure
+    try:
+        _load(model, config, targets, fp32, tensors, source, wanted, saved_quantized, placement, offloader)
+        if placement.dispatched:
+            _dispatch(model, placement, offloader, offload_folder, no_split_module_classes)
+    except BaseException:
+        if offloader is not None:
+            offloader.discard()  # no quantized files left behind by a load that did not happen
+        restore(model, snap)
+        for t in targets:  # the original layers back in place of the quantized ones
+            parent_name, _, child = t.name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, t.module)
+        raise
+    if isinstance(config, BnbQuantizationConfig):
+        model.is_loaded_in_8bit = config.load_in_8bit
+        model.is_loaded_in_4bit = config.load_in_4bit
+    setattr(model, QUANTIZATION_ATTR, config)
+    model.hf_device_map = dict(placement.device_map)
+    return model
 
+
+def _load(
+    model, config, targets, fp32, tensors, source, wanted, saved_quantized, placement, offloader
+) -> None:
     by_weight = {f"{t.name}.weight": t for t in targets}
     shells = {t.name: make_shell(t, config) for t in targets}
     values: dict[int, torch.Tensor] = {}  # id(model tensor entry) -> its new value
@@ -387,17 +478,24 @@ def load_and_quantize_model(
             for entry in wanted[saved]:
                 target = by_weight.get(entry.names[0])
                 if target is not None:
-                    quantize_weight(shells[target.name], tensor, target, config, device)
+                    quantize_weight(
+                        shells[target.name], tensor, target, config, placement.layer_device(target.name)
+                    )
+                    if target.name in placement.offloaded:  # its quantized bytes leave at once
+                        offloader.offload(target.name, shells[target.name], placement.offloaded[target.name])
                     _release_freed_memory()
                     continue
                 dtype = tensor.dtype
                 if dtype.is_floating_point:
                     dtype = torch.float32 if keeps_fp32(entry.names[0], fp32) else config.torch_dtype
+                device = placement.tensor_device(entry.names[0])
                 values[id(entry)] = tensor.to(device=device, dtype=dtype, copy=not source.in_memory)
             del tensor
 
     for layer, saved_parts in parts.items():
-        prequantized.fill_layer(shells[layer], saved_parts, config, device)
+        prequantized.fill_layer(shells[layer], saved_parts, config, placement.layer_device(layer))
+        if layer in placement.offloaded:
+            offloader.offload(layer, shells[layer], placement.offloaded[layer])
 
     # every shard was read: change the model, all at once
     layer_of = {id(t.module): t.name for t in targets}
@@ -420,9 +518,18 @@ def load_and_quantize_model(
     for name, shell in shells.items():
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, shell)
-    if isinstance(config, BnbQuantizationConfig):
-        model.is_loaded_in_8bit = config.load_in_8bit
-        model.is_loaded_in_4bit = config.load_in_4bit
-    setattr(model, QUANTIZATION_ATTR, config)
-    model.hf_device_map = dict(device_map)
-    return model
+
+
+def _dispatch(model, placement, offloader, offload_folder, no_split_module_classes) -> None:
+    """Run a quantized model spread over devices: the float tensors (and quantized layers' biases) of
+    cpu/disk entries go through the ordinary offload engine, offloaded quantized layers through the offloader."""
+    dispatch_model(
+        model,
+        placement.device_map,
+        main_device=placement.exec_device,
+        offload_dir=offload_folder,
+        no_split_module_classes=no_split_module_classes,
+    )
+    if offloader is not None:
+        offloader.attach()
+        setattr(model, OFFLOADER_ATTR, offloader)
