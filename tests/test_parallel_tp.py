@@ -3,7 +3,7 @@
 One 4-process launch (dp_shard=2 × tp=2) trains a small transformers Llama built from a config and
 checks, against the same loop on one plain process: the losses, gradient norms and final weights over
 20 steps; the mesh and each rank's coordinates; each rank's measured share of the parameter bytes;
-the batches each rank read; a plan naming a missing module; save_state/load_state resuming exactly;
+the batches each rank read; gather_for_metrics keeping each sample once; a plan naming a missing module; save_state/load_state resuming exactly;
 save_model writing one full safetensors model. The rest are checks that need no processes.
 """
 
@@ -103,6 +103,10 @@ def _train(folder: str | None, sizes: dict | None, batch_size: int) -> dict:
     if folder is None:
         return out
     out["gathered"] = acc.gather(torch.tensor([float(acc.process_index)])).tolist()
+    # gather_for_metrics: each sample once (the two ranks of a tp group read the same), padding dropped
+    evaluation = acc.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=2))
+    out["metrics"] = [v for (x,) in evaluation for v in acc.gather_for_metrics(x).tolist()]
+    out["metric_objects"] = [v for (x,) in evaluation for v in acc.gather_for_metrics(x.tolist(), True)]
     # resume exactly: three steps after save_state, then load_state and the same three batches again
     acc.save_state(os.path.join(folder, "ckpt"))
     acc.save_model(model, os.path.join(folder, "weights"))
@@ -141,6 +145,7 @@ def test_tp2_x_fsdp2_on_four_ranks_matches_one_process_and_round_trips(tmp_path)
     for r in ranks:
         assert r["param_bytes"] == planned // 4 + (full - planned) // 2
     assert main["gathered"] == [0.0, 1.0, 2.0, 3.0]
+    assert sorted(main["metrics"]) == list(range(10)) == sorted(ranks[3]["metric_objects"])
     # save_state / load_state: the three steps after the checkpoint come out the same after loading it
     assert main["again"] == main["after"]
     assert {"fsdp_model", "fsdp_optimizer"} <= set(os.listdir(tmp_path / "ckpt"))
@@ -151,6 +156,54 @@ def test_tp2_x_fsdp2_on_four_ranks_matches_one_process_and_round_trips(tmp_path)
     plain.load_state_dict(load_file(str(tmp_path / "weights" / "model.safetensors")))
     for name, value in main["weights"].items():
         np.testing.assert_array_equal(plain.state_dict()[name].numpy(), value, err_msg=name)
+
+
+def _tp_only(folder: str) -> dict:
+    """Tensor parallel alone (tp over both ranks, no FSDP), laid out from the launch environment."""
+    from accel_nb import Accelerator
+    from accel_nb.fsdp.sharding import local_shard_bytes
+
+    acc = Accelerator()  # the ParallelismConfig comes from ACCEL_NB_USE_PARALLELISM_CONFIG / ..._TP_SIZE
+    model = _llama()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    model, opt, dl = acc.prepare(model, opt, DataLoader(_tokens(), batch_size=8))
+    batches = iter(dl)
+
+    def step(x):
+        loss = model(input_ids=x, labels=x).loss
+        acc.backward(loss)
+        norm = float(acc.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        opt.zero_grad()
+        return loss.item(), norm
+
+    out = {
+        "mesh": tuple(acc.torch_device_mesh.mesh_dim_names),
+        "first": [step(next(batches)[0]) for _ in range(5)],
+    }
+    acc.save_state(os.path.join(folder, "ckpt"))
+    nxt = [next(batches)[0] for _ in range(2)]
+    out["after"] = [step(x) for x in nxt]
+    acc.load_state(os.path.join(folder, "ckpt"))
+    out["again"] = [step(x) for x in nxt]
+    out["param_bytes"] = local_shard_bytes(model.parameters())
+    out["ddp"] = type(model).__name__
+    return out
+
+
+@pytest.mark.multiproc
+def test_tensor_parallel_alone_from_the_launch_environment_trains_and_resumes(tmp_path):
+    env = {ENV_USE_PARALLELISM_CONFIG: "true", PARALLELISM_ENV["tp_size"][0]: "2"}
+    ranks = run_ranks(_tp_only, world_size=2, args=(str(tmp_path),), env=env)
+    reference = _train(None, None, batch_size=8)
+    assert ranks[0]["mesh"] == ("tp",) and ranks[0]["ddp"] == "LlamaForCausalLM"  # no DDP wrapper
+    for rank in ranks:  # both ranks read every batch; the losses and norms are the one-process run's
+        np.testing.assert_allclose([loss for loss, _ in rank["first"]], reference["losses"][:5], rtol=1e-5)
+        np.testing.assert_allclose([norm for _, norm in rank["first"]], reference["norms"][:5], rtol=1e-4)
+        assert rank["again"] == rank["after"]
+        # planned weights halved, the norms whole on both ranks
+        planned, full = reference["planned_bytes"], reference["full_bytes"]
+        assert rank["param_bytes"] == planned // 2 + (full - planned)
 
 
 # ------------------------------------------------------------------ no processes needed
@@ -245,3 +298,49 @@ def test_the_reference_paths_import():
     assert ParallelismConfig(cp_size=2).cp_handler.cp_comm_strategy == "allgather"
     with pytest.raises(ValueError, match="cp_comm_strategy"):
         TorchContextParallelConfig(cp_comm_strategy="ring")
+
+
+def test_launch_flags_and_config_file_set_the_ranks_environment(tmp_path):
+    from accel_nb.commands.launch import config_for_launch
+    from accel_nb.commands.main import build_parser
+    from accel_nb.config import ConfigError
+    from accel_nb.config.command_line import launch_command_line
+
+    parser = build_parser()
+    flags = ["launch", "--cpu", "--num_processes", "4", "--parallelism_config_tp_size", "2"]
+    cfg = config_for_launch(
+        parser.parse_args([*flags, "--parallelism_config_dp_shard_size", "2", "train.py"])
+    )
+    env = cfg.to_env()
+    assert env["ACCEL_NB_USE_PARALLELISM_CONFIG"] == env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
+    assert env["ACCEL_NB_PARALLELISM_CONFIG_TP_SIZE"] == env["PARALLELISM_CONFIG_TP_SIZE"] == "2"
+    assert env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2"
+    assert "--parallelism_config_tp_size 2" in launch_command_line(cfg)
+    with pytest.raises(ConfigError, match="multiplies to 4 processes but this run has 8"):
+        config_for_launch(
+            parser.parse_args(
+                [
+                    "launch",
+                    "--cpu",
+                    "--num_processes",
+                    "8",
+                    *flags[4:],
+                    "--parallelism_config_dp_shard_size",
+                    "2",
+                    "x.py",
+                ]
+            )
+        )
+    # a config file in the reference's layout (parallelism_config: {parallelism_config_tp_size: 2})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n"
+        "parallelism_config:\n  parallelism_config_tp_size: 2\n"
+    )
+    cfg = config_for_launch(parser.parse_args(["launch", "--config_file", str(path), "train.py"]))
+    assert cfg.to_env()["PARALLELISM_CONFIG_TP_SIZE"] == "2"
+    path.write_text(
+        path.read_text().replace("parallelism_config_tp_size: 2", "parallelism_config_tq_size: 2")
+    )
+    with pytest.raises(ConfigError, match="unknown key 'parallelism_config_tq_size'"):
+        config_for_launch(parser.parse_args(["launch", "--config_file", str(path), "train.py"]))

@@ -60,10 +60,10 @@ class ModelWeights:
                 return state
         if unwrap:
             model = self.unwrap_model(model)  # type: ignore[attr-defined]
-        from ..fsdp.sharding import is_fsdp_model
+        from ..fsdp.sharding import is_sharded_model
 
         # gathered from every rank (call it on all): the full weights on the main process
-        if is_fsdp_model(model):
+        if is_sharded_model(model):
             from ..fsdp.state_dicts import full_model_state
 
             return full_model_state(model)

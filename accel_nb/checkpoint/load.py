@@ -350,9 +350,10 @@ def load_accelerator_state(
 
 def _read_fsdp_shards(accelerator: Any, plan: dict[str, Any]) -> None:
     """FSDP: every rank reads its shards (a collective, so only after every rank's checks passed); all or nothing."""
-    if getattr(accelerator, "fsdp_options", None) is None:
+    from ..fsdp.checkpointing import read_sharded_parts, sharded_mode
+
+    if sharded_mode(accelerator) is None:  # neither FSDP nor tensor parallel
         return
-    from ..fsdp.checkpointing import read_sharded_parts
     from ..ops import gather_object
 
     error = None

@@ -53,9 +53,9 @@ def save_model(
     if os.path.isfile(save_directory):
         raise CheckpointError(f"save_model needs a folder, but {save_directory} is a file")
     inner = unwrapped(accelerator, model)
-    from ..fsdp.sharding import is_fsdp_model
+    from ..fsdp.sharding import is_sharded_model
 
-    sharded = is_fsdp_model(inner)  # FSDP: every rank takes part in gathering the full weights
+    sharded = is_sharded_model(inner)  # FSDP: every rank takes part in gathering the full weights
     if sharded:
         from ..fsdp.state_dicts import full_model_state
 

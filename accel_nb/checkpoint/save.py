@@ -243,9 +243,10 @@ def _fsdp_parts(accelerator: Any, tmp: str, weights: list[Any]) -> dict[int, Any
 
     Returns the optimizer states the writer saves instead of ``state_dict()`` (accel_nb.fsdp.checkpointing).
     """
-    if getattr(accelerator, "fsdp_options", None) is None:
+    from ..fsdp.checkpointing import save_sharded_parts, sharded_mode
+
+    if sharded_mode(accelerator) is None:  # neither FSDP nor tensor parallel
         return {}
-    from ..fsdp.checkpointing import save_sharded_parts
 
     models = [unwrapped(accelerator, m) for m in getattr(accelerator, "_models", [])]
     return save_sharded_parts(accelerator, tmp, weights, models)

@@ -45,6 +45,7 @@ __all__ = [
     "add_parser",
     "run",
     "add_deepspeed_flags",
+    "add_parallelism_flags",
     "config_for_launch",
     "torchrun_arguments",
     "rank_environment",
@@ -94,6 +95,7 @@ def add_parser(sub: Any) -> None:
     launch.add_argument("--cpu", action="store_true", help="run on CPU processes even when GPUs are present")
     launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
     add_deepspeed_flags(launch)
+    add_parallelism_flags(launch)
     launch.add_argument(
         "--monitor_interval",
         "--monitor-interval",
@@ -166,6 +168,46 @@ def _deepspeed_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[
         }
 
 
+_PARALLELISM_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+
+
+def add_parallelism_flags(parser: argparse.ArgumentParser) -> None:
+    """``--use_parallelism_config`` and the reference's ``--parallelism_config_*`` flags (docs/parallelism.md)."""
+    group = parser.add_argument_group("Parallelism layout (ParallelismConfig; docs/parallelism.md)")
+    group.add_argument(
+        "--use_parallelism_config",
+        "--use-parallelism-config",
+        action="store_true",
+        help="lay the processes out on a dp_replicate x dp_shard x cp x tp mesh (sizes below; a size flag implies it)",
+    )
+    for name in _PARALLELISM_SIZES:
+        flag = f"parallelism_config_{name}"
+        group.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, default=None)
+    group.add_argument(
+        "--parallelism_config_cp_backend", "--parallelism-config-cp-backend", choices=("torch",), default=None
+    )
+    group.add_argument(
+        "--parallelism_config_cp_comm_strategy",
+        "--parallelism-config-cp-comm-strategy",
+        choices=("allgather", "alltoall"),
+        default=None,
+    )
+
+
+def _parallelism_changes(ns: argparse.Namespace, cfg: LaunchConfig) -> None:
+    names = (*_PARALLELISM_SIZES, "cp_backend", "cp_comm_strategy")
+    given = {
+        f"parallelism_config_{k}": getattr(ns, f"parallelism_config_{k}", None)
+        for k in names
+        if getattr(ns, f"parallelism_config_{k}", None) is not None
+    }
+    if given or getattr(ns, "use_parallelism_config", False):
+        current = cfg.extras.get("parallelism_config") or {}
+        # an empty mapping still turns the layout on: every size 1 (plain data parallel) unless given
+        merged = {**current, **given} or {"parallelism_config_dp_replicate_size": 1}
+        cfg.extras = {**cfg.extras, "parallelism_config": merged}
+
+
 def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
     """The saved (or default) config with the command-line flags applied, validated."""
     if ns.config_file and not os.path.exists(ns.config_file):
@@ -186,6 +228,7 @@ def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
     if ns.cpu:
         changes["use_cpu"] = True
     _deepspeed_changes(ns, cfg, changes)
+    _parallelism_changes(ns, cfg)
     try:
         return cfg.replace(**changes)
     except ConfigError as exc:

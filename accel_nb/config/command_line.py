@@ -56,5 +56,11 @@ def launch_command_line(cfg: LaunchConfig, script: str = "train.py", explicit: b
             value = settings.get(key)
             if value is not None:
                 parts += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    layout = cfg.extras.get("parallelism_config") or {}
+    if layout:
+        parts.append("--use_parallelism_config")
+        for key, value in layout.items():
+            if value is not None:
+                parts += [f"--{key}", str(value)]
     parts.append(script)
     return " ".join(shlex.quote(p) for p in parts)

@@ -34,6 +34,7 @@ from ..env_names import (
 )
 from ..fsdp.options import options_from_config
 from ..hardware import HardwareInfo, cuda_device_count, detect
+from ..parallel.config import check_launch_settings, launch_env
 from ..precision.setting import bf16_gpu_problem
 from .files import default_config_path, find_config_file, read_config_mapping, write_config_mapping
 from .values import (
@@ -156,6 +157,19 @@ class LaunchConfig:
         self._validate_consistency(path)
         self._validate_fsdp(path)
         self._validate_deepspeed(path)
+        if self.extras.get("parallelism_config"):  # sizes checked against num_processes (accel_nb.parallel)
+            try:
+                self.extras["parallelism_config"] = check_launch_settings(
+                    self.extras["parallelism_config"], self.num_processes
+                )
+            except ValueError as exc:
+                raise ConfigError(
+                    "parallelism_config",
+                    self.extras["parallelism_config"],
+                    "docs/parallelism.md",
+                    path,
+                    str(exc),
+                ) from None
         if self.dynamo_backend not in ("no", "inductor") and self.dynamo_mode != "default":
             raise ConfigError(
                 "dynamo_mode",
@@ -464,6 +478,8 @@ class LaunchConfig:
         env.update(self.compile_env())
         env.update(self.fsdp_env())
         env.update(self.deepspeed_env())
+        if self.extras.get("parallelism_config"):  # the ranks' Accelerators build a ParallelismConfig
+            env.update(launch_env(self.extras["parallelism_config"]))
         return env
 
     def deepspeed_env(self) -> dict[str, str]:

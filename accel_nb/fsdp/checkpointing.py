@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .sharding import is_fsdp_model
+from .sharding import is_sharded_model
 from .state_dicts import (
     apply_model_state,
     apply_optimizer_state,
@@ -36,14 +36,20 @@ __all__ = [
     "read_sharded_parts",
     "save_sharded_parts",
     "sharded_folder",
+    "sharded_mode",
 ]
 
 SHARDED = "fsdp_sharded"  # marks a part that lives in a DCP folder, read in load_state's collective phase
 
 
-def _mode(accelerator: Any) -> str | None:
+def sharded_mode(accelerator: Any) -> str | None:
+    """How ``save_state`` writes sharded models: ``"sharded"`` or ``"full"`` (FSDP's ``state_dict_type``;
+    tensor parallel without FSDP: sharded), None when the run shards nothing."""
     options = getattr(accelerator, "fsdp_options", None)
-    return None if options is None else options.state_dict_type
+    if options is not None:
+        return options.state_dict_type
+    layout = getattr(accelerator, "parallelism_config", None)
+    return "sharded" if layout is not None and layout.tp_enabled else None
 
 
 def sharded_folder(path: str, what: str, i: int) -> str:
@@ -53,9 +59,9 @@ def sharded_folder(path: str, what: str, i: int) -> str:
 
 def model_weights(accelerator: Any, module: torch.nn.Module) -> dict[str, Any]:
     """The state dict ``save_state`` writes for ``module``: full (main process) or sharded (DTensors) under FSDP."""
-    if not is_fsdp_model(module):
+    if not is_sharded_model(module):
         return module.state_dict()
-    if _mode(accelerator) == "full":
+    if sharded_mode(accelerator) == "full":
         if getattr(getattr(accelerator, "project_configuration", None), "save_on_each_node", False):
             raise ValueError(
                 "save_on_each_node=True with FSDPOptions(state_dict_type='full') is not supported: the full weights "
@@ -87,14 +93,14 @@ def save_sharded_parts(accelerator: Any, tmp: str, weights: list[Any], models: l
             dcp.save({"model": state}, checkpoint_id=sharded_folder(tmp, "model", i))
             weights[i] = None
     overrides: dict[int, Any] = {}
-    if _mode(accelerator) is None:
+    if sharded_mode(accelerator) is None:
         return overrides
     for i, opt in enumerate(getattr(accelerator, "_optimizers", [])):
         inner = getattr(opt, "optimizer", opt)
         owner = owning_model(inner, models)
         if owner is None:
             continue
-        if _mode(accelerator) == "full":
+        if sharded_mode(accelerator) == "full":
             overrides[i] = full_optimizer_state(owner, inner)
         else:
             from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -131,7 +137,7 @@ def load_model(module: torch.nn.Module, source: Any, strict: bool) -> bool:
 
     ``source`` is this rank's shards (read from DCP), a full state dict, or a safetensors index of full weights.
     """
-    if not is_fsdp_model(module):
+    if not is_sharded_model(module):
         return False
     if isinstance(source, dict):
         apply_model_state(module, source, full=not _is_sharded(source), strict=strict)

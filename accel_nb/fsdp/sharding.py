@@ -18,7 +18,14 @@ import torch
 
 from .options import FSDPOptions
 
-__all__ = ["is_fsdp_model", "no_gradient_sync", "repoint_optimizer", "shard_model", "local_shard_bytes"]
+__all__ = [
+    "is_fsdp_model",
+    "is_sharded_model",
+    "no_gradient_sync",
+    "repoint_optimizer",
+    "shard_model",
+    "local_shard_bytes",
+]
 
 # id(old) -> (weakref to old, weakref to new): held by the Accelerator, it keeps neither parameter alive
 ParamSwap = dict[int, tuple[Any, Any]]
@@ -29,6 +36,20 @@ def is_fsdp_model(model: Any) -> bool:
     fsdp = sys.modules.get("torch.distributed.fsdp")
     model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
     return bool(fsdp is not None and isinstance(model, fsdp.FSDPModule))
+
+
+def is_sharded_model(model: Any) -> bool:
+    """True when ``model``'s parameters are DTensors: sharded with ``fully_shard``, split by tensor
+    parallel, or both (their state dicts go through torch.distributed.checkpoint's functions)."""
+    if is_fsdp_model(model):
+        return True
+    tensor = sys.modules.get("torch.distributed.tensor")
+    model = getattr(model, "_orig_mod", model)
+    return bool(
+        tensor is not None
+        and isinstance(model, torch.nn.Module)
+        and any(isinstance(p, tensor.DTensor) for p in model.parameters())
+    )
 
 
 def _targets(model: torch.nn.Module, options: FSDPOptions) -> list[torch.nn.Module]:

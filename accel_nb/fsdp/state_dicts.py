@@ -115,10 +115,10 @@ def apply_optimizer_state(
 
 def owning_model(optimizer: torch.optim.Optimizer, models: list[torch.nn.Module]) -> torch.nn.Module | None:
     """The sharded model among ``models`` whose parameters ``optimizer`` updates (None: a plain optimizer)."""
-    from .sharding import is_fsdp_model
+    from .sharding import is_sharded_model
 
     ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    owners = [m for m in models if is_fsdp_model(m) and any(id(p) in ids for p in m.parameters())]
+    owners = [m for m in models if is_sharded_model(m) and any(id(p) in ids for p in m.parameters())]
     if len(owners) > 1:
         raise ValueError(
             "one optimizer updates the parameters of several FSDP-sharded models; torch's state dict functions "

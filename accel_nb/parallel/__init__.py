@@ -4,6 +4,7 @@
 - ``tensor_parallel``: a tensor-parallel plan (the model's own or a dict) applied with ``parallelize_module``.
 - ``preparing``: what ``Accelerator.prepare`` does with a ParallelismConfig (TP, then FSDP2 over dp_shard).
 - ``clipping``: gradient-norm clipping over parameters that live on different meshes.
+- ``metrics``: ``gather_for_metrics`` keeping each data-parallel group's samples once.
 - ``pipeline``: ``prepare_pippy``, pipeline-parallel inference (one stage per process, microbatches through GPipe).
 - ``pipeline_training``: ``PipelineTrainer``, pipeline-parallel training (GPipe / 1F1B, per-stage optimizers).
 - ``pipeline_split``: where to cut a model into stages (checked names, or balanced by parameter bytes).

@@ -23,6 +23,8 @@ __all__ = [
     "ParallelismConfig",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
+    "check_launch_settings",
+    "launch_env",
     "parallelism_from_env",
 ]
 
@@ -318,3 +320,66 @@ def parallelism_from_env() -> ParallelismConfig | None:
     if str(flag).strip().lower() not in ("1", "true", "yes", "on"):
         return None
     return ParallelismConfig()
+
+
+# -- the launch config's ``parallelism_config`` mapping (the reference's keys: parallelism_config_tp_size, ...) --
+LAUNCH_KEYS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "cp_backend", "cp_comm_strategy")
+LAUNCH_PREFIX = "parallelism_config_"
+
+
+def check_launch_settings(settings: Any, num_processes: int | None = None) -> dict[str, Any]:
+    """The launch config's ``parallelism_config`` mapping, checked and with the reference's prefixed keys.
+
+    Keys may be given with or without the ``parallelism_config_`` prefix. Raises ValueError naming
+    the bad key or, with ``num_processes``, sizes that do not multiply to it.
+
+        check_launch_settings({"tp_size": 2, "dp_shard_size": 2}, 4)
+        # {'parallelism_config_tp_size': 2, 'parallelism_config_dp_shard_size': 2}
+    """
+    if not isinstance(settings, dict):
+        raise ValueError(f"parallelism_config must be a mapping such as {{tp_size: 2}}, got {settings!r}")
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        name = str(key)[len(LAUNCH_PREFIX) :] if str(key).startswith(LAUNCH_PREFIX) else str(key)
+        if name in (
+            "sp_size",
+            "sp_backend",
+            "sp_seq_length",
+            "sp_seq_length_is_variable",
+            "sp_attn_implementation",
+        ):
+            if name == "sp_size" and value not in (None, 1, "1"):
+                raise ValueError(
+                    f"parallelism_config {key}={value!r}: DeepSpeed's sequence parallelism is not part of accel_nb; "
+                    "use cp_size (torch's context parallel)"
+                )
+            continue
+        if name not in LAUNCH_KEYS:
+            raise ValueError(
+                f"parallelism_config has an unknown key {key!r}; known: "
+                + ", ".join(LAUNCH_PREFIX + k for k in LAUNCH_KEYS)
+            )
+        if value is None:
+            continue
+        out[LAUNCH_PREFIX + name] = value
+    sizes = {k[len(LAUNCH_PREFIX) :]: v for k, v in out.items() if k.endswith("_size")}
+    extra = {k[len(LAUNCH_PREFIX) :]: v for k, v in out.items() if not k.endswith("_size")}
+    config = ParallelismConfig(**sizes, cp_backend=extra.get("cp_backend"))  # checks each value
+    if "cp_comm_strategy" in extra:
+        TorchContextParallelConfig(extra["cp_comm_strategy"])
+    for name in sizes:
+        out[LAUNCH_PREFIX + name] = getattr(config, name)
+    if num_processes is not None and config.total_size not in (1, num_processes):
+        config.check_world_size(num_processes)
+    return out
+
+
+def launch_env(settings: dict[str, Any]) -> dict[str, str]:
+    """The environment a launched rank's Accelerator builds its ParallelismConfig from (both spellings)."""
+    env = {ENV_USE_PARALLELISM_CONFIG: "true", REFERENCE_NAMES[ENV_USE_PARALLELISM_CONFIG]: "true"}
+    for key, value in settings.items():
+        name = key[len(LAUNCH_PREFIX) :] if key.startswith(LAUNCH_PREFIX) else key
+        if name in PARALLELISM_ENV and value is not None:
+            for variable in PARALLELISM_ENV[name]:
+                env[variable] = str(value)
+    return env
