@@ -159,7 +159,8 @@ def test_tp2_x_fsdp2_on_four_ranks_matches_one_process_and_round_trips(tmp_path)
 
 
 def _tp_only(folder: str) -> dict:
-    """Tensor parallel alone (tp over both ranks, no FSDP), laid out from the launch environment."""
+    """Tensor parallel alone (tp over both ranks, no FSDP), laid out from the launch environment; also a
+    model transformers split itself (``from_pretrained(tp_plan="auto")``), which prepare does not split again."""
     from accel_nb import Accelerator
     from accel_nb.fsdp.sharding import local_shard_bytes
 
@@ -188,12 +189,18 @@ def _tp_only(folder: str) -> dict:
     out["again"] = [step(x) for x in nxt]
     out["param_bytes"] = local_shard_bytes(model.parameters())
     out["ddp"] = type(model).__name__
+    from transformers import LlamaForCausalLM
+
+    split = acc.prepare(LlamaForCausalLM.from_pretrained(os.path.join(folder, "pretrained"), tp_plan="auto"))
+    (x,) = next(iter(DataLoader(_tokens(), batch_size=8)))
+    out["pretrained_loss"] = split(input_ids=x, labels=x).loss.item()
     return out
 
 
 @pytest.mark.multiproc
 def test_tensor_parallel_alone_from_the_launch_environment_trains_and_resumes(tmp_path):
     env = {ENV_USE_PARALLELISM_CONFIG: "true", PARALLELISM_ENV["tp_size"][0]: "2"}
+    _llama().save_pretrained(str(tmp_path / "pretrained"))
     ranks = run_ranks(_tp_only, world_size=2, args=(str(tmp_path),), env=env)
     reference = _train(None, None, batch_size=8)
     assert ranks[0]["mesh"] == ("tp",) and ranks[0]["ddp"] == "LlamaForCausalLM"  # no DDP wrapper
@@ -204,6 +211,7 @@ def test_tensor_parallel_alone_from_the_launch_environment_trains_and_resumes(tm
         # planned weights halved, the norms whole on both ranks
         planned, full = reference["planned_bytes"], reference["full_bytes"]
         assert rank["param_bytes"] == planned // 2 + (full - planned)
+        assert rank["pretrained_loss"] == pytest.approx(reference["losses"][0], rel=1e-5)
 
 
 # ------------------------------------------------------------------ no processes needed
@@ -244,6 +252,8 @@ def test_sizes_that_do_not_multiply_to_the_processes_are_a_clear_error():
         Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
     with pytest.raises(TypeError, match="ParallelismConfig"):
         Accelerator(parallelism_config={"tp_size": 2})
+    with pytest.raises(ValueError, match="context parallel is not built"):
+        Accelerator(parallelism_config=ParallelismConfig(cp_size=2))
 
 
 def test_sizes_come_from_the_launch_environment(monkeypatch):

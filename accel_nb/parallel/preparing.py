@@ -62,6 +62,12 @@ def resolve_layout(
         raise TypeError(f"parallelism_config must be a ParallelismConfig(...), got {type(config).__name__}")
     if config.total_size == 1 and num_processes > 1:  # no sizes given: plain replicated data parallel
         config.dp_replicate_size = num_processes
+    if config.cp_enabled:
+        raise ValueError(
+            f"cp_size={config.cp_size}: context parallel is not built in accel_nb yet (torch's context_parallel has "
+            "no CPU attention kernel to test it on: aten._scaled_dot_product_flash_attention_for_cpu has no sharding "
+            "strategy); set cp_size=1 and use the processes for dp_shard_size or tp_size"
+        )
     config.check_world_size(num_processes)
     if config.shards_with_fsdp:
         fsdp_options = fsdp_options if fsdp_options is not None else FSDPOptions()
@@ -101,7 +107,7 @@ def parallelize(
         if param is not None
     ]
     config = layout.config
-    if config.tp_enabled:
+    if config.tp_enabled and not _already_split(model, config.tp_size):
         plan = resolve_plan(model, config.tp_plan, config.tp_size)
         if layout.mesh is not None:
             apply_plan(model, plan, config.submesh("tp"))
@@ -115,3 +121,22 @@ def parallelize(
         if new is not None and new is not old:
             swap[id(old)] = (weakref.ref(old), weakref.ref(new))
     return swap
+
+
+def _already_split(model: torch.nn.Module, tp_size: int) -> bool:
+    """True when ``model`` arrived tensor-parallel already (e.g. ``from_pretrained(tp_plan="auto")``).
+
+    Its DTensor parameters must live on a mesh of ``tp_size`` processes (a clear error otherwise).
+    """
+    from torch.distributed.tensor import DTensor  # deferred: torch.distributed
+
+    meshes = {p.device_mesh.size() for p in model.parameters() if isinstance(p, DTensor)}
+    if not meshes:
+        return False
+    if meshes != {tp_size}:
+        raise ValueError(
+            f"this {type(model).__name__} was split over {sorted(meshes)} processes before prepare, but tp_size="
+            f"{tp_size} (transformers' from_pretrained(tp_plan='auto') splits over every process); load it without "
+            "tp_plan and let prepare apply the model's plan over the tp dimension"
+        )
+    return True
