@@ -121,7 +121,10 @@ def _train(folder: str | None, sizes: dict | None, batch_size: int) -> dict:
 @pytest.mark.multiproc
 def test_tp2_x_fsdp2_on_four_ranks_matches_one_process_and_round_trips(tmp_path):
     reference = _train(None, None, batch_size=8)
-    ranks = run_ranks(_train, world_size=4, args=(str(tmp_path), {"dp_shard_size": 2, "tp_size": 2}, 4))
+    # timeout: a hang guard only (4 ranks importing transformers on a loaded 2-core machine are slow)
+    ranks = run_ranks(
+        _train, world_size=4, args=(str(tmp_path), {"dp_shard_size": 2, "tp_size": 2}, 4), timeout=600
+    )
     main = ranks[0]
     # the mesh: tp innermost (ranks 0,1 and 2,3 split the layers), dp_shard outermost
     assert main["mesh"] == (("dp_shard", "tp"), (2, 2))
@@ -201,7 +204,7 @@ def _tp_only(folder: str) -> dict:
 def test_tensor_parallel_alone_from_the_launch_environment_trains_and_resumes(tmp_path):
     env = {ENV_USE_PARALLELISM_CONFIG: "true", PARALLELISM_ENV["tp_size"][0]: "2"}
     _llama().save_pretrained(str(tmp_path / "pretrained"))
-    ranks = run_ranks(_tp_only, world_size=2, args=(str(tmp_path),), env=env)
+    ranks = run_ranks(_tp_only, world_size=2, args=(str(tmp_path),), env=env, timeout=600)  # a hang guard
     reference = _train(None, None, batch_size=8)
     assert ranks[0]["mesh"] == ("tp",) and ranks[0]["ddp"] == "LlamaForCausalLM"  # no DDP wrapper
     for rank in ranks:  # both ranks read every batch; the losses and norms are the one-process run's
