@@ -92,8 +92,10 @@ def test_the_same_parsed_arguments_give_the_ranks_the_reference_settings(flags, 
         assert our_args.main_process_port == ref_args.main_process_port
     else:  # deliberate difference: a free port rather than 29500 (docs/migration.md)
         assert our_args.master_port == str(our_args.main_process_port) and our_args.main_process_port > 0
-    if "--use_fsdp" in flags:  # accel_nb's ranks read the FSDP settings from one JSON value
+    if "--use_fsdp" in flags:  # accel_nb's ranks read one JSON value; the reference's FSDP_* are there too
         assert json.loads(our_env["ACCEL_NB_FSDP_CONFIG"])["fsdp_version"] == "2"
+        theirs = {k: v.lower() for k, v in ref_env.items() if k.startswith("FSDP_")}
+        assert theirs and {k: v.lower() for k, v in our_env.items() if k.startswith("FSDP_")} == theirs
 
 
 def test_port_zero_becomes_a_free_port_in_both(no_saved_config):

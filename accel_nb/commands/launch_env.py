@@ -50,6 +50,43 @@ _FSDP_KEYS = (
 )
 
 
+# the reference's FSDP_* variables (what transformers and the reference's ranks read): flag -> variable
+_FSDP_VARIABLES = {
+    **{
+        f"fsdp_{n}": f"FSDP_{n.upper()}"
+        for n in (
+            "version",
+            "sharding_strategy",
+            "reshard_after_forward",
+            "offload_params",
+            "min_num_params",
+            "auto_wrap_policy",
+            "backward_prefetch",
+            "state_dict_type",
+            "forward_prefetch",
+            "use_orig_params",
+            "cpu_ram_efficient_loading",
+            "sync_module_states",
+            "activation_checkpointing",
+            "activation_checkpointing_offload",
+            "ignored_modules",
+        )
+    },
+    "fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
+}
+
+
+def _fsdp_variables(given: dict[str, Any]) -> dict[str, str]:
+    """The reference's ``FSDP_*`` variables for the ``--fsdp_*`` flags given (true/false in lower case)."""
+    out = {}
+    for flag, variable in _FSDP_VARIABLES.items():
+        value = given.get(flag)
+        if value is not None:
+            text = str(value)
+            out[variable] = text.lower() if text.lower() in ("true", "false") else text
+    return out
+
+
 def _as_flag(value: Any) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
@@ -87,6 +124,13 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
             if given.get(name) is not None:
                 changes[name] = _as_flag(given[name]) if name != "dynamo_mode" else given[name]
     if given.get("use_fsdp"):
+        if _as_flag(given.get("fsdp_cpu_ram_efficient_loading")) and not _as_flag(
+            given.get("fsdp_sync_module_states")
+        ):
+            raise ValueError(
+                "--fsdp_cpu_ram_efficient_loading needs --fsdp_sync_module_states true (the other processes "
+                "receive the weights process 0 loaded)"
+            )
         fsdp = {k: given[k] for k in _FSDP_KEYS if given.get(k) is not None}
         changes["distributed_type"] = "FSDP"
         cfg.extras = {**cfg.extras, "fsdp_config": {**(cfg.extras.get("fsdp_config") or {}), **fsdp}}
@@ -111,4 +155,6 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(given["num_cpu_threads_per_process"])
     if given.get("debug"):
         env["ACCELERATE_DEBUG_MODE"] = "true"
+    if given.get("use_fsdp"):  # accel_nb's ranks read ACCEL_NB_FSDP_CONFIG; other libraries read these
+        env.update(_fsdp_variables(given))
     return env
