@@ -98,7 +98,8 @@ def place_and_wrap(
     if compile_options is not None:  # inside DDP's wrapper, around the autocast forward; FSDP: in place
         from ..compile.apply import compile_model
 
-        model = compile_model(model, compile_options, in_place=fsdp is not None)
+        # in place under FSDP or a parallelism layout: the plan and fully_shard see the model's own names
+        model = compile_model(model, compile_options, in_place=fsdp is not None or by_layout)
     if by_layout:
         from ..parallel.preparing import parallelize  # deferred: torch.distributed.tensor
 
