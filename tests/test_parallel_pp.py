@@ -80,6 +80,39 @@ def _plain_losses(batches) -> list[float]:
     return _plain_training(batches)[0]
 
 
+def _next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+    )
+
+
+def _token_batches() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 64, (8, 12), generator=g) for _ in range(5)]
+
+
+def _plain_llama_losses() -> list[float]:
+    model = _llama().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    out = []
+    for tokens in _token_batches():
+        loss = _next_token_loss(model(tokens).logits, tokens)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        out.append(loss.item())
+    return out
+
+
+class _WithUnusedModule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
 def _trainer(schedule: str, n_microbatches: int = 4, max_grad_norm=None):
     from accel_nb import PipelineTrainer
 
@@ -99,7 +132,7 @@ def _trainer(schedule: str, n_microbatches: int = 4, max_grad_norm=None):
 
 def _two_ranks(folder: str) -> dict:
     """prepare_pippy on a tiny Llama (auto and named split points), then GPipe and 1F1B training with resume."""
-    from accel_nb import prepare_pippy
+    from accel_nb import PipelineTrainer, prepare_pippy
 
     model, x, x_3x5 = _llama(), _tokens(4, 8), _tokens(3, 5)
     mask = torch.ones_like(x)
@@ -134,6 +167,19 @@ def _two_ranks(folder: str) -> dict:
             "resumed": [resumed.step(xb, target=yb) for xb, yb in batches[3:]],
             "stage_params": sorted(resumed.model.state_dict()),
         }
+    llama = PipelineTrainer(  # a transformers model, next-token loss, 1F1B
+        _llama().train(),
+        _next_token_loss,
+        lambda params: torch.optim.AdamW(params, lr=1e-3),
+        example_args=(_token_batches()[0],),
+        n_microbatches=4,
+        schedule="1f1b",
+    )
+    out["llama_losses"] = [llama.step(tokens, target=tokens) for tokens in _token_batches()]
+    try:  # a split point the forward never calls: refused on every rank before anything runs
+        prepare_pippy(_WithUnusedModule(), split_points=["unused"], example_args=(torch.zeros(2, 4),))
+    except ValueError as exc:
+        out["unused_split"] = str(exc)
     clipped = _trainer("gpipe", max_grad_norm=0.05)  # small enough to clip every step
     out["clipped"] = [clipped.step(xb, target=yb) for xb, yb in _batches()]
     out["clipped_weights"] = clipped.full_state_dict()
@@ -215,6 +261,10 @@ def test_two_stage_inference_and_training_match_the_whole_model(tmp_path):
         assert runs[0]["stage_params"] == ["0.bias", "0.weight", "1.lin.bias", "1.lin.weight"]
         assert sorted(runs[0]["stage_params"] + runs[1]["stage_params"]) == sorted(_mlp().state_dict())
     assert all("differ in shape from example_args" in r["wrong_shape"] for r in results)
+    assert all("is not called by the model's forward" in r["unused_split"] for r in results)
+    llama_losses = _plain_llama_losses()
+    for r in results:
+        assert r["llama_losses"] == pytest.approx(llama_losses, rel=1e-5)
     # gradient clipping over both stages = clip_grad_norm_ on the whole model; full weights on process 0
     clipped_losses, clipped_model = _plain_training(_batches(), max_grad_norm=0.05)
     assert clipped_losses != pytest.approx(plain, rel=1e-3)  # the clipping did change the run
