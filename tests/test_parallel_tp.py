@@ -37,6 +37,7 @@ def _llama() -> torch.nn.Module:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
+        tie_word_embeddings=True,  # the embedding and the output layer share one weight: split once, kept tied
     )
     return LlamaForCausalLM(config)
 
@@ -103,6 +104,9 @@ def _train(folder: str | None, sizes: dict | None, batch_size: int) -> dict:
     if folder is None:
         return out
     out["gathered"] = acc.gather(torch.tensor([float(acc.process_index)])).tolist()
+    out["still_tied"] = (
+        acc.unwrap_model(model).lm_head.weight is acc.unwrap_model(model).model.embed_tokens.weight
+    )
     # gather_for_metrics: each sample once (the two ranks of a tp group read the same), padding dropped
     evaluation = acc.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=2))
     out["metrics"] = [v for (x,) in evaluation for v in acc.gather_for_metrics(x).tolist()]
@@ -151,12 +155,16 @@ def test_tp2_x_fsdp2_on_four_ranks_matches_one_process_and_round_trips(tmp_path)
     assert sorted(main["metrics"]) == list(range(10)) == sorted(ranks[3]["metric_objects"])
     # save_state / load_state: the three steps after the checkpoint come out the same after loading it
     assert main["again"] == main["after"]
+    assert main["still_tied"]
     assert {"fsdp_model", "fsdp_optimizer"} <= set(os.listdir(tmp_path / "ckpt"))
     # save_model: one full model that a plain Llama loads
     from safetensors.torch import load_file
 
     plain = _llama()
-    plain.load_state_dict(load_file(str(tmp_path / "weights" / "model.safetensors")))
+    missing, unexpected = plain.load_state_dict(
+        load_file(str(tmp_path / "weights" / "model.safetensors")), strict=False
+    )
+    assert missing in ([], ["lm_head.weight"]) and unexpected == []  # a tied weight is written once
     for name, value in main["weights"].items():
         np.testing.assert_array_equal(plain.state_dict()[name].numpy(), value, err_msg=name)
 
@@ -298,6 +306,14 @@ def test_plans_resolve_to_module_names_or_fail_clearly():
         resolve_plan(mlp, {"0": "diagonal"}, 2)
     with pytest.raises(ValueError, match="ReLU"):
         resolve_plan(mlp, {"1": "colwise"}, 2)
+    # tied weights: split the same way or not at all
+    tied = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8, bias=False))
+    tied[1].weight = tied[0].weight
+    assert resolve_plan(tied, {"0": "embedding_rowwise", "1": "colwise_gather_output"}, 2)
+    with pytest.raises(ValueError, match="splits the tied weight 0.weight = 1.weight in different ways"):
+        resolve_plan(tied, {"0": "embedding_colwise", "1": "colwise"}, 2)
+    with pytest.raises(ValueError, match="1: not planned"):
+        resolve_plan(tied, {"0": "embedding_rowwise"}, 2)
 
 
 def test_the_reference_paths_import():

@@ -123,7 +123,34 @@ def resolve_plan(model: torch.nn.Module, plan: Any, tp_size: int) -> dict[str, A
         )
     for name, style in out.items():
         _check_splittable(kind, name, modules[name], style, tp_size)
+    _check_ties(model, out)
     return out
+
+
+def _split_dim(module: torch.nn.Module, style: Any) -> Any:
+    """Which dimension of ``module.weight`` the style splits (None: left whole; "?" for a torch ParallelStyle)."""
+    if style is None:
+        return None
+    if not isinstance(style, str):
+        return "?"
+    dim = _SPLIT_DIM[style]
+    if isinstance(module, torch.nn.Embedding) and not style.startswith("embedding"):
+        dim = 1 - dim
+    return dim
+
+
+def _check_ties(model: torch.nn.Module, plan: dict[str, Any]) -> None:
+    """A clear error when tied weights (one tensor in several modules) would be split in different ways."""
+    for names in _tied_groups(model):
+        owners = [n.rpartition(".")[0] for n in names]
+        dims = {_split_dim(model.get_submodule(o), plan.get(o)) for o in owners}
+        if len(dims) > 1:
+            styles = ", ".join(f"{o or type(model).__name__}: {plan.get(o, 'not planned')}" for o in owners)
+            raise ValueError(
+                f"tp_plan splits the tied weight {' = '.join(names)} in different ways ({styles}); give both modules "
+                "styles that split it along the same dimension (e.g. embedding_rowwise with colwise_gather_output), "
+                "or untie them (tie_word_embeddings=False)"
+            )
 
 
 def _check_splittable(kind: str, name: str, module: torch.nn.Module, style: Any, tp_size: int) -> None:
@@ -155,8 +182,41 @@ def apply_plan(model: torch.nn.Module, plan: dict[str, Any], tp_mesh: Any) -> No
     """
     from torch.distributed.tensor.parallel import parallelize_module  # deferred: torch.distributed
 
+    tied = _tied_groups(model)
     parallelize_module(
         model,
         tp_mesh,
         {name: _style(style) if isinstance(style, str) else style for name, style in plan.items()},
     )
+    _retie(model, tied)
+
+
+def _tied_groups(model: torch.nn.Module) -> list[list[str]]:
+    """Names of the parameters that are one tensor (tied weights, e.g. the embedding and the output layer)."""
+    seen: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        seen.setdefault(id(param), []).append(name)
+    return [names for names in seen.values() if len(names) > 1]
+
+
+def _retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
+    """Tie each group again after splitting (each module got its own split copy); a clear error when
+    the plan split the tied weight two different ways."""
+    from torch.distributed.tensor import DTensor  # deferred: torch.distributed
+
+    for names in groups:
+        params = [model.get_parameter(n) for n in names]
+        layouts = {
+            (tuple(p.placements), tuple(p.shape)) if isinstance(p, DTensor) else ("whole", tuple(p.shape))
+            for p in params
+        }
+        if len(layouts) > 1:
+            raise ValueError(
+                f"tp_plan splits the tied weights {', '.join(names)} in different ways ({sorted(map(str, layouts))}); "
+                "give their modules styles that split the weight the same way (e.g. embedding_rowwise with "
+                "colwise_gather_output), or untie them (tie_word_embeddings=False)"
+            )
+        first = params[0]
+        for name in names[1:]:
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner) if owner else model, leaf, first)
