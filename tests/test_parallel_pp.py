@@ -332,6 +332,10 @@ def test_prepare_pippy_refuses_missing_example_inputs_and_runs_whole_on_one_proc
     with torch.no_grad():
         whole = model(x).logits
         torch.testing.assert_close(prepare_pippy(model, example_args=(x,)).forward(x).logits, whole)
+        # prepared again (a cell run twice): built on the model's own forward, not on the previous pipeline
+        again = prepare_pippy(model, example_args=(x,))
+        assert again.pipeline.original_forward.__func__ is type(model).forward
+        torch.testing.assert_close(again(x).logits, whole)
 
 
 def test_pipeline_trainer_refuses_what_cannot_be_staged():

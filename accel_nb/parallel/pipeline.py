@@ -305,7 +305,9 @@ def prepare_pippy(
     else:
         points = check_split_points(model, split_points, num_stages)
     args, kwargs, _, padded = split_batch(example_args, example_kwargs, num_chunks, what="example inputs")
-    original_forward = model.forward
+    previous = model.__dict__.get("pipeline")
+    # prepared before (a notebook cell run again): start again from the model's own forward
+    original_forward = previous.original_forward if isinstance(previous, PipelineInference) else model.forward
     runner = PipelineInference(model, points, num_chunks, bool(gather_output), original_forward, state)
     if num_stages > 1:
         runner.build(*_first_microbatch((args, kwargs), padded // num_chunks))
