@@ -7,6 +7,12 @@ A Llama-style model built from a config (no download) is saved as sharded safete
 loads it quantized onto the GPU in a fresh process. The figures: load time, GPU memory held after the
 load, and the logits of a fixed batch compared with the float model's (max abs difference) and with
 the other library's (they use the same bitsandbytes kernels, so they should agree closely).
+
+Then NF4 offloaded generation (accel_nb only): blocks 4-5 mapped to "cpu" and 6-7 to "disk", the
+rest on GPU 0; the offloaded quantized layers are streamed to the GPU in their quantized form. The
+figures: logits compared with the same NF4 model loaded whole onto the GPU (expected equal), greedy
+tokens the same, bytes streamed per generated token and tokens/s, against the float16 model
+offloaded with the same map (load_checkpoint_and_dispatch).
 """
 
 from __future__ import annotations
@@ -97,6 +103,84 @@ def _load(lib: str, mode: str, folder: str) -> dict:  # pragma: no cover
     }
 
 
+def _offload_map(gpu):
+    dmap = {"model.embed_tokens": gpu, "model.rotary_emb": gpu, "model.norm": gpu, "lm_head": gpu}
+    for i in range(8):
+        dmap[f"model.layers.{i}"] = "cpu" if i in (4, 5) else "disk" if i in (6, 7) else gpu
+    return dmap
+
+
+def _offload(folder: str, device: str = "cuda:0", new_tokens: int = 16) -> dict:  # pragma: no cover
+    """NF4 with blocks on cpu and disk vs NF4 whole on the device, and vs the float16 offload (same map)."""
+    import tempfile
+    import time
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from accel_nb import init_empty_weights, load_checkpoint_and_dispatch
+    from accel_nb.utils import BnbQuantizationConfig, load_and_quantize_model
+
+    gpu = 0 if device.startswith("cuda") else "cpu"
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def empty():
+        with init_empty_weights():
+            return LlamaForCausalLM(_config()).eval()
+
+    def config():
+        return BnbQuantizationConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=torch.float16,
+            torch_dtype=torch.float16,
+        )
+
+    def streamed(model):
+        engine = getattr(model, "_accel_nb_engine", None)
+        offloader = getattr(model, "_accel_nb_quantized_offloader", None)
+        return (engine.bytes_streamed if engine is not None else 0) + (
+            offloader.bytes_moved if offloader is not None else 0
+        )
+
+    def run(model):
+        with torch.no_grad():
+            logits = model(_ids().to(device)).logits.float().cpu()
+        prompt = _ids()[:1, :16].to(device)
+        model.generate(prompt, max_new_tokens=2, do_sample=False)  # warm-up
+        sync()
+        before, start = streamed(model), time.perf_counter()
+        tokens = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        sync()
+        seconds = time.perf_counter() - start
+        return logits, tokens.cpu(), (streamed(model) - before) / new_tokens, new_tokens / seconds
+
+    whole = load_and_quantize_model(empty(), config(), weights_location=folder, device_map={"": gpu})
+    logits_whole, tokens_whole, _, _ = run(whole)
+    del whole
+    with tempfile.TemporaryDirectory() as off:
+        model = load_and_quantize_model(
+            empty(), config(), weights_location=folder, device_map=_offload_map(gpu), offload_folder=off
+        )
+        logits, tokens, q_bytes, q_rate = run(model)
+        del model
+    with tempfile.TemporaryDirectory() as off:
+        model = load_checkpoint_and_dispatch(
+            empty(), folder, device_map=_offload_map(gpu), offload_folder=off, dtype=torch.float16
+        )
+        _, _, f_bytes, f_rate = run(model)
+        del model
+    return {
+        "logits_equal": bool(torch.equal(logits, logits_whole)),
+        "max_abs_vs_whole": float((logits - logits_whole).abs().max()),
+        "same_tokens": bool(torch.equal(tokens, tokens_whole)),
+        "nf4_bytes_per_token": q_bytes,
+        "nf4_tokens_per_s": q_rate,
+        "fp16_bytes_per_token": f_bytes,
+        "fp16_tokens_per_s": f_rate,
+    }
+
+
 def _child(code: str, timeout: int = 240) -> dict:
     res = subprocess.run(
         [
@@ -164,7 +248,48 @@ def rows(data: dict) -> list[dict]:
                 "note": note,
             }
         )
+    off = data.get("offload_nf4")
+    if off is not None:
+        note = "Llama-style 8 layers x 1024, blocks 4-5 on cpu and 6-7 on disk, GPU 0 runs all; "
+        if "error" in off:
+            last = off["error"].strip().splitlines()[-1][:200] if off["error"].strip() else "no output"
+            out.append(_plain("nf4 offloaded generation", None, None, "MiB", "FAILED: " + last))
+        else:
+            note += (
+                f"vs NF4 whole on the GPU: logits equal {off['logits_equal']} (max abs {off['max_abs_vs_whole']:.3g}), "
+                f"same greedy tokens {off['same_tokens']}; reference column: float16 offload, same map"
+            )
+            out.append(
+                _plain(
+                    "nf4 offloaded generation: bytes streamed per token",
+                    off["nf4_bytes_per_token"] / 2**20,
+                    off["fp16_bytes_per_token"] / 2**20,
+                    "MiB",
+                    note,
+                )
+            )
+            out.append(
+                _plain(
+                    "nf4 offloaded generation: tokens/s",
+                    off["nf4_tokens_per_s"],
+                    off["fp16_tokens_per_s"],
+                    "tokens/s",
+                    note,
+                )
+            )
     return out
+
+
+def _plain(metric: str, ours, ref, unit: str, note: str) -> dict:
+    return {
+        "benchmark": "quantized_gpu",
+        "metric": metric,
+        "accel_nb": ours,
+        "reference": ref,
+        "ratio": ours / ref if ours is not None and ref else None,
+        "unit": unit,
+        "note": note,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -188,12 +313,15 @@ def main(argv: list[str]) -> int:
                     import torch
 
                     data[f"agree_{mode}"] = float((torch.load(a) - torch.load(b)).abs().max())
+            data["offload_nf4"] = _child(f"q._offload({folder!r})", timeout=420)
     with open(argv[0], "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
     print(json.dumps(data, indent=1)[:4000])
     return (
         0
-        if "error" not in data and all("error" not in data.get(f"accel_nb_{m}", {"error": 1}) for m in MODES)
+        if "error" not in data
+        and all("error" not in data.get(f"accel_nb_{m}", {"error": 1}) for m in MODES)
+        and "error" not in data.get("offload_nf4", {})
         else 1
     )
 

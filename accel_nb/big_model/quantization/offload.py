@@ -176,7 +176,13 @@ class QuantizedOffloader:
         if handle is None:
             from safetensors import safe_open
 
-            handle = self._files[store.path] = safe_open(store.path, framework="pt", device="cpu")
+            try:
+                handle = self._files[store.path] = safe_open(store.path, framework="pt", device="cpu")
+            except (OSError, RuntimeError) as exc:
+                raise QuantizationError(
+                    f"cannot read the offloaded quantized layer {store.name!r} from {store.path}: {exc}. The "
+                    "offload folder must stay in place while the model is in use; load the model again"
+                ) from None
         return {k: handle.get_tensor(f"{store.name}.{k}") for k in store.keys}
 
     def before_forward(self, store: QuantizedLayerStore) -> None:
@@ -184,17 +190,22 @@ class QuantizedOffloader:
         store.depth += 1
         if store.depth > 1:
             return
-        parts = {k: t.to(self.device, non_blocking=True) for k, t in self._read(store).items()}
-        self.bytes_moved += store.nbytes
-        self.forwards += 1
-        layer = store.layer
-        if store.subclass is not None:
-            cls, ctx, size, stride = store.subclass
-            inner = {k[len("weight.") :]: v for k, v in parts.items()}
-            weight = cls.__tensor_unflatten__(inner, ctx, size, stride)
-            layer.weight = nn.Parameter(weight, requires_grad=False)
-            return
-        fill_layer(layer, parts, self.config, self.device)
+        try:
+            parts = {k: t.to(self.device, non_blocking=True) for k, t in self._read(store).items()}
+            self.bytes_moved += store.nbytes
+            self.forwards += 1
+            layer = store.layer
+            if store.subclass is not None:
+                cls, ctx, size, stride = store.subclass
+                inner = {k[len("weight.") :]: v for k, v in parts.items()}
+                weight = cls.__tensor_unflatten__(inner, ctx, size, stride)
+                layer.weight = nn.Parameter(weight, requires_grad=False)
+            else:
+                fill_layer(layer, parts, self.config, self.device)
+        except BaseException:  # a read error (a file removed, a disk full): the next forward tries again
+            store.depth -= 1
+            self._release(store)
+            raise
 
     def after_forward(self, store: QuantizedLayerStore) -> None:
         """Drop the layer's weight (and bitsandbytes' cached state of it) from the execution device."""
