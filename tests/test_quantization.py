@@ -432,6 +432,55 @@ def test_disk_and_cpu_offloaded_quantized_layers_give_the_same_outputs(saved, ki
     assert all(_released(in_place.get_submodule(n)) for n in block)
 
 
+GPT2_OFFLOAD_MAP = {
+    "transformer.wte": "cpu",
+    "transformer.wpe": "cpu",
+    "transformer.drop": "cpu",
+    "transformer.h.0": "cpu",
+    "transformer.h.1": "disk",
+    "transformer.h.2": "disk",
+    "transformer.ln_f": "cpu",
+    "lm_head": "cpu",
+}
+
+
+def test_offload_of_layers_with_biases_and_from_a_prequantized_checkpoint(saved, tmp_path):
+    """GPT-2 (Conv1D layers with biases: the biases stream as float tensors) and a checkpoint saved quantized."""
+    from accel_nb.serialization import save_sharded_safetensors
+
+    _, folder = saved["gpt2"]
+    config = OFFLOAD_CONFIGS["nf4"]
+    expected = _logits(
+        load_and_quantize_model(_empty("gpt2"), config(), weights_location=folder, device_map=CPU).eval()
+    )
+    model = load_and_quantize_model(
+        _empty("gpt2"),
+        config(),
+        weights_location=folder,
+        device_map=GPT2_OFFLOAD_MAP,
+        offload_folder=tmp_path / "a",
+    ).eval()
+    attn = model.transformer.h[1].attn.c_attn
+    assert attn.weight is None and attn.bias.device.type == "meta"  # both off the module between forwards
+    assert torch.equal(_logits(model), expected)
+    # a checkpoint saved quantized (8-bit) loads into an offloading map without re-quantizing, same outputs
+    _, folder = saved["llama"]
+    int8 = OFFLOAD_CONFIGS["int8"]
+    in_place = load_and_quantize_model(
+        _empty("llama"), int8(), weights_location=folder, device_map=CPU
+    ).eval()
+    save_sharded_safetensors(in_place.state_dict(), str(tmp_path / "ckpt"), max_shard_size="100KB")
+    model = load_and_quantize_model(
+        _empty("llama"),
+        int8(),
+        weights_location=tmp_path / "ckpt",
+        device_map=OFFLOAD_MAP,
+        offload_folder=tmp_path / "b",
+    ).eval()
+    assert torch.equal(_logits(model), _logits(in_place))
+    assert model._accel_nb_quantized_offloader.forwards == 14
+
+
 def test_offload_placements_that_cannot_work_are_refused(saved, tmp_path):
     _, folder = saved["llama"]
     empty = _empty("llama")
