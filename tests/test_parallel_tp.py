@@ -373,3 +373,27 @@ def test_launch_flags_and_config_file_set_the_ranks_environment(tmp_path):
     )
     with pytest.raises(ConfigError, match="unknown key 'parallelism_config_tq_size'"):
         config_for_launch(parser.parse_args(["launch", "--config_file", str(path), "train.py"]))
+
+
+def test_the_config_questionnaire_asks_for_the_layout_with_fsdp(monkeypatch):
+    import io
+
+    from accel_nb.commands.config import parallelism_questions
+    from accel_nb.config import LaunchConfig
+
+    cfg = LaunchConfig(distributed_type="FSDP", num_processes=8, use_cpu=True).validate()
+    # yes; tp 3 does not divide 8 (tp asked again); tp 2 with 4 replicas leaves no FSDP shard (both asked again); 2, 2
+    answers = iter(["yes", "3", "2", "4", "2", "2"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
+    out = io.StringIO()
+    new = parallelism_questions(cfg, out)
+    assert new.extras["parallelism_config"] == {
+        "parallelism_config_dp_replicate_size": 2,
+        "parallelism_config_dp_shard_size": 2,
+        "parallelism_config_tp_size": 2,
+    }
+    assert "divides the 8 processes, got '3'" in out.getvalue()
+    assert "does not compose with plain replicated data parallel" in out.getvalue()
+    assert new.to_env()["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "2"
+    answers = iter(["no"])  # no: the layout is dropped
+    assert "parallelism_config" not in parallelism_questions(new, io.StringIO()).extras

@@ -32,7 +32,7 @@ from ..config import (
 from ..config.command_line import PROG
 from ..hardware import detect
 
-__all__ = ["add_parser", "run", "questionnaire", "describe"]
+__all__ = ["add_parser", "run", "questionnaire", "describe", "parallelism_questions"]
 
 
 def add_parser(sub: Any) -> None:
@@ -206,6 +206,8 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
             out,
         )
         cfg = _deepspeed_questions(cfg, compute, out) if use_deepspeed else _without_deepspeed(cfg, compute)
+    if compute != "xla" and (cfg.distributed_type == "FSDP" or cfg.extras.get("parallelism_config")):
+        cfg = parallelism_questions(cfg, out)  # as the reference asks it: with FSDP2
     field(
         "start_method",
         f"Start method for notebook launches ({'/'.join(START_METHODS)})",
@@ -235,6 +237,70 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     except ConfigError as exc:
         print(f"  warning: {exc} (saved anyway: the config may be meant for another machine)", file=out)
     return cfg
+
+
+def parallelism_questions(cfg: LaunchConfig, out: Any) -> LaunchConfig:
+    """Ask whether to lay the processes out as FSDP × tensor parallel, and the sizes (docs/parallelism.md).
+
+    ``dp_shard_size`` is what the processes leave after ``tp_size × dp_replicate_size``; sizes that
+    do not divide the number of processes are asked again.
+    """
+    from ..parallel.config import check_launch_settings  # deferred: only this question needs it
+
+    current = dict(cfg.extras.get("parallelism_config") or {})
+    new = dataclasses.replace(cfg)
+    new.extras = {k: v for k, v in cfg.extras.items() if k != "parallelism_config"}
+    use = _ask(
+        "Lay the processes out as FSDP x tensor parallel (ParallelismConfig) (yes/no)",
+        bool(current),
+        _yes_no("use_parallelism_config"),
+        out,
+    )
+    if not use:
+        return new
+    n = cfg.num_processes or 1
+
+    def size(key: str) -> Callable[[str], int]:
+        def parse(raw: str) -> int:
+            if not raw.isdigit() or int(raw) < 1 or n % int(raw):
+                raise ValueError(
+                    f"{key} must be a whole number >= 1 that divides the {n} processes, got {raw!r}"
+                )
+            return int(raw)
+
+        return parse
+
+    while True:
+        tp = _ask(
+            "Tensor-parallel size (processes that split each layer)",
+            current.get("parallelism_config_tp_size", 2 if n % 2 == 0 and n > 1 else 1),
+            size("tp_size"),
+            out,
+        )
+        replicate = _ask(
+            "Replicas (dp_replicate_size; 1 = FSDP over all the others)",
+            current.get("parallelism_config_dp_replicate_size", 1),
+            size("dp_replicate_size"),
+            out,
+        )
+        if n % (tp * replicate):
+            print(
+                f"  ! tp_size {tp} × dp_replicate_size {replicate} does not divide the {n} processes",
+                file=out,
+            )
+            continue
+        settings = {
+            "parallelism_config_dp_replicate_size": replicate,
+            "parallelism_config_dp_shard_size": n // (tp * replicate),
+            "parallelism_config_tp_size": tp,
+        }
+        try:
+            new.extras["parallelism_config"] = check_launch_settings(settings, n)
+            break
+        except ValueError as exc:  # e.g. replicas with tensor parallel and no FSDP shards
+            print(f"  ! {exc}", file=out)
+    print(f"  layout: dp_replicate={replicate} × dp_shard={n // (tp * replicate)} × tp={tp}", file=out)
+    return new
 
 
 def deepspeed_installed() -> bool:
