@@ -479,6 +479,20 @@ def test_offload_of_layers_with_biases_and_from_a_prequantized_checkpoint(saved,
     ).eval()
     assert torch.equal(_logits(model), _logits(in_place))
     assert model._accel_nb_quantized_offloader.forwards == 14
+    # the offload folder must stay: a layer whose file is gone says so, and holds nothing afterwards
+    model = load_and_quantize_model(
+        _empty("llama"),
+        int8(),
+        weights_location=tmp_path / "ckpt",
+        device_map=OFFLOAD_MAP,
+        offload_folder=tmp_path / "c",
+    ).eval()
+    os.remove(tmp_path / "c" / "accel_nb_quantized_model.layers.1.self_attn.q_proj.safetensors")
+    with pytest.raises(
+        QuantizationError, match="offload folder must stay in place while the model is in use"
+    ):
+        _logits(model)
+    assert _released(model.model.layers[1].self_attn.q_proj)
 
 
 def test_offload_placements_that_cannot_work_are_refused(saved, tmp_path):

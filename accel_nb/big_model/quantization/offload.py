@@ -132,7 +132,10 @@ class QuantizedOffloader:
             self.offload_folder,
             "accel_nb_quantized_" + re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".safetensors",
         )
-        save_file({f"{name}.{k}": t.contiguous().cpu() for k, t in parts.items()}, path)
+        # written aside, then renamed: a model still reading an older file of that name (open,
+        # memory-mapped) keeps its own copy instead of seeing it change under it
+        save_file({f"{name}.{k}": t.contiguous().cpu() for k, t in parts.items()}, path + ".tmp")
+        os.replace(path + ".tmp", path)
         self.written.append(path)
         return path
 
