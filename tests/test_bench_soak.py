@@ -67,5 +67,6 @@ def test_growth_is_measured_from_the_sample_after_the_first_cells_and_the_table_
     assert grew["rank 0"]["fds"] == 2  # the rise before cell 50 (60 -> 70) is warm-up, not growth
     table = sample_table(samples)
     assert table.splitlines()[0].startswith("| cells | fds (kernel) | fds (rank 0) | threads (kernel)")
-    assert "| 150 | 72 | 82 | 9 | 9 | 0 | 0 | 311.0 |" in table
+    assert "| 150 | 72 | 82 | 9 | 9 | 0 | 0 | 311.0 | 311.0 |" in table
+    assert table.splitlines()[0].endswith("| kernel RSS (MiB) | RSS rank 0 (MiB) |")
     assert len(table.splitlines()) == 2 + len(samples)
