@@ -163,6 +163,9 @@ def test_big_model_inference_runs():
     assert "same greedy tokens as float32: True" in results
     assert "planned: bnb-nf4: " in results  # bitsandbytes 4-bit on the CPU too
     assert "nf4 greedy tokens same as float32: True" in results
+    assert "nf4 with a 500 KB CPU budget: ['cpu', 'disk']" in results  # 4-bit blocks offloaded to disk
+    assert "nf4 offloaded to disk, logits equal to nf4 on the CPU: True" in results
+    assert "nf4 offloaded to disk, same greedy tokens: True" in results
 
 
 @pytest.mark.notebooks
