@@ -656,21 +656,27 @@ with torch.no_grad():
     errors = torch.stack([torch.nn.functional.mse_loss(model(xb).squeeze(-1), yb) for xb, yb in loader])
 mse = accelerator.reduce(errors.mean(), "mean").item()
 """),
-    code("""
+    code(
+        """
 %accelerate pull mse
 print(f"evaluation mse after one epoch: {mse:.4f} (below 1.0: {mse < 1.0})")  # noqa: F821 - set by the pull
-""", "key-result"),
+""",
+        "key-result",
+    ),
     md("""
 ## A failing cell leaves the workers alive
 
 Rank 1 raises; the cell reports it, and both namespaces are intact: fix the cell and rerun it.
 """),
-    code("""
+    code(
+        """
 %%accelerate
 threshold = 0.5
 if accelerator.process_index == 1:
     raise ValueError("a bug only rank 1 hits")
-""", "raises-exception"),
+""",
+        "raises-exception",
+    ),
     code("""
 %%accelerate
 threshold = 0.5
@@ -685,20 +691,26 @@ scale = 10.0
 %%accelerate --rank 1
 scaled = scale * accelerator.process_index
 """),
-    code("""
+    code(
+        """
 %accelerate pull scaled --rank 1
 print(f"rank 1 computed scaled = {scaled}")  # noqa: F821 - set by the pull
-""", "key-result"),
+""",
+        "key-result",
+    ),
     md("## Status, then stop (no worker process is left)"),
     code("""
 %accelerate status
 """),
-    code("""
+    code(
+        """
 import psutil
 
 %accelerate stop
 print(f"worker processes left: {len(psutil.Process().children(recursive=True))}")
-""", "key-result"),
+""",
+        "key-result",
+    ),
 ]
 
 
@@ -739,7 +751,8 @@ else:
 Without TPU chips, the next cell asks torch_xla for its CPU backend with two devices, so the rest
 of the notebook runs anywhere torch_xla is installed. On a TPU runtime it changes nothing.
 """),
-    code("""
+    code(
+        """
 from accel_nb.xla_detect import detect_tpu, xla_runtime
 
 if not detect_tpu().detected:
@@ -747,7 +760,9 @@ if not detect_tpu().detected:
     os.environ.setdefault("CPU_NUM_DEVICES", "2")
 runtime = xla_runtime()
 print("XLA runtime:", runtime.describe() if runtime else "none (install torch_xla)")
-""", "key-result"),
+""",
+        "key-result",
+    ),
     code("""
 %load_ext accel_nb
 %accelerate_env
@@ -813,7 +828,8 @@ def train(epochs=4, lr=0.1):
 `num_processes` may be left out: on XLA it is the number of devices (a different number is
 refused with the count it should be).
 """),
-    code("""
+    code(
+        """
 from accel_nb import notebook_launcher
 
 results = notebook_launcher(train)
@@ -822,21 +838,27 @@ for r in results:
 print("loss fell:", results[0]["history"][-1] < results[0]["history"][0])
 print("every core ends with the same weights:",
       all(torch.equal(results[0]["state"][k], r["state"][k]) for r in results for k in r["state"]))
-""", "key-result"),
+""",
+        "key-result",
+    ),
     md("## 5. Use the trained weights in this notebook"),
-    code("""
+    code(
+        """
 model = make_model()
 model.load_state_dict(results[0]["state"])
 x, y = make_dataset(n=256, seed=1).tensors
 with torch.no_grad():
     print(f"held-out mse of the trained model: {nn.functional.mse_loss(model(x).squeeze(-1), y).item():.4f}")
-""", "key-result"),
+""",
+        "key-result",
+    ),
     md("""
 ## 6. A failing core
 
 An exception on one core stops the others and is raised here with that core's traceback.
 """),
-    code("""
+    code(
+        """
 from accel_nb.launch import LaunchError
 
 
@@ -853,7 +875,9 @@ try:
     notebook_launcher(fails_on_the_last_core)
 except LaunchError as exc:
     print("caught:", str(exc).splitlines()[0])
-""", "key-result"),
+""",
+        "key-result",
+    ),
 ]
 
 
@@ -882,7 +906,6 @@ if importlib.util.find_spec("deepspeed") is None:
     code("""
 import os
 import tempfile
-import warnings
 
 import torch
 from torch import nn
@@ -904,8 +927,6 @@ def make_model():
 
 
 def train(steps=8):
-    # DeepSpeed 0.19 calls torch.distributed functions that torch 2.13 marks deprecated: hide those warnings
-    warnings.filterwarnings("ignore", message=r"`torch\\.distributed\\.\\w+` is deprecated", category=FutureWarning)
     plugin = DeepSpeedPlugin(zero_stage=3, gradient_clipping=1.0, zero3_save_16bit_model=True)
     accelerator = Accelerator(deepspeed_plugin=plugin)
     model = make_model()
@@ -964,6 +985,158 @@ print(f"the plain model computes what the trained engine computed: {same}; train
     ),
 ]
 
+PARALLEL = [
+    md("""
+# Tensor parallel × FSDP and pipeline parallel, from a notebook
+
+Two ways to split a model over processes when data parallelism alone is not enough, both on
+torch's own parallelism (DeviceMesh, DTensor, `torch.distributed.pipelining`):
+
+1. **Tensor parallel × FSDP** (`ParallelismConfig(dp_shard_size=2, tp_size=2)` on 4 processes):
+   each planned layer's weights are split over a tensor-parallel pair, and FSDP2 shards the rest
+   over the other dimension. The training loop is the usual one.
+2. **Pipeline parallel**: the model cut by layers into stages, one per process, the batch split
+   into microbatches: `prepare_pippy` for inference, `PipelineTrainer` for training.
+
+Everything here runs on CPU processes (gloo); the same code runs on GPUs (not run yet on
+several GPUs). Docs: `docs/parallelism.md`, `docs/pipeline.md`.
+"""),
+    md("## 1. A small Llama built from a config, and its data"),
+    code("""
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from accel_nb import Accelerator, ParallelismConfig, PipelineTrainer, notebook_launcher, prepare_pippy
+
+torch.set_num_threads(1)
+STEPS = 8
+g = torch.Generator().manual_seed(1)
+# sequences that count up (mod 64) from a random start: a pattern the model can learn
+starts = torch.randint(0, 64, (8 * STEPS, 1), generator=g)
+tokens = TensorDataset((starts + torch.arange(12)) % 64)
+
+
+def make_llama(tied=True):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=tied, use_cache=False)
+    return LlamaForCausalLM(config)
+
+
+def train(layout=None, batch_size=8):
+    # STEPS clipped SGD steps; with a layout also where this rank sits and the parameter bytes it holds
+    from accel_nb.fsdp.sharding import local_shard_bytes
+
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(**layout) if layout else None)
+    model = make_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(tokens, batch_size=batch_size))
+    losses = []
+    for (input_ids,) in loader:
+        loss = model(input_ids=input_ids, labels=input_ids).loss
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    where = None
+    if layout:
+        where = dict(zip(accelerator.torch_device_mesh.mesh_dim_names,
+                         (accelerator.data_parallel_shard_rank, accelerator.tensor_parallel_rank)))
+    return {"losses": losses, "where": where, "bytes": local_shard_bytes(model.parameters())}
+"""),
+    md("""
+## 2. Tensor parallel × FSDP on 4 processes
+
+The mesh is `dp_shard=2 × tp=2`: processes 0 and 1 (and 2 and 3) split each planned layer —
+the model's own tensor-parallel plan (`base_model_tp_plan` of the transformers config) — and the
+two pairs shard over FSDP. Both processes of a pair read the same batches, so the global batch is
+2 × 4 = 8, as in the one-process run it is compared with.
+"""),
+    code(
+        """
+one = train()  # the same loop in this kernel, one process, batch 8
+results = notebook_launcher(train, args=({"dp_shard_size": 2, "tp_size": 2}, 4), num_processes=4, cpu=True)
+same = torch.allclose(torch.tensor(results[0]["losses"]), torch.tensor(one["losses"]), rtol=1e-5)
+print(f"losses equal to the one-process run: {same} ({one['losses'][0]:.4f} -> {one['losses'][-1]:.4f})")
+for rank, r in enumerate(results):
+    print(f"rank {rank} at {r['where']} holds {r['bytes']} of {one['bytes']} parameter bytes")
+""",
+        "key-result",
+    ),
+    md("""
+## 3. Pipeline-parallel inference on 2 processes
+
+`prepare_pippy` cuts the model in front of whole decoder layers, balanced by parameter bytes,
+and runs the batch as microbatches through the two stages; the last process returns the logits.
+"""),
+    code(
+        """
+prompts = torch.randint(0, 64, (4, 12), generator=torch.Generator().manual_seed(2))
+
+
+def infer():
+    model = make_llama(tied=False).eval()
+    model = prepare_pippy(model, split_points="auto", example_args=(prompts,), num_chunks=2)
+    return model.hf_split_points, model(prompts)
+
+
+stages = notebook_launcher(infer, num_processes=2, cpu=True)
+with torch.no_grad():
+    whole = make_llama(tied=False).eval()(prompts).logits
+logits = stages[1][1]
+logits = getattr(logits, "logits", logits)
+print(f"split in front of {stages[0][0]}; process 0 returned {stages[0][1]}")
+print(f"pipeline logits equal to the whole model's: {torch.allclose(logits, whole, atol=1e-5)}")
+""",
+        "key-result",
+    ),
+    md("""
+## 4. Pipeline-parallel training on 2 processes (1F1B, 4 microbatches)
+
+`PipelineTrainer` builds one optimizer per stage from a factory over that stage's parameters;
+`step()` runs the schedule and returns the batch's mean loss on every process.
+"""),
+    code(
+        """
+def lm_loss(logits, labels):
+    logits = getattr(logits, "logits", logits)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def train_pipeline():
+    trainer = PipelineTrainer(make_llama(tied=False), loss_fn=lm_loss,
+                              optimizer=lambda params: torch.optim.SGD(params, lr=0.5),
+                              example_args=(tokens.tensors[0][:8],), n_microbatches=4, schedule="1f1b")
+    return [trainer.step(tokens.tensors[0][i:i + 8], target=tokens.tensors[0][i:i + 8])
+            for i in range(0, 8 * STEPS, 8)]
+
+
+def train_unsplit():
+    model = make_llama(tied=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for i in range(0, 8 * STEPS, 8):
+        x = tokens.tensors[0][i:i + 8]
+        loss = sum(lm_loss(model(m), m) for m in x.chunk(4)) / 4
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+piped = notebook_launcher(train_pipeline, num_processes=2, cpu=True)[0]
+plain = train_unsplit()
+same = torch.allclose(torch.tensor([float(v) for v in piped]), torch.tensor(plain), rtol=1e-5)
+print(f"pipeline losses equal to the unsplit model's: {same} ({plain[0]:.4f} -> {plain[-1]:.4f})")
+""",
+        "key-result",
+    ),
+]
+
 
 NOTEBOOKS = {
     "quickstart.ipynb": QUICKSTART,
@@ -972,6 +1145,7 @@ NOTEBOOKS = {
     "interactive_session.ipynb": SESSION,
     "tpu_kaggle_colab.ipynb": TPU,
     "deepspeed_zero3.ipynb": DEEPSPEED,
+    "parallelism.ipynb": PARALLEL,
 }
 
 

@@ -66,6 +66,7 @@ def test_every_notebook_is_covered_here():
         "config_wizard.ipynb",
         "deepspeed_zero3.ipynb",
         "interactive_session.ipynb",
+        "parallelism.ipynb",
         "quickstart.ipynb",
         "tpu_kaggle_colab.ipynb",
     ]
@@ -208,6 +209,24 @@ def test_deepspeed_zero3_notebook_trains_and_saves_a_model_the_plain_model_loads
     assert "the plain model computes what the trained engine computed: True; trained weights: True" in results
     text = all_text(nb)
     assert all(f"step {i}: loss" in text for i in range(8)) and "is deprecated" not in text
+
+
+@pytest.mark.notebooks
+def test_parallelism_notebook_runs_tp_x_fsdp_and_the_pipeline_equal_to_one_process():
+    nb = runner.execute_notebook(os.path.join(NOTEBOOKS, "parallelism.ipynb"), timeout=900)
+    assert error_outputs(nb) == []
+    results = "\n".join(runner.key_results(nb))
+    assert "losses equal to the one-process run: True" in results
+    # 4 ranks on a dp_shard=2 x tp=2 mesh, each holding about a quarter of the parameter bytes
+    wheres = re.findall(r"rank (\d) at \{'dp_shard': (\d), 'tp': (\d)\} holds (\d+) of (\d+)", results)
+    assert [w[:3] for w in wheres] == [("0", "0", "0"), ("1", "0", "1"), ("2", "1", "0"), ("3", "1", "1")], (
+        results
+    )
+    assert all(int(held) < int(full) / 3 for *_, held, full in wheres), results
+    assert (
+        "pipeline logits equal to the whole model's: True" in results and "process 0 returned None" in results
+    )
+    assert "pipeline losses equal to the unsplit model's: True" in results
 
 
 @pytest.mark.notebooks
