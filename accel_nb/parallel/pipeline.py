@@ -143,6 +143,48 @@ def _plain_forwards(model: nn.Module, split_points: Sequence[str], forward: Any)
                 module.__dict__[key] = value
 
 
+def skip_connections(pipe: Any, mb_args: tuple, mb_kwargs: dict) -> list[tuple[int, list[int]]]:
+    """(stage, later stages) for each floating-point value one stage sends to several later ones.
+
+    torch.distributed.pipelining runs such a split forward but cannot run its backward ("Backward of
+    skip connections not supported yet", raised in the first step by the sending stage only, while the
+    others wait): its stages treat every floating-point value they pass as one that gets a gradient. One
+    microbatch goes through the whole split graph on this process to see the values; if that cannot be
+    done, nothing is reported (the first step then says it).
+    """
+    import torch.fx  # deferred: only training asks
+
+    gm = pipe.split_gm
+    stages = {n: int(str(n.target).rsplit("_", 1)[1]) for n in gm.graph.nodes if n.op == "call_module"}
+    inputs = dict(mb_kwargs)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    positional = iter(mb_args)
+    values: dict[Any, Any] = {}
+
+    class _Recorder(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:
+            values[n] = out = super().run_node(n)
+            return out
+
+    try:
+        feed = [inputs[n.name] if n.name in inputs else next(positional) for n in placeholders]
+        _Recorder(gm).run(*feed)
+    except Exception:  # noqa: BLE001 - only a diagnosis: torch's own error still comes at the first step
+        return []
+    found = []
+    for node, value in values.items():
+        # torch's stages treat every floating-point value passed between them as one that gets a gradient
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            continue
+        source = node
+        while source not in stages and source.op == "call_function" and source.all_input_nodes:
+            source = source.all_input_nodes[0]  # a getitem of a stage's outputs
+        later = sorted({stages[u] for u in node.users if u in stages})
+        if source in stages and len(later) > 1:
+            found.append((stages[source], later))
+    return found
+
+
 def trace_stage(
     model: nn.Module,
     split_points: Sequence[str],
@@ -150,10 +192,12 @@ def trace_stage(
     mb_kwargs: dict,
     state: Any,
     forward: Any = None,
+    training: bool = False,
 ):
     """This process's stage of ``model`` cut at ``split_points``, traced for one microbatch's inputs.
 
     ``forward``: the model's own forward, when its ``forward`` attribute has been replaced since.
+    ``training``: refuse, on every process alike, a split whose backward torch cannot run.
     """
     from torch.distributed.pipelining import pipeline  # deferred: torch.distributed.pipelining is heavy
 
@@ -177,6 +221,16 @@ def trace_stage(
             f"the traced pipeline has {pipe.num_stages} stages but {state.num_processes} processes run it: a "
             f"split point in {list(split_points)} is not called by the model's forward (or is called inside "
             "another split point's module); choose modules the forward calls one after another."
+        )
+    skips = skip_connections(pipe, tuple(mb_args), dict(mb_kwargs or {})) if training else []
+    if skips:
+        sender, receivers = skips[0]
+        raise ValueError(
+            f"with split points {list(split_points)}, stage {sender} sends one floating-point value to stages "
+            f"{', '.join(map(str, receivers))} (a skip connection: e.g. a model whose position embeddings or mask, "
+            "computed before the first block, feed every block); torch.distributed.pipelining cannot run the "
+            "backward of such a split. Train with 2 stages (nothing can skip a stage then), or with split points "
+            "that each value crosses once; inference (prepare_pippy) is not affected."
         )
     return pipe.build_stage(state.process_index, device=state.device)
 

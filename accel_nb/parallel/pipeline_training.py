@@ -124,7 +124,7 @@ class PipelineTrainer:
         if self.num_stages == 1:
             self.model, self._schedule = model.to(state.device), None
         else:
-            stage = trace_stage(model, self.split_points, tuple(mb_args), mb_kwargs, state)
+            stage = trace_stage(model, self.split_points, tuple(mb_args), mb_kwargs, state, training=True)
             self.model = stage.submod
             self._schedule = self._make_schedule(stage)
         params = [p for p in self.model.parameters() if p.requires_grad]
