@@ -10,6 +10,7 @@ Accelerator and all it needs. Mixed precision is ``accel_nb.precision``, torch.c
 - ``weights``: ``get_state_dict`` and the save/load pre-hooks
 - ``sync_contexts``: ``trigger_sync_in_backward``, ``join_uneven_inputs``
 - ``resources``: ``free_memory`` and ``profile``
+- ``reporting``: collectives (``gather``, ``gather_for_metrics``, ``reduce``, …), ``log`` and the trackers
 - ``model_wrapping`` / ``unwrap``: what ``prepare`` does to a model, and how ``unwrap_model`` undoes it
 - ``optim``: prepared optimizers and LR schedulers
 
