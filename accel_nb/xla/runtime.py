@@ -39,7 +39,6 @@ __all__ = [
     "world_size",
     "graph_lock",
     "sync",
-    "launch",
     "barrier",
     "rng_state",
     "set_rng_state",
@@ -190,20 +189,6 @@ def sync() -> None:
         torch_xla.sync()
 
 
-def launch(tensors: Any) -> None:
-    """Compile and launch the pending work of ``tensors`` only, under the graph lock, without waiting.
-
-    For a graph with a collective: ``torch_xla.sync()`` would take in every live tensor of this
-    device with pending work, and anything one device thread alone still holds makes its graph
-    another program, compiled apart from the other threads' one. On XLA's CPU backend two
-    compilations of a collective never meet in XLA's rendezvous (docs/tpu.md, known limit).
-    """
-    import torch_xla
-
-    with _GRAPH_LOCK:
-        torch_xla._XLAC._xla_sync_multi(list(tensors), devices=[], wait=False, sync_xla_data=False)
-
-
 def barrier() -> None:
     """Block until every device reaches this line: a one-element all-reduce, waited for."""
     import torch
@@ -213,7 +198,7 @@ def barrier() -> None:
     devices_meet()  # see accel_nb.xla.collectives: no flush while a collective is launched
     with _GRAPH_LOCK:
         token = xm.all_reduce(xm.REDUCE_SUM, torch.ones(1, device=device()))
-        launch([token])
+        sync()
     devices_meet()
     token.cpu()  # waits for the collective, outside the lock (the other devices need it to launch)
 

@@ -56,10 +56,6 @@ def reduce_gradients(optimizer: torch.optim.Optimizer) -> None:
             for g in grads:
                 g.copy_(total[offset : offset + g.numel()].view_as(g) / world)
                 offset += g.numel()
-        if runtime.devices_are_threads():  # the all-reduce's graph alone: the same program in every thread
-            runtime.launch([g for grads in by_dtype.values() for g in grads])
-    if runtime.devices_are_threads():
-        runtime.devices_meet()
 
 
 def optimizer_step(accelerated: Any, closure: Any = None) -> Any:
