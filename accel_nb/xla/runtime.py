@@ -53,6 +53,21 @@ _GRAPH_LOCK = threading.RLock()
 _THREAD_BARRIER: threading.Barrier | None = None
 
 
+_STORES: list[StateStore] = []  # every StateStore made (PartialState's, AcceleratorState's, GradientState's)
+
+
+def fresh_thread_state() -> None:
+    """Give this thread empty states (every ``StateStore``), whatever ran on it before.
+
+    ``torch_xla.launch`` runs the devices' functions on a thread pool, which may run a second device's
+    function on the thread the first one finished on (seen for short functions: 5 launches in 16 on the
+    2-core test machine). The first device's states were then still in the thread and the second took
+    them: both reported rank 0 on ``xla:0``. Each device's entry calls this first.
+    """
+    for store in _STORES:
+        store._threads.state = {}
+
+
 class StateStore:
     """The dict every instance of a state class shares: one per process, or one per thread while XLA
     runs several devices as threads of this process (XLA's CPU backend: one "rank" per thread).
@@ -64,6 +79,7 @@ class StateStore:
     def __init__(self) -> None:
         self._process: dict[str, Any] = {}
         self._threads = threading.local()
+        _STORES.append(self)
 
     def __get__(self, obj: Any, owner: Any) -> dict[str, Any]:
         if not _THREADED:

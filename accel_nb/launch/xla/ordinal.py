@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from ... import events
+from ...xla import runtime as xla_runtime
 from ..channel import ChannelClosed, EventWriter
 from ..rank import tqdm_bridge
 from ..rank.worker import RankSpec, WorkerRuntime, crash_path, die_with_parent, log_path
@@ -179,6 +180,7 @@ def ordinal_main(ordinal: int, blob: bytes, info: Any) -> None:
     """
     import cloudpickle
 
+    xla_runtime.fresh_thread_state()  # the pool may run this on a thread another device's function used
     process = _process_side(info)
     rank = ordinal if ordinal < info.world_size else 0
     _local.ordinal = rank
