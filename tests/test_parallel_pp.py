@@ -10,20 +10,12 @@ import torch
 
 from accel_nb.big_model import compute_module_sizes
 from accel_nb.parallel.pipeline_split import check_split_points, plan_split_points, stage_bytes
+from tests.test_fsdp import Block  # a residual linear block
 
 pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
 
 
 # ------------------------------------------------------------------ models and data
-
-
-class Block(torch.nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.lin(x))
 
 
 def _mlp() -> torch.nn.Module:

@@ -168,7 +168,8 @@ def skip_connections(pipe: Any, mb_args: tuple, mb_kwargs: dict) -> list[tuple[i
 
     try:
         feed = [inputs[n.name] if n.name in inputs else next(positional) for n in placeholders]
-        _Recorder(gm).run(*feed)
+        with torch.no_grad():  # only the values' dtypes matter: no autograd graph for the whole model
+            _Recorder(gm).run(*feed)
     except Exception:  # noqa: BLE001 - only a diagnosis: torch's own error still comes at the first step
         return []
     found = []
