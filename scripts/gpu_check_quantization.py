@@ -8,6 +8,11 @@ loads it quantized onto the GPU in a fresh process. The figures: load time, GPU 
 load, and the logits of a fixed batch compared with the float model's (max abs difference) and with
 the other library's (they use the same bitsandbytes kernels, so they should agree closely).
 
+Then torchao weight-only int8 and int4 (accel_nb only: the reference's loader has no torchao path):
+the same checkpoint loaded onto the GPU in bfloat16 with ``TorchAoQuantizationConfig``, against
+torchao's ``quantize_`` applied by hand to the bfloat16 model (same layers, same layout): load time,
+memory held, logits against the hand-quantized model's (expected equal) and the float model's.
+
 Then NF4 offloaded generation (accel_nb only): blocks 4-5 mapped to "cpu" and 6-7 to "disk", the
 rest on GPU 0; the offloaded quantized layers are streamed to the GPU in their quantized form. The
 figures: logits compared with the same NF4 model loaded whole onto the GPU (expected equal), greedy
@@ -99,6 +104,60 @@ def _load(lib: str, mode: str, folder: str) -> dict:  # pragma: no cover
         "load_s": seconds,
         "gpu_mib": held,
         "max_abs_vs_float": float((logits - ref).abs().max()),
+        "float_logit_scale": float(ref.abs().max()),
+    }
+
+
+def _torchao(weight: str, folder: str) -> dict:  # pragma: no cover
+    """accel_nb's torchao load on cuda:0 vs torchao's quantize_ on the float model, by hand."""
+    import time
+
+    import torch
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+    from transformers import LlamaForCausalLM
+
+    from accel_nb import init_empty_weights
+    from accel_nb.utils import TorchAoQuantizationConfig, load_and_quantize_model
+
+    with init_empty_weights():
+        model = LlamaForCausalLM(_config())
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    model = load_and_quantize_model(
+        model,
+        TorchAoQuantizationConfig(weight, torch_dtype=torch.bfloat16),
+        weights_location=folder,
+        device_map={"": 0},
+    )
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    held = (torch.cuda.memory_allocated() - base) / 2**20
+    kinds = sorted({type(m.weight).__name__ for m in model.modules() if isinstance(m, torch.nn.Linear)})
+    with torch.no_grad():
+        ours = model(_ids().cuda()).logits.float().cpu()
+    del model
+    torch.cuda.empty_cache()
+    start = time.perf_counter()
+    hand = LlamaForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).cuda()
+    ao = (
+        Int8WeightOnlyConfig()
+        if weight == "int8"
+        else Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")
+    )
+    quantize_(hand, ao, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear) and fqn != "lm_head")
+    torch.cuda.synchronize()
+    hand_s = time.perf_counter() - start
+    with torch.no_grad():
+        theirs = hand(_ids().cuda()).logits.float().cpu()
+    ref = torch.load(os.path.join(folder, "float_logits.pt"))
+    return {
+        "load_s": seconds,
+        "gpu_mib": held,
+        "weight_types": kinds,
+        "hand_quantize_s": hand_s,
+        "max_abs_vs_hand": float((ours - theirs).abs().max()),
+        "max_abs_vs_float": float((ours - ref).abs().max()),
         "float_logit_scale": float(ref.abs().max()),
     }
 
@@ -248,6 +307,30 @@ def rows(data: dict) -> list[dict]:
                 "note": note,
             }
         )
+    for weight in ("int8", "int4"):
+        ao = data.get(f"torchao_{weight}")
+        if ao is None:
+            continue
+        note = "Llama-style 8 layers x 1024 (fp16 checkpoint in 20 MB shards), bf16, whole model on one GPU; "
+        if "error" in ao:
+            last = ao["error"].strip().splitlines()[-1][:200] if ao["error"].strip() else "no output"
+            out.append(_plain(f"torchao {weight} load", None, None, "s", "FAILED: " + last))
+            continue
+        note += (
+            f"weights {', '.join(ao['weight_types'])}; logits vs torchao's quantize_ by hand max abs "
+            f"{ao['max_abs_vs_hand']:.3g}, vs float {ao['max_abs_vs_float']:.3g} (logit scale "
+            f"{ao['float_logit_scale']:.3g}); reference column: by hand, from_pretrained(bf16) + .cuda() + quantize_"
+        )
+        out.append(
+            _plain(
+                f"torchao {weight} load_and_quantize_model time",
+                ao["load_s"],
+                ao["hand_quantize_s"],
+                "s",
+                note,
+            )
+        )
+        out.append(_plain(f"torchao {weight} GPU memory held after load", ao["gpu_mib"], None, "MiB", note))
     off = data.get("offload_nf4")
     if off is not None:
         note = "Llama-style 8 layers x 1024, blocks 4-5 on cpu and 6-7 on disk, GPU 0 runs all; "
@@ -313,6 +396,8 @@ def main(argv: list[str]) -> int:
                     import torch
 
                     data[f"agree_{mode}"] = float((torch.load(a) - torch.load(b)).abs().max())
+            for weight in ("int8", "int4"):
+                data[f"torchao_{weight}"] = _child(f"q._torchao({weight!r}, {folder!r})")
             data["offload_nf4"] = _child(f"q._offload({folder!r})", timeout=420)
     with open(argv[0], "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
@@ -322,6 +407,7 @@ def main(argv: list[str]) -> int:
         if "error" not in data
         and all("error" not in data.get(f"accel_nb_{m}", {"error": 1}) for m in MODES)
         and "error" not in data.get("offload_nf4", {})
+        and all("error" not in data.get(f"torchao_{w}", {}) for w in ("int8", "int4"))
         else 1
     )
 

@@ -753,3 +753,48 @@ def test_the_reference_import_paths():
     assert utils_bnb.get_keys_to_not_convert(_empty("gpt2")) == ["transformer.wte", "lm_head"]
     model = _empty("llama")
     assert not utils_bnb.has_4bit_bnb_layers(model) and utils_bnb.get_parameter_device(model).type == "meta"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weight", ["int8", "int4"])
+def test_torchao_on_a_gpu_equals_quantize_by_hand(tmp_path, weight):
+    """On CUDA, int4 uses torchao's tile-packed layout (torch's own tinygemm kernel, no mslk needed)."""
+    pytest.importorskip("torchao")
+    from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,  # tinygemm wants in_features divisible by 128
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    float_model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    float_model.save_pretrained(tmp_path, max_shard_size="200KB")
+    with init_empty_weights():
+        empty = transformers.LlamaForCausalLM(cfg)
+    ours = load_and_quantize_model(
+        empty,
+        TorchAoQuantizationConfig(weight, torch_dtype=torch.bfloat16),
+        weights_location=str(tmp_path),
+        device_map={"": 0},
+    )
+    hand = copy.deepcopy(float_model).cuda()
+    ao = (
+        Int8WeightOnlyConfig()
+        if weight == "int8"
+        else Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")
+    )
+    quantize_(hand, ao, filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")
+    with torch.no_grad():
+        got, want = ours(TOKENS.cuda()).logits.float(), hand(TOKENS.cuda()).logits.float()
+        full = float_model.cuda()(TOKENS.cuda()).logits.float()
+    assert (
+        type(ours.model.layers[0].mlp.down_proj.weight).__name__
+        == type(hand.model.layers[0].mlp.down_proj.weight).__name__
+    )
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert (got - full).abs().max() < 0.25 * full.abs().max()  # quantization error, not garbage

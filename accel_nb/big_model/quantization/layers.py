@@ -165,11 +165,20 @@ def quantize_weight(
     quantize_torchao(layer, weight.to(device=device, dtype=config.torch_dtype), config)
 
 
-def torchao_config(config: TorchAoQuantizationConfig):
-    """The torchao config object for ``config`` (Int8WeightOnlyConfig / Int4WeightOnlyConfig)."""
+def torchao_config(config: TorchAoQuantizationConfig, device: torch.device | str | None = None):
+    """The torchao config object for ``config`` (Int8WeightOnlyConfig / Int4WeightOnlyConfig).
+
+    int4 on a CUDA device uses torchao's ``tile_packed_to_4d`` layout, whose matmul kernel
+    (tinygemm) ships with torch itself; torchao's default int4 layout needs the separate ``mslk``
+    kernel package, which has no release on PyPI for torchao 0.18. Elsewhere torchao's default.
+    """
     quant = require("torchao.quantization")
     if config.weight == "int8":
         return quant.Int8WeightOnlyConfig()
+    if device is not None and torch.device(device).type == "cuda":
+        return quant.Int4WeightOnlyConfig(
+            group_size=config.group_size, int4_packing_format="tile_packed_to_4d"
+        )
     return quant.Int4WeightOnlyConfig(group_size=config.group_size)
 
 
@@ -177,11 +186,18 @@ def quantize_torchao(layer: nn.Module, weight: torch.Tensor, config: TorchAoQuan
     quant = require("torchao.quantization")
     layer.weight = nn.Parameter(weight, requires_grad=False)
     try:
-        quant.quantize_(layer, torchao_config(config))
+        quant.quantize_(layer, torchao_config(config, weight.device))
     except Exception as exc:  # noqa: BLE001 - torchao says why (a missing kernel, a device); keep its words
+        hint = ""
+        if config.weight == "int4" and weight.device.type != "cuda":
+            hint = (
+                ". torchao's int4 weight-only kernels run on a CUDA GPU (accel_nb uses the tile-packed "
+                "layout there); on a CPU use TorchAoQuantizationConfig('int8') or "
+                "BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4')"
+            )
         raise QuantizationError(
             f"torchao could not quantize a {tuple(weight.shape)} weight to {config.weight} on {weight.device}: "
-            f"{type(exc).__name__}: {exc}. Nothing was loaded"
+            f"{type(exc).__name__}: {exc}{hint}. Nothing was loaded"
         ) from None
 
 
