@@ -263,8 +263,8 @@ def test_sizes_that_do_not_multiply_to_the_processes_are_a_clear_error():
         Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
     with pytest.raises(TypeError, match="ParallelismConfig"):
         Accelerator(parallelism_config={"tp_size": 2})
-    with pytest.raises(ValueError, match="context parallel is not built"):
-        Accelerator(parallelism_config=ParallelismConfig(cp_size=2))
+    with pytest.raises(ValueError, match="multiplies to 2 processes but this run has 1"):
+        Accelerator(parallelism_config=ParallelismConfig(cp_size=2))  # context parallel: same check
 
 
 def test_sizes_come_from_the_launch_environment(monkeypatch):

@@ -100,3 +100,38 @@ class SyncContexts:
         finally:
             for sampler, value in restore:
                 sampler.even_batches = value
+
+    @contextlib.contextmanager
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> Iterator[None]:
+        """Context parallel around one step's forward (and backward): with ``cp_size > 1`` each tensor
+        in ``buffers`` is cut in place to this rank's share of the sequence (along its entry of
+        ``buffer_seq_dims``, default 1) and attention (``scaled_dot_product_attention``) sees the whole
+        sequence's keys and values; on exit the buffers are whole again, except ``no_restore_buffers``.
+        Without ``cp_size > 1`` it does nothing.
+
+            with accelerator.maybe_context_parallel(
+                buffers=[input_ids, position_ids, targets], buffer_seq_dims=[1, 1, 1],
+                no_restore_buffers={input_ids, position_ids, targets},
+            ):
+                logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+                accelerator.backward(loss)
+
+        Pass ``position_ids`` as a buffer: the model only sees this rank's tokens and would count
+        positions from 0 (accel_nb.parallel.context_parallel, docs/parallelism.md).
+        """
+        layout = getattr(self, "_parallel", None)
+        if layout is None or not layout.config.cp_enabled or layout.mesh is None:
+            yield
+            return
+        from ..parallel.context_parallel import context_parallel  # deferred: torch.distributed collectives
+
+        with context_parallel(
+            layout.config.submesh("cp").get_group(), buffers, buffer_seq_dims, no_restore_buffers
+        ):
+            yield

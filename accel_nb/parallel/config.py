@@ -49,9 +49,11 @@ class TorchTensorParallelConfig:
 
 @dataclass
 class TorchContextParallelConfig:
-    """Settings of the context-parallel dimension: how ring attention passes the keys and values around.
+    """Settings of the context-parallel dimension: how the ranks exchange the keys and values.
 
-    ``cp_comm_strategy``: ``"allgather"`` (default) or ``"alltoall"``.
+    ``cp_comm_strategy``: ``"allgather"`` (default, what accel_nb builds: every rank gathers the whole
+    sequence's keys and values) or ``"alltoall"`` (the reference's other choice: accepted here, refused
+    by ``Accelerator`` with ``cp_size > 1``).
     """
 
     cp_comm_strategy: str | None = None

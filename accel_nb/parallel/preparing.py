@@ -1,6 +1,7 @@
 """What ``Accelerator`` does with a ``ParallelismConfig``: check it against the run, build the mesh,
 and in ``prepare`` split a model with its tensor-parallel plan, then shard it with FSDP2 over the
-data-parallel shard dimension.
+data-parallel shard dimension joined with the context-parallel one (``dp_shard_cp``; the sequence
+split itself happens in ``accelerator.maybe_context_parallel``: accel_nb.parallel.context_parallel).
 
     layout = resolve_layout(config, num_processes=4, device=torch.device("cpu"), fsdp_options=None)
     swap = parallelize(model, layout, mixed_precision="no")   # TP over mesh["tp"], FSDP2 over mesh["dp_shard_cp"]
@@ -62,11 +63,19 @@ def resolve_layout(
         raise TypeError(f"parallelism_config must be a ParallelismConfig(...), got {type(config).__name__}")
     if config.total_size == 1 and num_processes > 1:  # no sizes given: plain replicated data parallel
         config.dp_replicate_size = num_processes
-    if config.cp_enabled:
+    if config.cp_enabled and config.tp_enabled:
         raise ValueError(
-            f"cp_size={config.cp_size}: context parallel is not built in accel_nb yet (torch's context_parallel has "
-            "no CPU attention kernel to test it on: aten._scaled_dot_product_flash_attention_for_cpu has no sharding "
-            "strategy); set cp_size=1 and use the processes for dp_shard_size or tp_size"
+            f"cp_size={config.cp_size} with tp_size={config.tp_size}: context parallel together with tensor parallel "
+            "is not built in accel_nb yet; use one of them (e.g. dp_shard_size × cp_size, or dp_shard_size × tp_size)"
+        )
+    if (
+        config.cp_enabled
+        and config.cp_handler is not None
+        and config.cp_handler.cp_comm_strategy != "allgather"
+    ):
+        raise ValueError(
+            f"cp_comm_strategy={config.cp_handler.cp_comm_strategy!r}: accel_nb's context parallel all-gathers the "
+            "keys and values (cp_comm_strategy='allgather'); the all-to-all exchange is not built"
         )
     config.check_world_size(num_processes)
     if config.shards_with_fsdp:
