@@ -32,15 +32,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("8bit", "nf4")
 
 
-def _config():  # pragma: no cover - runs on a GPU machine
+def _config(big: bool = False):  # pragma: no cover - runs on a GPU machine
+    """Llama-style, 8 layers: 1024 wide (25 MB per layer in fp16), or 4096 wide (405 MB, a 7B's layer)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        hidden_size=1024,
-        intermediate_size=2816,
+        hidden_size=4096 if big else 1024,
+        intermediate_size=11008 if big else 2816,
         num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=16,
+        num_attention_heads=32 if big else 16,
+        num_key_value_heads=32 if big else 16,
         vocab_size=8192,
         max_position_embeddings=256,
     )
@@ -52,13 +53,16 @@ def _ids():  # pragma: no cover
     return torch.randint(0, 8192, (2, 64), generator=torch.Generator().manual_seed(0))
 
 
-def _save(folder: str) -> None:  # pragma: no cover
+def _save(folder: str, big: bool = False) -> None:  # pragma: no cover
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(_config()).to(torch.float16)
-    model.save_pretrained(folder, max_shard_size="20MB")
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(_config(big)).to(torch.float16)
+    model.save_pretrained(folder, max_shard_size="1GB" if big else "20MB")
+    if big:
+        return
     with torch.no_grad():
         logits = model.cuda()(_ids().cuda()).logits.float().cpu()
     torch.save(logits, os.path.join(folder, "float_logits.pt"))
@@ -117,7 +121,7 @@ def _torchao(weight: str, folder: str) -> dict:  # pragma: no cover
     from transformers import LlamaForCausalLM
 
     from accel_nb import init_empty_weights
-    from accel_nb.utils import TorchAoQuantizationConfig, load_and_quantize_model
+    from accel_nb.big_model.quantization import TorchAoQuantizationConfig, load_and_quantize_model
 
     with init_empty_weights():
         model = LlamaForCausalLM(_config())
@@ -169,7 +173,9 @@ def _offload_map(gpu):
     return dmap
 
 
-def _offload(folder: str, device: str = "cuda:0", new_tokens: int = 16) -> dict:  # pragma: no cover
+def _offload(
+    folder: str, device: str = "cuda:0", new_tokens: int = 16, big: bool = False
+) -> dict:  # pragma: no cover
     """NF4 with blocks on cpu and disk vs NF4 whole on the device, and vs the float16 offload (same map)."""
     import tempfile
     import time
@@ -185,7 +191,7 @@ def _offload(folder: str, device: str = "cuda:0", new_tokens: int = 16) -> dict:
 
     def empty():
         with init_empty_weights():
-            return LlamaForCausalLM(_config()).eval()
+            return LlamaForCausalLM(_config(big)).eval()
 
     def config():
         return BnbQuantizationConfig(
@@ -331,12 +337,16 @@ def rows(data: dict) -> list[dict]:
             )
         )
         out.append(_plain(f"torchao {weight} GPU memory held after load", ao["gpu_mib"], None, "MiB", note))
-    off = data.get("offload_nf4")
-    if off is not None:
-        note = "Llama-style 8 layers x 1024, blocks 4-5 on cpu and 6-7 on disk, GPU 0 runs all; "
+    for key, width in (("offload_nf4", "1024"), ("offload_nf4_big", "4096 (a 7B's layers)")):
+        off = data.get(key)
+        if off is None:
+            continue
+        note = f"Llama-style 8 layers x {width}, blocks 4-5 on cpu and 6-7 on disk, GPU 0 runs all; "
         if "error" in off:
             last = off["error"].strip().splitlines()[-1][:200] if off["error"].strip() else "no output"
-            out.append(_plain("nf4 offloaded generation", None, None, "MiB", "FAILED: " + last))
+            out.append(
+                _plain(f"nf4 offloaded generation, width {width}", None, None, "MiB", "FAILED: " + last)
+            )
         else:
             note += (
                 f"vs NF4 whole on the GPU: logits equal {off['logits_equal']} (max abs {off['max_abs_vs_whole']:.3g}), "
@@ -344,7 +354,7 @@ def rows(data: dict) -> list[dict]:
             )
             out.append(
                 _plain(
-                    "nf4 offloaded generation: bytes streamed per token",
+                    f"nf4 offloaded generation, width {width}: bytes streamed per token",
                     off["nf4_bytes_per_token"] / 2**20,
                     off["fp16_bytes_per_token"] / 2**20,
                     "MiB",
@@ -353,7 +363,7 @@ def rows(data: dict) -> list[dict]:
             )
             out.append(
                 _plain(
-                    "nf4 offloaded generation: tokens/s",
+                    f"nf4 offloaded generation, width {width}: tokens/s",
                     off["nf4_tokens_per_s"],
                     off["fp16_tokens_per_s"],
                     "tokens/s",
@@ -379,13 +389,15 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
+    # GPU_CHECK_QUANT_PARTS: a comma list of bnb,torchao,offload,offload_big to run only those (default: all)
+    parts = set((os.environ.get("GPU_CHECK_QUANT_PARTS") or "bnb,torchao,offload,offload_big").split(","))
     data: dict = {}
     with tempfile.TemporaryDirectory() as folder:
-        saved = _child(f"(q._save({folder!r}) or {{}})")
+        saved = _child(f"(q._save({folder!r}) or {{}})") if parts - {"offload_big"} else {}
         if "error" in saved:
             data["error"] = saved["error"]
         else:
-            for mode in MODES:
+            for mode in MODES if "bnb" in parts else ():
                 for lib in ("accel_nb", "accelerate"):
                     data[f"{lib}_{mode}"] = _child(f"q._load({lib!r}, {mode!r}, {folder!r})")
                 a, b = (
@@ -396,17 +408,25 @@ def main(argv: list[str]) -> int:
                     import torch
 
                     data[f"agree_{mode}"] = float((torch.load(a) - torch.load(b)).abs().max())
-            for weight in ("int8", "int4"):
+            for weight in ("int8", "int4") if "torchao" in parts else ():
                 data[f"torchao_{weight}"] = _child(f"q._torchao({weight!r}, {folder!r})")
-            data["offload_nf4"] = _child(f"q._offload({folder!r})", timeout=420)
+            if "offload" in parts:
+                data["offload_nf4"] = _child(f"q._offload({folder!r})", timeout=420)
+    if "offload_big" in parts:
+        with tempfile.TemporaryDirectory() as big:
+            saved = _child(f"(q._save({big!r}, big=True) or {{}})")
+            data["offload_nf4_big"] = (
+                saved if "error" in saved else _child(f"q._offload({big!r}, big=True)", 420)
+            )
     with open(argv[0], "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
     print(json.dumps(data, indent=1)[:4000])
     return (
         0
         if "error" not in data
-        and all("error" not in data.get(f"accel_nb_{m}", {"error": 1}) for m in MODES)
+        and all("error" not in data.get(f"accel_nb_{m}", {}) for m in MODES)
         and "error" not in data.get("offload_nf4", {})
+        and "error" not in data.get("offload_nf4_big", {})
         and all("error" not in data.get(f"torchao_{w}", {}) for w in ("int8", "int4"))
         else 1
     )
