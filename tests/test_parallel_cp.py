@@ -1,10 +1,11 @@
 """Context parallel (cp_size=2) through Accelerator.prepare and maybe_context_parallel, on real gloo ranks on CPU.
 
-One 2-process launch checks: the attention autograd function against plain SDPA on the whole sequence
+One 2-process launch (cp=2) checks: the attention autograd function against plain SDPA on the whole sequence
 (causal and full, GQA, outputs and the gradients of q, k, v); then STEPS training steps of a small
 transformers Llama (sdpa attention, sequence 64) whose loss and every parameter's gradient equal the
 one-process unsplit run's; both ranks read the same batches; buffers restored or kept sharded on exit;
-a sequence length not divisible by 2 × cp and an attention mask are clear errors. The rest need no processes.
+a sequence length not divisible by 2 × cp and an attention mask are clear errors. One 4-process launch
+(cp=2 × tp=2) checks the same loss and gradients. The rest need no processes.
 """
 
 from __future__ import annotations
@@ -44,14 +45,14 @@ def _tokens() -> TensorDataset:
     return TensorDataset(torch.randint(0, 64, (4 * STEPS, SEQ + 1), generator=g))
 
 
-def _attention_checks() -> dict:
+def _attention_checks(group) -> dict:
     """ContextParallelAttention (2 ranks) against SDPA over the whole sequence: outputs and grads, max abs diffs."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
     from accel_nb.parallel.context_parallel import ContextParallelAttention, shard_sequence
 
-    rank = dist.get_rank()
+    rank = dist.get_rank(group)
     diffs = {}
     for causal, heads_kv in ((True, 4), (False, 4), (True, 2)):
         g = torch.Generator().manual_seed(7)
@@ -63,7 +64,7 @@ def _attention_checks() -> dict:
         whole = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         (whole * w).sum().backward()
         local = [shard_sequence(t.detach(), 2, 2, rank).requires_grad_() for t in (q, k, v)]
-        with ContextParallelAttention(dist.group.WORLD):
+        with ContextParallelAttention(group):
             out = F.scaled_dot_product_attention(*local, is_causal=causal, enable_gqa=gqa)
         (out * shard_sequence(w, 2, 2, rank)).sum().backward()
         name = f"causal={causal},kv_heads={heads_kv}"
@@ -74,28 +75,31 @@ def _attention_checks() -> dict:
             torch.testing.assert_close(mine.grad, expected, rtol=1e-5, atol=1e-6)
             diffs[name].append((mine.grad - expected).abs().max().item())
     try:
-        with ContextParallelAttention(dist.group.WORLD):
+        with ContextParallelAttention(group):
             F.scaled_dot_product_attention(*local, attn_mask=torch.ones(8, 8, dtype=torch.bool))
     except ValueError as exc:
         diffs["mask_error"] = str(exc)
     return diffs
 
 
-def _train(sizes: dict | None) -> dict:
-    """STEPS SGD steps of the Llama, loss = mean next-token cross entropy; each step's loss and full gradients."""
+def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True) -> dict:
+    """STEPS SGD steps of the Llama, loss = mean next-token cross entropy; each step's loss and full gradients
+    (with ``checks``, on the parallel run also the attention-function checks and the bad length)."""
     import torch.nn.functional as F
 
     from accel_nb import Accelerator
 
     acc = Accelerator(parallelism_config=ParallelismConfig(**sizes) if sizes else None)
     out: dict = {}
+    if sizes and checks:
+        out["attention"] = _attention_checks(acc.torch_device_mesh["cp"].get_group())
     if sizes:
-        out["attention"] = _attention_checks()
         out["mesh"] = tuple(acc.torch_device_mesh.mesh_dim_names)
         out["cp_rank"] = acc.context_parallel_rank
+        out["tp_rank"] = acc.tensor_parallel_rank
     model = _llama()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    model, opt, dl = acc.prepare(model, opt, DataLoader(_tokens(), batch_size=4))
+    model, opt, dl = acc.prepare(model, opt, DataLoader(_tokens(), batch_size=batch_size))
     losses, grads, seen = [], [], []
     for (x,) in dl:
         seen.append(x[:, 0].tolist())
@@ -119,13 +123,26 @@ def _train(sizes: dict | None) -> dict:
         opt.step()
         opt.zero_grad()
     out.update(losses=losses, grads=grads, seen=seen)
-    if sizes:
+    if sizes and checks:
         try:
             with acc.maybe_context_parallel(buffers=[torch.zeros(2, 30)], buffer_seq_dims=[1]):
                 pass
         except ValueError as exc:
             out["length_error"] = str(exc)
     return out
+
+
+def _same_as_unsplit(ranks: list, reference: dict) -> None:
+    """Every rank's losses and every parameter's full gradient at every step equal the unsplit run's."""
+    assert len(reference["losses"]) == STEPS
+    for rank in ranks:
+        torch.testing.assert_close(rank["losses"], reference["losses"], rtol=1e-6, atol=1e-6)
+        for step, (mine, expected) in enumerate(zip(rank["grads"], reference["grads"])):
+            assert sorted(mine) == sorted(expected)
+            for name, grad in expected.items():
+                torch.testing.assert_close(
+                    mine[name], grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=name, s=step: f"{n} step {s}: {m}"
+                )
 
 
 @pytest.mark.multiproc
@@ -141,18 +158,21 @@ def test_cp2_matches_the_unsplit_run_loss_and_gradients():
     assert len(main["losses"]) == STEPS
     # buffers whole again on exit, except the no_restore one (this rank's 32 tokens)
     assert main["shapes_after"] == ((4, SEQ), (4, SEQ), (4, SEQ // 2))
-    torch.testing.assert_close(main["losses"], reference["losses"], rtol=1e-6, atol=1e-6)
-    for rank in ranks:
-        for step, (mine, expected) in enumerate(zip(rank["grads"], reference["grads"])):
-            assert sorted(mine) == sorted(expected)
-            for name, grad in expected.items():
-                torch.testing.assert_close(
-                    mine[name], grad, rtol=1e-5, atol=1e-6, msg=lambda m, n=name, s=step: f"{n} step {s}: {m}"
-                )
+    _same_as_unsplit(ranks, reference)
     message = main["length_error"]
     assert (
         "sequence length 30 is not divisible by 2 × cp_size = 4" in message and "(e.g. 32 or 28)" in message
     )
+
+
+@pytest.mark.multiproc
+def test_cp2_x_tp2_on_four_ranks_matches_the_unsplit_run():
+    ranks = run_ranks(_train, world_size=4, args=({"cp_size": 2, "tp_size": 2}, 4, False), timeout=600)
+    reference = _train(None)
+    assert ranks[0]["mesh"] == ("cp", "tp")  # tp innermost: ranks 0,1 and 2,3 split the layers
+    assert [(r["cp_rank"], r["tp_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r["seen"] == reference["seen"] for r in ranks)  # one batch for the whole cp × tp group
+    _same_as_unsplit(ranks, reference)
 
 
 # ------------------------------------------------------------------ no processes needed
@@ -169,15 +189,13 @@ def test_the_load_balanced_layout_and_bad_lengths():
         check_sequence_length(10, 2)
 
 
-def test_without_cp_the_context_does_nothing_and_tp_with_cp_is_refused():
+def test_without_cp_the_context_does_nothing_and_alltoall_is_refused():
     from accel_nb import Accelerator
 
     acc = Accelerator()
     x = torch.arange(10).view(1, 10)
     with acc.maybe_context_parallel(buffers=[x], buffer_seq_dims=[1]):
         assert x.shape == (1, 10)
-    with pytest.raises(ValueError, match="context parallel together with tensor parallel is not built"):
-        Accelerator(parallelism_config=ParallelismConfig(cp_size=2, tp_size=2))
     from accel_nb.parallel.config import TorchContextParallelConfig
 
     with pytest.raises(ValueError, match="all-to-all exchange is not built"):

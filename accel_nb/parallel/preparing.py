@@ -63,11 +63,6 @@ def resolve_layout(
         raise TypeError(f"parallelism_config must be a ParallelismConfig(...), got {type(config).__name__}")
     if config.total_size == 1 and num_processes > 1:  # no sizes given: plain replicated data parallel
         config.dp_replicate_size = num_processes
-    if config.cp_enabled and config.tp_enabled:
-        raise ValueError(
-            f"cp_size={config.cp_size} with tp_size={config.tp_size}: context parallel together with tensor parallel "
-            "is not built in accel_nb yet; use one of them (e.g. dp_shard_size × cp_size, or dp_shard_size × tp_size)"
-        )
     if (
         config.cp_enabled
         and config.cp_handler is not None
