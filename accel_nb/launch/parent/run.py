@@ -80,7 +80,6 @@ def run_launch(
         keep_logs = os.environ.get(ENV_KEEP_LOGS, "") not in ("", "0")
     timeout = plan.options.timeout
     _remove_kept_logs()  # the previous launch's notes pointed there until now
-    log_dir = tempfile.mkdtemp(prefix="accel_nb-launch-")
     say(plan.headline())
     if plan.spawn_reason:
         say(f"[accel_nb] using spawn instead of fork: {plan.spawn_reason}.")
@@ -95,6 +94,8 @@ def run_launch(
             "[accel_nb] the forked process uses 1 torch thread (the notebook's OpenMP thread pool does not "
             "survive a fork); start_method='spawn' gives it all cores"
         )
+    plan.launcher.prepare(plan, say)  # a job of several machines waits for every machine here
+    log_dir = tempfile.mkdtemp(prefix="accel_nb-launch-")
     details = {
         "log_dir": log_dir,
         "start_method": plan.start_method,
@@ -102,11 +103,11 @@ def run_launch(
         "master_port": plan.master_port,
     }
     details.update(info or {})
-    plan.launcher.prepare(plan, say)  # a job of several machines waits for every machine here
-    reporter = start_reporter(reporter, plan.num_processes, details)
     ok = False
+    outcome = None
     procs: list[RankProcess] = []
     try:
+        reporter = start_reporter(reporter, plan.num_processes, details)
         try:
             # the launch kind's way: processes, or XLA's host
             plan.launcher.start(plan, payload, log_dir, procs)
@@ -141,21 +142,22 @@ def run_launch(
         return [outcome.results[r] for r in range(plan.num_processes)]
     finally:
         plan.launcher.release(plan, ok)
-        if ok and not keep_logs:
-            # a note names a log in it: kept until the next launch or the kernel ends
-            if outcome.dropped_output:
-                keep_until_next_launch(log_dir)
-            else:
+        if not keep_logs:
+            if ok and not outcome.dropped_output:
                 shutil.rmtree(log_dir, ignore_errors=True)
+            else:
+                # a LaunchError or a "dropped lines" note names this folder: kept until the next
+                # launch starts or this process ends, never longer
+                keep_until_next_launch(log_dir)
 
 
-# (pid, folder): the last launch's logs a "dropped lines" note names
+# (pid, folder): the last launch's logs that a LaunchError or a "dropped lines" note names
 _kept_log_dir: list[tuple[int, str]] = []
 _exit_hook: list[bool] = []
 
 
 def keep_until_next_launch(log_dir: str) -> None:
-    """Keep ``log_dir`` (its output was not all shown) until the next launch starts or this process ends."""
+    """Keep ``log_dir`` (a failure or a note names it) until the next launch starts or this process ends."""
     if not _exit_hook:
         _exit_hook.append(True)
         atexit.register(_remove_kept_logs)

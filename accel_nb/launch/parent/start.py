@@ -1,8 +1,9 @@
 """Start the ranks of a plan: forked from the notebook, forked by the spawn server (``zygote``), or fresh interpreters.
 
 The three kinds of process share one small interface, ``RankProcess``: ``rank``, ``pid`` (also
-its process group), ``reader`` (its event channel), ``poll()`` (exit code or None),
-``signal_group(sig)`` and ``close()``. The supervisor needs nothing else.
+its process group), ``reader`` (its event channel), ``exit_fd`` (readable once the process has
+ended; None where the system has no pidfd), ``poll()`` (exit code or None), ``signal_group(sig)``
+and ``close()``. The supervisor needs nothing else.
 
     procs: list[RankProcess] = []
     start_ranks(plan, payload, log_dir, procs)     # procs fills as ranks start (cleanup sees them all)
@@ -13,10 +14,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +39,14 @@ _live_lock = threading.Lock()
 class RankProcess:
     """One started rank. Subclasses say how its exit status is learnt (``_exit_status``)."""
 
+    status_at_exit = True  # the exit status can be read as soon as the process has ended
+
     def __init__(self, rank: int, pid: int, reader: EventReader) -> None:
         self.rank = rank
         self.pid = pid
         self.reader = reader
         self.returncode: int | None = None
+        self.exit_fd = exit_fd(pid)
         with _live_lock:
             _live.add(self)
 
@@ -51,6 +57,19 @@ class RankProcess:
         """The exit code (negative: killed by that signal), or None while it runs."""
         if self.returncode is None:
             self.returncode = self._exit_status()
+        return self.returncode
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code once the process has ended, waiting at most ``timeout`` seconds (None: still running)."""
+        deadline = time.monotonic() + timeout
+        while self.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if self.exit_fd is not None and self.status_at_exit:
+                select.select([self.exit_fd], [], [], left)  # wakes when it ends
+            else:  # learnt from elsewhere (the spawn server reports it): asked again shortly
+                time.sleep(min(left, 0.01))
         return self.returncode
 
     @property
@@ -68,8 +87,20 @@ class RankProcess:
 
     def close(self) -> None:
         self.reader.close()
+        if self.exit_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.exit_fd)
+            self.exit_fd = None
         with _live_lock:
             _live.discard(self)
+
+
+def exit_fd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (Linux 5.3+): a selector wakes when the process ends, with no polling; None elsewhere."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux, an old kernel, or the process is already reaped
+        return None
 
 
 class ForkedRank(RankProcess):
@@ -85,6 +116,8 @@ class ForkedRank(RankProcess):
 
 class ServedRank(RankProcess):
     """A child of the spawn server: the server reaps it and reports its exit."""
+
+    status_at_exit = False  # the server reports it a little later
 
     def __init__(self, rank: int, pid: int, reader: EventReader, server: zygote.SpawnServer) -> None:
         super().__init__(rank, pid, reader)
@@ -169,7 +202,8 @@ def start_forked(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankP
             plan.rank_env(rank),
             threads=plan.fork_threads,
         )
-        inherited = [r] + [p.reader.fd for p in procs]  # the parent's ends: the child must not hold them
+        # the parent's ends: the child must not hold them
+        inherited = [r] + [p.reader.fd for p in procs] + [p.exit_fd for p in procs if p.exit_fd is not None]
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             pid = os.fork()

@@ -35,8 +35,9 @@ TERM_GRACE_S = 2.0  # SIGTERM -> SIGKILL
 # how long the watchdog waits at most for faulthandler to write the stacks (a loaded machine)
 STACKS_WAIT_S = 3.0
 POLL_S = 0.05  # the loop's longest wait for an event; the watchdog and the reporter's tick run between waits
-# once every pipe is closed, a rank's exit is polled from this interval up (doubling to POLL_S): a launch
-# ends when its last rank has exited, not up to POLL_S later
+# a rank's exit wakes the loop through its pidfd (``RankProcess.exit_fd``); where there is none (or the
+# spawn server has not reported the exit yet) and every pipe is closed, the exit is polled from this
+# interval up (doubling to POLL_S): a launch ends when its last rank has exited, not up to POLL_S later
 EXIT_POLL_S = 0.001
 
 
@@ -351,6 +352,9 @@ class Supervisor:
             ready = []
         for key, _ in ready:
             proc: RankProcess = key.data
+            if key.fd == proc.exit_fd:  # the process ended (readable from now on): reaped below
+                sel.unregister(key.fd)
+                continue
             for event in proc.reader.read_available():
                 self._handle(event)
             if proc.reader.eof:
@@ -359,9 +363,10 @@ class Supervisor:
             if proc.poll() is not None:
                 self._exit_wait = EXIT_POLL_S
                 del waiting[rank]
-                if not proc.reader.eof:
-                    with contextlib.suppress(KeyError, ValueError):
-                        sel.unregister(proc.reader.fd)
+                for fd in (None if proc.reader.eof else proc.reader.fd, proc.exit_fd):
+                    if fd is not None:
+                        with contextlib.suppress(KeyError, ValueError):
+                            sel.unregister(fd)
                 self._on_exit(proc)
             elif self._done_while_alive(rank):
                 del waiting[rank]
@@ -375,6 +380,8 @@ class Supervisor:
         sel = selectors.DefaultSelector()
         for p in self.procs:
             sel.register(p.reader.fd, selectors.EVENT_READ, p)
+            if p.exit_fd is not None:
+                sel.register(p.exit_fd, selectors.EVENT_READ, p)
         try:
             waiting = {p.rank: p for p in self.procs}
             while waiting:
@@ -404,9 +411,7 @@ class Supervisor:
             if p.alive:
                 p.signal_group(signal.SIGKILL)
         for p in self.procs:
-            deadline = time.monotonic() + 5
-            while p.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
+            p.wait(5.0)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, signal.SIGKILL)  # grandchildren left in the rank's group
             p.close()

@@ -1,0 +1,103 @@
+"""The end of a launch: what a launch leaves behind, and a launch right after another.
+
+A launch's log folder lives until the next launch or the end of the process when a failure or a
+note names it, and is removed at once otherwise; a second launch on the same fixed port starts at
+once after the first returned (rank 0's store is gone), with DDP ranks that end without tearing
+their group down and without an abort.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from accel_nb import debug_launcher
+from accel_nb.launch.parent.reporting import ListReporter
+from accel_nb.launch.ports import pick_free_port
+from tests.process_helpers import live_descendants
+
+pytestmark = pytest.mark.multiproc
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_FOLDERS_SCRIPT = textwrap.dedent(
+    """
+    import glob, os, sys, tempfile
+    from accel_nb import debug_launcher
+    from accel_nb.launch.errors import LaunchError
+    from accel_nb.launch.parent.reporting import ListReporter
+
+    def folders():
+        return sorted(glob.glob(os.path.join(tempfile.gettempdir(), "accel_nb-launch-*")))
+
+    def ok():
+        return 1
+
+    def fails():
+        raise ValueError("boom")
+
+    def fail():
+        try:
+            debug_launcher(fails, reporter=ListReporter())
+        except LaunchError as err:
+            return err.log_dir
+        raise AssertionError("the launch did not fail")
+
+    seen = []
+    assert debug_launcher(ok, reporter=ListReporter()) == [1, 1]
+    seen.append(len(folders()))  # a successful launch: nothing left
+    failed = fail()
+    seen.append(folders() == [failed] and os.path.isfile(os.path.join(failed, "rank0.log")))  # named: kept
+    assert debug_launcher(ok, reporter=ListReporter()) == [1, 1]
+    seen.append(len(folders()))  # the next launch removed it
+    failed = fail()
+    seen.append(folders() == [failed])
+    print("SEEN", seen, flush=True)
+    # the process ends here: the last failure's folder goes with it
+    """
+)
+
+
+def test_a_launch_leaves_no_log_folder_past_the_next_launch_or_the_process(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _FOLDERS_SCRIPT],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SEEN [0, True, 0, True]" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+    assert glob.glob(str(tmp_path / "accel_nb-launch-*")) == []  # removed when the process ended
+
+
+def _ddp_step(port: int) -> tuple[int, str]:
+    import torch
+
+    from accel_nb import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 1)
+    model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    accelerator.backward(model(torch.ones(2, 4)).sum())  # DDP's gloo allreduce
+    opt.step()
+    return accelerator.num_processes, os.environ["MASTER_PORT"]
+
+
+def test_a_launch_right_after_another_on_the_same_port_is_undisturbed():
+    port = pick_free_port()
+    reporters = [ListReporter(), ListReporter()]
+    for rep in reporters:  # back to back: the second starts as soon as the first returned
+        assert debug_launcher(_ddp_step, args=(port,), use_port=port, reporter=rep) == [(2, str(port))] * 2
+        assert not live_descendants(psutil.Process())  # every rank is gone when the launch returns
+        assert rep.finished == (True, None)
+        for rank in (0, 1):  # the ranks left without tearing the group down, and without an abort
+            assert "terminate called" not in rep.output(rank=rank) + rep.output(rank=rank, stream="stderr")
