@@ -1023,16 +1023,18 @@ print(f"the plain model computes what the trained engine computed: {same}; train
 
 PARALLEL = [
     md("""
-# Tensor parallel × FSDP and pipeline parallel, from a notebook
+# Tensor parallel × FSDP, pipeline and context parallel, from a notebook
 
-Two ways to split a model over processes when data parallelism alone is not enough, both on
-torch's own parallelism (DeviceMesh, DTensor, `torch.distributed.pipelining`):
+Three ways to split a model over processes when data parallelism alone is not enough, the first
+two on torch's own parallelism (DeviceMesh, DTensor, `torch.distributed.pipelining`):
 
 1. **Tensor parallel × FSDP** (`ParallelismConfig(dp_shard_size=2, tp_size=2)` on 4 processes):
    each planned layer's weights are split over a tensor-parallel pair, and FSDP2 shards the rest
    over the other dimension. The training loop is the usual one.
 2. **Pipeline parallel**: the model cut by layers into stages, one per process, the batch split
    into microbatches: `prepare_pippy` for inference, `PipelineTrainer` for training.
+3. **Context parallel** (`ParallelismConfig(cp_size=2)`): each sequence split over the processes,
+   attention gathering the whole sequence's keys and values (accel_nb's own, on plain collectives).
 
 Everything here runs on CPU processes (gloo); the same code runs on GPUs (not run yet on
 several GPUs). Docs: `docs/parallelism.md`, `docs/pipeline.md`.
@@ -1168,6 +1170,48 @@ piped = notebook_launcher(train_pipeline, num_processes=2, cpu=True)[0]
 plain = train_unsplit()
 same = torch.allclose(torch.tensor([float(v) for v in piped]), torch.tensor(plain), rtol=1e-5)
 print(f"pipeline losses equal to the unsplit model's: {same} ({plain[0]:.4f} -> {plain[-1]:.4f})")
+""",
+        "key-result",
+    ),
+    md("""
+## 5. Context parallel on 2 processes
+
+Each process keeps half of every 32-token sequence (load-balanced chunks) inside
+`maybe_context_parallel`; the labels are shifted and `position_ids` made before the split, so the
+model sees the true positions. Both processes read the same batches.
+"""),
+    code(
+        """
+import torch.nn.functional as F
+
+long_tokens = TensorDataset((starts[:32] + torch.arange(33)) % 64)  # 4 batches of 8 sequences of 33 tokens
+
+
+def train_cp(cp_size=1):
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(cp_size=cp_size) if cp_size > 1 else None)
+    model = make_llama()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(long_tokens, batch_size=8))
+    losses = []
+    for (seq,) in loader:
+        input_ids, targets = seq[:, :-1].clone(), seq[:, 1:].clone()  # shift before the split
+        position_ids = torch.arange(input_ids.shape[1]).expand_as(input_ids)
+        with accelerator.maybe_context_parallel(buffers=[input_ids, position_ids, targets], buffer_seq_dims=[1, 1, 1]):
+            logits = model(input_ids=input_ids, position_ids=position_ids).logits
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # this process's tokens
+            accelerator.backward(loss)
+            here = input_ids.shape[1]
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    return {"losses": losses, "tokens": here}
+
+
+one = train_cp()
+split = notebook_launcher(train_cp, args=(2,), num_processes=2, cpu=True)
+same = torch.allclose(torch.tensor(split[0]["losses"]), torch.tensor(one["losses"]), rtol=1e-5)
+print(f"context parallel losses equal to the one-process run: {same} ({one['losses'][0]:.4f} -> {one['losses'][-1]:.4f})")
+print(f"each process computed {split[0]['tokens']} and {split[1]['tokens']} of {one['tokens']} tokens per sequence")
 """,
         "key-result",
     ),

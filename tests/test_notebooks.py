@@ -227,6 +227,8 @@ def test_parallelism_notebook_runs_tp_x_fsdp_and_the_pipeline_equal_to_one_proce
         "pipeline logits equal to the whole model's: True" in results and "process 0 returned None" in results
     )
     assert "pipeline losses equal to the unsplit model's: True" in results
+    assert "context parallel losses equal to the one-process run: True" in results
+    assert "each process computed 16 and 16 of 32 tokens per sequence" in results
 
 
 @pytest.mark.notebooks
