@@ -4,8 +4,9 @@ One 2-process launch (cp=2) checks: the attention autograd function against plai
 (causal and full, GQA, outputs and the gradients of q, k, v); then STEPS training steps of a small
 transformers Llama (sdpa attention, sequence 64) whose loss and every parameter's gradient equal the
 one-process unsplit run's; both ranks read the same batches; buffers restored or kept sharded on exit;
-a sequence length not divisible by 2 × cp and an attention mask are clear errors. One 4-process launch
-(cp=2 × tp=2) checks the same loss and gradients. The rest need no processes.
+a sequence length not divisible by 2 × cp, an attention mask and a padding mask are clear
+errors (an all-ones attention_mask changes nothing). One 4-process launch (cp=2 × tp=2) checks the
+same loss and gradients. The rest need no processes.
 """
 
 from __future__ import annotations
@@ -129,6 +130,23 @@ def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True) -> dict
                 pass
         except ValueError as exc:
             out["length_error"] = str(exc)
+        # an all-ones attention_mask (the reference's example passes one) changes nothing; padding is refused
+        ids, pos = x[:, :-1].clone(), torch.arange(SEQ).expand(x.shape[0], SEQ)
+        ones, padded = torch.ones_like(ids), torch.ones_like(ids)
+        padded[:, :4] = padded[:, 16:20] = (
+            0  # padding in both ranks' shares (tokens 0-15 and 16-31 are theirs)
+        )
+        with (
+            torch.no_grad(),
+            acc.maybe_context_parallel(buffers=[ids, pos, ones, padded], buffer_seq_dims=[1] * 4),
+        ):
+            plain = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+            masked = model(input_ids=ids, position_ids=pos, attention_mask=ones, use_cache=False).logits
+            out["ones_mask_same"] = torch.equal(plain, masked)
+            try:
+                model(input_ids=ids, position_ids=pos, attention_mask=padded, use_cache=False)
+            except ValueError as exc:
+                out["padding_error"] = str(exc)
     return out
 
 
@@ -159,6 +177,8 @@ def test_cp2_matches_the_unsplit_run_loss_and_gradients():
     # buffers whole again on exit, except the no_restore one (this rank's 32 tokens)
     assert main["shapes_after"] == ((4, SEQ), (4, SEQ), (4, SEQ // 2))
     _same_as_unsplit(ranks, reference)
+    assert all(r["ones_mask_same"] for r in ranks)
+    assert all("got an attn_mask" in r["padding_error"] for r in ranks)
     message = main["length_error"]
     assert (
         "sequence length 30 is not divisible by 2 × cp_size = 4" in message and "(e.g. 32 or 28)" in message
