@@ -75,6 +75,40 @@ class Phase(Event):
 
 
 @dataclass
+class Role(Event):
+    """This rank's place in the run's parallel layout, sent when its mesh is built or its pipeline stage cut.
+
+    ``coords`` and ``sizes`` name the dimensions in mesh order (``dp_replicate``, ``dp_shard``, ``cp``,
+    ``tp``; ``pp`` for a pipeline stage); ``detail``: what the stage holds, e.g. ``"layers 4-7"``.
+
+        Role(rank=3, coords={"dp_shard": 1, "tp": 1}, sizes={"dp_shard": 2, "tp": 2}).text()   # 'dp 1 · tp 1'
+    """
+
+    coords: dict[str, int]
+    sizes: dict[str, int]
+    detail: str = ""
+    again: bool = (
+        False  # passed on by a session to a later cell's display: rows show it, text views stay quiet
+    )
+
+    def text(self) -> str:
+        """The dimensions whose size is above 1, compactly: ``"dp 1 · tp 1"``, ``"pp 1/2 · layers 4-7"``.
+
+        ``dp_replicate`` and ``dp_shard`` both read ``dp``; with both above 1 (HSDP) ``dp`` and ``shard``.
+        """
+        wide = [d for d, size in self.sizes.items() if size > 1]
+        hybrid = "dp_replicate" in wide and "dp_shard" in wide
+        names = {"dp_replicate": "dp", "dp_shard": "shard" if hybrid else "dp"}
+        parts = []
+        for d in wide:
+            where = self.coords.get(d, 0)
+            parts.append(f"pp {where}/{self.sizes[d]}" if d == "pp" else f"{names.get(d, d)} {where}")
+        if self.detail:
+            parts.append(self.detail)
+        return " · ".join(parts)
+
+
+@dataclass
 class Heartbeat(Event):
     """Sent periodically by a live rank; the watchdog reads progress from the other events."""
 

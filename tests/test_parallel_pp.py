@@ -223,14 +223,15 @@ def _four_ranks(folder: str) -> dict:
     return out
 
 
-def _launch(n: int, folder: str) -> list[dict]:
+def _launch(n: int, folder: str, reporter=None) -> list[dict]:
     import transformers  # noqa: F401 - imported once here, so the forked ranks inherit it
 
     from accel_nb import notebook_launcher
     from accel_nb.launch.parent.reporting import ListReporter
 
     ranks = _two_ranks if n == 2 else _four_ranks
-    return notebook_launcher(ranks, args=(folder,), num_processes=n, cpu=True, reporter=ListReporter())
+    reporter = reporter or ListReporter()
+    return notebook_launcher(ranks, args=(folder,), num_processes=n, cpu=True, reporter=reporter)
 
 
 def _check_inference(results: list[dict]) -> None:
@@ -286,9 +287,18 @@ def test_two_stage_inference_and_training_match_the_whole_model(tmp_path):
 
 @pytest.mark.multiproc
 def test_four_stage_inference_and_1f1b_training_match_the_whole_model(tmp_path):
-    results = _launch(4, str(tmp_path))
+    from accel_nb.events import Role
+    from accel_nb.launch.parent.reporting import ListReporter
+
+    reporter = ListReporter()
+    results = _launch(4, str(tmp_path), reporter)
     _check_inference(results)
     assert results[0]["split_points"] == ["model.layers.1", "model.layers.2", "model.layers.3"]
+    # each rank told the launch its stage (the rows show "rank 2 [pp 2/4 · layers 2]"): prepare_pippy's first
+    first = {}
+    for event in reporter.of_type(Role):
+        first.setdefault(event.rank, event)
+    assert [first[r].text() for r in range(4)] == [f"pp {r}/4 · layers {r}" for r in range(4)]
     plain = _plain_losses(_batches())
     for r in results:
         assert r["1f1b"] == pytest.approx(plain, rel=1e-5, abs=1e-6)

@@ -32,6 +32,7 @@ from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS
 from ..fsdp.options import resolve_fsdp_options
 from ..fsdp.sharding import is_fsdp_model, no_gradient_sync
 from ..parallel.preparing import resolve_layout
+from ..parallel.roles import announce_mesh_role
 from ..precision.policy import PrecisionPolicy
 from ..state import (
     AcceleratorState,
@@ -178,6 +179,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
                     "tensor parallel (tp_size) through the ParallelismConfig, or DeepSpeed ZeRO alone"
                 )
             self.fsdp_options = self._parallel.fsdp
+            # the launching notebook's rank rows show each rank's coordinates ("rank 3 [dp 1 · tp 1]")
+            announce_mesh_role(self._parallel.config, self.state.process_index)
         self.state.distributed_type = (
             DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
         )

@@ -49,6 +49,7 @@ STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
 }
 PANE_LINES = 200  # lines of each rank's log shown in its pane
 PANE_INTERVAL = 1.0  # seconds between two refreshes of a log pane (the cell gets the lines at once)
+LABEL_PX = 60  # the width of the "rank N" column (wider once a rank shows its role)
 
 
 def _esc(text: Any) -> str:
@@ -85,6 +86,8 @@ class WidgetReporter(ev.Reporter):
         self.bars: dict[int, Any] = {}
         self.infos: dict[int, Any] = {}
         self.statuses: dict[int, Any] = {}
+        self.labels: dict[int, Any] = {}  # "rank 3", then with its role "rank 3 dp 1 · tp 1"
+        self._shown_labels: dict[int, str] = {}
         self.panes: dict[int, Any] = {}
         self.title: Any = None
         self.aggregate: Any = None
@@ -254,9 +257,37 @@ class WidgetReporter(ev.Reporter):
         self.bars[rank] = W.IntProgress(value=0, min=0, max=1, bar_style="", layout=W.Layout(flex="0 0 30%"))
         self.infos[rank] = W.HTML(value="", layout=W.Layout(flex="1 1 0%", min_width="0"))
         self.statuses[rank] = W.HTML(value="", layout=W.Layout(flex="0 0 180px"))
-        label = W.HTML(value=f"<b>rank {rank}</b>", layout=W.Layout(flex="0 0 60px"))
+        label = W.HTML(value=f"<b>rank {rank}</b>", layout=W.Layout(flex=f"0 0 {LABEL_PX}px"))
+        self.labels[rank] = label
+        self._shown_labels[rank] = label.value
         self.rows[rank] = W.HBox([label, self.bars[rank], self.statuses[rank], self.infos[rank]])
         return self.rows[rank]
+
+    def _label_html(self, rank: int) -> str:
+        """``rank 3`` in bold, and under it the role the rank told (``dp 1 · tp 1``), small and grey."""
+        role = self.state.ranks[rank].role_text()
+        head = f"<b>rank {rank}</b>"
+        if not role:
+            return head
+        return (
+            f"{head}<br><span style='font-size:11px;color:#616161;white-space:nowrap' "
+            f"title='this rank&#39;s place in the parallel layout'>{_esc(role)}</span>"
+        )
+
+    def _sync_labels(self) -> None:
+        """Show the roles that came in; widen every label alike so the rows stay lined up."""
+        changed = False
+        for r, label in self.labels.items():
+            if r in self.state.ranks:
+                value = self._label_html(r)
+                if self._shown_labels.get(r) != value:
+                    label.value = self._shown_labels[r] = value
+                    changed = True
+        if changed:
+            longest = max((len(v.role_text()) for v in self.state.ranks.values()), default=0)
+            px = max(LABEL_PX, 7 * longest + 8)  # ~7 px a character at 11 px
+            for label in self.labels.values():
+                label.layout.flex = f"0 0 {px}px"
 
     def _add_missing_rows(self) -> None:
         """A rank we did not expect (num_processes was wrong): give it a row and a pane."""
@@ -437,6 +468,7 @@ class WidgetReporter(ev.Reporter):
             return
         now = time.monotonic() if now is None else now
         self._add_missing_rows()
+        self._sync_labels()
         for r in sorted(self.state.ranks):
             v = self.state.ranks[r]
             status = self._status(r, now)
@@ -573,7 +605,7 @@ class WidgetReporter(ev.Reporter):
                 f"stopped ({self.stop_reason})" if self.session_stopped else "ready: workers alive and idle"
             )
             lines = [f"accel_nb session {word}: {plural(len(self.state.ranks), 'rank')}"]
-            lines += [f"  rank {r} {self._status(r)}" for r in sorted(self.state.ranks)]
+            lines += [f"  {self.state.rank_label(r)} {self._status(r)}" for r in sorted(self.state.ranks)]
             return "\n".join(lines)
         return "\n".join(self.state.summary_lines(ok, summary))
 

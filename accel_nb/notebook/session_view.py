@@ -98,18 +98,25 @@ def status_text(session: WarmSession) -> str:
     lines = [session.describe()]
     rows = session.status()
     if rows:
-        lines.append(f"{'rank':>4}  {'pid':>7}  {'device':<8}  {'memory':>9}  state")
+        roles = any(row.get("role") for row in rows)  # a column once a cell built a parallel layout
+        width = max(len(str(row["state"])) for row in rows) if roles else 0
+        lines.append(
+            f"{'rank':>4}  {'pid':>7}  {'device':<8}  {'memory':>9}  {'state':<{width}}"
+            + ("  role" if roles else "")
+        )
         for row in rows:
             memory = human_bytes(row["memory"]) if row["memory"] is not None else "-"
-            lines.append(
-                f"{row['rank']:>4}  {row['pid']:>7}  {row['device']:<8}  {memory:>9}  {row['state']}"
+            line = (
+                f"{row['rank']:>4}  {row['pid']:>7}  {row['device']:<8}  {memory:>9}  {row['state']:<{width}}"
             )
+            lines.append(line + (f"  {row['role']}" if roles else ""))
     return "\n".join(lines)
 
 
 def status_html(session: WarmSession) -> str:
     """The same table as ``status_text``, as HTML for the status widget."""
     rows = session.status()
+    roles = any(r.get("role") for r in rows)  # a column once a cell built a parallel layout
     cells = "".join(
         "<tr>"
         + "".join(
@@ -120,14 +127,14 @@ def status_html(session: WarmSession) -> str:
                 r["device"],
                 human_bytes(r["memory"]) if r["memory"] is not None else "-",
                 r["state"],
+                *([r.get("role", "")] if roles else []),
             )
         )
         + "</tr>"
         for r in rows
     )
-    head = "".join(
-        f"<th style='padding:0 8px'>{h}</th>" for h in ("rank", "pid", "device", "memory (RSS)", "state")
-    )
+    columns = ("rank", "pid", "device", "memory (RSS)", "state", *(["role"] if roles else []))
+    head = "".join(f"<th style='padding:0 8px'>{h}</th>" for h in columns)
     return (
         f"<div class='accel-nb-session'><b>{html.escape(session.describe())}</b>"
         f"<table><tr>{head}</tr>{cells}</table></div>"

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..state import PartialState
 from .pipeline_split import check_split_points, plan_split_points
+from .roles import announce_stage_role
 
 __all__ = [
     "PipelineInference",
@@ -233,7 +234,10 @@ def trace_stage(
             "backward of such a split. Train with 2 stages (nothing can skip a stage then), or with split points "
             "that each value crosses once; inference (prepare_pippy) is not affected."
         )
-    return pipe.build_stage(state.process_index, device=state.device)
+    stage = pipe.build_stage(state.process_index, device=state.device)
+    # the launching notebook's rank rows show the stage: "rank 1 [pp 1/2 · layers 2-3]"
+    announce_stage_role(model, split_points, state.process_index, state.num_processes)
+    return stage
 
 
 class PipelineInference:

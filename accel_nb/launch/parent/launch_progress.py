@@ -67,6 +67,11 @@ class RankView:
     )  # name -> n, total, label, done
     logs: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES_KEPT))
     log_count: int = 0
+    role: ev.Role | None = None  # the rank's mesh coordinates or pipeline stage, when it sent them
+
+    def role_text(self) -> str:
+        """``"dp 1 · tp 1"`` (the dimensions above size 1), ``"pp 1/2 · layers 2-3"``, or ``""``."""
+        return self.role.text() if self.role is not None else ""
 
     def quiet_for(self, now: float) -> float:
         """Seconds since this rank last sent anything but a heartbeat."""
@@ -189,6 +194,8 @@ class LaunchProgress:
         elif isinstance(event, ev.Dropped):
             v.dropped = max(v.dropped, event.count)
             v.last_event = now
+        elif isinstance(event, ev.Role):
+            v.role = event  # the latest layout this rank joined (a session cell may build another)
         elif isinstance(event, ev.Stacks):
             why = "when stopped" if getattr(event, "reason", "hang") == "interrupt" else "hang watchdog"
             lines = [f"--- Python stacks ({why}) ---", *event.text.splitlines()]
@@ -235,12 +242,21 @@ class LaunchProgress:
         return (self.ended or time.monotonic()) - self.started
 
     # -- text ------------------------------------------------------------------------------
-    def rank_line(self, rank: int, now: float | None = None, label: bool = True) -> str:
-        """``"rank 0 done     train: 100%|####| 100/100 [2300 it/s] loss=0.1"``, always one line."""
+    def rank_label(self, rank: int) -> str:
+        """``"rank 3"``, or with the role the rank told: ``"rank 3 [dp 1 · tp 1]"``."""
+        role = self.ranks[rank].role_text()
+        return f"rank {rank} [{role}]" if role else f"rank {rank}"
+
+    def rank_line(self, rank: int, now: float | None = None, label: bool = True, width: int = 0) -> str:
+        """``"rank 0 done     train: 100%|####| 100/100 [2300 it/s] loss=0.1"``, always one line.
+
+        A rank that told its role reads ``"rank 3 [dp 1 · tp 1] done ..."``; ``width`` pads that label
+        (so the rows of a summary line up).
+        """
         v = self.ranks[rank]
         now = self.clock(now)
         status = self.status(rank, now)
-        parts = [f"rank {rank}", f"{status:<8}"] if label else [status]
+        parts = [f"{self.rank_label(rank):<{width}}", f"{status:<8}"] if label else [status]
         if v.seen_progress:
             parts.append(format_progress_line(v.n, v.total, v.rate_now(now), None, v.desc or v.name))
         quiet = v.quiet_note(now, min(QUIET_AFTER, self.stall_after))
@@ -285,7 +301,9 @@ class LaunchProgress:
         word = "finished" if ok else "failed"
         head = f"accel_nb launch {word}: {plural(self.num_processes, 'process')} in {format_duration(self.elapsed())}"
         lines = [head]
-        lines += ["  " + self.rank_line(r) for r in sorted(self.ranks)]
+        roles = any(v.role_text() for v in self.ranks.values())  # labels of unequal widths: line them up
+        width = max(len(self.rank_label(r)) for r in self.ranks) if roles else 0
+        lines += ["  " + self.rank_line(r, width=width) for r in sorted(self.ranks)]
         if summary and not any(v.failed for v in self.ranks.values()):
             lines.append("  " + one_line(summary))
         return lines

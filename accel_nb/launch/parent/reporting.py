@@ -26,6 +26,7 @@ from ...events import (
     Progress,
     Reporter,
     Result,
+    Role,
     Stacks,
 )
 from ...progress_format import format_metrics, format_progress_line, one_line
@@ -128,6 +129,10 @@ class TextReporter(Reporter):
             then = ", stopping the other ranks" if self.state.first_failure == rank else ""
             line = describe(event, who=f"[rank {rank}]", brief=True) + then
             self.relay.add_line(rank, "stderr", line)
+        elif isinstance(event, Role):
+            text = event.text()
+            if text and not event.again and self.shown(rank):  # "[rank 3] role: dp 1 · tp 1", in order
+                self.relay.add_line(rank, "stdout", f"[rank {rank}] role: {text}")
         elif isinstance(event, Stacks):
             why = "when stopped" if getattr(event, "reason", "hang") == "interrupt" else "hang watchdog"
             text = f"[rank {rank}] Python stacks ({why}):\n" + "".join(

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...events import Dropped, Event, Failure, FailureKind, Heartbeat, Phase, Reporter, Result, Stacks
+from ...events import Dropped, Event, Failure, FailureKind, Heartbeat, Phase, Reporter, Result, Role, Stacks
 from ..errors import RankFailure
 from ..failures import FirstToFail, lost_a_peer, signal_name
 from ..rank.worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
@@ -52,6 +52,7 @@ class Outcome:
     hang_blame: Blame | None = None  # after a hang: who waited in a collective, who did not
     # ranks whose output was not all shown (see the logs)
     dropped_output: set[int] = field(default_factory=set)
+    roles: dict[int, Role] = field(default_factory=dict)  # the last role each rank told (mesh or stage)
 
 
 def _from_event(event: Failure) -> RankFailure:
@@ -155,6 +156,8 @@ class Supervisor:
             self._running.add(event.rank)
         if isinstance(event, Dropped):
             self.outcome.dropped_output.add(event.rank)
+        if isinstance(event, Role):
+            self.outcome.roles[event.rank] = event
         if isinstance(event, Result):
             self.outcome.results[event.rank] = event.value
         elif isinstance(event, Failure):

@@ -15,6 +15,7 @@ command is supervised by a ``CellSupervisor`` and shown by a fresh reporter, exa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import secrets
 import select
@@ -27,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...env_names import ENV_KEEP_LOGS
-from ...events import Failure, FailureKind, Heartbeat, Phase, Reporter, Result
+from ...events import Failure, FailureKind, Heartbeat, Phase, Reporter, Result, Role
 from .. import cuda_guard, preimport
 from ..errors import LaunchError, RankFailure, UserFramesOnly
 from ..failures import first_failure
@@ -97,6 +98,8 @@ class WarmSession:
         self.procs: list[RankProcess] = []
         self.devices: dict[int, str] = {}
         self.states: dict[int, str] = {}
+        # each rank's mesh coordinates or pipeline stage, once a cell built them
+        self.roles: dict[int, Role] = {}
         self.broken: str | None = None  # why the session cannot run anything (a rank died)
         self.group_broken: str | None = None  # why the process group cannot be used any more
         self.stale: dict[int, list[str]] = {}  # per rank: names still bound to a group that was replaced
@@ -136,7 +139,7 @@ class WarmSession:
         cuda_guard.install_cuda_init_recorder()
         plan = make_plan(self.options)
         self.plan, self.broken, self.group_broken, self.cell = plan, None, None, 0
-        self.stale, self.rebound = {}, {}
+        self.stale, self.rebound, self.roles = {}, {}, {}
         self.log_dir = tempfile.mkdtemp(prefix="accel_nb-session-")
         address = os.path.join(self.log_dir, "session.sock")
         token = secrets.token_hex(16)
@@ -198,7 +201,7 @@ class WarmSession:
         while time.monotonic() < deadline and any(p.poll() is None for p in self.procs):
             time.sleep(0.02)
         self._teardown()
-        self.states = {}
+        self.states, self.roles = {}, {}
 
     def _teardown(self) -> None:
         Supervisor(self.procs, ListReporter(), self.log_dir or "").cleanup()  # kills and reaps what is left
@@ -273,7 +276,8 @@ class WarmSession:
         ]
 
     def status(self) -> list[dict[str, Any]]:
-        """One dict per rank: ``rank``, ``pid``, ``device``, ``memory`` (resident bytes), ``state``."""
+        """One dict per rank: ``rank``, ``pid``, ``device``, ``memory`` (resident bytes), ``state``, ``role``
+        (``"dp 1 · tp 1"`` once a cell built a parallel layout, else ``""``)."""
         self._notice_deaths()
         return [
             {
@@ -282,6 +286,7 @@ class WarmSession:
                 "device": self.devices.get(p.rank, "?"),
                 "memory": _rss_bytes(p.pid) if p.poll() is None else None,
                 "state": self.states.get(p.rank, "?"),
+                "role": self.roles[p.rank].text() if p.rank in self.roles else "",
             }
             for p in self.procs
         ]
@@ -396,7 +401,11 @@ class WarmSession:
             return {r: outcome.results[r] for r in ranks if r in outcome.results}
 
     def _pass_on_earlier_events(self, reporter: Reporter) -> None:
-        """What ranks printed between commands (a background thread) goes to this command's display."""
+        """What ranks printed between commands (a background thread) goes to this command's display;
+        so do the roles earlier cells gave the ranks (their rows show them)."""
+        for role in self.roles.values():
+            with contextlib.suppress(Exception):
+                reporter.handle(dataclasses.replace(role, again=True))
         for p in self.procs:
             for event in p.reader.read_available():
                 if not isinstance(event, (Heartbeat, Phase, Result, Failure)):
@@ -413,6 +422,7 @@ class WarmSession:
 
     def _after(self, outcome: CellOutcome, cell: str) -> None:
         """Record what the command did to the ranks and to the session."""
+        self.roles.update(outcome.roles)
         for p in self.procs:
             if p.poll() is not None:
                 self.states[p.rank] = "dead"
