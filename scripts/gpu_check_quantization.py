@@ -202,11 +202,13 @@ def _offload(
         )
 
     def streamed(model):
+        """Bytes copied to the execution device: the engine counts float and quantized units alike
+        (the quantized layers are units of the same engine); on a CPU run only the offloader counts."""
         engine = getattr(model, "_accel_nb_engine", None)
+        if engine is not None and engine.buffered:
+            return engine.bytes_streamed
         offloader = getattr(model, "_accel_nb_quantized_offloader", None)
-        return (engine.bytes_streamed if engine is not None else 0) + (
-            offloader.bytes_moved if offloader is not None else 0
-        )
+        return offloader.bytes_moved if offloader is not None else 0
 
     def run(model):
         with torch.no_grad():

@@ -432,6 +432,52 @@ def test_disk_and_cpu_offloaded_quantized_layers_give_the_same_outputs(saved, ki
     assert all(_released(in_place.get_submodule(n)) for n in block)
 
 
+@pytest.mark.parametrize("kind", ["nf4", "torchao-int8"])
+def test_offloaded_quantized_layers_stream_through_the_engine_buffers(saved, kind, tmp_path, monkeypatch):
+    """The GPU code path on the CPU (the engine's buffered mode): quantized layers packed, copied
+    into the engine's bounded device buffers, prefetched in the learnt order; outputs bitwise equal."""
+    import functools
+
+    from accel_nb.big_model.quantization import loader
+
+    if kind.startswith("torchao"):
+        pytest.importorskip("torchao.quantization", reason="torchao is not installed")
+    _, folder = saved["llama"]
+    config = OFFLOAD_CONFIGS[kind]
+    expected = _logits(
+        load_and_quantize_model(_empty("llama"), config(), weights_location=folder, device_map=CPU).eval()
+    )
+    monkeypatch.setattr(loader, "dispatch_model", functools.partial(loader.dispatch_model, buffered=True))
+    dmap = dict(OFFLOAD_MAP, **{"model.layers.0": "cpu"})
+    model = load_and_quantize_model(
+        _empty("llama"), config(), weights_location=folder, device_map=dmap, offload_folder=tmp_path
+    ).eval()
+    engine, offloader = model._accel_nb_engine, model._accel_nb_quantized_offloader
+    assert engine.buffered and offloader.engine is engine and len(offloader.stores) == 14
+    quantized_units = {id(s.unit) for s in offloader.stores}
+    assert quantized_units <= {id(u) for u in engine.units}  # one engine for float and quantized tensors
+    assert len(engine._buffers) == 2  # bounded: two device buffers whatever the number of layers
+    for _ in range(3):
+        before = engine.bytes_streamed
+        assert torch.equal(_logits(model), expected)
+        assert engine.bytes_streamed - before >= sum(s.nbytes for s in offloader.stores)
+    assert engine.prefetch_hits > 0  # the next layer's copy was issued while the previous one ran
+    assert all(_released(model.get_submodule(s.name)) for s in offloader.stores)
+    # "cpu" layers (what a GPU run does with cpu-mapped quantized layers): packed into one host slab
+    from accel_nb.big_model.offload import OffloadEngine
+    from accel_nb.big_model.quantization.offload import QuantizedOffloader
+
+    ram = QuantizedOffloader(torch.device("cpu"), config())
+    for n, m in list(model.named_modules()):
+        if isinstance(m, nn.Linear) and n.startswith("model.layers.0."):
+            ram.offload(n, m, "cpu")
+    assert len(ram.stores) == 7
+    ram.attach(OffloadEngine("cpu", buffered=True))
+    assert all(s.unit.packed is not None and not s.unit.host for s in ram.stores)
+    assert torch.equal(_logits(model), expected) and ram.forwards == 7
+    assert all(_released(model.get_submodule(s.name)) for s in ram.stores)
+
+
 GPT2_OFFLOAD_MAP = {
     "transformer.wte": "cpu",
     "transformer.wpe": "cpu",

@@ -175,27 +175,68 @@ class OffloadEngine:
         self.successor.setdefault(len(self.units) - 1, 0)
         if not self.buffered:
             return
-        slabs = _SlabAllocator(pin=self.cuda, needed=sum(u.nbytes for u in self.units if u.source == "cpu"))
-        for unit in self.units:
-            if unit.source == "cpu":
-                packed = slabs.take(unit.nbytes)
-                for s in unit.slots:
-                    view = packed[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
-                    view.copy_(unit.host[s.key])
-                unit.packed = packed
-                unit.host.clear()  # the pinned copy is now the only one
+        self._pack(self.units)
+        self._size_buffers()
+
+    def add_units(self, units: list[OffloadUnit]) -> None:
+        """Add units to an engine already finalized (or a fresh one), packed and buffered like the rest.
+
+        A quantized model's offloaded layers come this way, after ``dispatch_model`` placed the
+        float tensors: they share the device buffers, the pinned memory and the prefetch order.
+        """
+        if not units:
+            return
+        if any(b.in_use for b in self._buffers):
+            raise RuntimeError("offload units can be added only while no forward is running")
+        last = len(self.units) - 1
+        for unit in units:
+            self.add_unit(unit)
+        if last >= 0:
+            self.successor[last] = last + 1
+        self.successor[len(self.units) - 1] = 0
+        if self.buffered:
+            self._pack(units)
+            self._size_buffers()
+
+    def _pack(self, units: list[OffloadUnit]) -> None:
+        todo = [u for u in units if u.source == "cpu" and u.packed is None]
+        slabs = _SlabAllocator(pin=self.cuda, needed=sum(u.nbytes for u in todo))
+        for unit in todo:
+            packed = slabs.take(unit.nbytes)
+            for s in unit.slots:
+                view = packed[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
+                view.copy_(unit.host[s.key])
+            unit.packed = packed
+            unit.host.clear()  # the pinned copy is now the only one
+
+    def _size_buffers(self) -> None:
+        """(Re)make the device buffers (and disk staging) big enough for the biggest unit."""
         biggest = max(u.nbytes for u in self.units)
-        if self.cuda:
-            self._side_stream = torch.cuda.Stream(device=self.device)
-        for _ in range(min(self.num_buffers, len(self.units))):
-            buf = _DeviceBuffer()
-            buf.data = torch.empty(biggest, dtype=torch.uint8, device=self.device)
-            buf.copy_done = torch.cuda.Event() if self.cuda else _NoEvent()
-            buf.released = torch.cuda.Event() if self.cuda else _NoEvent()
-            if any(u.source == "disk" for u in self.units):
-                buf.staging = torch.empty(biggest, dtype=torch.uint8, pin_memory=self.cuda)
-            self._buffers.append(buf)
-        if any(u.source == "disk" for u in self.units):
+        disk = any(u.source == "disk" for u in self.units)
+        count = min(self.num_buffers, len(self.units))
+        fits = (
+            len(self._buffers) == count
+            and all(b.data is not None and b.data.numel() >= biggest for b in self._buffers)
+            and (
+                not disk or all(b.staging is not None and b.staging.numel() >= biggest for b in self._buffers)
+            )
+        )
+        if not fits:
+            if self.cuda and self._buffers:
+                torch.cuda.synchronize(self.device)  # no copy may still be writing into a buffer we drop
+            self._buffers.clear()
+            self._resident.clear()
+            if self.cuda and self._side_stream is None:
+                self._side_stream = torch.cuda.Stream(device=self.device)
+            for _ in range(count):
+                buf = _DeviceBuffer()
+                buf.data = torch.empty(biggest, dtype=torch.uint8, device=self.device)
+                buf.copy_done = torch.cuda.Event() if self.cuda else _NoEvent()
+                buf.released = torch.cuda.Event() if self.cuda else _NoEvent()
+                if disk:
+                    buf.staging = torch.empty(biggest, dtype=torch.uint8, pin_memory=self.cuda)
+                self._buffers.append(buf)
+        if disk and self._worker is None:
             self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="accel_nb-offload")
 
     def close(self) -> None:

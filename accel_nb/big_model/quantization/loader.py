@@ -522,7 +522,8 @@ def _load(
 
 def _dispatch(model, placement, offloader, offload_folder, no_split_module_classes) -> None:
     """Run a quantized model spread over devices: the float tensors (and quantized layers' biases) of
-    cpu/disk entries go through the ordinary offload engine, offloaded quantized layers through the offloader."""
+    cpu/disk entries go through the ordinary offload engine, and so do offloaded quantized layers, in their
+    quantized form (the offloader makes them units of that engine and rebuilds them for their forward)."""
     dispatch_model(
         model,
         placement.device_map,
@@ -531,5 +532,5 @@ def _dispatch(model, placement, offloader, offload_folder, no_split_module_class
         no_split_module_classes=no_split_module_classes,
     )
     if offloader is not None:
-        offloader.attach()
+        offloader.attach(model._accel_nb_engine)  # one engine: shared buffers, pinned memory, prefetch order
         setattr(model, OFFLOADER_ATTR, offloader)

@@ -11,10 +11,13 @@ A bitsandbytes layer is stored in the serialized form its ``state_dict`` has (an
 ``weight`` and its ``weight.absmax``/``weight.quant_map``/... state. A torchao layer is stored as
 the inner tensors of its quantized weight (``weight.qdata``, ``weight.scale``, ...); the tensor's
 small description (block size, dtype) stays in memory. "disk" layers are one safetensors file each
-in the offload folder, read memory-mapped; "cpu" layers keep the same tensors in (pinned, when the
-execution device is a GPU) host memory. Before the layer's forward these tensors are copied to the
-execution device and the layer rebuilt from them; after it, the layer's weight is ``None`` again
-and bitsandbytes' cached matmul state is dropped, so nothing quantized stays on that device.
+in the offload folder, read memory-mapped; "cpu" layers keep the same tensors in host memory.
+Each offloaded layer is one unit of the float offload engine (``big_model.offload``): on a GPU its
+tensors are packed into pinned memory (or read from disk by the engine's worker into pinned
+staging), copied on a side stream into the engine's device buffers, and the next layer is
+prefetched while one computes, as for float weights. Before the layer's forward the layer is
+rebuilt from those device tensors; after it, the layer's weight is ``None`` again and
+bitsandbytes' cached matmul state is dropped, so nothing quantized stays on that device.
 The layer's bias (a float tensor) is not part of this: it goes through the ordinary offload
 engine with the rest of the block.
 """
@@ -30,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..offload import OffloadEngine, OffloadUnit, TensorSlot
 from .config import QuantizationConfig, QuantizationError
 from .prequantized import fill_layer
 
@@ -52,6 +56,9 @@ class QuantizedLayerStore:
     nbytes: int = 0  # the quantized bytes brought to the execution device per forward
     subclass: Any = None  # torchao: (tensor class, flatten context, size, stride)
     depth: int = 0  # nested forwards in flight (a layer called inside its own forward)
+    unit: OffloadUnit | None = None  # its unit in the offload engine (after attach)
+    holder: nn.Module | None = None  # where the engine puts the unit's device tensors for a forward
+    shapes: dict[str, tuple[torch.dtype, torch.Size]] = field(default_factory=dict)
 
 
 def _layer_kind(layer: nn.Module) -> str:
@@ -95,7 +102,7 @@ class QuantizedOffloader:
         self.stores: list[QuantizedLayerStore] = []
         self.bytes_moved = 0
         self.forwards = 0
-        self._files: dict[str, Any] = {}
+        self.engine: OffloadEngine | None = None
         self.written: list[str] = []
 
     # -- setup ------------------------------------------------------------------------------------
@@ -106,14 +113,11 @@ class QuantizedOffloader:
         parts, subclass = _serialize(layer)
         store = QuantizedLayerStore(name, layer, source, list(parts), subclass=subclass)
         store.nbytes = sum(t.numel() * t.element_size() for t in parts.values())
+        store.shapes = {k: (t.dtype, t.shape) for k, t in parts.items()}
         if source == "disk":
             store.path = self._write(name, parts)
-        else:
-            pin = self.device.type == "cuda"
-            store.host = {
-                k: (t.to("cpu", copy=True).pin_memory() if pin else t.to("cpu", copy=True))
-                for k, t in parts.items()
-            }
+        else:  # the engine packs them into pinned memory when the execution device is a GPU
+            store.host = {k: t.to("cpu", copy=True) for k, t in parts.items()}
         del parts
         self._release(store)
         self.stores.append(store)
@@ -139,8 +143,31 @@ class QuantizedOffloader:
         self.written.append(path)
         return path
 
-    def attach(self) -> None:
-        """Wrap every offloaded layer's forward (outside any hook already there)."""
+    def attach(self, engine: OffloadEngine | None = None) -> None:
+        """Make every offloaded layer a unit of ``engine`` (the model's offload engine; a new one on
+        this offloader's device when None) and wrap its forward (outside any hook already there)."""
+        if engine is None:
+            engine = self.engine or OffloadEngine(self.device)
+        self.engine = engine
+        units = []
+        for store in self.stores:
+            if store.unit is not None:
+                continue
+            store.holder = nn.Module()
+            store.unit = OffloadUnit(store.name, store.layer, store.source)
+            for k in store.keys:
+                dtype, shape = store.shapes[k]
+                attr = k.replace(".", "__")
+                key = f"{store.name}.{k}"
+                store.holder._buffers[attr] = placeholder = torch.empty(shape, dtype=dtype, device="meta")
+                store.unit.slots.append(TensorSlot(store.holder, attr, False, key, dtype, shape, placeholder))
+                if store.source == "disk":
+                    store.unit.disk[key] = (store.path, key)
+                else:
+                    store.unit.host[key] = store.host[k]
+            store.host = {}  # the unit holds them now (packed into pinned memory on a GPU)
+            units.append(store.unit)
+        engine.add_units(units)
         for store in self.stores:
             layer = store.layer
             if getattr(layer, QUANTIZED_OFFLOAD_ATTR, None) is not None:
@@ -169,32 +196,20 @@ class QuantizedOffloader:
         self.written.clear()
 
     def close(self) -> None:
-        self._files.clear()
+        if self.engine is not None:
+            self.engine.close()
 
     # -- the forward protocol -----------------------------------------------------------------------
-    def _read(self, store: QuantizedLayerStore) -> dict[str, torch.Tensor]:
-        if store.source == "cpu":
-            return dict(store.host)
-        handle = self._files.get(store.path)
-        if handle is None:
-            from safetensors import safe_open
-
-            try:
-                handle = self._files[store.path] = safe_open(store.path, framework="pt", device="cpu")
-            except (OSError, RuntimeError) as exc:
-                raise QuantizationError(
-                    f"cannot read the offloaded quantized layer {store.name!r} from {store.path}: {exc}. The "
-                    "offload folder must stay in place while the model is in use; load the model again"
-                ) from None
-        return {k: handle.get_tensor(f"{store.name}.{k}") for k in store.keys}
-
     def before_forward(self, store: QuantizedLayerStore) -> None:
         """Bring the layer's quantized tensors to the execution device and rebuild its weight."""
         store.depth += 1
         if store.depth > 1:
             return
+        fetched = False
         try:
-            parts = {k: t.to(self.device, non_blocking=True) for k, t in self._read(store).items()}
+            self.engine.before_forward(store.unit)
+            fetched = True
+            parts = {k: store.holder._buffers[k.replace(".", "__")] for k in store.keys}
             self.bytes_moved += store.nbytes
             self.forwards += 1
             layer = store.layer
@@ -205,9 +220,18 @@ class QuantizedOffloader:
                 layer.weight = nn.Parameter(weight, requires_grad=False)
             else:
                 fill_layer(layer, parts, self.config, self.device)
-        except BaseException:  # a read error (a file removed, a disk full): the next forward tries again
+        except (
+            BaseException
+        ) as exc:  # a read error (a file removed, a disk full): the next forward tries again
             store.depth -= 1
             self._release(store)
+            if fetched:
+                self.engine.after_forward(store.unit)
+            if isinstance(exc, (OSError, RuntimeError)) and store.source == "disk" and not fetched:
+                raise QuantizationError(
+                    f"cannot read the offloaded quantized layer {store.name!r} from {store.path}: {exc}. The "
+                    "offload folder must stay in place while the model is in use; load the model again"
+                ) from None
             raise
 
     def after_forward(self, store: QuantizedLayerStore) -> None:
@@ -215,6 +239,7 @@ class QuantizedOffloader:
         store.depth -= 1
         if store.depth == 0:
             self._release(store)
+            self.engine.after_forward(store.unit)
 
     @staticmethod
     def _release(store: QuantizedLayerStore) -> None:
