@@ -74,6 +74,33 @@ def test_the_row_shows_the_dimensions_above_one_after_the_rank():
     ]
 
 
+def test_the_widget_writes_the_role_under_each_rank_and_keeps_the_rows_lined_up():
+    pytest.importorskip("ipywidgets")
+    from accel_nb.notebook.progress_widget import LABEL_PX, WidgetReporter
+
+    pc = ParallelismConfig(dp_shard_size=2, tp_size=2)
+    view = WidgetReporter(4, display=False, echo_logs=False)
+    view.start(4, {})
+    assert view.labels[3].value == "<b>rank 3</b>"  # no role told yet
+    for r in range(4):
+        view.handle(mesh_role(pc, r))
+    view.finish(True)
+    assert "<b>rank 3</b><br>" in view.labels[3].value and "dp 1 · tp 1" in view.labels[3].value
+    widths = {label.layout.flex for label in view.labels.values()}
+    assert len(widths) == 1 and widths != {f"0 0 {LABEL_PX}px"}  # every label widened alike
+    assert "  rank 2 [dp 1 · tp 0] done" in view.summary_text()
+    # a session's start view (ready, idle) shows the roles a later cell built, on its own rows
+    from accel_nb import Session
+
+    session = Session(num_processes=2, cpu=True)  # not started: only its front end's view is used
+    start = WidgetReporter(2, display=False, echo_logs=False, idle_when_done=True)
+    start.start(2, {})
+    start.finish(True)
+    session._start_view = start  # what the session's start command made
+    session.show_roles({r: mesh_role(ParallelismConfig(tp_size=2), r) for r in range(2)})
+    assert "tp 1" in start.labels[1].value and "rank 1 [tp 1] ready (idle)" in start.summary_text()
+
+
 def test_a_stage_names_the_blocks_it_holds():
     class Net(torch.nn.Module):
         def __init__(self) -> None:

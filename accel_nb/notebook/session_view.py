@@ -14,6 +14,8 @@ workers start with an empty namespace; ``push`` sends notebook values (cloudpick
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import html
 from typing import Any
 
@@ -78,6 +80,15 @@ class Session(WarmSession):
         if start:
             self._start_view = reporter
         return reporter
+
+    def show_roles(self, roles: dict[int, Any]) -> None:
+        """The session start's view (its rows stay in the start cell) shows the roles a later cell built."""
+        view = getattr(self, "_start_view", None)
+        if view is None or not hasattr(view, "mark_session_stopped"):  # the widget's view only
+            return
+        for role in roles.values():
+            with contextlib.suppress(Exception):  # an old view that cannot update: the cell itself went fine
+                view.handle(dataclasses.replace(role, again=True))
 
     def stop(self) -> None:
         super().stop()

@@ -412,6 +412,10 @@ class WarmSession:
                     with contextlib.suppress(Exception):
                         reporter.handle(event)
 
+    def show_roles(self, roles: dict[int, Role]) -> None:
+        """A command gave ranks a (new) parallel role: a front end with a live view of the ranks shows it there."""
+        return None
+
     def _free_stuck(self, stuck: list[int]) -> None:
         """Close the process group on the ranks that are not stuck: a peer waiting on them in a collective is freed."""
         pids = [p.pid for p in self.procs]
@@ -422,7 +426,10 @@ class WarmSession:
 
     def _after(self, outcome: CellOutcome, cell: str) -> None:
         """Record what the command did to the ranks and to the session."""
+        told = {r: role for r, role in outcome.roles.items() if self.roles.get(r) != role}
         self.roles.update(outcome.roles)
+        if told:
+            self.show_roles(told)
         for p in self.procs:
             if p.poll() is not None:
                 self.states[p.rank] = "dead"
