@@ -66,6 +66,17 @@ def test_the_row_shows_the_dimensions_above_one_after_the_rank():
     lines = state.summary_lines(ok=True)
     assert lines[1].startswith("  rank 0 [dp 0 · tp 0] done")
     # a rank with no role (yet) keeps the plain label, padded so the rows line up
+    # the text view says a rank's role once, and again only when it changes (a retraced pipeline tells it again)
+    text = TextReporter(stream=io.StringIO(), merge_window=0.0)
+    text.start(2, {})
+    for role in (mesh_role(pc, 1), mesh_role(pc, 1), stage_role(None, [], 1, 2), mesh_role(pc, 1)):
+        text.handle(role)
+    text.finish(True)
+    assert text.out.getvalue().splitlines() == [
+        "[rank 1] role: dp 0 · tp 1",
+        "[rank 1] role: pp 1/2",
+        "[rank 1] role: dp 0 · tp 1",
+    ]
     plain = LaunchProgress(2)
     plain.apply(mesh_role(ParallelismConfig(tp_size=2), 1))
     assert [line[:16] for line in plain.summary_lines(ok=True)[1:]] == [

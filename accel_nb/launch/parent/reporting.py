@@ -86,6 +86,7 @@ class TextReporter(Reporter):
         self.state = LaunchProgress(num_processes, self.stall_after)
         self.relay = OutputRelay(num_processes, self.show, self.merge_window, self._stream, self._err_stream)
         self._last_progress.clear()
+        self._roles_said: dict[int, str] = {}  # rank -> the role line last written
         self._next_quiet_note: dict[int, float] = {}  # rank -> silence (s) at which to say so next
         self._last_stall_check = 0.0
 
@@ -131,7 +132,9 @@ class TextReporter(Reporter):
             self.relay.add_line(rank, "stderr", line)
         elif isinstance(event, Role):
             text = event.text()
-            if text and not event.again and self.shown(rank):  # "[rank 3] role: dp 1 · tp 1", in order
+            # "[rank 3] role: dp 1 · tp 1", in order with its output; said again only when it changes
+            if text and not event.again and self.shown(rank) and self._roles_said.get(rank) != text:
+                self._roles_said[rank] = text
                 self.relay.add_line(rank, "stdout", f"[rank {rank}] role: {text}")
         elif isinstance(event, Stacks):
             why = "when stopped" if getattr(event, "reason", "hang") == "interrupt" else "hang watchdog"
