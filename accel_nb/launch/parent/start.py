@@ -67,7 +67,9 @@ class RankProcess:
             if left <= 0:
                 return None
             if self.exit_fd is not None and self.status_at_exit:
-                select.select([self.exit_fd], [], [], left)  # wakes when it ends
+                waiter = select.poll()  # any fd number (select.select stops at 1024)
+                waiter.register(self.exit_fd, select.POLLIN)
+                waiter.poll(left * 1000)  # wakes when it ends
             else:  # learnt from elsewhere (the spawn server reports it): asked again shortly
                 time.sleep(min(left, 0.01))
         return self.returncode
