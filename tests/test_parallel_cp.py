@@ -4,6 +4,7 @@ One 2-process launch (cp=2) checks: the attention autograd function against plai
 (causal and full, GQA, outputs and the gradients of q, k, v); then STEPS training steps of a small
 transformers Llama (sdpa attention, sequence 64) whose loss and every parameter's gradient equal the
 one-process unsplit run's; both ranks read the same batches; buffers restored or kept sharded on exit;
+save_state/load_state resume exactly;
 a sequence length not divisible by 2 × cp, an attention mask and a padding mask are clear
 errors (an all-ones attention_mask changes nothing). One 4-process launch (cp=2 × tp=2) checks the
 same loss and gradients. The rest need no processes.
@@ -83,9 +84,10 @@ def _attention_checks(group) -> dict:
     return diffs
 
 
-def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True) -> dict:
+def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True, folder: str | None = None) -> dict:
     """STEPS SGD steps of the Llama, loss = mean next-token cross entropy; each step's loss and full gradients
-    (with ``checks``, on the parallel run also the attention-function checks and the bad length)."""
+    (with ``checks``, on the parallel run also the attention-function checks, the bad length and masks, and
+    with ``folder`` a save_state/load_state round trip)."""
     import torch.nn.functional as F
 
     from accel_nb import Accelerator
@@ -99,11 +101,10 @@ def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True) -> dict
         out["cp_rank"] = acc.context_parallel_rank
         out["tp_rank"] = acc.tensor_parallel_rank
     model = _llama()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)  # momentum: state to save and load
     model, opt, dl = acc.prepare(model, opt, DataLoader(_tokens(), batch_size=batch_size))
-    losses, grads, seen = [], [], []
-    for (x,) in dl:
-        seen.append(x[:, 0].tolist())
+
+    def step(x: torch.Tensor) -> tuple[float, dict]:
         input_ids, targets = x[:, :-1].clone(), x[:, 1:].clone()
         position_ids = torch.arange(SEQ).expand(x.shape[0], SEQ)
         with acc.maybe_context_parallel(
@@ -115,14 +116,20 @@ def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True) -> dict
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
             acc.backward(loss)
         out["shapes_after"] = (tuple(input_ids.shape), tuple(position_ids.shape), tuple(targets.shape))
-        losses.append(acc.reduce(loss.detach(), "mean").item())
         step_grads = {}
         for name, p in acc.unwrap_model(model).named_parameters():
             grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             step_grads[name] = grad.detach().clone()
-        grads.append(step_grads)
         opt.step()
         opt.zero_grad()
+        return acc.reduce(loss.detach(), "mean").item(), step_grads
+
+    losses, grads, seen = [], [], []
+    for (x,) in dl:
+        seen.append(x[:, 0].tolist())
+        loss, step_grads = step(x)
+        losses.append(loss)
+        grads.append(step_grads)
     out.update(losses=losses, grads=grads, seen=seen)
     if sizes and checks:
         try:
@@ -133,9 +140,7 @@ def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True) -> dict
         # an all-ones attention_mask (the reference's example passes one) changes nothing; padding is refused
         ids, pos = x[:, :-1].clone(), torch.arange(SEQ).expand(x.shape[0], SEQ)
         ones, padded = torch.ones_like(ids), torch.ones_like(ids)
-        padded[:, :4] = padded[:, 16:20] = (
-            0  # padding in both ranks' shares (tokens 0-15 and 16-31 are theirs)
-        )
+        padded[:, :4] = padded[:, 16:20] = 0  # padding in both ranks' shares (0-15, 16-31)
         with (
             torch.no_grad(),
             acc.maybe_context_parallel(buffers=[ids, pos, ones, padded], buffer_seq_dims=[1] * 4),
@@ -147,6 +152,15 @@ def _train(sizes: dict | None, batch_size: int = 4, checks: bool = True) -> dict
                 model(input_ids=ids, position_ids=pos, attention_mask=padded, use_cache=False)
             except ValueError as exc:
                 out["padding_error"] = str(exc)
+    if (
+        folder is not None
+    ):  # resume exactly: two steps after save_state, then load_state and the same two again
+        import os
+
+        acc.save_state(os.path.join(folder, "ckpt"))
+        out["after"] = [step(x)[0] for _ in range(2)]
+        acc.load_state(os.path.join(folder, "ckpt"))
+        out["again"] = [step(x)[0] for _ in range(2)]
     return out
 
 
@@ -164,9 +178,9 @@ def _same_as_unsplit(ranks: list, reference: dict) -> None:
 
 
 @pytest.mark.multiproc
-def test_cp2_matches_the_unsplit_run_loss_and_gradients():
+def test_cp2_matches_the_unsplit_run_loss_and_gradients(tmp_path):
     # timeout: a hang guard only (2 ranks importing transformers on a loaded machine are slow)
-    ranks = run_ranks(_train, world_size=2, args=({"cp_size": 2},), timeout=600)
+    ranks = run_ranks(_train, world_size=2, args=({"cp_size": 2}, 4, True, str(tmp_path)), timeout=600)
     reference = _train(None)
     main = ranks[0]
     assert main["mesh"] == ("cp",) and [r["cp_rank"] for r in ranks] == [0, 1]
@@ -178,6 +192,7 @@ def test_cp2_matches_the_unsplit_run_loss_and_gradients():
     assert main["shapes_after"] == ((4, SEQ), (4, SEQ), (4, SEQ // 2))
     _same_as_unsplit(ranks, reference)
     assert all(r["ones_mask_same"] for r in ranks)
+    assert main["again"] == main["after"] and len(main["after"]) == 2  # save_state/load_state resume exactly
     assert all("got an attn_mask" in r["padding_error"] for r in ranks)
     message = main["length_error"]
     assert (
