@@ -2,7 +2,9 @@
 
 - ``config``: ``ParallelismConfig`` (dp_replicate × dp_shard × cp × tp sizes) and the device mesh it builds.
 - ``tensor_parallel``: a tensor-parallel plan (the model's own or a dict) applied with ``parallelize_module``.
-- ``preparing``: what ``Accelerator.prepare`` does with a ParallelismConfig (TP, then FSDP2 over dp_shard).
+- ``preparing``: what ``Accelerator.prepare`` does with a ParallelismConfig (TP, then FSDP2 over dp_shard × cp).
+- ``context_parallel``: the sequence split over the cp ranks, attention over all-gathered keys/values
+  (``accelerator.maybe_context_parallel``).
 - ``clipping``: gradient-norm clipping over parameters that live on different meshes.
 - ``metrics``: ``gather_for_metrics`` keeping each data-parallel group's samples once.
 - ``pipeline``: ``prepare_pippy``, pipeline-parallel inference (one stage per process, microbatches through GPipe).
