@@ -224,6 +224,27 @@ def test_the_load_balanced_layout_and_bad_lengths():
         check_sequence_length(10, 2)
 
 
+def test_a_model_without_sdpa_attention_is_refused():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from accel_nb.parallel.context_parallel import check_attention_implementation
+
+    check_attention_implementation(_llama())  # sdpa
+    check_attention_implementation(torch.nn.Linear(2, 2))  # not a transformers model: nothing to check
+    eager = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            attn_implementation="eager",
+        )
+    )
+    with pytest.raises(ValueError, match="needs SDPA attention.*attn_implementation='eager'.*'sdpa'"):
+        check_attention_implementation(eager)
+
+
 def test_without_cp_the_context_does_nothing_and_alltoall_is_refused():
     from accel_nb import Accelerator
 

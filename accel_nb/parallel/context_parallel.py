@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "ContextParallelAttention",
+    "check_attention_implementation",
     "check_sequence_length",
     "context_parallel",
     "gather_sequence",
@@ -50,6 +51,19 @@ def check_sequence_length(length: int, cp_size: int) -> None:
             f"context parallel: sequence length {length} is not divisible by 2 × cp_size = {chunks} (the sequence "
             f"is cut into {chunks} equal chunks, two per rank, to balance causal attention); pad or trim the "
             f"sequences to a multiple of {chunks} (e.g. {padded} or {length - length % chunks})"
+        )
+
+
+def check_attention_implementation(model: torch.nn.Module) -> None:
+    """A clear error for a transformers model whose attention is not SDPA: context parallel intercepts
+    ``scaled_dot_product_attention`` only, and another implementation would attend to this rank's
+    tokens alone (silently wrong)."""
+    config = getattr(model, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if implementation not in (None, "sdpa"):
+        raise ValueError(
+            f"context parallel (cp_size > 1) needs SDPA attention, but this {type(model).__name__} uses "
+            f"attn_implementation={implementation!r}; load or build it with attn_implementation='sdpa'"
         )
 
 

@@ -111,6 +111,10 @@ def parallelize(
         if param is not None
     ]
     config = layout.config
+    if config.cp_enabled:
+        from .context_parallel import check_attention_implementation  # deferred: torch.distributed
+
+        check_attention_implementation(model)
     if config.tp_enabled and not _already_split(model, config.tp_size):
         plan = resolve_plan(model, config.tp_plan, config.tp_size)
         if layout.mesh is not None:
