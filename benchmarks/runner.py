@@ -8,6 +8,7 @@ a FAILED row), repeats it ``--repeat`` times, and reports the min and median of 
     python -m benchmarks run                       # everything
     python -m benchmarks run import launch --quick # two modules, short settings
     python -m benchmarks run --markdown docs/benchmarks.md
+    python -m benchmarks run deepspeed --markdown docs/benchmarks.md   # only deepspeed's rows change
 """
 
 from __future__ import annotations
@@ -326,7 +327,9 @@ def markdown_page(
         "medians over the repetitions each benchmark makes (min in parentheses where the runner",
         "repeated a module).",
         "",
-        "This page is written by the runner; regenerate it with the command below.",
+        "This page is written by the runner; regenerate it with the command below. A run of some",
+        "modules (`python -m benchmarks run NAME ... --markdown docs/benchmarks.md`) replaces only",
+        "those modules' rows and says so in a **Re-run** line; the rest of the page stays.",
         "",
         "## Latest run",
         "",
@@ -362,6 +365,73 @@ def markdown_page(
         "",
     ]
     return "\n".join(out)
+
+
+_LATEST = "## Latest run"
+_TABLE_HEADER = "| benchmark | metric |"
+
+
+def _table_span(page: str) -> tuple[int, int] | None:
+    """The (first, last + 1) line numbers of the "Latest run" table of a results page; None if it has none."""
+    lines = page.splitlines()
+    if _LATEST not in lines:
+        return None
+    start = lines.index(_LATEST)
+    for i in range(start, len(lines)):
+        if lines[i].startswith("## ") and i > start:
+            return None
+        if lines[i].startswith(_TABLE_HEADER):
+            end = i + 2  # the header and its --- line
+            while end < len(lines) and lines[end].startswith("| "):
+                end += 1
+            return i, end
+    return None
+
+
+def _belongs_to(benchmark: str, names: Sequence[str]) -> bool:
+    """Whether a row's benchmark column comes from one of the modules ``names`` (``deepspeed`` writes
+    ``deepspeed_cpu_2proc``; a failed module writes its own name)."""
+    return any(benchmark == n or benchmark.startswith(n + "_") for n in names)
+
+
+def updated_page(
+    old: str, rows: Sequence[dict], argv: Sequence[str], names: Sequence[str], walls: dict[str, float]
+) -> str:
+    """``old`` (a results page) with the rows of the modules ``names`` replaced by ``rows``: the other
+    modules' rows, the machine and command of the full run and every other section stay as they were;
+    a "Re-run" line under the full run's says when, where and with which command these rows were made
+    (one line per set of modules: a later re-run of the same modules replaces it)."""
+    lines = old.splitlines()
+    first, end = _table_span(old)  # type: ignore[misc] # the caller checked there is a table
+    new_rows = table(rows, markdown=True).splitlines()[2:]
+    body, placed = [], False
+    for line in lines[first + 2 : end]:
+        benchmark = line[2:].split(" | ", 1)[0].strip()
+        if _belongs_to(benchmark, names):
+            if not placed:
+                body += new_rows
+                placed = True
+            continue
+        body.append(line)
+    if not placed:
+        body += new_rows
+    info = machine_info()
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = "; ".join(
+        f"{k} {v}" for k, v in info.items() if f"- **{k}**: {v}" not in lines[:first] and k != "Software"
+    )
+    tag = "- **Re-run** of " + ", ".join(names) + ":"
+    rerun = (
+        f"{tag} {now}, `{command_line(argv)}`, "
+        + ", ".join(f"{n} {w:.0f} s" for n, w in walls.items())
+        + (f" (machine: {machine})" if machine else " (same machine)")
+        + "; these modules' rows below come from it"
+    )
+    head = [ln for ln in lines[:first] if not ln.startswith(tag)]
+    at = max((i for i, ln in enumerate(head) if ln.startswith("- **")), default=len(head) - 1) + 1
+    head.insert(at, rerun)
+    page = head + lines[first : first + 2] + body + lines[end:]
+    return "\n".join(page) + ("\n" if old.endswith("\n") else "")
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -412,9 +482,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f"; FAILED: {', '.join(failed)}" if failed else "")
     )
     if args.markdown:
-        page = markdown_page(rows, argv, names, walls)
         old = open(args.markdown, encoding="utf-8").read() if os.path.exists(args.markdown) else ""
-        for begin, end in KEPT_SECTIONS:
+        partial = set(names) != set(available) and _table_span(old) is not None
+        page = (
+            updated_page(old, rows, argv, names, walls)
+            if partial
+            else markdown_page(rows, argv, names, walls)
+        )
+        for begin, end in KEPT_SECTIONS if not partial else ():
             if begin in old and end in old:
                 kept = old[old.index(begin) : old.index(end) + len(end)]
                 at = page.index("## What each benchmark measures")

@@ -101,3 +101,39 @@ def test_cli_rejects_unknown_names():
         timeout=60,
     )
     assert res.returncode == 2 and "unknown benchmark" in res.stderr and "import" in res.stderr
+
+
+def test_a_partial_run_rewrites_only_its_modules_rows():
+    def row(benchmark, metric, value):
+        return runner.normalize_row(
+            {"benchmark": benchmark, "metric": metric, "accel_nb": value, "reference": 2.0, "unit": "s"}, "x"
+        )
+
+    full = [row("alpha_2proc", "step", 1.0), row("beta", "load", 3.0), row("alpha_2proc", "bytes", 5.0)]
+    page = runner.markdown_page(
+        full, ["run", "--markdown", "p.md"], ["alpha", "beta"], {"alpha": 1, "beta": 2}
+    )
+    page += "\n<!-- gpu-run:begin -->\n## GPU run\nkept\n<!-- gpu-run:end -->\n"
+    assert runner._table_span(page) is not None and runner._table_span("# nothing") is None
+
+    again = runner.updated_page(
+        page,
+        [row("alpha_2proc", "step", 0.5)],
+        ["run", "alpha", "--markdown", "p.md"],
+        ["alpha"],
+        {"alpha": 7},
+    )
+    assert "| beta | load | 3 | 2 | 1.5 | s |  |" in again  # the other module's row, as it was
+    assert "| alpha_2proc | step | 0.5 | 2 | 0.25 | s |  |" in again
+    assert "| alpha_2proc | step | 1 |" not in again and "| alpha_2proc | bytes |" not in again
+    assert again.index("alpha_2proc | step") < again.index("| beta |")  # where alpha's rows were
+    assert "python -m benchmarks run --markdown p.md" in again  # the full run's command stays
+    assert "**Re-run** of alpha:" in again and "`python -m benchmarks run alpha --markdown p.md`" in again
+    assert "alpha 7 s" in again and "(same machine)" in again
+    assert "## GPU run\nkept" in again and "## What each benchmark measures" in again
+    # a second re-run of the same module replaces its line and its rows
+    third = runner.updated_page(
+        again, [row("alpha_2proc", "step", 0.25)], ["run", "alpha"], ["alpha"], {"alpha": 1}
+    )
+    assert third.count("**Re-run** of alpha:") == 1 and third.count("| alpha_2proc |") == 1
+    assert "| alpha_2proc | step | 0.25 |" in third and "| beta | load | 3 |" in third

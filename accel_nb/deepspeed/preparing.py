@@ -257,7 +257,20 @@ def _half_dtype(config: dict[str, Any]) -> torch.dtype | None:
 
 def cast_inputs_to(module: torch.nn.Module, dtype: torch.dtype) -> Any:
     """Cast the floating-point tensors ``module`` receives to ``dtype`` (the engine's bf16/fp16 weights
-    meet float32 batches otherwise); returns the hook handle."""
+    meet float32 batches otherwise); returns the hook handle.
+
+    The hook runs at every forward: it only looks unless a tensor needs casting (token ids, or inputs
+    already in ``dtype``, leave the call's arguments untouched and nothing is rebuilt).
+    """
+
+    def needs(value: Any) -> bool:
+        if torch.is_tensor(value):
+            return value.is_floating_point() and value.dtype != dtype
+        if isinstance(value, (list, tuple)):
+            return any(needs(v) for v in value)
+        if isinstance(value, dict):
+            return any(needs(v) for v in value.values())
+        return False
 
     def cast(value: Any) -> Any:
         if torch.is_tensor(value) and value.is_floating_point() and value.dtype != dtype:
@@ -270,7 +283,9 @@ def cast_inputs_to(module: torch.nn.Module, dtype: torch.dtype) -> Any:
             return {k: cast(v) for k, v in value.items()}
         return value
 
-    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+        if not (needs(args) or needs(kwargs)):
+            return None  # the call goes on with its own arguments
         return cast(args), cast(kwargs)
 
     return module.register_forward_pre_hook(hook, with_kwargs=True)
