@@ -273,6 +273,17 @@ def _bad_inputs(folder):
     except Exception as exc:  # noqa: BLE001 - reported to the test
         messages["two_models_one_optimizer"] = str(exc)
     messages["left_behind"] = sorted(os.listdir(folder))
+    # not bad input: an optimizer without per-parameter state (SGD without momentum) in full mode
+    # (torch's full-state loader once stopped on it: "Expected device to be set")
+    acc = Accelerator(fsdp=FSDPOptions(state_dict_type="full"))
+    model = _model()
+    model, sgd = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.randn(2, 6)).sum().backward()
+    sgd.step()
+    acc.save_state(os.path.join(folder, "stateless"))
+    sgd.param_groups[0]["lr"] = 5.0
+    acc.load_state(os.path.join(folder, "stateless"))
+    messages["stateless_lr"] = sgd.param_groups[0]["lr"]
     return messages
 
 
@@ -292,6 +303,7 @@ def test_bad_options_on_two_ranks_are_clear_errors_naming_the_option(tmp_path):
     )
     assert "several FSDP-sharded models" in messages["two_models_one_optimizer"]
     assert messages["left_behind"] == []  # no half-written checkpoint
+    assert messages["stateless_lr"] == 0.1
 
 
 def test_fsdp_with_one_process_is_a_clear_error():

@@ -110,6 +110,13 @@ def apply_optimizer_state(
     """Load ``state`` (as :func:`full_optimizer_state` or :func:`read_sharded_optimizer` gave it) into ``optimizer``."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
+    if full and not state.get("state") and len(state.get("param_groups", ())) == len(optimizer.param_groups):
+        # an optimizer without per-parameter state (SGD without momentum): torch's full-state path
+        # infers the device from that state and stops ("Expected device to be set"); only the
+        # groups' settings (lr, weight decay, ...) are there to load
+        for live, saved in zip(optimizer.param_groups, state["param_groups"]):
+            live.update({k: v for k, v in saved.items() if k != "params"})
+        return
     set_optimizer_state_dict(model, optimizer, state, options=_options(full))
 
 
