@@ -382,8 +382,9 @@ def test_the_config_questionnaire_asks_for_the_layout_with_fsdp(monkeypatch):
     from accel_nb.config import LaunchConfig
 
     cfg = LaunchConfig(distributed_type="FSDP", num_processes=8, use_cpu=True).validate()
-    # yes; tp 3 does not divide 8 (tp asked again); tp 2 with 4 replicas leaves no FSDP shard (both asked again); 2, 2
-    answers = iter(["yes", "3", "2", "4", "2", "2"])
+    # yes; tp 3 does not divide 8 (tp asked again); tp 2, cp 1 with 4 replicas leaves FSDP no shard (all asked
+    # again); tp 2, cp 2 with 4 replicas is 16 (asked again); tp 2, cp 1, 2 replicas
+    answers = iter(["yes", "3", "2", "1", "4", "2", "2", "4", "2", "1", "2"])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(answers))
     out = io.StringIO()
     new = parallelism_questions(cfg, out)
@@ -391,9 +392,13 @@ def test_the_config_questionnaire_asks_for_the_layout_with_fsdp(monkeypatch):
         "parallelism_config_dp_replicate_size": 2,
         "parallelism_config_dp_shard_size": 2,
         "parallelism_config_tp_size": 2,
+        "parallelism_config_cp_size": 1,
     }
     assert "divides the 8 processes, got '3'" in out.getvalue()
-    assert "does not compose with plain replicated data parallel" in out.getvalue()
+    assert (
+        "tp_size 2 × cp_size 2 × dp_replicate_size 4 = 16 does not divide the 8 processes" in out.getvalue()
+    )
+    assert "leaves FSDP no processes to shard over (dp_shard_size 1 of the 8 processes)" in out.getvalue()
     assert new.to_env()["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "2"
     answers = iter(["no"])  # no: the layout is dropped
     assert "parallelism_config" not in parallelism_questions(new, io.StringIO()).extras

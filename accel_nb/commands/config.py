@@ -240,18 +240,20 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
 
 
 def parallelism_questions(cfg: LaunchConfig, out: Any) -> LaunchConfig:
-    """Ask whether to lay the processes out as FSDP × tensor parallel, and the sizes (docs/parallelism.md).
+    """Ask whether to lay the processes out as FSDP × tensor/context parallel, and the sizes (docs/parallelism.md).
 
-    ``dp_shard_size`` is what the processes leave after ``tp_size × dp_replicate_size``; sizes that
-    do not divide the number of processes are asked again.
+    ``dp_shard_size`` is what the processes leave after ``tp_size × cp_size × dp_replicate_size``
+    (``accel_nb.parallel.config.layout_settings``, which the notebook wizard uses too); a size that
+    does not divide the number of processes, or sizes that do not fit together, are asked again.
     """
-    from ..parallel.config import check_launch_settings  # deferred: only this question needs it
+    # deferred: only this question needs them
+    from ..parallel.config import LayoutError, layout_settings, proposed_tp_size
 
     current = dict(cfg.extras.get("parallelism_config") or {})
     new = dataclasses.replace(cfg)
     new.extras = {k: v for k, v in cfg.extras.items() if k != "parallelism_config"}
     use = _ask(
-        "Lay the processes out as FSDP x tensor parallel (ParallelismConfig) (yes/no)",
+        "Lay the processes out as FSDP x tensor/context parallel (ParallelismConfig) (yes/no)",
         bool(current),
         _yes_no("use_parallelism_config"),
         out,
@@ -270,36 +272,31 @@ def parallelism_questions(cfg: LaunchConfig, out: Any) -> LaunchConfig:
 
         return parse
 
+    questions = (
+        ("tp_size", "Tensor-parallel size (processes that split each layer)", proposed_tp_size(n)),
+        ("cp_size", "Context-parallel size (processes that split each sequence)", 1),
+        ("dp_replicate_size", "Replicas (dp_replicate_size; 1 = FSDP over all the others)", 1),
+    )
     while True:
-        tp = _ask(
-            "Tensor-parallel size (processes that split each layer)",
-            current.get("parallelism_config_tp_size", 2 if n % 2 == 0 and n > 1 else 1),
-            size("tp_size"),
-            out,
-        )
-        replicate = _ask(
-            "Replicas (dp_replicate_size; 1 = FSDP over all the others)",
-            current.get("parallelism_config_dp_replicate_size", 1),
-            size("dp_replicate_size"),
-            out,
-        )
-        if n % (tp * replicate):
-            print(
-                f"  ! tp_size {tp} × dp_replicate_size {replicate} does not divide the {n} processes",
-                file=out,
-            )
-            continue
-        settings = {
-            "parallelism_config_dp_replicate_size": replicate,
-            "parallelism_config_dp_shard_size": n // (tp * replicate),
-            "parallelism_config_tp_size": tp,
+        sizes = {
+            key: _ask(prompt, current.get(f"parallelism_config_{key}", default), size(key), out)
+            for key, prompt, default in questions
         }
         try:
-            new.extras["parallelism_config"] = check_launch_settings(settings, n)
+            new.extras["parallelism_config"] = layout_settings(
+                n, **sizes, fsdp=cfg.distributed_type == "FSDP"
+            )
             break
-        except ValueError as exc:  # e.g. replicas with tensor parallel and no FSDP shards
+        except LayoutError as exc:  # the product does not divide n, or replicas with TP and no FSDP shard
             print(f"  ! {exc}", file=out)
-    print(f"  layout: dp_replicate={replicate} × dp_shard={n // (tp * replicate)} × tp={tp}", file=out)
+    layout = new.extras["parallelism_config"]
+    print(
+        "  layout: "
+        + " × ".join(
+            f"{k}={layout[f'parallelism_config_{k}_size']}" for k in ("dp_replicate", "dp_shard", "cp", "tp")
+        ),
+        file=out,
+    )
     return new
 
 

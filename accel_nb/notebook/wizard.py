@@ -31,13 +31,16 @@ from ..config import (
 )
 from ..config.command_line import DEEPSPEED_FLAG_KEYS
 from ..hardware import HardwareInfo, detect
+from ..parallel.config import LAYOUT_CHOICES, LayoutError, layout_settings, proposed_tp_size
 from .wizard_text import (
     commands_html,
     deepspeed_installed,
     deepspeed_settings,
     hardware_summary,
+    layout_summary,
     magic_line,
     notebook_launcher_call,
+    parallelism_config_call,
 )
 
 _CONTROL_ORDER = (
@@ -94,6 +97,7 @@ class ConfigWizard:
         for control in self.controls.values():
             control.observe(self._on_change, names="value")
         self.controls["compute"].observe(self._on_compute, names="value")
+        self.controls["use_parallelism_config"].observe(self._on_layout, names="value")
         self._set_status(loaded_note or f"Proposed for this machine; Save writes {self.path}.")
         self._refresh()
 
@@ -210,6 +214,26 @@ class ConfigWizard:
             value=_as_bool(ds.get("zero3_init_flag", True)),
             description="Partition while building (zero3_init)",
         )
+        # FSDP2, and with it the layout `accel-nb config` asks for: tp × cp × replicas, FSDP over the rest
+        layout = dict(b.extras.get("parallelism_config") or {}) if b.distributed_type == "FSDP" else {}
+        c["use_fsdp"] = w.Checkbox(
+            value=b.distributed_type == "FSDP", description="Shard with FSDP2", indent=True
+        )
+        c["use_parallelism_config"] = w.Checkbox(
+            value=bool(layout), description="Parallel layout", indent=True
+        )
+        defaults = {"tp_size": proposed_tp_size(b.num_processes), "cp_size": 1, "dp_replicate_size": 1}
+        labels = {
+            "tp_size": "Tensor-parallel size",
+            "cp_size": "Context-parallel size",
+            "dp_replicate_size": "Replicas (dp_replicate)",
+        }
+        for key in LAYOUT_CHOICES:
+            c[key] = w.IntText(
+                value=int(layout.get(f"parallelism_config_{key}", defaults[key])),
+                description=labels[key],
+                **text,
+            )
         for control in c.values():
             control.style = {"description_width": "170px"}
             # one layout each (hiding gpu_ids must not hide the rest); as wide as the cell allows, up to 480 px:
@@ -240,6 +264,9 @@ class ConfigWizard:
             [c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]]
         )
         self._deepspeed_box = w.VBox([c[k] for k in _DEEPSPEED_KEYS])
+        self.layout_label = w.HTML("")  # "FSDP shards over 2 processes: dp_replicate=1 × dp_shard=2 × ..."
+        self._sizes_box = w.VBox([*(c[k] for k in LAYOUT_CHOICES), self.layout_label])
+        self._layout_box = w.VBox([c["use_parallelism_config"], self._sizes_box])
         return w.VBox(
             [
                 w.HTML("<b>accel_nb launch config</b> &mdash; this machine:"),
@@ -252,6 +279,8 @@ class ConfigWizard:
                 c["start_method"],
                 c["use_deepspeed"],
                 self._deepspeed_box,
+                c["use_fsdp"],
+                self._layout_box,
                 c["dynamo_backend"],
                 c["num_machines"],
                 self._multi,
@@ -334,6 +363,8 @@ class ConfigWizard:
             main_process_port="",
             dynamo_backend="no",
             use_deepspeed=False,
+            use_fsdp=False,
+            use_parallelism_config=False,
         )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -365,6 +396,14 @@ class ConfigWizard:
             self._updating = False
         self._refresh()
 
+    def _on_layout(self, change: dict[str, Any]) -> None:
+        """Turning the layout on (a click) with every size 1 proposes tensor parallel over 2, as `accel-nb config` does."""
+        c = self.controls
+        if self._updating or not change["new"] or any(c[k].value != 1 for k in LAYOUT_CHOICES):
+            return
+        if proposed_tp_size(c["num_processes"].value) != 1:
+            self.set_values(tp_size=proposed_tp_size(c["num_processes"].value))
+
     def _on_change(self, _change: dict[str, Any]) -> None:
         if not self._updating:
             self._refresh()
@@ -386,10 +425,24 @@ class ConfigWizard:
             cfg.dynamo_backend = "no"  # accel_nb does not compile a DeepSpeed engine
             cfg.extras.pop("fsdp_config", None)
             cfg.extras["deepspeed_config"] = deepspeed_settings({k: c[k].value for k in _DEEPSPEED_KEYS})
+        elif c["use_fsdp"].value and compute != "xla":
+            cfg.distributed_type = "FSDP"  # kept while there are several processes (derived below)
+        else:
+            if cfg.distributed_type == "FSDP":
+                cfg.distributed_type = "NO"  # derived again below
+            cfg.extras.pop("fsdp_config", None)
+        cfg.extras.pop("parallelism_config", None)
         try:
             cfg.distributed_type = derive_distributed_type(cfg, compute)
         except (TypeError, ValueError):
             pass  # an invalid number of processes or machines: validate() names the key
+        if cfg.distributed_type == "FSDP" and c["use_parallelism_config"].value:
+            try:
+                cfg.extras["parallelism_config"] = layout_settings(
+                    cfg.num_processes, **{k: c[k].value for k in LAYOUT_CHOICES}
+                )
+            except LayoutError as exc:  # the sizes do not fit the processes: the error line says so
+                raise ConfigError(exc.key, exc.value, exc.allowed, None, exc.reason) from None
         return cfg
 
     def _refresh(self) -> None:
@@ -398,6 +451,7 @@ class ConfigWizard:
         c["gpu_ids"].layout.display = None if gpu else "none"
         self._multi.layout.display = None if (c["num_machines"].value or 1) > 1 else "none"
         self._show_deepspeed_controls()
+        self._show_layout_controls()
         try:
             cfg = self._read().validate()
             self.notes = cfg.check_hardware(self.hw)
@@ -412,6 +466,12 @@ class ConfigWizard:
             )
         else:
             self.error_label.value = ""
+        layout = (self._config.extras.get("parallelism_config") if self._config is not None else None) or {}
+        self.layout_label.value = (
+            f"<div style='color:#444;padding-left:8px'>{html.escape(layout_summary(layout))}</div>"
+            if layout
+            else ""
+        )
         self.notes_label.value = "".join(
             f"<div style='color:#8a6d00'>note: {html.escape(n)}</div>" for n in self.notes
         )
@@ -420,16 +480,27 @@ class ConfigWizard:
             share = (
                 " (this machine's share: notebook launches use one machine)" if cfg.num_machines > 1 else ""
             )
-            saved = " (DeepSpeed's settings come from the saved config: Save first)"
+            saved = {
+                "DEEPSPEED": " (DeepSpeed's settings come from the saved config: Save first)",
+                "FSDP": " (FSDP's settings come from the saved config: Save first)",
+            }.get(cfg.distributed_type, "")
+            layout = cfg.extras.get("parallelism_config")
+            # %%accelerate takes FSDP's settings from the saved file, the layout from the cell's own code
+            in_cell = (
+                [f"# in the cell: Accelerator(parallelism_config={parallelism_config_call(layout)})"]
+                if layout
+                else []
+            )
             text = "\n".join(
                 [
-                    f"# a notebook cell{share}{saved if cfg.distributed_type == 'DEEPSPEED' else ''}",
+                    f"# a notebook cell{share}{saved}",
+                    *in_cell,
                     magic_line(cfg),
                     "",
                     f"# a function from a notebook{share}",
                     notebook_launcher_call(cfg),
                     "",
-                    "# a script, from a terminal",
+                    "# a script, from a terminal" + (saved if cfg.distributed_type == "FSDP" else ""),
                     launch_command_line(cfg),
                 ]
             )
@@ -474,6 +545,19 @@ class ConfigWizard:
         }
         for key, show in shown.items():
             c[key].layout.display = None if show else "none"
+
+    def _show_layout_controls(self) -> None:
+        """FSDP is offered with several processes (never on XLA, nor with DeepSpeed); the layout with FSDP."""
+        c = self.controls
+        try:
+            several = int(c["num_processes"].value or 1) > 1 or int(c["num_machines"].value or 1) > 1
+        except (TypeError, ValueError):
+            several = False
+        deepspeed = c["use_deepspeed"].value and c["use_deepspeed"].layout.display != "none"
+        offered = several and c["compute"].value != "xla" and not deepspeed
+        c["use_fsdp"].layout.display = None if offered else "none"
+        self._layout_box.layout.display = None if offered and c["use_fsdp"].value else "none"
+        self._sizes_box.layout.display = None if c["use_parallelism_config"].value else "none"
 
     def _set_status(self, text: str) -> None:
         self._status = text

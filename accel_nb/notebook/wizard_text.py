@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import importlib.util
+import re
 from typing import Any
 
 from ..byte_sizes import human_bytes
@@ -49,6 +50,32 @@ def deepspeed_plugin_call(settings: dict[str, Any]) -> str:
     return f"DeepSpeedPlugin({args})"
 
 
+_LAYOUT_PREFIX = "parallelism_config_"
+_MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "tp")
+
+
+def _sizes(layout: dict[str, Any]) -> dict[str, int]:
+    """``{"dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}`` of a launch config's ``parallelism_config``."""
+    return {d: int(layout.get(f"{_LAYOUT_PREFIX}{d}_size") or 1) for d in _MESH_ORDER}
+
+
+def layout_summary(layout: dict[str, Any]) -> str:
+    """One line for the wizard: how many processes FSDP shards over, and the whole mesh.
+
+    layout_summary({"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 2})
+    # 'FSDP shards over 2 processes: dp_replicate=1 × dp_shard=2 × cp=1 × tp=2'
+    """
+    sizes = _sizes(layout)
+    mesh = " × ".join(f"{d}={n}" for d, n in sizes.items())
+    return f"FSDP shards over {sizes['dp_shard'] * sizes['cp']} processes: {mesh}"
+
+
+def parallelism_config_call(layout: dict[str, Any]) -> str:
+    """``ParallelismConfig(dp_shard_size=2, tp_size=2)``: the sizes above 1 of a ``parallelism_config`` mapping."""
+    args = ", ".join(f"{d}_size={n}" for d, n in _sizes(layout).items() if n > 1)
+    return f"ParallelismConfig({args})"
+
+
 def _groups(line: str) -> list[str]:
     """A command's pieces that must stay on one line: ``--flag value`` pairs, ``name=value,`` arguments."""
     tokens = line.split(" ")
@@ -71,6 +98,13 @@ def _groups(line: str) -> list[str]:
     return out
 
 
+def _unbroken(group: str) -> str:
+    """One piece as a span that never breaks; a long Python call (``Accelerator(parallelism_config=...)``)
+    may break after its ``(`` and ``,`` (a ``<wbr>``: nothing is copied with the text)."""
+    parts = re.split(r"(?<=[(,])", group) if len(group) > 32 and "(" in group else [group]
+    return "<wbr>".join(f"<span style='white-space:nowrap'>{html.escape(p)}</span>" for p in parts if p)
+
+
 def commands_html(text: str) -> str:
     """The equivalent launches as HTML that wraps in a narrow cell between whole flags (never inside one).
 
@@ -82,7 +116,7 @@ def commands_html(text: str) -> str:
             lines.append("<div style='height:0.6em'></div>")
             continue
         colour = "color:#6a737d;" if line.startswith("#") else ""
-        pieces = " ".join(f"<span style='white-space:nowrap'>{html.escape(g)}</span>" for g in _groups(line))
+        pieces = " ".join(_unbroken(g) for g in _groups(line))
         lines.append(f"<div style='{colour}padding-left:2em;text-indent:-2em'>{pieces}</div>")
     return (
         "<div class='accel-nb-wizard-commands' style='font-family:var(--jp-code-font-family,monospace);"
@@ -127,6 +161,11 @@ def notebook_launcher_call(cfg: LaunchConfig, function: str = "training_function
     ):  # notebook_launcher reads no config file: the function asks for it
         plugin = deepspeed_plugin_call(cfg.extras.get("deepspeed_config") or {})
         call += f"  # with Accelerator(deepspeed_plugin={plugin}) in {function}"
+    layout = cfg.extras.get("parallelism_config") or {}
+    if layout:  # the layout, like FSDP, is in the function's code (notebook_launcher reads no config)
+        call += f"  # with Accelerator(parallelism_config={parallelism_config_call(layout)}) in {function}"
+    elif cfg.distributed_type == "FSDP":
+        call += f"  # with Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin()) in {function}"
     if cfg.dynamo_backend != "no":  # notebook_launcher reads no config file: the function asks for it
         call += f"  # with Accelerator(dynamo_backend={cfg.dynamo_backend!r}) in {function}"
     return call + (

@@ -19,12 +19,15 @@ from typing import Any
 from ..env_names import ENV_USE_PARALLELISM_CONFIG, PARALLELISM_ENV, REFERENCE_NAMES
 
 __all__ = [
+    "LayoutError",
     "MESH_ORDER",
     "ParallelismConfig",
     "TorchContextParallelConfig",
     "TorchTensorParallelConfig",
     "check_launch_settings",
     "launch_env",
+    "layout_settings",
+    "proposed_tp_size",
     "parallelism_from_env",
 ]
 
@@ -374,6 +377,81 @@ def check_launch_settings(settings: Any, num_processes: int | None = None) -> di
     if num_processes is not None and config.total_size not in (1, num_processes):
         config.check_world_size(num_processes)
     return out
+
+
+# the sizes a user chooses for a layout (``accel-nb config`` asks them, the wizard has a control each);
+# FSDP shards over the processes they leave: dp_shard_size = processes / (tp × cp × dp_replicate)
+LAYOUT_CHOICES = ("tp_size", "cp_size", "dp_replicate_size")
+
+
+class LayoutError(ValueError):
+    """Layout sizes that cannot be used: ``key`` (the size at fault, or ``parallelism_config`` for the sizes
+    together), ``value`` (what was given, with its numbers), ``reason`` and ``allowed`` (what would do)."""
+
+    def __init__(self, key: str, value: Any, reason: str, allowed: str) -> None:
+        super().__init__(f"{value} {reason}; allowed: {allowed}")
+        self.key, self.value, self.reason, self.allowed = key, value, reason, allowed
+
+
+def proposed_tp_size(num_processes: int) -> int:
+    """The tensor-parallel size a layout starts from: 2 where that leaves FSDP 2 or more processes, else 1."""
+    n = int(num_processes or 1)
+    return 2 if n % 2 == 0 and n >= 4 else 1
+
+
+def _either(values: list[str]) -> str:
+    """``"1, 2 or 4"``."""
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
+
+
+def layout_settings(
+    num_processes: int, tp_size: Any = 1, cp_size: Any = 1, dp_replicate_size: Any = 1, fsdp: bool = True
+) -> dict[str, int]:
+    """The launch config's ``parallelism_config`` mapping for these sizes, FSDP sharding over the rest.
+
+    What ``accel-nb config`` and the notebook wizard both write (the reference's four prefixed keys).
+    Raises :class:`LayoutError` naming the numbers: a size that is not a whole number >= 1, sizes
+    whose product does not divide ``num_processes``, or a layout that does not compose (with ``fsdp``,
+    the run's FSDP needs ``dp_shard_size × cp_size`` of 2 or more to shard over).
+
+        layout_settings(4, tp_size=2)
+        # {'parallelism_config_dp_replicate_size': 1, 'parallelism_config_dp_shard_size': 2,
+        #  'parallelism_config_tp_size': 2, 'parallelism_config_cp_size': 1}
+    """
+    n = int(num_processes or 1)
+    sizes: dict[str, int] = {}
+    for key, value in zip(LAYOUT_CHOICES, (tp_size, cp_size, dp_replicate_size), strict=True):
+        if isinstance(value, bool) or not str(value).strip().isdigit() or int(value) < 1:
+            raise LayoutError(key, f"{key}={value!r}", "is not a whole number >= 1", "1, 2, 3, ...")
+        sizes[key] = int(value)
+    tp, cp, replicas = sizes["tp_size"], sizes["cp_size"], sizes["dp_replicate_size"]
+    used = tp * cp * replicas
+    if n % used:
+        fits = [str(d) for d in range(1, n + 1) if n % d == 0]
+        raise LayoutError(
+            "parallelism_config",
+            f"tp_size {tp} × cp_size {cp} × dp_replicate_size {replicas} = {used}",
+            f"does not divide the {n} processes (FSDP shards over what the other sizes leave)",
+            f"sizes whose product is {_either(fits)}",
+        )
+    if fsdp and n > 1 and (n // used) * cp == 1:
+        fits = [str(d) for d in range(1, n) if n % d == 0 and (n // d > 1)]
+        raise LayoutError(
+            "parallelism_config",
+            f"tp_size {tp} × cp_size {cp} × dp_replicate_size {replicas} = {used}",
+            f"leaves FSDP no processes to shard over (dp_shard_size 1 of the {n} processes)",
+            f"sizes whose product is {_either(fits)} (or a context-parallel size above 1)",
+        )
+    settings = {"dp_replicate_size": replicas, "dp_shard_size": n // used, "tp_size": tp, "cp_size": cp}
+    try:
+        return check_launch_settings(settings, n)
+    except ValueError as exc:  # e.g. replicas with tensor parallel and no FSDP shard left
+        raise LayoutError(
+            "parallelism_config",
+            f"dp_replicate_size {replicas} × dp_shard_size {n // used} × cp_size {cp} × tp_size {tp}",
+            f"cannot be built: {exc}",
+            "fewer replicas, so that FSDP shards over 2 or more processes",
+        ) from None
 
 
 def launch_env(settings: dict[str, Any]) -> dict[str, str]:
