@@ -304,6 +304,16 @@ def test_wizard_offers_the_parallel_layout_with_fsdp_and_writes_what_the_cli_wri
     assert again._layout_box.layout.display == "none"
     again.reset()
     assert not again.controls["use_fsdp"].value and not again.controls["use_parallelism_config"].value
+    # a saved layout without FSDP (any distributed_type may have one) is kept, not dropped on Save
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(
+        "distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n"
+        "parallelism_config:\n  parallelism_config_tp_size: 2\n"
+    )
+    kept = ConfigWizard(str(plain), hw=_hw(0))
+    assert kept.controls["use_parallelism_config"].value and kept._layout_box.layout.display is None
+    assert kept.save() == str(plain)
+    assert load_config(str(plain)).extras["parallelism_config"]["parallelism_config_tp_size"] == 2
     # a click on the layout with every size 1 proposes tensor parallel over 2, as `accel-nb config` does
     fresh = ConfigWizard(str(tmp_path / "fresh.yaml"), hw=_hw(0))
     fresh.set_values(num_processes=4, use_fsdp=True)

@@ -215,7 +215,10 @@ class ConfigWizard:
             description="Partition while building (zero3_init)",
         )
         # FSDP2, and with it the layout `accel-nb config` asks for: tp × cp × replicas, FSDP over the rest
-        layout = dict(b.extras.get("parallelism_config") or {}) if b.distributed_type == "FSDP" else {}
+        # a saved layout is kept with FSDP, or with plain data parallel where the file has one (any type may)
+        kinds = ("FSDP", "MULTI_CPU", "MULTI_GPU")
+        layout = dict(b.extras.get("parallelism_config") or {}) if b.distributed_type in kinds else {}
+        self._saved_layout_without_fsdp = bool(layout) and b.distributed_type != "FSDP"
         c["use_fsdp"] = w.Checkbox(
             value=b.distributed_type == "FSDP", description="Shard with FSDP2", indent=True
         )
@@ -436,10 +439,12 @@ class ConfigWizard:
             cfg.distributed_type = derive_distributed_type(cfg, compute)
         except (TypeError, ValueError):
             pass  # an invalid number of processes or machines: validate() names the key
-        if cfg.distributed_type == "FSDP" and c["use_parallelism_config"].value:
+        fsdp = cfg.distributed_type == "FSDP"
+        plain = self._saved_layout_without_fsdp and cfg.distributed_type in ("MULTI_CPU", "MULTI_GPU")
+        if c["use_parallelism_config"].value and (fsdp or plain):
             try:
                 cfg.extras["parallelism_config"] = layout_settings(
-                    cfg.num_processes, **{k: c[k].value for k in LAYOUT_CHOICES}
+                    cfg.num_processes, **{k: c[k].value for k in LAYOUT_CHOICES}, fsdp=fsdp
                 )
             except LayoutError as exc:  # the sizes do not fit the processes: the error line says so
                 raise ConfigError(exc.key, exc.value, exc.allowed, None, exc.reason) from None
@@ -556,7 +561,8 @@ class ConfigWizard:
         deepspeed = c["use_deepspeed"].value and c["use_deepspeed"].layout.display != "none"
         offered = several and c["compute"].value != "xla" and not deepspeed
         c["use_fsdp"].layout.display = None if offered else "none"
-        self._layout_box.layout.display = None if offered and c["use_fsdp"].value else "none"
+        with_layout = c["use_fsdp"].value or self._saved_layout_without_fsdp
+        self._layout_box.layout.display = None if offered and with_layout else "none"
         self._sizes_box.layout.display = None if c["use_parallelism_config"].value else "none"
 
     def _set_status(self, text: str) -> None:
