@@ -137,6 +137,8 @@ def test_the_environment_launches_ranks_that_read_it(tmp_path, no_saved_config):
     env = prepare_multi_gpu_env(ns)
     assert ns.nproc_per_node == "2"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", ns.nproc_per_node]
+    # torchrun's own logs here, not a torchelastic_* folder left in /tmp
+    cmd += ["--log_dir", str(tmp_path / "torchrun-logs")]
     cmd += ["--master_port", ns.master_port, str(script), str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

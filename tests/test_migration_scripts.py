@@ -57,6 +57,8 @@ def _run(script: str, folder: str, *args: str, forgive_exit_abort: bool = False)
         "2",
         "--master_port",
         str(free_port()),
+        "--log_dir",  # torchrun's own logs: in the test's folder, not a torchelastic_* folder left in /tmp
+        os.path.join(folder, "torchrun-logs"),
     ]
     proc = subprocess.run(
         [*cmd, os.path.join(folder, script), *args], env=env, capture_output=True, text=True, timeout=240

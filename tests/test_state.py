@@ -281,6 +281,8 @@ def test_a_gloo_group_left_formed_is_destroyed_before_the_interpreter_ends(tmp_p
         "2",
         "--master_port",
         str(free_port()),
+        "--log_dir",  # torchrun's own logs: here, not a torchelastic_* folder left in /tmp
+        str(tmp_path / "torchrun-logs"),
         str(script),
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
