@@ -58,6 +58,7 @@ class QuantizedLayerStore:
     depth: int = 0  # nested forwards in flight (a layer called inside its own forward)
     unit: OffloadUnit | None = None  # its unit in the offload engine (after attach)
     holder: nn.Module | None = None  # where the engine puts the unit's device tensors for a forward
+    meta: dict[str, torch.Tensor] = field(default_factory=dict)  # kept on the CPU, never streamed
     shapes: dict[str, tuple[torch.dtype, torch.Size]] = field(default_factory=dict)
 
 
@@ -112,11 +113,15 @@ class QuantizedOffloader:
             raise ValueError(f"source must be 'cpu' or 'disk', got {source!r}")
         parts, subclass = _serialize(layer)
         store = QuantizedLayerStore(name, layer, source, list(parts), subclass=subclass)
-        store.nbytes = sum(t.numel() * t.element_size() for t in parts.values())
         store.shapes = {k: (t.dtype, t.shape) for k, t in parts.items()}
-        if source == "disk":
+        if source == "disk":  # the file holds the layer's whole serialized form
             store.path = self._write(name, parts)
-        else:  # the engine packs them into pinned memory when the execution device is a GPU
+        # bitsandbytes' packed quant-state description (a JSON string in a uint8 tensor) is parsed on
+        # the host at every rebuild: kept in RAM it costs no device-to-host copy (a stream sync) per forward
+        store.meta = {k: parts.pop(k).to("cpu", copy=True) for k in list(parts) if ".quant_state." in k}
+        store.keys = list(parts)
+        store.nbytes = sum(t.numel() * t.element_size() for t in parts.values())
+        if source == "cpu":  # the engine packs them into pinned memory when the execution device is a GPU
             store.host = {k: t.to("cpu", copy=True) for k, t in parts.items()}
         del parts
         self._release(store)
@@ -210,6 +215,7 @@ class QuantizedOffloader:
             self.engine.before_forward(store.unit)
             fetched = True
             parts = {k: store.holder._buffers[k.replace(".", "__")] for k in store.keys}
+            parts.update(store.meta)
             self.bytes_moved += store.nbytes
             self.forwards += 1
             layer = store.layer
