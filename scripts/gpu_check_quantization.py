@@ -271,6 +271,8 @@ def rows(data: dict) -> list[dict]:
     out = []
     for mode in MODES:
         ours, ref = data.get(f"accel_nb_{mode}", {}), data.get(f"accelerate_{mode}", {})
+        if not ours:  # not run (GPU_CHECK_QUANT_PARTS)
+            continue
         note = "Llama-style 8 layers x 1024 (fp16 checkpoint in 20 MB shards), bitsandbytes, whole model on one GPU"
         if "error" in ours:
             last = ours["error"].strip().splitlines()[-1][:200] if ours["error"].strip() else "no output"
