@@ -424,7 +424,8 @@ def updated_page(
     rerun = (
         f"{tag} {now}, `{command_line(argv)}`, "
         + ", ".join(f"{n} {w:.0f} s" for n, w in walls.items())
-        + (f" (machine: {machine})" if machine else " (same machine)")
+        + (f" (machine: {machine}" if machine else " (same machine")
+        + (f"; load average {os.getloadavg()[0]:.1f} at the end)" if hasattr(os, "getloadavg") else ")")
         + "; these modules' rows below come from it"
     )
     head = [ln for ln in lines[:first] if not ln.startswith(tag)]
