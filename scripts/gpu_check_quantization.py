@@ -237,7 +237,35 @@ def _offload(
         )
         _, _, f_bytes, f_rate = run(model)
         del model
+    # the reference with the same 4-bit config and map: it keeps cpu/disk modules unquantized (in
+    # torch_dtype) and offloads them with its own hooks (not run on a GPU yet: added after the last call)
+    ref_rate, ref_error = None, None
+    try:
+        from accelerate import init_empty_weights as ref_empty
+        from accelerate.utils import BnbQuantizationConfig as RefConfig
+        from accelerate.utils import load_and_quantize_model as ref_load
+
+        with ref_empty():
+            shell = LlamaForCausalLM(_config(big)).eval()
+        ref_config = RefConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=torch.float16,
+            torch_dtype=torch.float16,
+        )
+        with tempfile.TemporaryDirectory() as off:
+            model = ref_load(
+                shell, ref_config, weights_location=folder, device_map=_offload_map(gpu), offload_folder=off
+            )
+            _, _, _, ref_rate = run(model)
+            del model
+    except Exception as exc:  # noqa: BLE001 - recorded for the report
+        ref_error = (
+            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+        )
     return {
+        "reference_tokens_per_s": ref_rate,
+        "reference_error": ref_error,
         "logits_equal": bool(torch.equal(logits, logits_whole)),
         "max_abs_vs_whole": float((logits - logits_whole).abs().max()),
         "same_tokens": bool(torch.equal(tokens, tokens_whole)),
@@ -365,6 +393,22 @@ def rows(data: dict) -> list[dict]:
                     note,
                 )
             )
+            if off.get("reference_tokens_per_s") or off.get("reference_error"):
+                out.append(
+                    _plain(
+                        f"nf4 offloaded generation, width {width}: tokens/s vs the reference",
+                        off["nf4_tokens_per_s"],
+                        off.get("reference_tokens_per_s"),
+                        "tokens/s",
+                        "reference: its load_and_quantize_model, same NF4 config and map (it keeps cpu/disk modules "
+                        "in float16, offloaded by its hooks)"
+                        + (
+                            f"; reference failed: {off['reference_error']}"
+                            if off.get("reference_error")
+                            else ""
+                        ),
+                    )
+                )
             out.append(
                 _plain(
                     f"nf4 offloaded generation, width {width}: tokens/s",
