@@ -43,8 +43,12 @@ class Counter:
         self.seen = state["seen"]
 
 
-def _train(ckpt: str, start: int, stop: int, save: bool):
-    """Train steps [start, stop) on this rank; load the checkpoint first when start > 0."""
+def _train(ckpt: str, start: int, stop: int, save: bool, reference_skip: bool = False):
+    """Train steps [start, stop) on this rank; load the checkpoint first when start > 0.
+
+    ``reference_skip``: resume as the reference's examples do, the rest of the interrupted epoch through
+    ``accelerator.skip_first_batches(loader, start % 5)``, then ``loader`` again.
+    """
     from torch.utils.data import DataLoader, TensorDataset
 
     from accel_nb import Accelerator
@@ -66,8 +70,11 @@ def _train(ckpt: str, start: int, stop: int, save: bool):
         accelerator.load_state(ckpt)
         assert counter.seen == start * 4, counter.seen
     losses, step = [], start
+    resume_skip = start % 5 if reference_skip else 0
     while step < stop:
-        for xb, yb in loader:
+        active = accelerator.skip_first_batches(loader, resume_skip) if resume_skip else loader
+        resume_skip = 0
+        for xb, yb in active:
             loss = nn.functional.mse_loss(model(xb), yb)
             accelerator.backward(loss)
             optimizer.step()
@@ -114,6 +121,20 @@ def test_resume_is_bitwise_exact(tmp_path, half_run):
             assert (second[rank][1][k] == v).all(), f"rank {rank}: {k} differs"
         assert second[rank][2] == full_rand  # the RNG stream continues exactly
     assert full[0][0] != full[1][0]  # ranks saw different batches: the test would notice a mix-up
+
+
+def test_the_reference_resume_pattern_is_exact_too(tmp_path, half_run):
+    # load_state, then skip_first_batches(loader, resume_step) for the rest of the epoch (the reference's
+    # complete_nlp_example.py): the skipped batches are not skipped again in the next epoch, and the
+    # resumed run is the uninterrupted one
+    ckpt, first = half_run
+    full = run_ranks(_train, 2, args=(str(tmp_path / "unused"), 0, TOTAL_STEPS, False))
+    second = run_ranks(_train, 2, args=(ckpt, HALF, TOTAL_STEPS, False, True))
+    for rank in range(2):
+        assert first[rank][0] + second[rank][0] == full[rank][0], f"rank {rank}: losses differ"
+        for k, v in full[rank][1].items():
+            assert (second[rank][1][k] == v).all(), f"rank {rank}: {k} differs"
+        assert second[rank][2] == full[rank][2]
 
 
 def _bad_world(ckpt: str):

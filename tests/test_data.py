@@ -544,3 +544,48 @@ def test_the_seedable_sampler_shuffles_as_the_reference(seeded_generator):
     )
     assert ours == theirs
     assert ours[0][0][0] != ours[0][0][1]  # a new order each epoch
+
+
+class _ShardedStream(torch.utils.data.IterableDataset):
+    """The sharding protocol of Hugging Face ``datasets.IterableDataset``: ``n_shards`` and ``shard()``."""
+
+    def __init__(self, shards):
+        self.shards = shards
+
+    @property
+    def n_shards(self):
+        return len(self.shards)
+
+    def shard(self, num_shards, index):
+        return _ShardedStream(self.shards[index::num_shards])
+
+    def __iter__(self):
+        for shard in self.shards:
+            yield from shard
+
+
+@pytest.mark.parametrize("n_shards", [2, 4])
+def test_an_iterable_dataset_with_a_shard_per_process_is_split_by_its_shards(n_shards):
+    # as the reference splits a datasets.IterableDataset (issue 33 #6): each process reads its own shards
+    data = [list(range(i * 5, i * 5 + 5)) for i in range(n_shards)]
+    ranks = [
+        prepare_data_loader(
+            DataLoader(_ShardedStream(data), batch_size=2),
+            num_processes=2,
+            process_index=r,
+            dispatch_batches=False,
+        )
+        for r in range(2)
+    ]
+    for r, loader in enumerate(ranks):
+        expected = [x for shard in data[r::2] for x in shard]
+        assert loader.dataset.shards == data[r::2]
+        assert [x for batch in loader for x in batch.tolist()] == expected
+    # fewer shards than processes: the stream is read by every process and split by batches, as before
+    one = prepare_data_loader(
+        DataLoader(_ShardedStream(data[:1]), batch_size=2),
+        num_processes=2,
+        process_index=1,
+        dispatch_batches=False,
+    )
+    assert not isinstance(one.dataset, _ShardedStream) and next(iter(one)).tolist() == [2, 3]

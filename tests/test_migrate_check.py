@@ -76,6 +76,36 @@ def test_a_script_using_names_accel_nb_has_checks_clean(tmp_path):
     ), notes
 
 
+GUARDED = """\
+import os
+if os.environ.get("TESTING_MOCKED_DATALOADERS", None) == "1":
+    from accelerate.test_utils.training import mocked_dataloaders
+try:
+    from accelerate.utils import helper_nobody_wrote
+except (ImportError, AttributeError):
+    helper_nobody_wrote = None
+try:
+    from accelerate.utils import another_one_nobody_wrote
+except KeyError:
+    pass
+from accelerate.utils import not_there_at_all
+"""
+
+
+def test_an_import_that_may_never_run_is_a_note_not_an_error(tmp_path):
+    # the reference's own examples import accelerate.test_utils under an `if` (tests/test_reference_examples.py)
+    script = _write(tmp_path / "guarded.py", GUARDED)
+    findings, _, _ = check_path(script)
+    by_line = {int(str(f).split(":")[1]): f for f in findings}
+    assert by_line[3].severity == "note" and "inside the `if` of line 2" in by_line[3].message
+    assert (
+        by_line[5].severity == "note" and "the `try` of line 4 catches the ImportError" in by_line[5].message
+    )
+    assert by_line[9].severity == "error"  # `except KeyError` does not catch it
+    assert by_line[12].severity == "error"
+    assert len(findings) == 4, [str(f) for f in findings]
+
+
 def test_a_script_with_gaps_reports_each_at_its_line(tmp_path):
     script = _write(tmp_path / "gaps.py", GAPS)
     findings, _, _ = check_path(script)

@@ -131,6 +131,16 @@ def _dotted(node: ast.AST) -> list[str] | None:
     return None
 
 
+def _catches_import_error(kind: ast.AST | None) -> bool:
+    """Whether an ``except`` clause's type catches an ImportError (bare, ImportError, Exception, a tuple of those)."""
+    if kind is None:
+        return True
+    if isinstance(kind, ast.Tuple):
+        return any(_catches_import_error(item) for item in kind.elts)
+    name = kind.attr if isinstance(kind, ast.Attribute) else getattr(kind, "id", None)
+    return name in {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
 class _Checker(ast.NodeVisitor):
     def __init__(self, where: Any) -> None:
         self.where = where  # lineno -> "file:line"
@@ -138,11 +148,17 @@ class _Checker(ast.NodeVisitor):
         self.bound: dict[str, list[str]] = {}  # local name -> parts after "accelerate"
         self.accelerators: set[str] = set()  # dotted names bound to an Accelerator(...) instance
         self.noted: set[tuple[str, str]] = set()
+        self.guard: str | None = (
+            None  # why an import here may never run (an `if`, a `try` catching ImportError)
+        )
+        self.importing = False
         import accel_nb  # deferred: the checker needs accel_nb only when it runs
 
         self.accelerator_class = accel_nb.Accelerator
 
     def add(self, node: ast.AST, severity: str, message: str) -> None:
+        if severity == "error" and self.importing and self.guard:
+            severity, message = "note", f"{message}; {self.guard}"
         finding = Finding(self.where(getattr(node, "lineno", 1)), severity, message)
         if finding not in self.findings:
             self.findings.append(finding)
@@ -182,7 +198,42 @@ class _Checker(ast.NodeVisitor):
             self.touch(node, _label(obj))
         return obj
 
+    # -- imports that may never run: reported as notes, they fail only when they run ---------------------
+    def visit_If(self, node: ast.If) -> None:
+        self.visit(node.test)
+        outer = self.guard
+        self.guard = f"it is inside the `if` of line {node.lineno}, so it fails only when that branch runs"
+        for child in [*node.body, *node.orelse]:
+            self.visit(child)
+        self.guard = outer
+
+    def visit_Try(self, node: ast.Try) -> None:
+        outer = self.guard
+        if any(_catches_import_error(handler.type) for handler in node.handlers):
+            self.guard = f"the `try` of line {node.lineno} catches the ImportError"
+        for child in node.body:
+            self.visit(child)
+        self.guard = outer
+        for child in [*node.handlers, *node.orelse, *node.finalbody]:
+            self.visit(child)
+
+    visit_TryStar = visit_Try
+
     def visit_Import(self, node: ast.Import) -> None:
+        self.importing = True
+        try:
+            self.check_import(node)
+        finally:
+            self.importing = False
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        self.importing = True
+        try:
+            self.check_import_from(node)
+        finally:
+            self.importing = False
+
+    def check_import(self, node: ast.Import) -> None:
         for alias in node.names:
             parts = alias.name.split(".")
             if parts[0] != "accelerate":
@@ -193,7 +244,7 @@ class _Checker(ast.NodeVisitor):
             else:
                 self.bound["accelerate"] = []
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+    def check_import_from(self, node: ast.ImportFrom) -> None:
         if node.level or not node.module:
             return
         parts = node.module.split(".")

@@ -357,6 +357,39 @@ class DataLoaderShard(DataLoader):
         return send_to_device(batch, self.device, non_blocking=non_blocking)
 
 
+def _resumed_pass(dataloader: DataLoaderShard) -> DataLoaderShard:
+    """A loader for the rest of the pass that ``load_state`` put ``dataloader`` in the middle of.
+
+    Its pass is the one the interrupted run was in (same shuffle, same RNG draws), so resuming with
+    ``skip_first_batches(loader, resume_step)`` gives the batches the uninterrupted run saw, as
+    iterating ``loader`` itself does; ``dataloader``'s next pass is the next epoch.
+    """
+    inner = dataloader.batch_sampler
+    inner = inner.batch_sampler if isinstance(inner, SkipBatchSampler) else inner
+    new = DataLoaderShard.__new__(DataLoaderShard)
+    DataLoaderShard.__init__(
+        new,
+        dataloader.dataset,
+        device=dataloader.device,
+        non_blocking=dataloader.non_blocking,
+        _source=dataloader._source,
+        _shard_info=dataloader._shard_info,
+        rng_types=dataloader.rng_types,
+        synchronized_generator=dataloader.synchronized_generator,
+        use_stateful_dataloader=dataloader.use_stateful_dataloader,
+        batch_sampler=SkipBatchSampler(inner, dataloader.skip_batches),
+        **loader_kwargs(dataloader),
+    )
+    new.skip_batches = dataloader.skip_batches
+    new.epoch = dataloader.epoch
+    new.batches_yielded = dataloader.batches_yielded
+    new._resume_skip = dataloader.batches_yielded - dataloader.skip_batches
+    new._shuffle, dataloader._shuffle = dataloader._shuffle, PassShuffle()
+    dataloader.epoch += 1
+    dataloader.batches_yielded = 0
+    return new
+
+
 class SkipDataLoader(DataLoaderShard):
     """A ``DataLoader`` whose every pass leaves out its first ``skip_batches`` batches (they are still loaded).
 
@@ -426,6 +459,12 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     if num_batches < 0:
         raise ValueError(f"num_batches={num_batches} must be >= 0")
     if isinstance(dataloader, DataLoaderShard):
+        # The reference's resume pattern: load_state, then skip_first_batches(loader, resume_step) for the
+        # resumed epoch. The explicit skip stands for the position load_state restored, which must not be
+        # applied again to the loader's next pass (a later epoch would lose its first batches).
+        pending, dataloader._resume_skip = dataloader._resume_skip, 0
+        if pending and pending == num_batches and not isinstance(dataloader.dataset, IterableDataset):
+            return _resumed_pass(dataloader)
         new = DataLoaderShard.__new__(DataLoaderShard)
         kwargs = loader_kwargs(dataloader)
         if isinstance(dataloader.dataset, IterableDataset):

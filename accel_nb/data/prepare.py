@@ -2,7 +2,8 @@
 
 ``Accelerator.prepare`` calls it with the :class:`DataLoaderConfiguration` settings: a map-style
 loader gets a sharded batch sampler inside a :class:`~accel_nb.data.loader.DataLoaderShard`, an
-iterable one an :class:`~accel_nb.data.samplers.IterableDatasetShard`, and ``dispatch_batches``
+iterable one an :class:`~accel_nb.data.samplers.IterableDatasetShard` (a Hugging Face
+``datasets.IterableDataset`` with a shard per process is split by its shards), and ``dispatch_batches``
 a :class:`~accel_nb.data.dispatch.DataLoaderDispatcher` that only process 0 reads.
 
     loader = prepare_data_loader(DataLoader(ds, batch_size=8, shuffle=True), num_processes=2, process_index=0)
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
@@ -127,6 +129,20 @@ def prepare_data_loader(
             )
             return dataloader
         info["batch_size"] = batch_size
+        if num_processes > 1 and not split_batches and _has_a_shard_per_process(dataset, num_processes):
+            # a Hugging Face datasets IterableDataset: each process reads its own shards, as in the reference
+            return DataLoaderShard(
+                dataset.shard(num_shards=num_processes, index=process_index),
+                device=device,
+                non_blocking=non_blocking,
+                _source=dataloader,
+                _shard_info=info,
+                batch_size=batch_size,
+                drop_last=dataloader.drop_last,
+                rng_types=rng_types,
+                use_stateful_dataloader=use_stateful_dataloader,
+                **kwargs,
+            )
         shard = IterableDatasetShard(
             dataset,
             batch_size=batch_size,
@@ -183,4 +199,14 @@ def prepare_data_loader(
         synchronized_generator=synchronized,
         use_stateful_dataloader=use_stateful_dataloader,
         **kwargs,
+    )
+
+
+def _has_a_shard_per_process(dataset: Any, num_processes: int) -> bool:
+    """Whether ``dataset`` splits itself across processes, as a Hugging Face ``datasets.IterableDataset``
+    with at least ``num_processes`` shards does (duck-typed: an int ``n_shards`` and a
+    ``shard(num_shards=, index=)`` method, so accel_nb needs no ``datasets`` import)."""
+    n_shards = getattr(dataset, "n_shards", None)
+    return (
+        isinstance(n_shards, int) and n_shards >= num_processes and callable(getattr(dataset, "shard", None))
     )
