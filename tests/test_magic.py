@@ -222,3 +222,49 @@ def test_return_of_a_value_that_cannot_travel_names_it(kernel):
     assert "--return handle: rank 0's handle is a _thread.lock that cannot be sent back" in out.traceback
     assert "a dict" not in out.traceback
     _assert_no_children(kernel)
+
+
+def test_the_saved_layout_reaches_the_cell_and_a_session_and_a_bad_one_stops_before_launching(
+    kernel, config_file
+):
+    """Issue 30: a ``parallelism_config`` saved by ``accel-nb config`` or the wizard lays out the ranks of
+    ``%%accelerate`` and of ``%accelerate start`` as ``accel-nb launch`` does (``Accelerator()`` in code)."""
+    from accel_nb.config import LaunchConfig, save_config
+
+    cfg = LaunchConfig(distributed_type="MULTI_CPU", num_processes=2, use_cpu=True)
+    cfg.extras["parallelism_config"] = {"tp_size": 2}
+    save_config(cfg.validate(), config_file)
+    mesh = (
+        "from accel_nb import Accelerator\n"
+        "acc = Accelerator()\n"
+        "m = acc.torch_device_mesh\n"
+        "print('MESH', acc.process_index, m.mesh_dim_names, tuple(m.shape), acc.parallelism_config.tp_size)\n"
+    )
+    try:
+        out = kernel.run("%%accelerate\n" + mesh, timeout=180)
+        assert out.error is None, out.traceback
+        assert out.stdout.startswith("Launching 2 CPU processes")
+        assert "MESH 0 ('tp',) (2,) 2" in out.stdout and "MESH 1 ('tp',) (2,) 2" in out.stdout
+        # sizes that do not multiply to the processes: the numbers, before any process starts
+        out = kernel.run("%%accelerate -n 3\nprint('RAN')")
+        assert out.stderr.startswith("UsageError: %%accelerate: nothing was launched: parallelism_config"), (
+            out.text
+        )
+        assert "multiplies to 2 processes but this run has 3" in out.stderr and config_file in out.stderr
+        assert "RAN" not in out.stdout and "Launching" not in out.stdout
+        out = kernel.run("%accelerate start -n 3")
+        assert out.stderr.startswith("UsageError: %accelerate start: nothing was launched"), out.text
+        assert "multiplies to 2 processes but this run has 3" in out.stderr
+        _assert_no_children(kernel)
+        # a session of the saved 2 processes: its warm ranks build the same mesh
+        out = kernel.run("%accelerate start", timeout=180)
+        assert out.error is None, out.traceback
+        try:
+            out = kernel.run("%%accelerate\n" + mesh, timeout=180)
+            assert out.error is None, out.traceback
+            assert "MESH 0 ('tp',) (2,) 2" in out.stdout and "MESH 1 ('tp',) (2,) 2" in out.stdout
+        finally:
+            assert kernel.run("%accelerate stop", timeout=120).error is None
+        _assert_no_children(kernel)
+    finally:
+        os.unlink(config_file)

@@ -259,7 +259,10 @@ def test_wizard_offers_the_parallel_layout_with_fsdp_and_writes_what_the_cli_wri
     assert w.error.key == "tp_size"
     w.set_values(tp_size=2)
     assert w.valid and "FSDP shards over 2 processes" in w.layout_label.value
-    assert "ParallelismConfig(dp_shard_size=2, tp_size=2)" in w.commands_text
+    assert "ParallelismConfig(dp_shard_size=2, tp_size=2)" in w.commands_text  # notebook_launcher's comment
+    # %%accelerate reads the layout from the saved file (issue 30): no "build it in the cell's code" line
+    assert "# in the cell" not in w.commands_text
+    assert "FSDP's settings and the layout come from the saved config" in w.commands_text
     assert w.save() == str(path)
     saved = load_config(str(path))
     assert saved.distributed_type == "FSDP"

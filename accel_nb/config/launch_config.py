@@ -478,9 +478,30 @@ class LaunchConfig:
         env.update(self.compile_env())
         env.update(self.fsdp_env())
         env.update(self.deepspeed_env())
-        if self.extras.get("parallelism_config"):  # the ranks' Accelerators build a ParallelismConfig
-            env.update(launch_env(self.extras["parallelism_config"]))
+        env.update(self.parallelism_env())
         return env
+
+    def parallelism_env(self, num_processes: int | None = None) -> dict[str, str]:
+        """The saved ``parallelism_config`` (the layout) as the environment each rank's Accelerator builds its
+        ``ParallelismConfig`` from; ``{}`` without one. ``accel-nb launch``, ``%%accelerate`` and sessions use it.
+
+        ``num_processes``: the processes the launch starts in all (default: the config's own); sizes that
+        do not multiply to it are a ConfigError naming the numbers, before any rank starts.
+
+            LaunchConfig(num_processes=2, use_cpu=True, extras={"parallelism_config": {"tp_size": 2}}).parallelism_env()
+            # {'ACCEL_NB_USE_PARALLELISM_CONFIG': 'true', ..., 'PARALLELISM_CONFIG_TP_SIZE': '2'}
+        """
+        layout = self.extras.get("parallelism_config")
+        if not layout:
+            return {}
+        n = num_processes if num_processes is not None else self.num_processes
+        try:
+            settings = check_launch_settings(layout, n)
+        except ValueError as exc:
+            raise ConfigError(
+                "parallelism_config", layout, "docs/parallelism.md", self.source, str(exc)
+            ) from None
+        return launch_env(settings)
 
     def deepspeed_env(self) -> dict[str, str]:
         """With ``distributed_type: DEEPSPEED``, the ``deepspeed_config`` each rank's Accelerator reads (as JSON).

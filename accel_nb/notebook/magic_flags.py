@@ -17,7 +17,8 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from .. import config as config_module
-from ..config import LAUNCHER_RDZV_BACKENDS, START_METHODS
+from .. import hardware
+from ..config import LAUNCHER_RDZV_BACKENDS, START_METHODS, ConfigError
 from ..config.arguments import positive_int, positive_seconds
 from ..launch.options import LaunchOptions
 from ..precision.setting import MIXED_PRECISION_CHOICES
@@ -121,8 +122,12 @@ def saved_config() -> Any:
         return None
 
 
-def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
-    """The launch the flags ask for; a flag that is absent takes the saved config's value (``cfg``, may be None)."""
+def launch_options(args: argparse.Namespace, cfg: Any, label: str = "%%accelerate") -> LaunchOptions:
+    """The launch the flags ask for; a flag that is absent takes the saved config's value (``cfg``, may be None).
+
+    The saved file's layout (``parallelism_config``) reaches the ranks as ``accel-nb launch`` gives it; its
+    sizes are checked against this launch's processes first (a ``UsageError`` starting with ``label``).
+    """
     num_processes = args.num_processes
     mixed_precision = args.mixed_precision
     grad_steps = args.gradient_accumulation_steps
@@ -138,6 +143,10 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
         cpu = cpu or bool(cfg.use_cpu)
         if cfg.distributed_type == "XLA" and not args.cpu:
             xla, cpu = True, False
+    env: dict[str, str] = {}
+    if cfg is not None:  # dynamo_config, fsdp_config, deepspeed_config, parallelism_config
+        env = {**cfg.compile_env(), **cfg.fsdp_env(), **cfg.deepspeed_env()}
+        env.update(layout_env(cfg, num_processes, cpu, xla, getattr(args, "num_nodes", None), label))
     return LaunchOptions(
         num_processes=num_processes,
         mixed_precision=mixed_precision,
@@ -148,10 +157,28 @@ def launch_options(args: argparse.Namespace, cfg: Any) -> LaunchOptions:
         cpu=cpu,
         xla=xla,
         gradient_accumulation_steps=grad_steps,
-        # dynamo_config, fsdp_config, deepspeed_config
-        env={**cfg.compile_env(), **cfg.fsdp_env(), **cfg.deepspeed_env()} if cfg is not None else {},
+        env=env,
         **machine_flags(args),
     )
+
+
+def layout_env(
+    cfg: Any, num_processes: int | None, cpu: bool, xla: Any, num_nodes: int | None, label: str
+) -> dict[str, str]:
+    """The saved layout's environment for a launch of ``num_processes`` per machine on ``num_nodes`` machines.
+
+    The process count is resolved as the launch resolves it (every GPU, else 1); with XLA devices the
+    count is known only in the launch, and the ranks' ``Accelerator`` checks it.
+    """
+    if not cfg.extras.get("parallelism_config"):
+        return {}
+    if num_processes is None and not xla:
+        num_processes = 1 if cpu else max(hardware.cuda_device_count(), 1)
+    total = None if num_processes is None else num_processes * (num_nodes or 1)
+    try:
+        return cfg.parallelism_env(total)
+    except ConfigError as exc:
+        raise UsageError(f"{label}: nothing was launched: {exc}") from None
 
 
 def machine_flags(args: argparse.Namespace) -> dict[str, Any]:

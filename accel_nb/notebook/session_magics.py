@@ -77,7 +77,7 @@ def start_options(line: str) -> Any:
 
     args = _start_parser().parse_args(shlex.split(line))
     args.rank = None
-    options = launch_options(args, saved_config())
+    options = launch_options(args, saved_config(), "%accelerate start")
     if args.gpu_ids is not None:
         if args.cpu:
             raise UsageError("%accelerate start: --gpu_ids and --cpu exclude each other; drop one")

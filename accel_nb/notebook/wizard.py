@@ -40,7 +40,6 @@ from .wizard_text import (
     layout_summary,
     magic_line,
     notebook_launcher_call,
-    parallelism_config_call,
 )
 
 _CONTROL_ORDER = (
@@ -489,17 +488,13 @@ class ConfigWizard:
                 "DEEPSPEED": " (DeepSpeed's settings come from the saved config: Save first)",
                 "FSDP": " (FSDP's settings come from the saved config: Save first)",
             }.get(cfg.distributed_type, "")
-            layout = cfg.extras.get("parallelism_config")
-            # %%accelerate takes FSDP's settings from the saved file, the layout from the cell's own code
-            in_cell = (
-                [f"# in the cell: Accelerator(parallelism_config={parallelism_config_call(layout)})"]
-                if layout
-                else []
-            )
+            if cfg.extras.get("parallelism_config"):  # %%accelerate reads the layout from the saved file too
+                saved = {
+                    "FSDP": " (FSDP's settings and the layout come from the saved config: Save first)",
+                }.get(cfg.distributed_type, " (the layout comes from the saved config: Save first)")
             text = "\n".join(
                 [
                     f"# a notebook cell{share}{saved}",
-                    *in_cell,
                     magic_line(cfg),
                     "",
                     f"# a function from a notebook{share}",
