@@ -223,6 +223,7 @@ def test_questionnaire_through_stdin_validates_and_reasks(cfg):
             "0",  # gradient accumulation: invalid
             "4",
             "",  # DeepSpeed (asked where it is installed): default (no)
+            "",  # FSDP (asked with several processes): default (no)
             "",  # start method: default (auto)
             "",  # torch.compile backend: default (no)
         ]
@@ -249,12 +250,53 @@ def test_questionnaire_keeps_fsdp_and_its_config(cfg):
             "distributed_type: FSDP\nnum_processes: 2\nuse_cpu: true\n"
             "fsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
         )
-    out = accel_nb("config", cfg=cfg, stdin="\n" * 12)  # Enter on every question: keep what the file says
+    # Enter on every question keeps what the file says: FSDP (default yes), no layout
+    out = accel_nb("config", cfg=cfg, stdin="\n" * 12)
     assert out.returncode == 0, out.stdout + out.stderr
     saved = load_config(cfg)
     assert (saved.distributed_type, saved.num_processes) == ("FSDP", 2)
     assert saved.extras["fsdp_config"] == {"fsdp_sharding_strategy": "FULL_SHARD"}
     assert "no effect" not in out.stdout + out.stderr
+
+
+def test_questionnaire_asks_for_fsdp_and_then_the_layout_without_a_saved_fsdp_file(cfg):
+    """Issue 30: `accel-nb config` asks the reference's FSDP question, then the layout (as the wizard offers)."""
+    answers = [
+        "cpu",  # compute on
+        "1",  # machines
+        "4",  # processes
+        "",  # mixed precision
+        "",  # gradient accumulation
+        "",  # DeepSpeed (where it is installed): no
+        "maybe",  # FSDP: invalid, asked again
+        "yes",
+        "yes",  # the layout
+        "3",  # tensor-parallel size: does not divide 4, asked again
+        "2",
+        "",  # context-parallel size
+        "",  # replicas
+        "",  # start method
+        "",  # torch.compile backend
+    ]
+    out = accel_nb("config", cfg=cfg, stdin="\n".join(answers) + "\n")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Do you want to use FullyShardedDataParallel" in out.stdout
+    assert (
+        "! use_fsdp='maybe' is not valid" in out.stdout and "divides the 4 processes, got '3'" in out.stdout
+    )
+    saved = load_config(cfg)
+    assert (saved.distributed_type, saved.num_processes, saved.use_cpu) == ("FSDP", 4, True)
+    assert saved.extras["parallelism_config"] == {
+        "parallelism_config_dp_replicate_size": 1,
+        "parallelism_config_dp_shard_size": 2,
+        "parallelism_config_tp_size": 2,
+        "parallelism_config_cp_size": 1,
+    }
+    # answering no: plain data parallel again, no layout question, the FSDP settings gone
+    out = accel_nb("config", cfg=cfg, stdin="\n\n\n\n\n\nno\nno\n\n\n")
+    assert out.returncode == 0, out.stdout + out.stderr
+    saved = load_config(cfg)
+    assert saved.distributed_type == "MULTI_CPU" and "parallelism_config" not in saved.extras
 
 
 def test_questionnaire_for_several_machines(cfg):
@@ -271,11 +313,12 @@ def test_questionnaire_for_several_machines(cfg):
         "",
         "3",
         "4",
-        "",
-        "",
-        "",
-        "",
-        "",
+        "",  # mixed precision
+        "",  # gradient accumulation
+        "",  # DeepSpeed (where it is installed)
+        "",  # FSDP: no
+        "",  # start method
+        "",  # torch.compile backend
     ]
     out = accel_nb("config", cfg=cfg, stdin="\n".join(answers) + "\n")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -384,8 +427,8 @@ def test_gpu_machine_defaults_through_the_driver(cfg, fake_nvml_dir):  # noqa: F
     env = accel_nb("env", cfg=cfg, env=gpus).stdout
     assert "- GPUs: 2" in env and "GPU 1: NVIDIA A100, 80.0 GiB, compute capability 8.0, bf16 yes" in env
     out = accel_nb(
-        "config", cfg=cfg, env=gpus, stdin="\n" * 9
-    )  # 8 questions, and DeepSpeed where it is installed
+        "config", cfg=cfg, env=gpus, stdin="\n" * 10
+    )  # 9 questions (FSDP with 2 processes), and DeepSpeed where it is installed
     assert out.returncode == 0, out.stdout + out.stderr
     assert (
         "Compute on (cpu/gpu) [gpu]" in out.stdout and "Detected: " in out.stdout and "2 GPU(s)" in out.stdout

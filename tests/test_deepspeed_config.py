@@ -89,7 +89,7 @@ def test_questionnaire_zero3_with_offload_and_leaving_deepspeed(tmp_path):
         "zero3_init_flag": False,
     }
     # answering no: back to plain data parallelism, the DeepSpeed settings gone, torch.compile asked again
-    out = accel_nb("config", "--config_file", cfg, cfg=cfg, stdin="\n\n\n\n\nno\n\n\n")
+    out = accel_nb("config", "--config_file", cfg, cfg=cfg, stdin="\n\n\n\n\nno\n\n\n\n")  # then FSDP: no
     assert out.returncode == 0, out.stdout + out.stderr
     assert "torch.compile backend" in out.stdout
     saved = load_config(cfg)
@@ -118,7 +118,9 @@ def _questions_without_deepspeed(cfg: str, answers: str):
 
 def test_questionnaire_without_deepspeed_does_not_offer_it_and_a_deepspeed_config_names_the_extra(tmp_path):
     cfg = str(tmp_path / "c.yaml")
-    out = _questions_without_deepspeed(cfg, "cpu\n1\n2\n\n\n\n\n")  # 7 questions: none about DeepSpeed
+    out = _questions_without_deepspeed(
+        cfg, "cpu\n1\n2\n\n\n\n\n\n"
+    )  # 8 questions (FSDP: no), none about DeepSpeed
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DeepSpeed" not in out.stdout and load_config(cfg).distributed_type == "MULTI_CPU"
     (tmp_path / "c.yaml").write_text(

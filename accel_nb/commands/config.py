@@ -206,6 +206,14 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
             out,
         )
         cfg = _deepspeed_questions(cfg, compute, out) if use_deepspeed else _without_deepspeed(cfg, compute)
+    if compute != "xla" and cfg.distributed_type != "DEEPSPEED" and int(cfg.num_processes or 1) > 1:
+        use_fsdp = _ask(
+            "Do you want to use FullyShardedDataParallel (FSDP2) (yes/no)",
+            cfg.distributed_type == "FSDP",
+            _yes_no("use_fsdp"),
+            out,
+        )
+        cfg = _with_fsdp(cfg, compute) if use_fsdp else _without_fsdp(cfg, compute)
     if compute != "xla" and (cfg.distributed_type == "FSDP" or cfg.extras.get("parallelism_config")):
         cfg = parallelism_questions(cfg, out)  # as the reference asks it: with FSDP2
     field(
@@ -322,6 +330,24 @@ def _with_deepspeed(cfg: LaunchConfig, compute: str, settings: dict[str, Any]) -
     new.extras["deepspeed_config"] = dict(settings)
     new.use_cpu = compute == "cpu"
     return new.validate()
+
+
+def _with_fsdp(cfg: LaunchConfig, compute: str) -> LaunchConfig:
+    """``cfg`` sharding with FSDP2 (``distributed_type: FSDP``); a saved ``fsdp_config`` stays with it."""
+    if cfg.distributed_type == "FSDP":
+        return cfg
+    new = dataclasses.replace(cfg, distributed_type="FSDP")
+    new.extras = dict(cfg.extras)
+    return _checked(new, compute)
+
+
+def _without_fsdp(cfg: LaunchConfig, compute: str) -> LaunchConfig:
+    """``cfg`` without FSDP: its ``fsdp_config`` goes, the type follows the process count (as in the wizard)."""
+    if cfg.distributed_type != "FSDP" and "fsdp_config" not in cfg.extras:
+        return cfg
+    new = dataclasses.replace(cfg, distributed_type="NO")
+    new.extras = {k: v for k, v in cfg.extras.items() if k != "fsdp_config"}
+    return _checked(new, compute)
 
 
 def _number_at_least_zero(key: str) -> Callable[[str], float]:
