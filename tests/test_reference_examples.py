@@ -186,6 +186,14 @@ def test_renamed_example_gives_the_reference_results(folders, script):
     assert not difference, f"{script}: accel_nb differs from the reference at {difference}"
     if resume_args is None:
         return
+    # log_with="all" picked TensorBoard, MLflow and W&B in both; W&B's offline run lands under project_dir
+    # with accel_nb and in the working directory with the reference (docs/migration.md, tracker files)
+    for side, folder in folders.items():
+        logs = os.path.join(folder, "logs", "complete_nlp_example")
+        assert any(name.startswith("events.out.tfevents") for name in os.listdir(logs)), side
+        assert os.path.isdir(os.path.join(folder, "mlruns")), side
+    assert os.path.isdir(os.path.join(folders["accel_nb"], "logs", "wandb", "latest-run"))
+    assert os.path.isdir(os.path.join(folders["reference"], "wandb", "latest-run"))
     # Resumed mid-epoch (load_state, then skip_first_batches for the rest of that epoch): the same epochs
     # run and print, with as many steps on each rank, as under the reference. The batches differ on
     # purpose (docs/migration.md, "A resumed loader continues the interrupted epoch's shuffle"): the
