@@ -18,6 +18,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ from tests.dist_helpers import free_port
 
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(1200)]  # up to 4 launches of 2 ranks per test
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "tests", "reference_examples")
@@ -103,16 +104,30 @@ def _launch(side: str, folder: str, script: str, args: list[str]) -> dict:
         cmd = [sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_processes", "2"]
         cmd += ["--main_process_port", str(free_port())]
     cmd += [os.path.join(folder, script), *args]
-    proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    # a session of its own, so that a launch that never ends takes its ranks with it
+    with subprocess.Popen(
+        cmd,
+        cwd=folder,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=500)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
     assert proc.returncode == 0, (
         f"{side}: {script} {' '.join(args)} failed (exit {proc.returncode}):\n"
-        f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        f"{stdout[-3000:]}\n{stderr[-6000:]}"
     )
     ranks = {}
     for rank in ("0", "1"):
         with open(os.path.join(records, f"record-rank{rank}.json")) as f:
             ranks[rank] = json.load(f)
-    epochs = [(int(n), eval(d, {})) for n, d in _EPOCH_LINE.findall(proc.stdout)]  # dicts of floats
+    epochs = [(int(n), eval(d, {})) for n, d in _EPOCH_LINE.findall(stdout)]  # dicts of floats
     return {"printed": epochs, "ranks": ranks}
 
 
