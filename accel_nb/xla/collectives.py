@@ -42,14 +42,11 @@ def _on_device(t: torch.Tensor) -> torch.Tensor:
 
 def _collective(build: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor) -> torch.Tensor:
     """``build(t on this device)``: pending work flushed, then the collective alone compiled and launched."""
-    import torch_xla
-
     runtime.sync()  # what this device traced so far runs on its own (it may differ between ranks)
     runtime.devices_meet()  # no device flushes while another one's collective is launched
-    with runtime.graph_lock():
+    with runtime.graph_lock():  # traced under the lock too (see runtime's docstring)
         out = build(_on_device(t))
-        torch_xla.sync()
-    runtime.devices_meet()  # every device launched it before any waits for the result
+    runtime.run_collective([out])  # its graph alone, the same program on every device, waited for
     return out
 
 

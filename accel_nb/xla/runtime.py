@@ -39,6 +39,8 @@ __all__ = [
     "world_size",
     "graph_lock",
     "sync",
+    "launch",
+    "run_collective",
     "barrier",
     "rng_state",
     "set_rng_state",
@@ -205,6 +207,39 @@ def sync() -> None:
         torch_xla.sync()
 
 
+def launch(tensors: Any) -> None:
+    """Compile and launch the pending work of ``tensors`` only, under the graph lock, without waiting.
+
+    For a graph with a collective: ``torch_xla.sync()`` would take in every live tensor of this
+    device with pending work, and anything one device thread alone still holds makes its graph
+    another program, compiled apart from the other threads' one. On XLA's CPU backend two
+    compilations of a collective never meet in XLA's rendezvous (docs/tpu.md).
+    """
+    import torch_xla
+
+    with _GRAPH_LOCK:
+        torch_xla._XLAC._xla_sync_multi(list(tensors), devices=[], wait=False, sync_xla_data=False)
+
+
+def run_collective(tensors: Any) -> None:
+    """Launch the collective graph of ``tensors`` alone (:func:`launch`); with devices as threads, wait until it ran.
+
+    With devices as threads every device thread then meets the others (all launched the same
+    program) and waits until its own device finished the collective, before it traces or launches
+    anything else. Launching the next graph while the collective was still in flight let XLA's CPU
+    backend abort now and then: one device waited alone in the collective's rendezvous while its
+    thread waited in ``torch_xla.sync()`` for the next graph (docs/tpu.md). Call it outside
+    :func:`graph_lock` (it meets the other device threads).
+    """
+    import torch_xla
+
+    launch(tensors)
+    if _THREAD_BARRIER is None:
+        return
+    devices_meet()
+    torch_xla._XLAC._xla_wait_device_ops(devices=torch_xla._XLAC._xla_real_devices([str(device())]))
+
+
 def barrier() -> None:
     """Block until every device reaches this line: a one-element all-reduce, waited for."""
     import torch
@@ -214,9 +249,8 @@ def barrier() -> None:
     devices_meet()  # see accel_nb.xla.collectives: no flush while a collective is launched
     with _GRAPH_LOCK:
         token = xm.all_reduce(xm.REDUCE_SUM, torch.ones(1, device=device()))
-        sync()
-    devices_meet()
-    token.cpu()  # waits for the collective, outside the lock (the other devices need it to launch)
+    run_collective([token])
+    token.cpu()  # waits for the collective (on TPUs too), outside the lock
 
 
 def rng_state() -> int:

@@ -30,10 +30,11 @@ def _launch_step() -> None:
 
 
 def reduce_gradients(optimizer: torch.optim.Optimizer) -> None:
-    """Average the gradients of ``optimizer``'s parameters over every XLA device (traced, launched with the step).
+    """Average the gradients of ``optimizer``'s parameters over every XLA device (traced; on TPUs launched with the step).
 
-    With devices as threads each device's forward/backward runs first on its own, so the graph with
-    the all-reduce is the same program on every device.
+    With devices as threads each device's forward/backward runs first on its own, then the
+    all-reduce runs alone (``runtime.run_collective``): the same program on every device, finished
+    before the update is traced.
     """
     import torch_xla.core.xla_model as xm
 
@@ -56,6 +57,8 @@ def reduce_gradients(optimizer: torch.optim.Optimizer) -> None:
             for g in grads:
                 g.copy_(total[offset : offset + g.numel()].view_as(g) / world)
                 offset += g.numel()
+    if runtime.devices_are_threads():  # the all-reduce's graph alone, waited for before the update is traced
+        runtime.run_collective([g for grads in by_dtype.values() for g in grads])
 
 
 def optimizer_step(accelerated: Any, closure: Any = None) -> Any:
