@@ -101,3 +101,28 @@ def test_a_launch_right_after_another_on_the_same_port_is_undisturbed():
         assert rep.finished == (True, None)
         for rank in (0, 1):  # the ranks left without tearing the group down, and without an abort
             assert "terminate called" not in rep.output(rank=rank) + rep.output(rank=rank, stream="stderr")
+
+
+def _late_subgroup():
+    """Rank 0 is not in the group it creates and returns at once; rank 1 creates its group later.
+
+    The group's handshake goes through the store rank 0 hosts: rank 0 must not end before rank 1 is
+    done with it (in CI a DeviceMesh's groups once failed this way: "Connection reset by peer").
+    """
+    import time
+
+    import torch.distributed as dist
+
+    from accel_nb import PartialState
+
+    state = PartialState()
+    if state.process_index == 1:
+        time.sleep(0.5)  # makes the race likely without the exit barrier; with it, any delay passes
+    group = dist.new_group([1])
+    if state.process_index == 1:
+        dist.all_reduce(__import__("torch").ones(1), group=group)
+    return state.process_index
+
+
+def test_rank_zero_outlives_a_peer_still_forming_a_group():
+    assert debug_launcher(_late_subgroup) == [0, 1]

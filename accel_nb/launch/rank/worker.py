@@ -327,9 +327,11 @@ class WorkerRuntime:
             if succeeded and dist is not None and dist.is_available() and dist.is_initialized():
                 from ...state import PartialState
 
-                # a group formed by PartialState finished its handshakes when it formed
+                # a group formed by PartialState finished its handshakes when it formed; groups made
+                # after it (a DeviceMesh's, new_group) may not have on every rank: rank 0 also hosts
+                # the store their handshakes go through, so it must not leave before the others
                 formed_by_state = bool(PartialState._shared_state.get("_owns_group"))
-                if dist.get_backend() == "gloo" and not formed_by_state:
+                if dist.get_backend() == "gloo" and (not formed_by_state or _has_subgroups(dist)):
                     # a rank that returns right after joining must not close its connections
                     # while a peer is still finishing gloo's connection handshake
                     # a peer that already left: nothing to wait for
@@ -403,3 +405,12 @@ def spawn_main(argv: list[str] | None = None) -> NoReturn:
             sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _has_subgroups(dist) -> bool:
+    """True when groups besides the default one were created on this rank, member or not (or when
+    that cannot be told: then assume so). A rank outside a new group still made it: its peers'
+    handshake for it may still be running through rank 0's store."""
+    world = getattr(getattr(dist, "distributed_c10d", None), "_world", None)
+    count = getattr(world, "group_count", None)
+    return not isinstance(count, int) or count > 1
