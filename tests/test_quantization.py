@@ -356,6 +356,13 @@ OFFLOAD_CONFIGS = {
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=F32
     ),
     "torchao-int8": lambda: TorchAoQuantizationConfig("int8"),
+    # double quant: the nested statistics stream too, the nested offset is made once on the device
+    "nf4-double": lambda: BnbQuantizationConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=F32,
+        bnb_4bit_use_double_quant=True,
+    ),
 }
 
 
@@ -432,7 +439,7 @@ def test_disk_and_cpu_offloaded_quantized_layers_give_the_same_outputs(saved, ki
     assert all(_released(in_place.get_submodule(n)) for n in block)
 
 
-@pytest.mark.parametrize("kind", ["nf4", "torchao-int8"])
+@pytest.mark.parametrize("kind", ["nf4", "nf4-double", "torchao-int8"])
 def test_offloaded_quantized_layers_stream_through_the_engine_buffers(saved, kind, tmp_path, monkeypatch):
     """The GPU code path on the CPU (the engine's buffered mode): quantized layers packed, copied
     into the engine's bounded device buffers, prefetched in the learnt order; outputs bitwise equal."""

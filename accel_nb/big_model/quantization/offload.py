@@ -17,7 +17,8 @@ tensors are packed into pinned memory (or read from disk by the engine's worker 
 staging), copied on a side stream into the engine's device buffers, and the next layer is
 prefetched while one computes, as for float weights. Before the layer's forward the layer is
 rebuilt from those device tensors; after it, the layer's weight is ``None`` again and
-bitsandbytes' cached matmul state is dropped, so nothing quantized stays on that device.
+bitsandbytes' cached matmul state is dropped, so nothing quantized stays on that device (but for a
+double-quantized 4-bit layer's 4-byte nested offset).
 The layer's bias (a float tensor) is not part of this: it goes through the ordinary offload
 engine with the rest of the block.
 """
@@ -25,6 +26,7 @@ engine with the rest of the block.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from torch import nn
 
 from ..offload import OffloadEngine, OffloadUnit, TensorSlot
 from .config import QuantizationConfig, QuantizationError
+from .layers import require
 from .prequantized import fill_layer
 
 QUANTIZED_OFFLOAD_ATTR = "_accel_nb_quantized_offload"  # on a hooked layer: its QuantizedLayerStore
@@ -58,7 +61,8 @@ class QuantizedLayerStore:
     depth: int = 0  # nested forwards in flight (a layer called inside its own forward)
     unit: OffloadUnit | None = None  # its unit in the offload engine (after attach)
     holder: nn.Module | None = None  # where the engine puts the unit's device tensors for a forward
-    meta: dict[str, torch.Tensor] = field(default_factory=dict)  # kept on the CPU, never streamed
+    meta: dict[str, Any] = field(default_factory=dict)  # bnb 4-bit: the quant state's non-tensor items
+    offset: torch.Tensor | None = None  # bnb 4-bit double quant: the nested offset, made once on the device
     shapes: dict[str, tuple[torch.dtype, torch.Size]] = field(default_factory=dict)
 
 
@@ -116,9 +120,12 @@ class QuantizedOffloader:
         store.shapes = {k: (t.dtype, t.shape) for k, t in parts.items()}
         if source == "disk":  # the file holds the layer's whole serialized form
             store.path = self._write(name, parts)
-        # bitsandbytes' packed quant-state description (a JSON string in a uint8 tensor) is parsed on
-        # the host at every rebuild: kept in RAM it costs no device-to-host copy (a stream sync) per forward
-        store.meta = {k: parts.pop(k).to("cpu", copy=True) for k in list(parts) if ".quant_state." in k}
+        # bitsandbytes' packed quant-state description (a JSON string in a uint8 tensor: quant type,
+        # block size, dtype, shape, the nested statistics' offset) is read once, here: streamed with the
+        # rest it would cost a device-to-host copy (a stream sync) and a parse per forward
+        store.meta = {}
+        for k in [k for k in parts if ".quant_state." in k]:
+            store.meta.update(json.loads(bytes(parts.pop(k).cpu().numpy()).decode("utf-8")))
         store.keys = list(parts)
         store.nbytes = sum(t.numel() * t.element_size() for t in parts.values())
         if source == "cpu":  # the engine packs them into pinned memory when the execution device is a GPU
@@ -215,7 +222,6 @@ class QuantizedOffloader:
             self.engine.before_forward(store.unit)
             fetched = True
             parts = {k: store.holder._buffers[k.replace(".", "__")] for k in store.keys}
-            parts.update(store.meta)
             self.bytes_moved += store.nbytes
             self.forwards += 1
             layer = store.layer
@@ -224,6 +230,8 @@ class QuantizedOffloader:
                 inner = {k[len("weight.") :]: v for k, v in parts.items()}
                 weight = cls.__tensor_unflatten__(inner, ctx, size, stride)
                 layer.weight = nn.Parameter(weight, requires_grad=False)
+            elif store.meta:
+                self._rebuild_4bit(store, parts)
             else:
                 fill_layer(layer, parts, self.config, self.device)
         except (
@@ -239,6 +247,38 @@ class QuantizedOffloader:
                     "offload folder must stay in place while the model is in use; load the model again"
                 ) from None
             raise
+
+    def _rebuild_4bit(self, store: QuantizedLayerStore, parts: dict[str, torch.Tensor]) -> None:
+        """A bitsandbytes 4-bit layer from its device tensors and the description read at offload time,
+        with no host-to-device copy: bitsandbytes' own rebuild makes the double quant's offset on the
+        host and copies it over, which waits for all work queued on the stream (once per layer per
+        forward); here the offset is made on the device once and kept (4 bytes)."""
+        bnb = require("bitsandbytes")
+        meta = store.meta
+        stats = {k[len("weight.") :]: v for k, v in parts.items() if k != "weight" and ".nested_" not in k}
+        stats.update({k: v for k, v in meta.items() if not k.startswith("nested_")})
+        weight = bnb.nn.Params4bit.from_prequantized(
+            data=parts["weight"],
+            quantized_stats=stats,
+            requires_grad=False,
+            device=self.device,
+            module=store.layer,
+        )
+        if "nested_offset" in meta:
+            if store.offset is None:
+                store.offset = torch.full(
+                    (), float(meta["nested_offset"]), dtype=torch.float32, device=self.device
+                )
+            state = weight.quant_state
+            state.offset = store.offset
+            state.state2 = bnb.functional.QuantState(
+                absmax=parts["weight.nested_absmax"],
+                blocksize=meta["nested_blocksize"],
+                code=parts["weight.nested_quant_map"],
+                dtype=getattr(torch, meta["nested_dtype"]),
+            )
+            state.nested = weight.compress_statistics = True
+        store.layer.weight = weight
 
     def after_forward(self, store: QuantizedLayerStore) -> None:
         """Drop the layer's weight (and bitsandbytes' cached state of it) from the execution device."""
