@@ -137,9 +137,12 @@ def crashes_in_native_code() -> None:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "spawn+PYTHONFAULTHANDLER"])
 def test_an_ordinal_process_that_crashes_is_reported_with_its_stack(two_xla_devices, monkeypatch, method):
+    method, _, faulthandler_env = method.partition("+")
     monkeypatch.setenv("ACCEL_NB_XLA_START_METHOD", method)
+    if faulthandler_env:  # the ordinal processes start with faulthandler on, writing to stderr
+        monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
     with pytest.raises(LaunchError) as info:
         notebook_launcher(crashes_in_native_code, reporter=ListReporter())
     text = str(info.value)

@@ -93,9 +93,10 @@ class _OrdinalProcess:
         if not self.in_host:
             die_with_parent(info.host_pid)
             _renew_intraop_pool()
-            if not faulthandler.is_enabled():  # spawned by torch_xla: a crash's stacks go where the host's go
-                self._crash = open(crash_path(info.log_dir, 0), "a")  # noqa: SIM115 - lives as long as the process
-                faulthandler.enable(file=self._crash, all_threads=True)
+            # forked or spawned by torch_xla: a crash's stacks go where the host's go, also when the
+            # process enabled faulthandler by itself (PYTHONFAULTHANDLER=1 writes them to stderr only)
+            self._crash = open(crash_path(info.log_dir, 0), "a")  # noqa: SIM115 - lives as long as the process
+            faulthandler.enable(file=self._crash, all_threads=True)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(info.relay_path)
         self.writer = EventWriter(sock.detach())
