@@ -126,3 +126,18 @@ def _late_subgroup():
 
 def test_rank_zero_outlives_a_peer_still_forming_a_group():
     assert debug_launcher(_late_subgroup) == [0, 1]
+
+
+def _late_subgroup_as_nccl():
+    """The same race on the path backends without ``monitored_barrier`` take (NCCL): the rank's
+    ``torch.distributed`` reports another backend than gloo, so that at the end rank 0, the store's
+    host, waits for every rank's check-out on the store instead of a gloo barrier."""
+    import torch.distributed as dist
+
+    index = _late_subgroup()
+    dist.get_backend = lambda group=None: "nccl"  # the rank ends right after: nothing else sees it
+    return index
+
+
+def test_rank_zero_outlives_a_peer_still_forming_a_group_without_a_gloo_barrier():
+    assert debug_launcher(_late_subgroup_as_nccl) == [0, 1]

@@ -337,6 +337,8 @@ class WorkerRuntime:
                     # a peer that already left: nothing to wait for
                     with contextlib.suppress(RuntimeError):
                         dist.monitored_barrier(timeout=datetime.timedelta(seconds=EXIT_BARRIER_S))
+                elif _has_subgroups(dist):  # NCCL and others: no monitored_barrier; the store host waits
+                    _check_out(dist)
         if self.capture is not None:
             self.capture.stop()
         events.set_event_sink(None)
@@ -405,6 +407,18 @@ def spawn_main(argv: list[str] | None = None) -> NoReturn:
             sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _check_out(dist) -> None:
+    """Each rank marks its end on the default store; rank 0, which hosts that store in accel_nb's
+    launches, waits (up to EXIT_BARRIER_S) until every rank has, so that a peer still forming a group
+    through the store (NCCL exchanges its communicator ids there) does not lose it. Peers leave at once."""
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store.set(f"accel_nb/check_out/{rank}", "1")
+    if rank == 0:
+        keys = [f"accel_nb/check_out/{r}" for r in range(world)]
+        store.wait(keys, datetime.timedelta(seconds=EXIT_BARRIER_S))
 
 
 def _has_subgroups(dist) -> bool:
