@@ -339,10 +339,14 @@ class PartialState:
         return self.process_index == self.num_processes - 1
 
     def __repr__(self) -> str:
+        """The reference's report, line for line (its ``run_me.py`` prints it): environment, backend, counts, device."""
+        backend = f"  Backend: {self.backend}" if self.backend else ""
         return (
-            f"PartialState(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
-            f"process_index={self.process_index}, local_process_index={self.local_process_index}, "
-            f"device={self.device}, backend={self.backend})"
+            f"Distributed environment: {self.distributed_type}{backend}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
         )
 
     # -- synchronisation ------------------------------------------------------------------------
@@ -540,6 +544,10 @@ class AcceleratorState(PartialState):
     @property
     def partial_state(self) -> PartialState:
         return PartialState()
+
+    def __repr__(self) -> str:
+        """PartialState's report and the mixed precision, as the reference prints them."""
+        return f"{PartialState().__repr__()}\nMixed precision type: {self.mixed_precision}\n"
 
 
 class GradientState:

@@ -81,6 +81,11 @@ def test_unknown_mixed_precision_is_a_clear_error():
         Accelerator(mixed_precision="fp8")
 
 
+def test_no_fp8_recipe_handler_as_no_fp8_run_is_possible():
+    # the reference's config_yaml_templates/run_me.py reads it (tests/test_reference_examples.py)
+    assert Accelerator().fp8_recipe_handler is None
+
+
 def test_unknown_argument_is_a_clear_error():
     with pytest.raises(TypeError, match="unexpected keyword argument 'dispatch_everything'"):
         Accelerator(dispatch_everything=True)

@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from typing import NamedTuple
 
 import pytest
 
@@ -34,10 +35,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, "tests", "reference_examples")
 # what `sed 's/accelerate/accel_nb/g'` does to the import lines, and nothing else
 _IMPORT_LINE = re.compile(r"^(\s*(?:from|import)\s+.*)$", re.M)
+_RANK_LABEL = re.compile(r"^\[default\d+\]:")  # how accel-nb launch labels a rank's lines
 _EPOCH_LINE = re.compile(r"^(?:\[default0\]:)?epoch (\d+): (\{.*\})$", re.M)  # accel-nb labels lines
 
+
 # (example, its arguments, a second run that resumes from the first one's checkpoint or None)
+class Resume(NamedTuple):
+    args: list[str]  # "{first}" is the folder of the first run
+    epochs: list[int]  # the epochs the resumed run prints
+    steps: int  # the training steps each rank takes in it
+
+
 CASES = {
+    # prepare, gather_for_metrics on an uneven last batch, the plain training loop
+    "nlp_example.py": ([], None),
     # prepare, main_process_first, gather_for_metrics on an uneven last batch, log_with="all" with
     # init_trackers/log/end_training, save_state every 2 steps; then load_state + skip_first_batches
     "complete_nlp_example.py": (
@@ -50,8 +61,17 @@ CASES = {
             "--project_dir",
             "{run}/logs",
         ],
-        ["--resume_from_checkpoint", "{first}/ckpt/step_6"],
+        Resume(["--resume_from_checkpoint", "{first}/ckpt/step_6"], [1, 2], 6),
     ),
+    # save_state at each epoch's end; then load_state and the next epochs from there
+    "checkpointing.py": (
+        ["--checkpointing_steps", "epoch", "--output_dir", "{run}/ckpt"],
+        Resume(["--resume_from_checkpoint", "{first}/ckpt/epoch_0"], [1, 2], 8),
+    ),
+    # log_with="all" and project_dir: what each tracker recorded (MLflow's values compared)
+    "tracking.py": (["--with_tracking", "--project_dir", "{run}/logs"], None),
+    # gather (not gather_for_metrics) with the example's own trimming of the last batch's duplicates
+    "multi_process_metrics.py": ([], None),
     # Accelerator(gradient_accumulation_steps=2) and accumulate() across an uneven epoch end
     "gradient_accumulation.py": (["--gradient_accumulation_steps", "2"], None),
     # LocalSGD: local steps, parameters averaged every 3
@@ -64,6 +84,9 @@ CASES = {
     "profiler.py": ([], None),
     # DistributedDataParallelKwargs(comm_hook=fp16) through prepare()
     "ddp_comm_hook.py": (["--ddp_comm_hook", "fp16"], None),
+    # schedulefree's AdamWScheduleFree through prepare(): optimizer.train()/eval() reach it (the weights
+    # recorded at exit are its evaluation weights)
+    "schedule_free.py": ([], None),
 }
 
 
@@ -80,7 +103,9 @@ def test_the_rename_touches_import_lines_only():
     )
 
 
-def _launch(side: str, folder: str, script: str, args: list[str]) -> dict:
+def _launch(side: str, folder: str, script: str, args: list[str], *, recorded: bool = True) -> dict:
+    """Run ``script`` on 2 CPU processes the way ``side`` launches; what rank 0 printed and what each rank
+    recorded (``recorded=False``: a script without offline_sources.py, whose printed lines are returned)."""
     records = os.path.join(folder, f"records-{script}-{len(os.listdir(folder))}")
     os.makedirs(records)
     env = {
@@ -123,6 +148,8 @@ def _launch(side: str, folder: str, script: str, args: list[str]) -> dict:
         f"{side}: {script} {' '.join(args)} failed (exit {proc.returncode}):\n"
         f"{stdout[-3000:]}\n{stderr[-6000:]}"
     )
+    if not recorded:
+        return {"lines": [_RANK_LABEL.sub("", line) for line in stdout.splitlines()]}
     ranks = {}
     for rank in ("0", "1"):
         with open(os.path.join(records, f"record-rank{rank}.json")) as f:
@@ -154,7 +181,7 @@ def folders(tmp_path_factory):
 
 
 def test_the_renamed_examples_import_nothing_from_the_reference(folders):
-    for name in CASES:
+    for name in [*CASES, "run_me.py"]:
         with open(os.path.join(folders["accel_nb"], name)) as f:
             imported = re.findall(r"^\s*(?:from|import)\s+(\w+)", f.read(), re.M)
         assert "accel_nb" in imported and "accelerate" not in imported, name
@@ -185,40 +212,80 @@ def _first_difference(a, b, path="") -> str:
     return "" if _same(a, b) else f"{path}: {a!r} != {b!r}"
 
 
+def _mlflow_metrics(folder: str, experiment: str) -> dict:
+    """{metric: [(step, value), ...]} of the one MLflow run logged under ``experiment`` (file store)."""
+    root = os.path.join(folder, "mlruns")
+    for exp_id in os.listdir(root):
+        meta = os.path.join(root, exp_id, "meta.yaml")
+        if not os.path.isfile(meta) or f"name: {experiment}\n" not in open(meta).read():
+            continue
+        runs = [
+            r for r in os.listdir(os.path.join(root, exp_id)) if os.path.isdir(os.path.join(root, exp_id, r))
+        ]
+        runs = [r for r in runs if os.path.isdir(os.path.join(root, exp_id, r, "metrics"))]
+        assert len(runs) == 1, (folder, experiment, runs)
+        metrics = os.path.join(root, exp_id, runs[0], "metrics")
+        found = {}
+        for name in sorted(os.listdir(metrics)):
+            with open(os.path.join(metrics, name)) as f:  # lines "timestamp value step"
+                found[name] = [(int(step), float(value)) for _, value, step in (line.split() for line in f)]
+        return found
+    raise AssertionError(f"no MLflow experiment {experiment!r} under {root}")
+
+
 @pytest.mark.parametrize("script", list(CASES))
 def test_renamed_example_gives_the_reference_results(folders, script):
-    args, resume_args = CASES[script]
+    args, resume = CASES[script]
     runs = {}
     for side, folder in folders.items():
         runs[side] = [_launch(side, folder, script, [a.replace("{run}", folder) for a in args])]
-        if resume_args is not None:
+        if resume is not None:
             runs[side].append(
-                _launch(side, folder, script, [a.replace("{first}", folder) for a in resume_args])
+                _launch(side, folder, script, [a.replace("{first}", folder) for a in resume.args])
             )
     ours, theirs = runs["accel_nb"], runs["reference"]
     assert theirs[0]["printed"], f"the reference printed no 'epoch N:' line for {script}"
     difference = _first_difference(ours[0], theirs[0])
     assert not difference, f"{script}: accel_nb differs from the reference at {difference}"
-    if resume_args is None:
+    if "--with_tracking" in args:
+        # log_with="all" picked TensorBoard, MLflow and W&B in both; W&B's offline run lands under project_dir
+        # with accel_nb and in the working directory with the reference (docs/migration.md, tracker files)
+        run_name = script.removesuffix(".py")  # the examples' init_trackers(run, ...)
+        for side, folder in folders.items():
+            logs = os.path.join(folder, "logs", run_name)
+            assert any(name.startswith("events.out.tfevents") for name in os.listdir(logs)), side
+        assert os.path.isdir(os.path.join(folders["accel_nb"], "logs", "wandb", "latest-run"))
+        assert os.path.isdir(os.path.join(folders["reference"], "wandb", "latest-run"))
+        logged = {side: _mlflow_metrics(folder, run_name) for side, folder in folders.items()}
+        assert logged["reference"], f"the reference logged no metric to MLflow for {script}"
+        difference = _first_difference(logged["accel_nb"], logged["reference"])
+        assert not difference, f"{script}: accel_nb logged other values than the reference: {difference}"
+    if resume is None:
         return
-    # log_with="all" picked TensorBoard, MLflow and W&B in both; W&B's offline run lands under project_dir
-    # with accel_nb and in the working directory with the reference (docs/migration.md, tracker files)
-    for side, folder in folders.items():
-        logs = os.path.join(folder, "logs", "complete_nlp_example")
-        assert any(name.startswith("events.out.tfevents") for name in os.listdir(logs)), side
-        assert os.path.isdir(os.path.join(folder, "mlruns")), side
-    assert os.path.isdir(os.path.join(folders["accel_nb"], "logs", "wandb", "latest-run"))
-    assert os.path.isdir(os.path.join(folders["reference"], "wandb", "latest-run"))
-    # Resumed mid-epoch (load_state, then skip_first_batches for the rest of that epoch): the same epochs
+    # Resumed (load_state, then, mid-epoch, skip_first_batches for the rest of that epoch): the same epochs
     # run and print, with as many steps on each rank, as under the reference. The batches differ on
-    # purpose (docs/migration.md, "A resumed loader continues the interrupted epoch's shuffle"): the
-    # reference's resumed epoch takes the first epoch's shuffle order, accel_nb's the one the
+    # purpose (docs/migration.md, "A loader saved at the end of an epoch resumes with the next epoch's
+    # shuffle"): the reference's resumed epoch takes the first epoch's shuffle order, accel_nb's the one the
     # interrupted run was in, so it reproduces the uninterrupted run's losses and weights exactly.
     resumed, theirs_resumed, first = ours[1], theirs[1], ours[0]
-    assert [n for n, _ in resumed["printed"]] == [n for n, _ in theirs_resumed["printed"]] == [1, 2]
+    assert [n for n, _ in resumed["printed"]] == [n for n, _ in theirs_resumed["printed"]] == resume.epochs
     for rank in ("0", "1"):
         steps = len(resumed["ranks"][rank]["train_losses"])
-        assert steps == len(theirs_resumed["ranks"][rank]["train_losses"]) == 6
+        assert steps == len(theirs_resumed["ranks"][rank]["train_losses"]) == resume.steps
         assert _same(resumed["ranks"][rank]["train_losses"], first["ranks"][rank]["train_losses"][-steps:])
         for key in ("delta_projection", "delta_norm"):
             assert _same(resumed["ranks"][rank][key], first["ranks"][rank][key]), (rank, key)
+
+
+def test_run_me_prints_the_references_state_report(folders):
+    """config_yaml_templates/run_me.py prints ``accelerator.state`` and reads ``fp8_recipe_handler``."""
+    printed = {
+        side: _launch(side, folder, "run_me.py", [], recorded=False) for side, folder in folders.items()
+    }
+    theirs = printed["reference"]["lines"]
+    assert "Num processes: 2" in theirs, theirs
+    # the one line that differs on purpose: a CPU process's device is `cpu`, not the reference's `cpu:0`
+    # (docs/migration.md)
+    assert "Device: cpu:0" in theirs and "Device: cpu" in printed["accel_nb"]["lines"]
+    theirs = ["Device: cpu" if line == "Device: cpu:0" else line for line in theirs]
+    assert printed["accel_nb"]["lines"] == theirs

@@ -40,6 +40,18 @@ def test_single_process_defaults(clean_env):
     s.wait_for_everyone()  # no-op
 
 
+def test_state_reports_as_the_reference_prints_it(clean_env):
+    # the reference's run_me.py prints accelerator.state; code and logs parse these lines
+    assert repr(PartialState()) == (
+        "Distributed environment: DistributedType.NO\nNum processes: 1\nProcess index: 0\n"
+        "Local process index: 0\nDevice: cpu\n"
+    )
+    assert (
+        str(AcceleratorState(mixed_precision="bf16"))
+        == repr(PartialState()) + "\nMixed precision type: bf16\n"
+    )
+
+
 def test_rank_world_size_disagree(clean_env):
     clean_env.setenv("WORLD_SIZE", "2")
     clean_env.setenv("RANK", "2")

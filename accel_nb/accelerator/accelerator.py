@@ -135,6 +135,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         self.gradient_state.sync_with_dataloader = plugin.sync_with_dataloader if plugin else True
         self.gradient_state.sync_each_batch = bool(plugin and plugin.sync_each_batch)
         self.profile_handler = handlers.profile  # accelerator.profile()'s settings
+        self.fp8_recipe_handler = None  # the reference's FP8 recipe: accel_nb trains no FP8
         self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device, handlers.autocast)
         self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler(**handlers.scaler)
 
