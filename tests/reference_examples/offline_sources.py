@@ -1,15 +1,21 @@
 """Offline stand-ins for what the reference's example scripts download (GLUE/MRPC, bert-base-cased and
-the ``evaluate`` metric), for tests/test_reference_examples.py.
+the ``evaluate`` metric; wikitext and SmolLM), for tests/test_reference_examples.py.
 
 Written for accel_nb (not derived from the reference). The example variants beside this file replace
 ONLY their data, model and metric sources by these:
 
 - ``offline_mrpc()``: a synthetic MRPC-shaped ``DatasetDict`` (splits ``train``/``validation`` with the
-  columns ``idx``, ``sentence1``, ``sentence2``, ``label``) that knows the two ``datasets`` methods the
-  examples call, ``map(fn, batched=True, remove_columns=...)`` and ``rename_column``;
+  columns ``idx``, ``sentence1``, ``sentence2``, ``label``) that knows the ``datasets`` methods the
+  examples call: ``map(fn, batched=True, remove_columns=...)``, ``rename_column``, ``select``,
+  ``num_rows`` and a column by name; ``DatasetDict`` builds one from such splits (cross_validation.py);
 - ``offline_tokenizer()``: a real ``transformers.BertTokenizer`` over a small built-in vocabulary;
 - ``tiny_bert()``: a real ``BertForSequenceClassification`` built from a small ``BertConfig``;
-- ``offline_metric()``: GLUE/MRPC's accuracy and F1 computed by hand (``add_batch`` / ``compute``).
+- ``offline_wikitext()``, ``offline_causal_tokenizer()``, ``tiny_causal_lm()``: for the causal-LM example,
+  wikitext-shaped lines (a ``text`` column, some lines empty; ``filter(fn, input_columns=...)`` as in
+  ``datasets``), the same tokenizer with an end-of-sequence token and only ``input_ids``, and a real
+  2-layer ``LlamaForCausalLM`` (SmolLM's architecture) from a small ``LlamaConfig``;
+- ``offline_metric()``: GLUE/MRPC's accuracy and F1 computed by hand (``add_batch`` / ``compute``, which
+  also takes ``predictions=`` and ``references=`` as ``evaluate``'s does).
 
 When ``OFFLINE_RECORD_DIR`` is set, each process also writes ``record-rank<R>.json`` there at exit: every
 training loss the model returned, every metric the script computed, and a digest of how far training
@@ -34,7 +40,13 @@ import random
 import sys
 
 import torch
-from transformers import BertConfig, BertForSequenceClassification, BertTokenizer
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 _WORDS = (
@@ -67,8 +79,28 @@ class _Split:
     def __len__(self) -> int:
         return len(next(iter(self._columns.values())))
 
-    def __getitem__(self, i: int) -> dict:
+    @property
+    def num_rows(self) -> int:
+        return len(self)
+
+    def __getitem__(self, i: int | str) -> dict | list:
+        if isinstance(i, str):  # a column, as datasets gives it
+            return list(self._columns[i])
         return {name: values[i] for name, values in self._columns.items()}
+
+    def filter(self, function, input_columns=None):
+        def keep(i: int) -> bool:
+            if input_columns is None:
+                return bool(function(self[i]))
+            if isinstance(input_columns, str):
+                return bool(function(self._columns[input_columns][i]))
+            return bool(function(*(self._columns[c][i] for c in input_columns)))
+
+        return self.select([i for i in range(len(self)) if keep(i)])
+
+    def select(self, indices):
+        indices = [int(i) for i in indices]
+        return _Split({name: [values[i] for i in indices] for name, values in self._columns.items()})
 
     def map(self, function, batched: bool = False, remove_columns=()):
         if not batched:
@@ -90,8 +122,14 @@ class _DatasetDict(dict):
             }
         )
 
+    def filter(self, function, input_columns=None):
+        return _DatasetDict({name: split.filter(function, input_columns) for name, split in self.items()})
+
     def rename_column(self, old: str, new: str):
         return _DatasetDict({name: split.rename_column(old, new) for name, split in self.items()})
+
+
+DatasetDict = _DatasetDict  # what `from datasets import DatasetDict` gives the examples that build one
 
 
 def _pair(rng: random.Random) -> tuple[str, str, int]:
@@ -122,6 +160,27 @@ def offline_mrpc() -> _DatasetDict:
             }
         )
     return _DatasetDict(splits)
+
+
+_TEXT_SIZES = {"train": 500, "validation": 30}  # the causal-LM example selects the first 500 training lines
+
+
+def offline_wikitext() -> _DatasetDict:
+    """wikitext-shaped lines (one in five empty, as wikitext has them), the same on every process and run."""
+    rng = random.Random(1)
+    splits = {}
+    for name, size in _TEXT_SIZES.items():
+        lines = [
+            "" if rng.random() < 0.2 else " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
+            for _ in range(size)
+        ]
+        splits[name] = _Split({"text": lines})
+    return _DatasetDict(splits)
+
+
+def offline_causal_tokenizer() -> BertTokenizer:
+    """The built-in vocabulary's tokenizer with an end-of-sequence token, giving only ``input_ids``."""
+    return BertTokenizer(vocab=_vocab(), eos_token="[SEP]", model_input_names=["input_ids"])
 
 
 _RECORD: dict = {"train_losses": [], "metrics": [], "models_built": 0}
@@ -162,8 +221,26 @@ def tiny_bert(num_labels: int = 2) -> BertForSequenceClassification:
         max_position_embeddings=64,
         num_labels=num_labels,
     )
+    return _recorded(BertForSequenceClassification(config))
+
+
+def tiny_causal_lm() -> LlamaForCausalLM:
+    """A 2-layer, 32-wide Llama causal LM, initialised from the current torch seed."""
+    config = LlamaConfig(
+        vocab_size=len(_vocab()),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return _recorded(LlamaForCausalLM(config))
+
+
+def _recorded(model):
+    """``model``, whose training losses and weight changes the record will hold."""
     _hold_process_group()
-    model = BertForSequenceClassification(config)
     model.register_forward_hook(_on_forward, with_kwargs=True)
     _RECORD["models_built"] += 1
     _LAST_MODEL["model"] = model
@@ -182,7 +259,9 @@ class _GlueMrpcMetric:
         self._predictions += [int(p) for p in predictions]
         self._references += [int(r) for r in references]
 
-    def compute(self) -> dict:
+    def compute(self, predictions=None, references=None) -> dict:
+        if predictions is not None or references is not None:
+            self.add_batch(predictions=predictions, references=references)
         pairs = list(zip(self._predictions, self._references, strict=True))
         self._predictions, self._references = [], []
         tp = sum(1 for p, r in pairs if p == 1 and r == 1)
