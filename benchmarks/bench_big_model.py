@@ -12,7 +12,10 @@ GPU (when CUDA is available):
   rate (offloaded bytes / forward time) as a fraction of the measured pinned host-to-device
   bandwidth (goal >= 70%).
 CPU, with bitsandbytes: bytes read from the offload folder per forward when the layers are
-offloaded to disk quantized (8-bit, NF4) as a fraction of the same layers offloaded in float32.
+offloaded to disk quantized (8-bit, NF4) as a fraction of the same layers offloaded in float32;
+load_and_quantize_model (8-bit, NF4) of a Llama-style transformers model from a sharded float32
+checkpoint onto the CPU: load time and peak RSS growth, each load in its own subprocess, side by
+side with the reference's loader (which fails on a CPU-only machine: its error is the row's note).
 """
 
 from __future__ import annotations
@@ -341,11 +344,141 @@ def _quantized_offload_rows(workdir: str) -> list[dict]:
     return rows
 
 
+# One subprocess = one quantized load. argv: lib, ckpt, kind ("int8" | "nf4")
+QUANT_WORKER = r"""
+import gc, json, sys, time, warnings
+warnings.filterwarnings("ignore")
+import bitsandbytes, torch, transformers
+lib, ckpt, kind = sys.argv[1:4]
+if lib == "accel_nb":
+    from accel_nb import init_empty_weights
+    from accel_nb.utils import BnbQuantizationConfig, load_and_quantize_model
+else:
+    from accelerate import init_empty_weights
+    from accelerate.utils import BnbQuantizationConfig, load_and_quantize_model
+config = transformers.AutoConfig.from_pretrained(ckpt)
+with init_empty_weights():
+    model = transformers.LlamaForCausalLM(config)
+if kind == "int8":
+    qconfig = BnbQuantizationConfig(load_in_8bit=True, torch_dtype=torch.float32)
+else:
+    qconfig = BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+def error(exc):
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {' '.join(lines[0].split()) if lines else ''}"[:160]
+# bitsandbytes' one-time setup (kernels, code books) is not the loader's memory: one small layer first
+try:
+    load_and_quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 64)), qconfig, device_map={"": "cpu"})
+except Exception:
+    pass
+def status(key):  # the kernel's counters: the true peak (VmHWM), no sampling
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+gc.collect()
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS
+base = status("VmRSS")
+out = {}
+t0 = time.perf_counter()
+try:
+    model = load_and_quantize_model(model, qconfig, weights_location=ckpt, device_map={"": "cpu"})
+except Exception as exc:
+    out["error"] = error(exc)
+else:
+    out["load_s"] = time.perf_counter() - t0
+    out["model_bytes"] = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+out["peak_rss_delta"] = status("VmHWM") - base
+print(json.dumps(out))
+"""
+
+
+def _quantized_load_rows(quick: bool, workdir: str) -> list[dict]:
+    """load_and_quantize_model onto the CPU: time and peak RSS growth, accel_nb beside the reference."""
+    try:
+        import bitsandbytes  # noqa: F401
+        import transformers
+    except Exception:  # noqa: BLE001
+        return [
+            _row("quantized load onto the CPU", None, None, "s", "skipped: no bitsandbytes or transformers")
+        ]
+    import torch
+
+    width, layers = (512, 4) if quick else (1024, 8)
+    config = transformers.LlamaConfig(
+        vocab_size=8192,
+        hidden_size=width,
+        intermediate_size=width * 11 // 4,
+        num_hidden_layers=layers,
+        num_attention_heads=width // 64,
+        num_key_value_heads=width // 64,
+    )
+    ckpt = os.path.join(workdir, "quant_load_ckpt")
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(ckpt, max_shard_size="64MB")
+    shards = [os.path.join(ckpt, f) for f in os.listdir(ckpt) if f.endswith(".safetensors")]
+    largest, total = max(map(os.path.getsize, shards)), sum(map(os.path.getsize, shards))
+    libs = ["accel_nb"] + (["accelerate"] if _has_accelerate() else [])
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=ROOT)
+    rows = []
+    for kind in ("int8", "nf4"):
+        runs: dict[str, list[dict]] = {lib: [] for lib in libs}
+        for _ in range(2 if quick else 3):  # interleaved: both see the same page cache
+            for lib in libs:
+                res = subprocess.run(
+                    [sys.executable, "-c", QUANT_WORKER, lib, ckpt, kind],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=900,
+                )
+                lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+                if res.returncode != 0 or not lines:
+                    raise RuntimeError(f"quantized load worker ({lib}, {kind}) failed:\n{res.stderr[-3000:]}")
+                runs[lib].append(json.loads(lines[-1]))
+        ours = runs["accel_nb"]
+        if any("error" in r for r in ours):
+            raise RuntimeError(f"accel_nb's {kind} load failed: {ours[0].get('error')}")
+        theirs = [r for r in runs.get("accelerate", []) if "error" not in r]
+        failed = next((r["error"] for r in runs.get("accelerate", []) if "error" in r), None)
+        refnote = (
+            f"; the reference failed on the CPU: {failed}"
+            if failed
+            else ("" if theirs else "; reference not installed")
+        )
+        quantized = ours[0]["model_bytes"]
+        shape = (
+            f"Llama-style {layers} layers x {width}, float32 checkpoint of {total / 2**20:.0f} MiB in "
+            f"{len(shards)} shards, device_map {{'': 'cpu'}}, {len(ours)} runs each (median)"
+        )
+        rows.append(
+            _row(
+                f"{kind} load_and_quantize_model onto the CPU: time",
+                statistics.median(r["load_s"] for r in ours),
+                statistics.median(r["load_s"] for r in theirs) if theirs else None,
+                "s",
+                shape + refnote,
+            )
+        )
+        rows.append(
+            _row(
+                f"{kind} load_and_quantize_model onto the CPU: peak RSS growth",
+                statistics.median(r["peak_rss_delta"] for r in ours) / 2**20,
+                statistics.median(r["peak_rss_delta"] for r in theirs) / 2**20 if theirs else None,
+                "MiB",
+                "bitsandbytes' one-time setup excluded (one small layer quantized first); kernel peak (VmHWM); "
+                f"quantized model {quantized / 2**20:.0f} MiB, largest shard {largest / 2**20:.0f} MiB: "
+                f"bound (shard + model) x 1.3 = {(largest + quantized) * 1.3 / 2**20:.0f} MiB" + refnote,
+            )
+        )
+    return rows
+
+
 def run(quick: bool = False) -> list[dict]:
     workdir = tempfile.mkdtemp(prefix="accel_nb_bench_big_")
     try:
         rows = _cpu_rows(quick, workdir)
         rows += _quantized_offload_rows(workdir)
+        rows += _quantized_load_rows(quick, workdir)
         import torch
 
         if torch.cuda.is_available():
