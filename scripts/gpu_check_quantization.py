@@ -18,6 +18,12 @@ rest on GPU 0; the offloaded quantized layers are streamed to the GPU in their q
 figures: logits compared with the same NF4 model loaded whole onto the GPU (expected equal), greedy
 tokens the same, bytes streamed per generated token and tokens/s, against the float16 model
 offloaded with the same map (load_checkpoint_and_dispatch).
+
+Not run by default (GPU_CHECK_QUANT_PARTS=offload_diag): where the NF4 offload's time goes, at
+1024 width. Blocks 4-7 all on "cpu", then all on "disk", NF4 and float16; the disk variants again
+with a 0.1 ms GIL switch interval (the engine reads disk units on a worker thread, which needs the
+GIL between its copies while the main thread launches kernels); and the synchronizing CUDA calls per
+generated token (torch.cuda.set_sync_debug_mode), NF4 offloaded vs NF4 whole on the GPU.
 """
 
 from __future__ import annotations
@@ -276,6 +282,92 @@ def _offload(
     }
 
 
+def _offload_diag(folder: str, device: str = "cuda:0", new_tokens: int = 16) -> dict:  # pragma: no cover
+    """Tokens/s of NF4 and float16 with blocks 4-7 all on "cpu" or all on "disk" (disk again with a
+    0.1 ms GIL switch interval), and synchronizing CUDA calls per generated token."""
+    import time
+    import warnings
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from accel_nb import init_empty_weights, load_checkpoint_and_dispatch
+    from accel_nb.utils import BnbQuantizationConfig, load_and_quantize_model
+
+    cuda = device.startswith("cuda")
+    gpu = 0 if cuda else "cpu"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    prompt = _ids()[:1, :16].to(device)
+
+    def empty():
+        with init_empty_weights():
+            return LlamaForCausalLM(_config()).eval()
+
+    def device_map(where):
+        dmap = {"model.embed_tokens": gpu, "model.rotary_emb": gpu, "model.norm": gpu, "lm_head": gpu}
+        dmap.update({f"model.layers.{i}": where if i >= 4 else gpu for i in range(8)})
+        return dmap
+
+    def load(kind, where, off):
+        if kind == "fp16":
+            return load_checkpoint_and_dispatch(
+                empty(), folder, device_map=device_map(where), offload_folder=off, dtype=torch.float16
+            )
+        config = BnbQuantizationConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=torch.float16,
+            torch_dtype=torch.float16,
+        )
+        return load_and_quantize_model(
+            empty(), config, weights_location=folder, device_map=device_map(where), offload_folder=off
+        )
+
+    def rate(model):
+        with torch.no_grad():
+            model.generate(prompt, max_new_tokens=2, do_sample=False)  # warm-up
+            sync()
+            start = time.perf_counter()
+            model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+            sync()
+        return new_tokens / (time.perf_counter() - start)
+
+    def syncs_per_token(model):
+        if not cuda:
+            return None
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                model.generate(prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught) / 4
+
+    out: dict = {}
+    default_switch = sys.getswitchinterval()
+    for where in ("cpu", "disk"):
+        for kind in ("nf4", "fp16"):
+            for switch in (None, 1e-4) if where == "disk" else (None,):
+                with tempfile.TemporaryDirectory() as off:
+                    model = load(kind, where, off)
+                    if switch:
+                        sys.setswitchinterval(switch)
+                    try:
+                        tokens_per_s = rate(model)
+                    finally:
+                        sys.setswitchinterval(default_switch)
+                    key = f"{kind}_{where}" + ("_switch" if switch else "")
+                    out[key] = {
+                        "tokens_per_s": tokens_per_s,
+                        "syncs_per_token": None if switch else syncs_per_token(model),
+                    }
+                    del model
+    whole = load("nf4", gpu, None)
+    out["nf4_whole"] = {"tokens_per_s": rate(whole), "syncs_per_token": syncs_per_token(whole)}
+    return out
+
+
 def _child(code: str, timeout: int = 240) -> dict:
     res = subprocess.run(
         [
@@ -418,6 +510,32 @@ def rows(data: dict) -> list[dict]:
                     note,
                 )
             )
+    diag = data.get("offload_diag")
+    if diag is not None and "error" in diag:
+        last = diag["error"].strip().splitlines()[-1][:200] if diag["error"].strip() else "no output"
+        out.append(_plain("nf4 offload diagnosis, width 1024", None, None, "tokens/s", "FAILED: " + last))
+    elif diag is not None:
+        for key, r in diag.items():
+            kind, _, rest = key.partition("_")
+            where = {"whole": "the whole model on the GPU"}.get(
+                rest, "blocks 4-7 on " + rest.replace("_switch", "")
+            )
+            note = "Llama-style 8 layers x 1024; offload_diag part"
+            if rest.endswith("_switch"):
+                note += "; sys.setswitchinterval(1e-4) while generating"
+            if r.get("syncs_per_token") is not None:
+                note += f"; {r['syncs_per_token']:.1f} synchronizing CUDA calls per token"
+            out.append(
+                _plain(
+                    f"offload diagnosis: {kind}, {where}"
+                    + (", GIL switch 0.1 ms" if rest.endswith("_switch") else "")
+                    + ": tokens/s",
+                    r["tokens_per_s"],
+                    None,
+                    "tokens/s",
+                    note,
+                )
+            )
     return out
 
 
@@ -437,7 +555,8 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    # GPU_CHECK_QUANT_PARTS: a comma list of bnb,torchao,offload,offload_big to run only those (default: all)
+    # GPU_CHECK_QUANT_PARTS: a comma list of bnb,torchao,offload,offload_big,offload_diag to run only
+    # those (default: all but offload_diag)
     parts = set((os.environ.get("GPU_CHECK_QUANT_PARTS") or "bnb,torchao,offload,offload_big").split(","))
     data: dict = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -460,6 +579,8 @@ def main(argv: list[str]) -> int:
                 data[f"torchao_{weight}"] = _child(f"q._torchao({weight!r}, {folder!r})")
             if "offload" in parts:
                 data["offload_nf4"] = _child(f"q._offload({folder!r})", timeout=420)
+            if "offload_diag" in parts:
+                data["offload_diag"] = _child(f"q._offload_diag({folder!r})", timeout=420)
     if "offload_big" in parts:
         with tempfile.TemporaryDirectory() as big:
             saved = _child(f"(q._save({big!r}, big=True) or {{}})")
@@ -475,6 +596,7 @@ def main(argv: list[str]) -> int:
         and all("error" not in data.get(f"accel_nb_{m}", {}) for m in MODES)
         and "error" not in data.get("offload_nf4", {})
         and "error" not in data.get("offload_nf4_big", {})
+        and "error" not in data.get("offload_diag", {})
         and all("error" not in data.get(f"torchao_{w}", {}) for w in ("int8", "int4"))
         else 1
     )
