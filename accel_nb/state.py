@@ -1,8 +1,8 @@
-"""Process topology and shared training state.
+"""The shared state of a run's processes: ``PartialState``, ``AcceleratorState``, ``GradientState``.
 
 ``PartialState`` reads the topology that torchrun (or accel_nb's launcher) puts in the
 environment -- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``,
-``MASTER_PORT`` -- and joins the process group (nccl on CUDA, gloo on CPU). Every instance
+``MASTER_PORT``, read by ``topology.read_topology`` -- and joins the process group (nccl on CUDA, gloo on CPU). Every instance
 shares one state, so it is cheap to create anywhere:
 
     state = PartialState()
@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-import math
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -30,9 +28,7 @@ from .env_names import (  # the launcher's variables (the reference's spellings 
     ENV_DEEPSPEED_CONFIG,
     ENV_FORKED,
     ENV_MIXED_PRECISION,
-    ENV_TORCH_DEVICE,
     ENV_USE_CPU,
-    REFERENCE_NAMES,
     REFERENCE_USE_DEEPSPEED,
 )
 from .precision.setting import MIXED_PRECISION_CHOICES, check_xla_mixed_precision, validate_mixed_precision
@@ -43,6 +39,8 @@ from .process_group import (
     set_group_timeout,
     timeout_seconds,
 )
+from .splitting import split_for_process
+from .topology import TopologyError, env_flag, env_value, read_topology, requested_device
 from .xla import runtime as xla_runtime
 
 # keywords of PartialState beyond ``cpu``: the process-group options it honours
@@ -60,18 +58,6 @@ __all__ = [
     "split_for_process",
     "read_topology",
 ]
-
-
-def env_value(name: str, default: str | None = None) -> str | None:
-    """Read an accel_nb variable, falling back to the reference library's spelling of it."""
-    value = os.environ.get(name)
-    if value is None and name in REFERENCE_NAMES:
-        value = os.environ.get(REFERENCE_NAMES[name])
-    return default if value is None or value == "" else value
-
-
-def env_flag(name: str) -> bool:
-    return str(env_value(name, "0")).strip().lower() in ("1", "true", "yes", "on")
 
 
 class DistributedType(str, enum.Enum):
@@ -97,86 +83,8 @@ class DistributedType(str, enum.Enum):
     MULTI_NEURON = "MULTI_NEURON"
 
 
-class TopologyError(ValueError):
-    """The launch environment describes an impossible topology (e.g. RANK >= WORLD_SIZE)."""
-
-
-def _int_env(name: str, default: int | None) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise TopologyError(
-            f"{name}={raw!r} is not an integer; the launcher must set it to a whole number"
-        ) from None
-
-
-def read_topology() -> dict[str, Any]:
-    """The topology the environment describes, validated. Raises ``TopologyError`` when it disagrees."""
-    world_size = _int_env("WORLD_SIZE", 1)
-    rank = _int_env("RANK", 0)
-    local_rank = _int_env("LOCAL_RANK", None)
-    local_world_size = _int_env("LOCAL_WORLD_SIZE", None)
-    if world_size < 1:
-        raise TopologyError(f"WORLD_SIZE={world_size} must be at least 1")
-    if not 0 <= rank < world_size:
-        raise TopologyError(
-            f"RANK={rank} does not fit WORLD_SIZE={world_size}: ranks go from 0 to {world_size - 1}. "
-            "Set RANK and WORLD_SIZE from the same launch (torchrun, accel-nb launch or notebook_launcher)."
-        )
-    if local_rank is None:
-        local_rank = rank if world_size > 1 and local_world_size in (None, world_size) else 0
-    if local_world_size is None:
-        local_world_size = world_size if "LOCAL_RANK" not in os.environ else max(local_rank + 1, 1)
-    if not 0 <= local_rank < max(local_world_size, 1):
-        raise TopologyError(
-            f"LOCAL_RANK={local_rank} does not fit LOCAL_WORLD_SIZE={local_world_size}: "
-            f"local ranks go from 0 to {local_world_size - 1}."
-        )
-    if local_world_size > world_size:
-        raise TopologyError(f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}")
-    topo = {
-        "world_size": world_size,
-        "rank": rank,
-        "local_rank": local_rank,
-        "local_world_size": local_world_size,
-        "master_addr": os.environ.get("MASTER_ADDR"),
-        "master_port": _int_env("MASTER_PORT", None),
-    }
-    if world_size > 1 and (not topo["master_addr"] or topo["master_port"] is None):
-        raise TopologyError(
-            f"WORLD_SIZE={world_size} but MASTER_ADDR/MASTER_PORT are not set: every rank needs the "
-            "address of rank 0. Launch with notebook_launcher, accel-nb launch or torchrun, which set them."
-        )
-    return topo
-
-
 def _cuda_usable(cpu: bool) -> bool:
     return not cpu and torch.cuda.is_available()
-
-
-def _requested_device(cpu: bool) -> torch.device | None:
-    """The device named by ``ACCEL_NB_TORCH_DEVICE`` (or the reference's ``ACCELERATE_TORCH_DEVICE``).
-
-    As in the reference, the named device is used as given (no ``torch.cuda.set_device``); the
-    backend follows its type (nccl for a CUDA device, gloo otherwise).
-    """
-    value = env_value(ENV_TORCH_DEVICE)
-    if value is None:
-        return None
-    name = ENV_TORCH_DEVICE if os.environ.get(ENV_TORCH_DEVICE) else REFERENCE_NAMES[ENV_TORCH_DEVICE]
-    try:
-        device = torch.device(value)
-    except RuntimeError as exc:
-        raise ValueError(
-            f"{name}={value!r} is not a torch device ({exc}); set it to e.g. 'cpu', 'cuda' or 'cuda:1', or unset it"
-        ) from None
-    if device.type == "cuda" and (cpu or not torch.cuda.is_available()):
-        why = "cpu=True was given" if cpu else "CUDA is not available on this machine"
-        raise ValueError(f"{name}={value!r} names a CUDA device but {why}; unset {name} or set it to 'cpu'")
-    return device
 
 
 def _choose_state_scope(owner: Any, cpu: bool) -> bool:
@@ -232,7 +140,7 @@ class PartialState:
         self.local_process_index: int = topo["local_rank"]
         self.num_local_processes: int = topo["local_world_size"]
         self._owns_group = False
-        requested = _requested_device(cpu)
+        requested = requested_device(cpu)
         if requested is not None:
             use_cuda = requested.type == "cuda"
             self.device = requested
@@ -461,53 +369,6 @@ class PartialState:
     def _reset_state(cls) -> None:
         """Forget the shared state (tests and warm workers between launches)."""
         cls._shared_state.clear()
-
-
-def _share(n: int, index: int, parts: int) -> tuple[int, int]:
-    """(start, stop) of part ``index`` when ``n`` items are split into ``parts`` contiguous parts."""
-    base, extra = divmod(n, parts)
-    start = index * base + min(index, extra)
-    return start, start + base + (1 if index < extra else 0)
-
-
-def split_for_process(inputs: Any, index: int, parts: int, apply_padding: bool = False) -> Any:
-    """Pure function behind ``split_between_processes``."""
-    if parts == 1:
-        return inputs
-    datasets = sys.modules.get("datasets")  # a datasets.Dataset can only exist once datasets is imported
-    if datasets is not None and isinstance(inputs, getattr(datasets, "Dataset", ())):
-        n = len(inputs)
-        start, stop = _share(n, index, parts)
-        rows = list(range(start, stop))
-        if apply_padding and n:
-            rows += [n - 1] * (math.ceil(n / parts) - len(rows))
-        return inputs.select(rows)  # a Dataset again, as in the reference library
-    if isinstance(inputs, dict):
-        lengths = {k: len(v) for k, v in inputs.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(
-                f"split_between_processes needs every value of the dict to have the same length, got {lengths}"
-            )
-        return {k: split_for_process(v, index, parts, apply_padding) for k, v in inputs.items()}
-    if not hasattr(inputs, "__len__") or not hasattr(inputs, "__getitem__"):
-        raise TypeError(
-            f"split_between_processes takes a list, tuple, tensor or dict of those, not {type(inputs).__name__}"
-        )
-    n = len(inputs)
-    start, stop = _share(n, index, parts)
-    part = inputs[start:stop]
-    if apply_padding:
-        longest = math.ceil(n / parts)
-        missing = longest - (stop - start)
-        if missing > 0 and n > 0:
-            last = inputs[-1:] if stop - start == 0 else part[-1:]
-            if isinstance(part, torch.Tensor):
-                part = torch.cat([part] + [last] * missing)
-            elif isinstance(part, tuple):
-                part = part + tuple(last) * missing
-            else:
-                part = list(part) + list(last) * missing
-    return part
 
 
 class AcceleratorState(PartialState):

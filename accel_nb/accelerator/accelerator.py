@@ -39,8 +39,8 @@ from ..state import (
     DistributedType,
     GradientState,
     PartialState,
-    env_value,
 )
+from ..topology import env_value
 from ..tracking import resolve_log_with
 from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
 from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler

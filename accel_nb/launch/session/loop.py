@@ -321,7 +321,8 @@ class Regroup(SessionCommand):
 
     def run(self, rank: int) -> Any:
         from ...process_group import rebind_ddp_models, rejoin_process_group, stale_group_holders
-        from ...state import PartialState, read_topology
+        from ...state import PartialState
+        from ...topology import read_topology
 
         state = PartialState._shared_state
         if not state.get("initialized") or not state.get("backend"):
