@@ -1,5 +1,7 @@
 """Interactive sessions: ranks kept alive across commands, each command supervised until every rank answered.
 
 ``warm_session`` (``WarmSession``: the parent side's lifecycle), ``cell_supervisor`` (one command's
-supervision), ``loop`` (``SessionLoop``: the rank side, running commands in one namespace).
+supervision), ``cell_report`` (what the user is told when a cell fails, hangs or is interrupted, and
+about a re-formed process group), ``loop`` (``SessionLoop``: the rank side, running commands in one
+namespace).
 """

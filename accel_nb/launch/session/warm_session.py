@@ -30,16 +30,15 @@ from typing import Any
 from ...env_names import ENV_KEEP_LOGS
 from ...events import Failure, FailureKind, Heartbeat, Phase, Reporter, Result, Role
 from .. import cuda_guard, preimport
-from ..errors import LaunchError, RankFailure, UserFramesOnly
-from ..failures import first_failure
+from ..errors import LaunchError, UserFramesOnly
 from ..options import LaunchOptions
-from ..parent.hang_blame import blame_stacks, collective_of
 from ..parent.reporting import ListReporter, TextReporter
 from ..parent.run import finish_reporter, start_reporter
 from ..parent.start import RankProcess, start_ranks
 from ..parent.supervisor import STARTUP_GRACE_S, Supervisor
 from ..plan import LaunchPlan, make_plan
 from ..ports import pick_free_port
+from .cell_report import cell_error, interrupted_note, per_object, stale_sentence, stuck_sentence
 from .cell_supervisor import CellOutcome, CellSupervisor
 from .loop import (
     BreakGroup,
@@ -291,6 +290,15 @@ class WarmSession:
             for p in self.procs
         ]
 
+    def _health(self) -> dict[str, Any]:
+        """What the words about a cell's end depend on: a broken session or group, re-bound and stale objects."""
+        return {
+            "broken": self.broken,
+            "group_broken": self.group_broken,
+            "rebound": self.rebound,
+            "stale": self.stale,
+        }
+
     def describe(self) -> str:
         """A one-line state of the whole session (running, broken, group broken)."""
         if not self.running:
@@ -303,7 +311,7 @@ class WarmSession:
             return f"{head}: process group broken: {self.group_broken}; pull what you need, then restart"
         said = f"{head}: {self.cell} cell{'s' if self.cell != 1 else ''} run"
         if self.rebound:
-            said += "; re-bound to the re-formed process group: " + _per_object(self.rebound)
+            said += "; re-bound to the re-formed process group: " + per_object(self.rebound)
         return f"{said}; {stale_sentence(self.stale)}" if self.stale else said
 
     # -- one command --------------------------------------------------------------------------------
@@ -382,13 +390,13 @@ class WarmSession:
             except KeyboardInterrupt:
                 self._after(supervisor.outcome, cell)
                 recovered = self._recover_group()
-                note = f"{cell} interrupted: " + self._interrupted_note(supervisor.outcome, recovered)
+                note = f"{cell} interrupted: " + interrupted_note(recovered, **self._health())
                 finish_reporter(reporter, False, note)
                 raise CellInterrupt(note) from None
             self._after(outcome, cell)
             recovered = self._recover_group()
             if outcome.failures or outcome.hung_after is not None:
-                error = self._error(outcome, cell, recovered)
+                error = cell_error(outcome, cell, recovered, **self._health())
                 finish_reporter(
                     reporter, False, error.failures[0].summary() if error.failures else error.headline
                 )
@@ -451,7 +459,7 @@ class WarmSession:
         if dead and not self.broken:
             self.broken = dead[0].summary()
         if outcome.group_broken and not self.group_broken:
-            self.group_broken = f"in {cell}, " + _stuck_sentence(outcome)
+            self.group_broken = f"in {cell}, " + stuck_sentence(outcome)
 
     def _recover_group(self) -> str | None:
         """A group broken under live ranks is replaced (a new store on a new port, a new group; namespaces kept).
@@ -505,53 +513,6 @@ class WarmSession:
         )
         return None
 
-    def _regrouped_sentence(self, recovered: str) -> str:
-        said = (
-            f"the process group was broken ({recovered}) and a fresh one was formed on the same workers: "
-            "their namespaces are kept and collectives work again"
-        )
-        if self.rebound:
-            said += "; " + _per_object(self.rebound) + " now synchronise over the new group (re-bound)"
-        return f"{said}; {stale_sentence(self.stale)}" if self.stale else said
-
-    def _interrupted_note(self, outcome: CellOutcome, recovered: str | None = None) -> str:
-        if self.broken:
-            return f"a rank had to be killed, the session is broken ({self.broken}); restart it"
-        if self.group_broken:
-            return f"the process group is broken ({self.group_broken}); restart it"
-        if recovered:
-            return self._regrouped_sentence(recovered)
-        return "every rank stopped the cell; the session is still usable"
-
-    def _error(self, outcome: CellOutcome, cell: str, recovered: str | None = None) -> LaunchError:
-        failures = list(outcome.failures.values())
-        stopped = [r for r in outcome.stopped if r not in outcome.failures]
-        first = first_failure(failures)
-        if first is None:  # the hang watchdog ended it
-            blame = blame_stacks(outcome.stuck_stacks, stopped or None) if outcome.stuck_stacks else None
-            said = f"; {blame.sentence()}" if blame is not None and blame.sentence() else ""
-            what = f"{cell} hung: no rank made progress for {outcome.hung_after:.0f} s{said}; each rank was interrupted"
-            failures = [
-                RankFailure(r, None, "interrupted by the hang watchdog", kind=FailureKind.HANG)
-                for r in stopped
-            ]
-        else:
-            what = f"{cell}: " + first.summary(first=True)
-        if self.broken:
-            then = f"the session is broken ({self.broken}): restart it"
-        elif self.group_broken:
-            then = f"the process group is broken ({self.group_broken}): pull what you need, then restart the session"
-        elif recovered:
-            then = self._regrouped_sentence(recovered) + "; fix the cell and run it again"
-        else:
-            then = "the workers are alive and their namespaces intact: fix the cell and run it again"
-        if outcome.stuck_stacks:
-            where = "; ".join(
-                f"rank {r} was at: {_last_user_line(t)}" for r, t in sorted(outcome.stuck_stacks.items())
-            )
-            then = f"{where}. {then}"
-        return LaunchError(failures, headline=f"{what}\n{then}", stopped=stopped)
-
 
 class CellInterrupt(UserFramesOnly, KeyboardInterrupt):
     """A session command the user stopped: a ``KeyboardInterrupt`` that IPython shows without accel_nb's frames."""
@@ -559,53 +520,3 @@ class CellInterrupt(UserFramesOnly, KeyboardInterrupt):
 
 # the notebook names it as what it is: a KeyboardInterrupt (``except KeyboardInterrupt`` catches it too)
 CellInterrupt.__name__ = CellInterrupt.__qualname__ = "KeyboardInterrupt"
-
-
-def _per_object(per_rank: dict[int, list[str]]) -> str:
-    """``{0: ["model (X)"], 1: ["model (X)"]}`` -> ``"model (X) on ranks 0,1"``."""
-    ranks_of: dict[str, list[int]] = {}
-    for rank, items in sorted(per_rank.items()):
-        for item in items:
-            ranks_of.setdefault(item, []).append(rank)
-    return "; ".join(
-        f"{item} on rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}"
-        for item, rs in ranks_of.items()
-    )
-
-
-def stale_sentence(stale: dict[int, list[str]]) -> str:
-    """What still holds a replaced process group, per object with its ranks, and what to do about it."""
-    return (
-        "still bound to the old process group (it would fail or hang): "
-        + _per_object(stale)
-        + ". Build them again and prepare them (e.g. a new model loaded from your last checkpoint, then its "
-        "optimizer)"
-    )
-
-
-def _stuck_sentence(outcome: CellOutcome) -> str:
-    """Which ranks did not stop at the interrupt, and in what: from their stacks, not all that ran."""
-    stuck = outcome.stuck or sorted(outcome.stuck_stacks)
-    if not stuck:
-        return "a rank did not stop at the interrupt and the group was closed under it"
-    collectives = {r: collective_of(outcome.stuck_stacks.get(r, "")) for r in stuck}
-    # the ones blocked in a collective; a rank merely slow to answer is not named
-    if any(collectives.values()):
-        stuck = [r for r in stuck if collectives[r]]
-    parts = [f"rank {r}" + (f" (in {collectives[r]})" if collectives[r] else "") for r in stuck]
-    verb = "was" if len(stuck) == 1 else "were"
-    return (
-        f"{' and '.join(parts)} did not stop at the interrupt and {verb} freed by closing the process group"
-    )
-
-
-def _last_user_line(stacks: str) -> str:
-    """Where the main thread is, from faulthandler's text: its innermost frame outside installed packages."""
-    blocks = [b for b in stacks.split("\n\n") if "File " in b]
-    main = next((b for b in blocks if "Current thread" in b), blocks[0] if blocks else "")
-    frames = [ln.strip() for ln in main.splitlines() if ln.strip().startswith("File ")]
-    if not frames:
-        return "(no stack)"
-    inside = [f for f in frames if "site-packages" not in f and "/lib/python" not in f]
-    where = inside[0] if inside else frames[0]
-    return where if where == frames[0] else f"{where} (inside {frames[0].rsplit(' in ', 1)[-1]})"
