@@ -21,7 +21,6 @@ the bars (``metric_chart``), with the final picture kept in the output as ``imag
 from __future__ import annotations
 
 import dataclasses
-import html
 import sys
 import threading
 import time
@@ -33,27 +32,14 @@ from ..launch.options import parse_show_ranks
 from ..launch.parent.launch_progress import QUIET_AFTER, LaunchProgress
 from ..launch.parent.output_lines import OutputRelay
 from ..launch.parent.reporting import TextReporter
-from ..progress_format import format_duration, format_metrics, format_rate, one_line, plural
+from ..progress_format import format_duration, one_line, plural
 from .kernel_restart import GONE_CSS, GONE_NOTE, LIVE_VIEWS, live_or_gone, watch_kernel_shutdown
 from .metric_chart import MetricChart
+from .progress_html import STATUS_STYLE, esc, info_html, label_html, pane_html, status_html, title_html
 from .widget_compat import get_titles, set_titles, view_bundle
 
-STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
-    "starting": ("", "#757575"),
-    "running": ("info", "#1565c0"),
-    "stalled": ("warning", "#ef6c00"),
-    "done": ("success", "#2e7d32"),
-    "failed": ("danger", "#c62828"),
-    "stopped": ("warning", "#6d4c41"),
-    "ready (idle)": ("info", "#1565c0"),  # a session's workers: alive, waiting for the next cell
-}
-PANE_LINES = 200  # lines of each rank's log shown in its pane
 PANE_INTERVAL = 1.0  # seconds between two refreshes of a log pane (the cell gets the lines at once)
 LABEL_PX = 60  # the width of the "rank N" column (wider once a rank shows its role)
-
-
-def _esc(text: Any) -> str:
-    return html.escape(str(text), quote=False)
 
 
 class WidgetReporter(ev.Reporter):
@@ -263,25 +249,12 @@ class WidgetReporter(ev.Reporter):
         self.rows[rank] = W.HBox([label, self.bars[rank], self.statuses[rank], self.infos[rank]])
         return self.rows[rank]
 
-    def _label_html(self, rank: int) -> str:
-        """``rank 3`` in bold, and under it the role the rank told (``dp 1 · tp 1``), small and grey."""
-        role = self.state.ranks[rank].role_text()
-        head = f"<b>rank {rank}</b>"
-        if not role:
-            return head
-        # one block of two tight lines: the widget's own 28 px line height left the role as far from its
-        # rank as from the next row's
-        return (
-            f"<div style='line-height:1.3;padding-top:3px'>{head}<br><span style='font-size:11px;color:#616161;"
-            f"white-space:nowrap' title='this rank&#39;s place in the parallel layout'>{_esc(role)}</span></div>"
-        )
-
     def _sync_labels(self) -> None:
         """Show the roles that came in; widen every label alike so the rows stay lined up."""
         changed = False
         for r, label in self.labels.items():
             if r in self.state.ranks:
-                value = self._label_html(r)
+                value = label_html(r, self.state.ranks[r].role_text())
                 if self._shown_labels.get(r) != value:
                     label.value = self._shown_labels[r] = value
                     changed = True
@@ -317,87 +290,19 @@ class WidgetReporter(ev.Reporter):
             self._display_handle = None
             self._fall_back("render", exc)
 
-    # -- rendering -----------------------------------------------------------------------------
+    # -- rendering (progress_html) -------------------------------------------------------------
     def _title_html(self) -> str:
-        bits = ["<b>accel_nb launch</b>"]
-        for key in ("title", "desc"):
-            if self.info.get(key):
-                bits.append(_esc(self.info[key]))
-        bits.append(plural(self.num_processes, "process"))
-        for key in ("launch_id", "start_method"):  # log_dir: shown with a failure (kept only then)
-            if self.info.get(key):
-                bits.append(f"{key.replace('_', ' ')}: <code>{_esc(self.info[key])}</code>")
-        return " &middot; ".join(bits)
+        return title_html(self.info, self.num_processes)
 
     def _pane_html(self, rank: int) -> str:
-        v = self.state.ranks.get(rank)
-        if v is None or not v.logs:
-            return f"<i style='color:#757575'>{'no output' if self._finished else 'no output yet'}</i>"
-        lines = list(v.logs)[-PANE_LINES:]
-        out = []
-        for stream, line in lines:
-            text = _esc(line)
-            if stream == "stderr":
-                text = f"<span style='color:#b71c1c'>{text}</span>"
-            elif stream == "stacks":
-                text = f"<span style='color:#6d4c41'>{text}</span>"
-            out.append(text)
-        if v.dropped:  # one running note per rank, however long the flood
-            out.append(
-                f"<i style='color:#ef6c00'>[{plural(v.dropped, 'line')} dropped so far (too fast to show); "
-                "the launch's log files have them all]</i>"
-            )
-        skipped = v.log_count - len(lines)
-        head = (
-            f"<i style='color:#757575'>... {skipped} earlier lines (full log in the launch's log files)</i>\n"
-            if skipped > 0
-            else ""
-        )
-        return (
-            "<pre style='max-height:18em;overflow:auto;margin:0;font-size:12px;line-height:1.3'>"
-            + head
-            + "\n".join(out)
-            + "</pre>"
-        )
+        return pane_html(self.state.ranks.get(rank), self._finished)
 
     def _info_html(self, rank: int, now: float | None = None) -> str:
-        v = self.state.ranks[rank]
         now = self.state.clock(now)
-        bits = []
-        if v.seen_progress:
-            for other in v.open_loops():  # e.g. the epoch loop around the step loop drawn in the bar
-                bits.append(_esc(other))
-            name = v.desc or v.name
-            count = f"{v.n}/{v.total}" if v.total else f"{v.n} it"
-            bits.append(f"{_esc(name)} <b>{count}</b>" if name else f"<b>{count}</b>")
-            bits.append(format_rate(v.rate_now(now)))
-            if v.total and not (v.failed or v.finished or v.loop_done or self.state.ended):
-                bits.append(f"ETA {format_duration(v.eta(now))}")
-        quiet = v.quiet_note(now, min(QUIET_AFTER, self.stall_after))
-        if quiet:
-            bits.append(f"<span style='color:#ef6c00;font-weight:600'>{_esc(quiet)}</span>")
-        metrics = format_metrics(v.metrics)
-        if metrics:
-            bits.append(f"<code>{_esc(metrics)}</code>")
-        if v.logged:
-            bits.append(f"<code>{_esc(v.logged_text())}</code>")
-        if v.dropped:
-            bits.append(f"<i>{plural(v.dropped, 'output line')} dropped</i>")
-        return " &middot; ".join(bits)
+        return info_html(self.state.ranks[rank], now, self.stall_after, ended=self.state.ended)
 
     def _status_html(self, rank: int, status: str) -> str:
-        colour = STATUS_STYLE.get(status, ("", "#757575"))[1]
-        text = status
-        v = self.state.ranks[rank]
-        if status == "failed" and v.failure is not None:
-            text = f"failed: {describe(v.failure, form='label')}"
-        shown = f"<span style='color:{colour};font-weight:600;white-space:nowrap'>{_esc(text)}</span>"
-        if status in ("starting", "running", "stalled") or (
-            self.state.ended is None and status not in STATUS_STYLE
-        ):
-            gone = f"<span style='color:{STATUS_STYLE['stopped'][1]};font-weight:600;white-space:nowrap'>stopped (kernel gone)</span>"
-            return GONE_CSS + live_or_gone(shown, gone)
-        return shown
+        return status_html(self.state.ranks[rank], status, ended=self.state.ended)
 
     def _show_failures(self, final: bool = False) -> None:
         """The failing ranks' errors; live, with tracebacks. ``final``: the launcher raises its error
@@ -422,8 +327,8 @@ class WidgetReporter(ev.Reporter):
                 if v.failure
                 else f"rank {v.rank} failed"
             )
-            head = _esc(said)
-            body = _esc((v.traceback or "").rstrip())
+            head = esc(said)
+            body = esc((v.traceback or "").rstrip())
             if final:
                 where = " (its traceback is in the error below)" if v.traceback else ""
                 style = "color:#c62828" + (";font-weight:600" if i == 0 else "")
@@ -437,7 +342,7 @@ class WidgetReporter(ev.Reporter):
                 )
         if self.info.get("log_dir"):
             parts.append(
-                f"<div style='color:#616161'>full per-rank logs: <code>{_esc(self.info['log_dir'])}</code></div>"
+                f"<div style='color:#616161'>full per-rank logs: <code>{esc(self.info['log_dir'])}</code></div>"
             )
         self.failure_box.value = (
             "<div style='border-left:4px solid #c62828;padding-left:8px'>" + "".join(parts) + "</div>"
@@ -460,7 +365,7 @@ class WidgetReporter(ev.Reporter):
             text = text.rstrip(".") + ". Each rank's Python stack is in its output pane."
         self.failure_box.value = (
             "<div style='border-left:4px solid #6d4c41;padding-left:8px;color:#6d4c41;font-weight:600'>"
-            f"{_esc(text)}</div>"
+            f"{esc(text)}</div>"
         )
         self.failure_box.layout.display = None
 
@@ -489,9 +394,9 @@ class WidgetReporter(ev.Reporter):
                 bar.bar_style = STATUS_STYLE.get(status, ("info", ""))[0]
             self.statuses[r].value = self._status_html(r, status)
             self.infos[r].value = info
-        line = f"<span style='color:#424242'>{_esc(self._aggregate_line(now))}</span>"
+        line = f"<span style='color:#424242'>{esc(self._aggregate_line(now))}</span>"
         if self.state.ended is None and not self.session_stopped:
-            gone = f"<span style='color:#6d4c41;font-weight:600'>{_esc(GONE_NOTE)}</span>"
+            gone = f"<span style='color:#6d4c41;font-weight:600'>{esc(GONE_NOTE)}</span>"
             line = GONE_CSS + live_or_gone(line, gone)
         self.aggregate.value = line
         self._shown_elapsed = self._elapsed_text()
