@@ -14,6 +14,7 @@ rounding. ``accel-nb migrate --check`` over the renamed folder reports nothing t
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -138,7 +139,11 @@ def _launch(side: str, folder: str, script: str, args: list[str], *, recorded: b
         env["ACCELERATE_USE_CPU"] = "1"
         env["OFFLINE_EXIT_WITHOUT_TEARDOWN"] = "1"  # its exit deadlock on torch 2.13 (offline_sources.py)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        # each rank's stdout also to a file of its own: both ranks write to torchrun's one pipe with block
+        # buffering, so a flush of rank 1's (nlp_example.py prints on every rank) can land inside a line of
+        # rank 0's (CI saw "epoch 0: {...}" broken so); rank 0's file is what the main process printed
         cmd += ["--master_port", str(free_port())]
+        cmd += ["--log-dir", os.path.join(records, "torchrun"), "--tee", "1"]
     else:
         cmd = [sys.executable, "-m", "accel_nb.commands", "launch", "--cpu", "--num_processes", "2"]
         cmd += ["--main_process_port", str(free_port())]
@@ -162,6 +167,10 @@ def _launch(side: str, folder: str, script: str, args: list[str], *, recorded: b
         f"{side}: {script} {' '.join(args)} failed (exit {proc.returncode}):\n"
         f"{stdout[-3000:]}\n{stderr[-6000:]}"
     )
+    if side == "reference":
+        (rank0_stdout,) = glob.glob(os.path.join(records, "torchrun", "*", "attempt_0", "0", "stdout.log"))
+        with open(rank0_stdout) as f:
+            stdout = f.read()
     if not recorded:
         return {"lines": [_RANK_LABEL.sub("", line) for line in stdout.splitlines()]}
     ranks = {}
