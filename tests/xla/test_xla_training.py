@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -27,7 +28,11 @@ pytestmark = pytest.mark.slow
 def run_program(name: str, out_dir: str, devices: int, **env: str) -> list[dict]:
     """Run program ``name`` on ``devices`` XLA CPU devices; every device's JSON result, by rank."""
     full_env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
-    full_env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), PYTHONPATH=ROOT, **env)
+    # a crash (a signal, XLA's own abort) prints the stacks of every thread: torch_xla's process pool only
+    # says "terminated abruptly" (CI saw that once, with nothing else to go on)
+    full_env.update(
+        PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), PYTHONPATH=ROOT, PYTHONFAULTHANDLER="1", **env
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "tests.xla.xla_programs", name, str(out_dir)],
         cwd=ROOT,
@@ -36,16 +41,29 @@ def run_program(name: str, out_dir: str, devices: int, **env: str) -> list[dict]
         text=True,
         timeout=280,
     )
-    lines = (proc.stdout + proc.stderr).splitlines()
-    xla_abort = [line for line in lines[:-30] if "rendezvous.cc" in line]  # XLA's own abort (docs/tpu.md)
-    tail = "\n".join(xla_abort + lines[-30:])
-    assert proc.returncode == 0, f"{name} on {devices} XLA devices failed:\n{tail}"
+    assert proc.returncode == 0, (
+        f"{name} on {devices} XLA devices failed:\n{crash_report(proc.stdout + proc.stderr)}"
+    )
     prefix = (
         f"{name}_{env['XLA_TEST_PHASE']}"
         if "XLA_TEST_PHASE" in env
         else name + env.get("XLA_TEST_ACCUMULATION", "")
     )
     return [json.load(open(os.path.join(out_dir, f"{prefix}_rank{r}.json"))) for r in range(devices)]
+
+
+_CRASH = re.compile(
+    r"rendezvous\.cc|Fatal Python error|Check failed|terminate called|F\d{4} |Aborted|Segmentation"
+)
+
+
+def crash_report(output: str, context: int = 40) -> str:
+    """What a failed program printed that says why: the lines from the first crash sign on (XLA's own
+    abort, docs/tpu.md; a fatal signal's thread stacks), then the last 30 lines (the pool's traceback)."""
+    lines = output.splitlines()
+    first = next((i for i, line in enumerate(lines[:-30]) if _CRASH.search(line)), None)
+    crash = [] if first is None else [*lines[first : min(first + context, len(lines) - 30)], "[...]"]
+    return "\n".join(crash + lines[-30:])
 
 
 def assert_weights_close(a: dict, b: dict, atol: float = 1e-5) -> None:
