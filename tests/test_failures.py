@@ -55,3 +55,18 @@ def test_first_to_fail_is_the_first_recorded_and_leads_the_error():
     )
     again = pickle.loads(pickle.dumps(err))
     assert again.failures[0].kind is FailureKind.EXIT_CODE and again.failures[0].first
+
+
+def test_accel_nb_launch_words_torchrun_failures_with_the_same_model():
+    from accel_nb.launch.elastic.agent_failures import ended
+    from accel_nb.launch.failures import first_failure_line
+
+    assert first_failure_line(ended(1, 1), "ValueError: boom") == (
+        "rank 1 failed first: ValueError: boom (exited with code 1)"
+    )
+    assert first_failure_line(ended(0, -9), None).startswith(
+        "rank 0 failed first: was killed by SIGKILL (likely out of memory"
+    )
+    assert first_failure_line(ended(0, -6), "RuntimeError: x").startswith(
+        "rank 0 failed first: RuntimeError: x (then the process got SIGABRT (aborted by native code"
+    )

@@ -1,7 +1,8 @@
 """The failure model of a launch: how a rank failed (a ``FailureKind``), in words, and who failed first.
 
 Every reporter (text, widget), ``LaunchError`` and the session word a failure with :func:`describe`
-and learn who failed first from :class:`FirstToFail` / :func:`first_failure`, so a change of wording
+and learn who failed first from :class:`FirstToFail` / :func:`first_failure`; ``accel-nb launch``
+(torchrun's ranks) words its summary line with :func:`first_failure_line`. So a change of wording
 is made here once.
 
     describe(RankFailure(1, None, "the process ended abruptly", kind=FailureKind.EXIT_CODE, exit_code=3))
@@ -24,6 +25,7 @@ __all__ = [
     "FirstToFail",
     "describe",
     "first_failure",
+    "first_failure_line",
     "in_order",
     "lost_a_peer",
     "signal_cause",
@@ -133,6 +135,31 @@ def describe(
     if first:
         subject += " (first to fail)"
     return f"{subject} {verb}: {detail}" if subject else f"{verb}: {detail}"
+
+
+def process_end(failure: FailureLike, *, after_exception: bool = False) -> str:
+    """How a failed rank's process ended, as ``accel-nb launch`` says it after torchrun reported it.
+
+    ``exited with code 1``, ``was killed by SIGKILL (likely out of memory ...)``; after the rank's
+    own exception line (``after_exception``), a signal reads ``then the process got SIGKILL (...)``.
+    """
+    if failure.kind is FailureKind.SIGNAL and failure.signal is not None:
+        name, cause = signal_name(failure.signal), signal_cause(failure.signal)
+        return (
+            f"then the process got {name} ({cause})" if after_exception else f"was killed by {name} ({cause})"
+        )
+    return f"exited with code {failure.exit_code}"
+
+
+def first_failure_line(failure: FailureLike, exception_line: str | None) -> str:
+    """``accel-nb launch``'s line for the first failing rank: its last exception line (from its log), then how it ended.
+
+    first_failure_line(failure, "ValueError: boom")  # 'rank 1 failed first: ValueError: boom (exited with code 1)'
+    first_failure_line(killed, None)                 # 'rank 0 failed first: was killed by SIGKILL (likely ...)'
+    """
+    if exception_line:
+        return f"rank {failure.rank} failed first: {exception_line} ({process_end(failure, after_exception=True)})"
+    return f"rank {failure.rank} failed first: {process_end(failure)}"
 
 
 class FirstToFail:

@@ -1,7 +1,8 @@
 """What ``accel-nb launch`` says when ranks fail: the first real failure, its exception line, its log.
 
 torchrun's agent reports every failed rank; a rank that only saw a peer vanish (a broken
-connection, or the agent's SIGTERM) is a symptom, so it is listed after the cause.
+connection, or the agent's SIGTERM) is a symptom, so it is listed after the cause. How the first
+failure is worded comes from ``launch/failures.py``, as for every other launch.
 
     print(failure_summary(exc.failures, "train.py", log_dir))
 """
@@ -14,7 +15,8 @@ import re
 import signal
 from typing import Any
 
-from ..failures import signal_cause, signal_name
+from ..errors import RankFailure
+from ..failures import FailureKind, first_failure_line, signal_name
 
 __all__ = ["order_failures", "failure_summary"]
 
@@ -56,8 +58,18 @@ def _last_exception(log_path: str | None) -> str | None:
     return _exception_line(_log_tail(log_path))
 
 
-def _signal_text(code: int) -> str:
-    return f"was killed by {signal_name(-code)} ({signal_cause(-code)})"
+def ended(rank: int, exitcode: int) -> RankFailure:
+    """torchrun's record of a failed rank's exit (negative: killed by that signal) in the failure model."""
+    if exitcode < 0:
+        return RankFailure(
+            rank,
+            None,
+            f"killed by {signal_name(-exitcode)}",
+            exit_code=exitcode,
+            signal=-exitcode,
+            kind=FailureKind.SIGNAL,
+        )
+    return RankFailure(rank, None, "", exit_code=exitcode, kind=FailureKind.EXIT_CODE)
 
 
 _SYMPTOMS = (
@@ -93,12 +105,8 @@ def failure_summary(failures: dict[int, Any], script: str, log_dir: str) -> str:
     """A few lines: which rank failed first, how, the last exception line, and where its log is."""
     ordered = order_failures(failures, log_dir)
     rank, first = ordered[0]
-    how = f"exited with code {first.exitcode}" if first.exitcode >= 0 else _signal_text(first.exitcode)
     log = _rank_log(log_dir, first.local_rank)
-    exc = _last_exception(log)
-    if exc and first.exitcode < 0:
-        how = f"then the process {how.replace('was killed by', 'got')}"
-    lines = [f"{PROG} launch: rank {rank} failed first: {exc or how}" + (f" ({how})" if exc else "")]
+    lines = [f"{PROG} launch: " + first_failure_line(ended(rank, first.exitcode), _last_exception(log))]
     lines.append(f"  script: {script}")
     if log:
         lines.append(f"  its log: {log} (stdout.log next to it)")
