@@ -90,7 +90,7 @@ TYPICAL_IMPORTS = {
         "write_basic_config",
         "LoggerType",
     ],
-    ".tracking": ["GeneralTracker", "TensorBoardTracker", "MLflowTracker", "WandBTracker"],
+    ".tracking": ["GeneralTracker", "TensorBoardTracker", "MLflowTracker", "WandBTracker", "CometMLTracker"],
     ".logging": ["get_logger", "MultiProcessAdapter"],
     ".big_modeling": [
         "init_empty_weights",

@@ -134,6 +134,8 @@ def _launch(side: str, folder: str, script: str, args: list[str], *, recorded: b
         "WANDB_MODE": "offline",  # as the reference's CI runs its tracking example
         "MLFLOW_TRACKING_URI": "file://" + os.path.join(folder, "mlruns"),
         "MLFLOW_ALLOW_FILE_STORE": "true",
+        "COMET_START_ONLINE": "false",  # Comet's offline archive: no account, no network
+        "COMET_OFFLINE_DIRECTORY": os.path.join(folder, "comet"),
     }
     if side == "reference":  # its `launch --cpu` starts ONE process; its CI runs multi-CPU with torchrun
         env["ACCELERATE_USE_CPU"] = "1"
@@ -278,7 +280,7 @@ def test_renamed_example_gives_the_reference_results(folders, script):
     difference = _first_difference(ours[0], theirs[0])
     assert not difference, f"{script}: accel_nb differs from the reference at {difference}"
     if "--with_tracking" in args:
-        # log_with="all" picked TensorBoard, MLflow and W&B in both; W&B's offline run lands under project_dir
+        # log_with="all" picked TensorBoard, MLflow, W&B and Comet in both; W&B's offline run lands under project_dir
         # with accel_nb and in the working directory with the reference (docs/migration.md, tracker files)
         run_name = script.removesuffix(".py")  # the examples' init_trackers(run, ...)
         for side, folder in folders.items():
@@ -286,6 +288,8 @@ def test_renamed_example_gives_the_reference_results(folders, script):
             assert any(name.startswith("events.out.tfevents") for name in os.listdir(logs)), side
         assert os.path.isdir(os.path.join(folders["accel_nb"], "logs", "wandb", "latest-run"))
         assert os.path.isdir(os.path.join(folders["reference"], "wandb", "latest-run"))
+        for side, folder in folders.items():  # Comet's offline archive (COMET_OFFLINE_DIRECTORY above)
+            assert glob.glob(os.path.join(folder, "comet", "*.zip")), side
         logged = {side: _mlflow_metrics(folder, run_name) for side, folder in folders.items()}
         assert logged["reference"], f"the reference logged no metric to MLflow for {script}"
         difference = _first_difference(logged["accel_nb"], logged["reference"])

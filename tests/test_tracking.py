@@ -1,7 +1,7 @@
 """Experiment tracking with real trackers writing to a temporary directory (no network).
 
 Each test reads the run back with the tracker's own reader: TensorBoard's EventAccumulator,
-MLflow's client, W&B's offline record file.
+MLflow's client, W&B's offline record file, Comet's offline archive.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import warnings
+import zipfile
 
 import pytest
 import torch
@@ -206,6 +207,45 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     assert config["optim/name"] == "adam" and config["lr"] == pytest.approx(0.25)
 
 
+def test_comet_offline_archive_holds_the_metrics_config_and_text(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMET_OFFLINE_DIRECTORY", raising=False)
+    acc = Accelerator(cpu=True, log_with=LoggerType.COMETML, project_dir=str(tmp_path))
+    acc.init_trackers(
+        "demo", config={"lr": 0.25, "optim": {"name": "adam"}}, init_kwargs={"comet_ml": {"online": False}}
+    )
+    assert type(acc.get_tracker("comet_ml", unwrap=True)).__name__ == "OfflineExperiment"
+    for step in range(3):
+        acc.log({"loss": torch.tensor(1.0 / (step + 1)), "phase": "warmup"}, step=step)
+    acc.end_training()
+
+    (archive,) = glob.glob(str(tmp_path / "comet" / "*.zip"))  # under project_dir, as W&B's offline runs
+    with zipfile.ZipFile(archive) as z:
+        assert json.loads(z.read("experiment.json"))["project_name"] == "demo"
+        messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines() if line]
+    metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
+    loss = [(m["step"], round(m["metricValue"], 4)) for m in metrics if m["metricName"] == "loss"]
+    assert loss == [(0, 1.0), (1, 0.5), (2, 0.3333)]
+    params = {
+        m["payload"]["param"]["paramName"]: m["payload"]["param"]["paramValue"]
+        for m in messages
+        if m["type"] == "parameter_msg"
+    }
+    assert params["lr"] == 0.25 and params["optim/name"] == "adam"
+    others = {m["payload"]["key"]: m["payload"]["value"] for m in messages if m["type"] == "log_other"}
+    assert others["phase"] == "warmup"
+
+
+def test_comet_online_without_an_api_key_says_how_to_log_offline(tmp_path, monkeypatch):
+    for name in ("COMET_API_KEY", "COMET_START_ONLINE", "COMET_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.comet.config
+    acc = Accelerator(cpu=True, log_with="comet_ml")
+    with pytest.raises(
+        RuntimeError, match=r"COMET_API_KEY .* init_kwargs=\{'comet_ml': \{'online': False\}\}"
+    ):
+        acc.init_trackers("demo")
+
+
 def test_a_custom_tracker_gets_start_config_values_and_finish():
     mine = ListTracker()
     acc = Accelerator(cpu=True, log_with=[mine])
@@ -260,8 +300,8 @@ def test_all_means_every_installed_tracker_and_names_are_checked(tmp_path):
         Accelerator(cpu=True, log_with="tensorboard")
     with pytest.raises(ValueError, match="ships no aim tracker; wrap its client in a GeneralTracker"):
         Accelerator(cpu=True, log_with="aim")
-    with pytest.raises(ValueError, match="ships no comet_ml tracker"):
-        Accelerator(cpu=True, log_with=[LoggerType.COMETML])
+    with pytest.raises(ValueError, match="ships no clearml tracker"):
+        Accelerator(cpu=True, log_with=[LoggerType.CLEARML])
     with pytest.raises(ValueError, match="'tensorbord' names no tracker"):
         Accelerator(cpu=True, log_with="tensorbord")
     with pytest.raises(ValueError, match="init_kwargs has options for 'wandb'"):
@@ -358,7 +398,7 @@ def test_without_a_step_the_calls_are_numbered(tmp_path):
 
 
 def test_all_with_nothing_installed_warns(monkeypatch):
-    for module in ("tensorboard", "mlflow", "wandb"):
+    for module in ("tensorboard", "mlflow", "wandb", "comet_ml"):
         monkeypatch.setitem(sys.modules, module, None)
     with pytest.warns(UserWarning, match="log_with='all' found no tracker installed"):
         acc = Accelerator(cpu=True, log_with="all")

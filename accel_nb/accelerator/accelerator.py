@@ -70,7 +70,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
 
     ``rng_types`` (e.g. ``["torch", "generator"]``) copies process 0's generator states to every
     process at the start of each pass over a prepared loader. ``log_with`` ("tensorboard",
-    "mlflow", "wandb", "all", a GeneralTracker or a list) picks the experiment trackers that
+    "mlflow", "wandb", "comet_ml", "all", a GeneralTracker or a list) picks the experiment trackers that
     ``init_trackers``/``log``/``end_training`` drive on the main process (docs/tracking.md).
     ``compile=True`` or ``CompileOptions(...)`` (also the reference's ``dynamo_backend=`` /
     ``dynamo_plugin=``; default: the launch config's ``dynamo_config``) makes ``prepare`` compile

@@ -1,4 +1,4 @@
-"""Experiment tracking: the main process sends ``accelerator.log`` to TensorBoard, MLflow, W&B or your own tracker.
+"""Experiment tracking: the main process sends ``accelerator.log`` to TensorBoard, MLflow, W&B, Comet or your own tracker.
 
     accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
     accelerator.init_trackers("mnist", config={"lr": 0.1, "optim": {"betas": (0.9, 0.99)}})
@@ -17,9 +17,10 @@ import warnings
 from typing import Any
 
 from .base import GeneralTracker, InactiveTracker, flatten_config, scalar_values
-from .builtin import MLflowTracker, TensorBoardTracker, WandBTracker
+from .builtin import CometMLTracker, MLflowTracker, TensorBoardTracker, WandBTracker
 
 __all__ = [
+    "CometMLTracker",
     "GeneralTracker",
     "LoggerType",
     "MLflowTracker",
@@ -35,7 +36,7 @@ __all__ = [
 class LoggerType(str, enum.Enum):
     """The tracker names the reference library knows (plain strings work too).
 
-    TENSORBOARD, MLFLOW, WANDB and ALL are built in; the others are an error that says how to
+    TENSORBOARD, MLFLOW, WANDB, COMETML and ALL are built in; the others are an error that says how to
     connect them with a GeneralTracker.
     """
 
@@ -59,9 +60,10 @@ _BUILTIN: dict[str, tuple[type[GeneralTracker], str, str]] = {
     "tensorboard": (TensorBoardTracker, "tensorboard", "tensorboard"),
     "mlflow": (MLflowTracker, "mlflow", "mlflow"),
     "wandb": (WandBTracker, "wandb", "wandb"),
+    "comet_ml": (CometMLTracker, "comet_ml", "comet_ml"),
 }
 # trackers the reference library has that accel_nb does not ship (a GeneralTracker subclass covers them)
-_NOT_SHIPPED = ("aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab")
+_NOT_SHIPPED = ("aim", "clearml", "dvclive", "trackio", "swanlab")
 
 
 _warned: set[str] = set()  # warnings given once per process
@@ -128,7 +130,7 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
         if name == "all" and not names:
             warnings.warn(
                 "log_with='all' found no tracker installed: pip install 'accel_nb[tensorboard]' "
-                "(or mlflow / wandb)",
+                "(or mlflow / wandb / comet_ml)",
                 UserWarning,
                 stacklevel=3,
             )

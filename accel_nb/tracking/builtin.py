@@ -1,4 +1,4 @@
-"""The trackers accel_nb ships: TensorBoard, MLflow and Weights & Biases (each an optional extra).
+"""The trackers accel_nb ships: TensorBoard, MLflow, Weights & Biases and Comet (each an optional extra).
 
 Example:
     accelerator = Accelerator(log_with="tensorboard", project_dir="runs")
@@ -17,7 +17,7 @@ from .base import GeneralTracker
 # seconds: TensorBoard's files are flushed at most this often while logging (and at the end)
 FLUSH_EVERY = 1.0
 
-__all__ = ["MLflowTracker", "TensorBoardTracker", "WandBTracker"]
+__all__ = ["CometMLTracker", "MLflowTracker", "TensorBoardTracker", "WandBTracker"]
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -200,3 +200,64 @@ class WandBTracker(GeneralTracker):
     def finish(self) -> None:
         if self.run is not None:
             self.run.finish()
+
+
+class CometMLTracker(GeneralTracker):
+    """A Comet experiment in project ``run_name`` (extra ``accel_nb[comet_ml]``): ``comet_ml.start``.
+
+    Online it needs an API key (``COMET_API_KEY`` or Comet's config file). Offline
+    (``init_kwargs={"comet_ml": {"online": False}}`` or ``COMET_START_ONLINE=false``) the
+    experiment is a zip archive under ``<logging_dir>/comet`` (unless ``COMET_OFFLINE_DIRECTORY``
+    or an ``experiment_config`` says where); ``comet upload <zip>`` sends it later. The config
+    becomes the experiment's parameters; numbers become metrics, strings "others".
+
+        CometMLTracker("mnist", "runs", online=False)
+    """
+
+    name = "comet_ml"
+
+    def __init__(
+        self, run_name: str, logging_dir: str | os.PathLike | None = None, **start_kwargs: Any
+    ) -> None:
+        self.run_name = run_name
+        self.start_kwargs = start_kwargs
+        self.offline_directory = None
+        if logging_dir is not None and not os.environ.get("COMET_OFFLINE_DIRECTORY"):
+            self.offline_directory = os.path.join(os.fspath(logging_dir), "comet")
+        self.experiment: Any = None
+
+    @property
+    def tracker(self) -> Any:
+        return self.experiment
+
+    def start(self) -> None:
+        import comet_ml
+
+        kwargs = dict(self.start_kwargs)
+        if self.offline_directory is not None and "experiment_config" not in kwargs:
+            kwargs["experiment_config"] = comet_ml.ExperimentConfig(offline_directory=self.offline_directory)
+        try:
+            self.experiment = comet_ml.start(project_name=self.run_name, **kwargs)
+        except ValueError as exc:
+            if "API key" not in str(exc):
+                raise
+            raise RuntimeError(
+                "Comet needs an API key to log online: set COMET_API_KEY (or Comet's config file), or log "
+                "offline with init_kwargs={'comet_ml': {'online': False}} (or COMET_START_ONLINE=false)"
+            ) from exc
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        self.experiment.log_parameters(values)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if step is not None:
+            self.experiment.set_step(step)
+        for key, value in values.items():
+            if isinstance(value, str):
+                self.experiment.log_other(key, value, **kwargs)
+            else:
+                self.experiment.log_metric(key, value, step=step, **kwargs)
+
+    def finish(self) -> None:
+        if self.experiment is not None:
+            self.experiment.end()
