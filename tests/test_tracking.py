@@ -400,7 +400,9 @@ def test_without_a_step_the_calls_are_numbered(tmp_path):
 def test_all_with_nothing_installed_warns(monkeypatch):
     for module in ("tensorboard", "mlflow", "wandb", "comet_ml"):
         monkeypatch.setitem(sys.modules, module, None)
-    with pytest.warns(UserWarning, match="log_with='all' found no tracker installed"):
+    with pytest.warns(
+        UserWarning, match=r"found no tracker installed: pip install 'accel_nb\[tensorboard\]' \(or mlflow"
+    ):
         acc = Accelerator(cpu=True, log_with="all")
     assert acc.log_with == []
 

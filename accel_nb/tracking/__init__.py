@@ -128,9 +128,10 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
         name = _one_name(item)
         names = available_trackers() if name == "all" else [name]
         if name == "all" and not names:
+            first, *others = (extra for _, _, extra in _BUILTIN.values())
             warnings.warn(
-                "log_with='all' found no tracker installed: pip install 'accel_nb[tensorboard]' "
-                "(or mlflow / wandb / comet_ml)",
+                f"log_with='all' found no tracker installed: pip install 'accel_nb[{first}]' "
+                f"(or {' / '.join(others)})",
                 UserWarning,
                 stacklevel=3,
             )
