@@ -9,6 +9,7 @@ from accel_nb import LaunchError, Session
 from accel_nb.launch.errors import LaunchSetupError
 from accel_nb.launch.session.warm_session import SessionError
 from accel_nb.notebook.session_view import status_text
+from tests.dist_helpers import free_port
 from tests.process_helpers import assert_no_descendants
 
 pytestmark = [pytest.mark.multiproc]
@@ -72,6 +73,16 @@ def test_bad_requests_name_the_cause(session):
         Session(start_method="thread")
     with pytest.raises(SessionError, match="no session is running"):
         Session(num_processes=1, cpu=True).run("1")
+    # a launch kind that cannot hold a session says so before anything starts (here: several machines)
+    several = Session(
+        num_processes=1, cpu=True, num_nodes=2, node_rank=0, master_addr="127.0.0.1", use_port=free_port()
+    )
+    with (
+        pytest.warns(UserWarning, match="loopback address"),
+        pytest.raises(LaunchSetupError, match="a session runs on this machine only, and num_nodes=2"),
+    ):
+        several.start()
+    assert not several.running and several.log_dir is None
 
 
 def test_a_rank_that_dies_breaks_the_session_and_restart_recovers(session):

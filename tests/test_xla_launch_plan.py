@@ -87,6 +87,8 @@ def test_the_host_gets_accel_nb_settings_not_torchrun_ranks():
     assert tpu.headline().startswith("Launching on 8 TPU devices") and "CPU_NUM_DEVICES" not in tpu.rank_env(
         0
     )
+    # a session (ranks kept between cells) is refused on XLA, naming what works
+    assert "torch_xla.launch runs a function once" in tpu.launcher.session_problem(tpu)
 
 
 def test_the_magic_takes_xla_from_the_saved_config():

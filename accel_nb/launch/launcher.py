@@ -10,7 +10,9 @@ of a launch (payload checks, supervision, reporting, clean-up) is the same for e
   share of a job of several machines (a rendezvous before, global ranks, leaving after).
 - ``XlaLauncher`` (``launch/xla/launcher.py``): one host process that runs ``torch_xla.launch``.
 
-A new launch kind subclasses ``Launcher`` and is chosen in ``make_plan`` (``launch/plan.py``).
+A new launch kind subclasses ``Launcher`` and is chosen in ``make_plan`` (``launch/plan.py``). A
+session (``Session``, ``%%session``) starts its ranks through the same ``start``, on the kinds whose
+``session_problem`` is None.
 
     plan.launcher.headline(plan)              # "Launching 2 CPU processes (gloo) with fork..."
     plan.launcher.start(plan, payload, log_dir, procs)
@@ -53,6 +55,10 @@ class Launcher:
 
     def release(self, plan: LaunchPlan, ok: bool) -> None:
         """After the ranks are over, whatever the outcome (nothing by default)."""
+
+    def session_problem(self, plan: LaunchPlan) -> str | None:
+        """Why this kind cannot hold a session (ranks kept alive between cells), said to the user; None when it can."""
+        return None
 
 
 class ProcessLauncher(Launcher):

@@ -186,6 +186,13 @@ class MultiNodeLauncher(ProcessLauncher):
     def release(self, plan: Any, ok: bool) -> None:
         self.seat.leave(succeeded=ok)
 
+    def session_problem(self, plan: Any) -> str | None:
+        return (
+            f"a session runs on this machine only, and num_nodes={plan.options.num_nodes} asks for a job of "
+            "several machines: launch each cell with %%accelerate or notebook_launcher on every machine, or "
+            "hold a session here with num_nodes=1"
+        )
+
 
 def check_machine_options(options: Any) -> None:
     """``LaunchOptions``' machine fields: ``LaunchSetupError`` naming the option and the fix.

@@ -1,6 +1,6 @@
 """The rank side of an interactive session: a loop that runs commands one after another in one namespace.
 
-A session starts its ranks with a ``SessionLoop`` payload (through the same ``start_ranks`` and
+A session starts its ranks with a ``SessionLoop`` payload (through the launch kind's ``start`` and the same
 worker entry as a one-shot launch). The loop connects back to the parent over a Unix socket,
 then waits for commands. Each command (``RunCode``, ``RunFunction``, ``Push``, ``Pull``,
 ``FormGroup``) is a payload run by ``WorkerRuntime.execute``: its output, progress, result and

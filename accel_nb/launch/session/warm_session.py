@@ -30,11 +30,11 @@ from typing import Any
 from ...env_names import ENV_KEEP_LOGS
 from ...events import Failure, FailureKind, Heartbeat, Phase, Reporter, Result, Role
 from .. import cuda_guard, preimport
-from ..errors import LaunchError, UserFramesOnly
+from ..errors import LaunchError, LaunchSetupError, UserFramesOnly
 from ..options import LaunchOptions
 from ..parent.reporting import ListReporter, TextReporter
 from ..parent.run import finish_reporter, start_reporter
-from ..parent.start import RankProcess, start_ranks
+from ..parent.start import RankProcess
 from ..parent.supervisor import STARTUP_GRACE_S, Supervisor
 from ..plan import LaunchPlan, make_plan
 from ..ports import pick_free_port
@@ -137,6 +137,9 @@ class WarmSession:
         preimport.wait()  # the background import of a first launch is over: torch is whole
         cuda_guard.install_cuda_init_recorder()
         plan = make_plan(self.options)
+        problem = plan.launcher.session_problem(plan)
+        if problem is not None:
+            raise LaunchSetupError(problem)
         self.plan, self.broken, self.group_broken, self.cell = plan, None, None, 0
         self.stale, self.rebound, self.roles = {}, {}, {}
         self.log_dir = tempfile.mkdtemp(prefix="accel_nb-session-")
@@ -150,7 +153,7 @@ class WarmSession:
             self.say(f"[accel_nb] using spawn instead of fork: {plan.spawn_reason}.")
         procs: list[RankProcess] = []
         try:
-            start_ranks(plan, SessionLoop(address, token), self.log_dir, procs)
+            plan.launcher.start(plan, SessionLoop(address, token), self.log_dir, procs)
             self.procs = procs
             self._accept(token)
             self.states = {p.rank: "starting" for p in procs}

@@ -135,6 +135,13 @@ class XlaLauncher(Launcher):
     def rank_env(self, plan: LaunchPlan, rank: int) -> dict[str, str]:
         return xla_rank_env(plan)
 
+    def session_problem(self, plan: LaunchPlan) -> str | None:
+        return (
+            "a session keeps its ranks alive between cells, and torch_xla.launch runs a function once: on "
+            "XLA devices launch each cell with %%accelerate or notebook_launcher (or hold a session of CPU "
+            "processes with cpu=True)"
+        )
+
     def start(self, plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankProcess]) -> None:
         """One rank process, the host, running an ``XlaHostPayload`` (started the usual way: spawned)."""
         from ..parent.start import start_ranks
