@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -207,16 +209,55 @@ def test_wandb_offline_run_holds_the_metrics(tmp_path, monkeypatch):
     assert config["optim/name"] == "adam" and config["lr"] == pytest.approx(0.25)
 
 
-def test_comet_offline_archive_holds_the_metrics_config_and_text(tmp_path, monkeypatch):
-    monkeypatch.delenv("COMET_OFFLINE_DIRECTORY", raising=False)
-    acc = Accelerator(cpu=True, log_with=LoggerType.COMETML, project_dir=str(tmp_path))
-    acc.init_trackers(
-        "demo", config={"lr": 0.25, "optim": {"name": "adam"}}, init_kwargs={"comet_ml": {"online": False}}
+# comet_ml patches the process that imports it (sys.excepthook, import hooks on torch and tensorboard, an
+# error reporter's thread), so the Comet runs below happen in a Python of their own, never in pytest's
+_COMET_OFFLINE_RUN = """
+import sys, torch
+from accel_nb import Accelerator
+from accel_nb.tracking import LoggerType
+acc = Accelerator(cpu=True, log_with=LoggerType.COMETML, project_dir=sys.argv[1])
+acc.init_trackers(
+    "demo", config={"lr": 0.25, "optim": {"name": "adam"}}, init_kwargs={"comet_ml": {"online": False}}
+)
+print("tracker:", type(acc.get_tracker("comet_ml", unwrap=True)).__name__)
+for step in range(3):
+    acc.log({"loss": torch.tensor(1.0 / (step + 1)), "phase": "warmup"}, step=step)
+acc.end_training()
+"""
+_COMET_ONLINE_RUN = """
+from accel_nb import Accelerator
+acc = Accelerator(cpu=True, log_with="comet_ml")
+try:
+    acc.init_trackers("demo")
+except RuntimeError as exc:
+    print("error:", exc)
+"""
+
+
+def _skip_without_comet() -> None:
+    if importlib.util.find_spec("comet_ml") is None:  # found, not imported (see above)
+        pytest.skip("comet_ml is not installed")
+
+
+def _comet_run(code: str, tmp_path, **env: str) -> str:
+    """Run ``code`` in a fresh Python (this tree's accel_nb, no Comet settings of the user); its stdout."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("COMET_")}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        env={**clean, "PYTHONPATH": root, "HOME": str(tmp_path), **env},  # HOME: no ~/.comet.config
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert type(acc.get_tracker("comet_ml", unwrap=True)).__name__ == "OfflineExperiment"
-    for step in range(3):
-        acc.log({"loss": torch.tensor(1.0 / (step + 1)), "phase": "warmup"}, step=step)
-    acc.end_training()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_comet_offline_archive_holds_the_metrics_config_and_text(tmp_path):
+    _skip_without_comet()
+    printed = _comet_run(_COMET_OFFLINE_RUN, tmp_path)
+    assert "tracker: OfflineExperiment" in printed
 
     (archive,) = glob.glob(str(tmp_path / "comet" / "*.zip"))  # under project_dir, as W&B's offline runs
     with zipfile.ZipFile(archive) as z:
@@ -235,15 +276,12 @@ def test_comet_offline_archive_holds_the_metrics_config_and_text(tmp_path, monke
     assert others["phase"] == "warmup"
 
 
-def test_comet_online_without_an_api_key_says_how_to_log_offline(tmp_path, monkeypatch):
-    for name in ("COMET_API_KEY", "COMET_START_ONLINE", "COMET_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.comet.config
-    acc = Accelerator(cpu=True, log_with="comet_ml")
-    with pytest.raises(
-        RuntimeError, match=r"COMET_API_KEY .* init_kwargs=\{'comet_ml': \{'online': False\}\}"
-    ):
-        acc.init_trackers("demo")
+def test_comet_online_without_an_api_key_says_how_to_log_offline(tmp_path):
+    _skip_without_comet()
+    printed = _comet_run(_COMET_ONLINE_RUN, tmp_path)
+    assert re.search(r"error: .*COMET_API_KEY .* init_kwargs=\{'comet_ml': \{'online': False\}\}", printed), (
+        printed
+    )
 
 
 def test_a_custom_tracker_gets_start_config_values_and_finish():
