@@ -11,7 +11,7 @@ of a launch (payload checks, supervision, reporting, clean-up) is the same for e
 - ``XlaLauncher`` (``launch/xla/launcher.py``): one host process that runs ``torch_xla.launch``.
 
 A new launch kind subclasses ``Launcher`` and is chosen in ``make_plan`` (``launch/plan.py``). A
-session (``Session``, ``%%session``) starts its ranks through the same ``start``, on the kinds whose
+session (``Session``, ``%accelerate start``) starts its ranks through the same ``start``, on the kinds whose
 ``session_problem`` is None.
 
     plan.launcher.headline(plan)              # "Launching 2 CPU processes (gloo) with fork..."
