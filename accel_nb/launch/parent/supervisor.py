@@ -210,7 +210,7 @@ class Supervisor:
         for event in proc.reader.read_available(max_bytes=1 << 30):
             self._handle(event)
 
-    def _on_exit(self, proc: RankProcess) -> None:
+    def on_rank_exit(self, proc: RankProcess) -> None:
         """A rank's process ended: read what is left, and decide whether that was a failure."""
         self._drain(proc)
         code = proc.returncode
@@ -370,7 +370,7 @@ class Supervisor:
                     if fd is not None:
                         with contextlib.suppress(KeyError, ValueError):
                             sel.unregister(fd)
-                self._on_exit(proc)
+                self.on_rank_exit(proc)
             elif self._done_while_alive(rank):
                 del waiting[rank]
 

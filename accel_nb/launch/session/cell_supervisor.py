@@ -200,7 +200,7 @@ class CellSupervisor(Supervisor):
             return COLLECTIVE_GRACE_S
         return INTERRUPT_GRACE_S
 
-    def _on_exit(self, proc: RankProcess) -> None:
+    def on_rank_exit(self, proc: RankProcess) -> None:
         if proc.rank in self.outcome.killed:
             self._drain(proc)
             if proc.rank not in self.outcome.failures:
@@ -213,7 +213,7 @@ class CellSupervisor(Supervisor):
                 )
                 self._add_failure(stuck, stop_the_rest=False)  # the last step: nothing left to stop
             return
-        super()._on_exit(proc)
+        super().on_rank_exit(proc)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> CellOutcome:

@@ -174,7 +174,7 @@ class WarmSession:
             if dead:
                 sup = Supervisor(self.procs, ListReporter(), self.log_dir or "")
                 for p in dead:
-                    sup._on_exit(p)
+                    sup.on_rank_exit(p)
                 raise LaunchError(list(sup.outcome.failures.values()), log_dir=self.log_dir)
             if time.monotonic() > deadline:
                 raise SessionError(
