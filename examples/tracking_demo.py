@@ -1,4 +1,4 @@
-"""Experiment tracking from 2 processes: log once to TensorBoard (and MLflow where installed), read it back.
+"""Experiment tracking from 2 processes: log once to TensorBoard (and MLflow, Comet where installed), read it back.
 
     python examples/tracking_demo.py                 # runs in a fresh temporary folder
     python examples/tracking_demo.py --out runs      # keep the runs: tensorboard --logdir runs
@@ -24,7 +24,12 @@ def train(project_dir: str, log_with: list[str], epochs: int = 3) -> int:
     from accel_nb import Accelerator, progress
 
     accelerator = Accelerator(cpu=True, log_with=log_with, project_dir=project_dir)
-    accelerator.init_trackers("tracking_demo", config={"lr": 0.05, "epochs": epochs, "model": {"hidden": 32}})
+    accelerator.init_trackers(
+        "tracking_demo",
+        config={"lr": 0.05, "epochs": epochs, "model": {"hidden": 32}},
+        # Comet's offline mode: an archive under project_dir/comet, no account or network (docs/tracking.md)
+        init_kwargs={"comet_ml": {"online": False}},
+    )
     torch.manual_seed(0)
     x = torch.randn(512, 8)
     loader = DataLoader(TensorDataset(x, x @ torch.linspace(-1, 1, 8)), batch_size=32, shuffle=True)
@@ -67,6 +72,19 @@ def read_back(project_dir: str, log_with: list[str]) -> list[str]:
         (run,) = client.search_runs([experiment.experiment_id])
         history = client.get_metric_history(run.info.run_id, "loss")
         lines.append(f"mlflow: {len(history)} loss points, params {sorted(run.data.params)}")
+    if "comet_ml" in log_with:
+        import glob
+        import json
+        import zipfile
+
+        (archive,) = glob.glob(os.path.join(project_dir, "comet", "*.zip"))
+        with zipfile.ZipFile(archive) as z:
+            messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines() if line]
+        metrics = [m["payload"]["metric"] for m in messages if m["type"] == "metric_msg"]
+        params = [m["payload"]["param"]["paramName"] for m in messages if m["type"] == "parameter_msg"]
+        losses = [m for m in metrics if m["metricName"] == "loss"]
+        config = {"epochs", "lr", "model/hidden"} <= set(params)  # Comet adds its own (argparse's, curr_step)
+        lines.append(f"comet_ml: {len(losses)} loss points, the config among its parameters: {config}")
     return lines
 
 
@@ -75,7 +93,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", default=None, help="folder for the runs (default: a new temporary folder)")
     args = parser.parse_args(argv)
     project_dir = args.out or tempfile.mkdtemp(prefix="tracking_demo_")
-    log_with = [name for name in ("tensorboard", "mlflow") if importlib.util.find_spec(name) is not None]
+    trackers = ("tensorboard", "mlflow", "comet_ml")
+    log_with = [name for name in trackers if importlib.util.find_spec(name) is not None]
     if not log_with:
         print("install a tracker first: pip install 'accel_nb[tensorboard]'")
         return 1

@@ -467,6 +467,8 @@ def test_the_tracking_example_reads_its_runs_back(tmp_path):
     assert "steps per rank: [24, 24]" in done.stdout
     assert "tensorboard: 24 loss points, steps 0..23, each once: True" in done.stdout
     assert "mlflow: 24 loss points, params ['epochs', 'lr', 'model/hidden']" in done.stdout
+    if importlib.util.find_spec("comet_ml") is not None:  # the offline archive, read back from its zip
+        assert "comet_ml: 24 loss points, the config among its parameters: True" in done.stdout
 
 
 def test_log_or_get_tracker_before_init_trackers_says_so(tmp_path):
