@@ -229,7 +229,7 @@ from accel_nb import Accelerator
 acc = Accelerator(cpu=True, log_with="comet_ml")
 try:
     acc.init_trackers("demo")
-except RuntimeError as exc:
+except ValueError as exc:  # the reference's type
     print("error:", exc)
 """
 

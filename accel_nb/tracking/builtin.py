@@ -241,7 +241,7 @@ class CometMLTracker(GeneralTracker):
         except ValueError as exc:
             if "API key" not in str(exc):
                 raise
-            raise RuntimeError(
+            raise ValueError(  # the type Comet (and so the reference) raises here
                 "Comet needs an API key to log online: set COMET_API_KEY (or Comet's config file), or log "
                 "offline with init_kwargs={'comet_ml': {'online': False}} (or COMET_START_ONLINE=false)"
             ) from exc
