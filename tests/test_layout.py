@@ -20,6 +20,8 @@
     table holds module paths as strings, which are not imports). Every import counts here, deferred
     and type-only ones too: the faces build on the core, never the other way.
 (d) ``ruff format --check`` is clean on accel_nb, tests, benchmarks and scripts.
+(e) No private method of a class defined in another module called on an object (``sup._on_exit(p)``),
+    apart from the few private methods the reference's classes have and code written for it calls.
 
 Each failure names the file:line and the fix.
 """
@@ -297,6 +299,57 @@ def test_no_private_names_imported_across_modules():
         + "\n  ".join(problems)
         + "\nFix: give the name a public spelling where it is defined (and use that), or move the code that "
         "needs it into the defining module."
+    )
+
+
+# private methods that the reference's own classes have under these names, which code written for it calls
+# (accelerate's GradientState._set_sync_gradients/_add_dataloader/_remove_dataloader; the _num_samples of
+# torch's samplers): kept as they are for migration
+REFERENCE_PRIVATE_METHODS = {"_set_sync_gradients", "_add_dataloader", "_remove_dataloader", "_num_samples"}
+
+
+def _private_methods_by_module() -> dict[str, set[str]]:
+    """Private method name -> the modules whose classes define it."""
+    defined: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, path), encoding="utf-8").read())):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    name = getattr(item, "name", "")
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and _is_private(name):
+                        defined.setdefault(name, set()).add(module)
+    return defined
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_methods_called_from_another_module():
+    """``other._method`` where ``_method`` is a private method of a class that only other modules define
+    (``sup._on_exit(p)`` in the session for the supervisor's): the object's own module is its only user.
+    ``self``/``cls``/``super()`` are the class's own; a name also defined in the calling module is left alone
+    (it may be that module's class)."""
+    defined = _private_methods_by_module()
+    problems = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, path), encoding="utf-8").read())):
+            if not isinstance(node, ast.Attribute) or node.attr not in defined:
+                continue
+            if node.attr in REFERENCE_PRIVATE_METHODS or module in defined[node.attr]:
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super":
+                continue
+            where = ", ".join(sorted(defined[node.attr]))
+            problems.append(f"{path}:{node.lineno}: {ast.unparse(node)} (a private method of {where})")
+    assert not problems, (
+        "private methods used from another module:\n  "
+        + "\n  ".join(problems)
+        + "\nFix: give the method a public name where it is defined (it is part of the class's interface), or "
+        "move the calling code into that module."
     )
 
 

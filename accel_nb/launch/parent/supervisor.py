@@ -222,7 +222,7 @@ class Supervisor:
         if self.state in (SupervisorState.TERMINATING, SupervisorState.KILLED):
             self._mark_stopped(rank)
             return
-        failure = self._death(rank, code)
+        failure = self.death_failure(rank, code)
         self._add_failure(failure)
         self._report(
             Failure(
@@ -236,7 +236,7 @@ class Supervisor:
             )
         )
 
-    def _death(self, rank: int, code: int | None) -> RankFailure:
+    def death_failure(self, rank: int, code: int | None) -> RankFailure:
         """A rank that ended without a result or a Python exception: what its exit code and logs say."""
         crash = clean_stacks(read_tail(crash_path(self.log_dir, rank), 200))
         log_tail = read_tail(log_path(self.log_dir, rank))

@@ -240,14 +240,14 @@ class WorkerRuntime:
         if spec.cwd:
             with contextlib.suppress(OSError):
                 os.chdir(spec.cwd)
-        self.capture = OutputCapture(self.rank, self._send, log_path(spec.log_dir, self.rank))
+        self.capture = OutputCapture(self.rank, self.send, log_path(spec.log_dir, self.rank))
         self.capture.start()
         if spec.forked:
             _detach_from_kernel()
-        events.set_event_sink(self._send)
+        events.set_event_sink(self.send)
         tqdm_bridge.install()  # library tqdm bars -> this rank's progress row, not the kernel's sockets
         threading.Thread(target=self._heartbeat, name="accel_nb-heartbeat", daemon=True).start()
-        self._send(events.Phase(rank=self.rank, phase="started"))
+        self.send(events.Phase(rank=self.rank, phase="started"))
 
     def _install_faulthandler(self) -> None:
         stacks = open(stacks_path(self.spec.log_dir, self.rank), "w")  # noqa: SIM115 - lives as long as the rank
@@ -256,7 +256,8 @@ class WorkerRuntime:
         faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
         faulthandler.enable(file=crash, all_threads=True)
 
-    def _send(self, event: events.Event) -> None:
+    def send(self, event: events.Event) -> None:
+        """Send one event to the parent; a closed channel (the parent is gone) drops it."""
         try:
             self.writer.send(event)
         except ChannelClosed:
@@ -264,11 +265,11 @@ class WorkerRuntime:
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            self._send(events.Heartbeat(rank=self.rank, time=time.time()))
+            self.send(events.Heartbeat(rank=self.rank, time=time.time()))
 
     def execute(self, payload: Any) -> bool:
         """Run one payload; send ``Result`` or ``Failure``. True when it succeeded."""
-        self._send(events.Phase(rank=self.rank, phase="running"))
+        self.send(events.Phase(rank=self.rank, phase="running"))
         try:
             value = payload.run(self.rank)
         except SystemExit as exc:
@@ -297,7 +298,7 @@ class WorkerRuntime:
     def report_failure(self, exc: BaseException, with_traceback: bool = True) -> bool:
         text = format_exception(exc) if with_traceback else f"{type(exc).__name__}: {exc}\n"
         self._sync_output()
-        self._send(
+        self.send(
             events.Failure(
                 rank=self.rank,
                 exc_type=type(exc).__name__,

@@ -323,7 +323,7 @@ class WarmSession:
             if p.poll() is not None and self.states.get(p.rank) != "dead":
                 self.states[p.rank] = "dead"
                 if not self.broken:
-                    failure = Supervisor(self.procs, ListReporter(), self.log_dir or "")._death(
+                    failure = Supervisor(self.procs, ListReporter(), self.log_dir or "").death_failure(
                         p.rank, p.returncode
                     )
                     self.broken = failure.summary()

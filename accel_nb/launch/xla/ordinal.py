@@ -190,7 +190,7 @@ def ordinal_main(ordinal: int, blob: bytes, info: Any) -> None:
     runtime.writer = process.writer  # one writer (one lock) for every ordinal of this process
     runtime.capture = _FlushThreadOutput(process)
     try:
-        runtime._send(events.Phase(rank=rank, phase="started"))
+        runtime.send(events.Phase(rank=rank, phase="started"))
         problem = _world_size_problem(info)
         if problem:
             raise RuntimeError(problem)
