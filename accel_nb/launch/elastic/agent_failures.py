@@ -16,7 +16,7 @@ import signal
 from typing import Any
 
 from ..errors import RankFailure
-from ..failures import FailureKind, first_failure_line, signal_name
+from ..failures import FailureKind, first_failure_line
 
 __all__ = ["order_failures", "failure_summary"]
 
@@ -60,16 +60,15 @@ def _last_exception(log_path: str | None) -> str | None:
 
 def ended(rank: int, exitcode: int) -> RankFailure:
     """torchrun's record of a failed rank's exit (negative: killed by that signal) in the failure model."""
-    if exitcode < 0:
-        return RankFailure(
-            rank,
-            None,
-            f"killed by {signal_name(-exitcode)}",
-            exit_code=exitcode,
-            signal=-exitcode,
-            kind=FailureKind.SIGNAL,
-        )
-    return RankFailure(rank, None, "", exit_code=exitcode, kind=FailureKind.EXIT_CODE)
+    killed = exitcode < 0
+    return RankFailure(
+        rank,
+        None,
+        "",
+        exit_code=exitcode,
+        signal=-exitcode if killed else None,
+        kind=FailureKind.SIGNAL if killed else FailureKind.EXIT_CODE,
+    )
 
 
 _SYMPTOMS = (
