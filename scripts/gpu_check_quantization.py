@@ -172,11 +172,53 @@ def _torchao(weight: str, folder: str) -> dict:  # pragma: no cover
     }
 
 
-def _offload_map(gpu):
+def _offload_map(gpu, where: str | None = None):
+    """Blocks 0-3 and the rest on ``gpu``; blocks 4-5 on "cpu" and 6-7 on "disk", or 4-7 all on ``where``."""
     dmap = {"model.embed_tokens": gpu, "model.rotary_emb": gpu, "model.norm": gpu, "lm_head": gpu}
     for i in range(8):
-        dmap[f"model.layers.{i}"] = "cpu" if i in (4, 5) else "disk" if i in (6, 7) else gpu
+        offloaded = where if where is not None else ("cpu" if i in (4, 5) else "disk")
+        dmap[f"model.layers.{i}"] = offloaded if i >= 4 else gpu
     return dmap
+
+
+def _empty_llama(big: bool = False):  # pragma: no cover
+    """The test model's shell on the meta device (``_config``), in eval mode."""
+    from transformers import LlamaForCausalLM
+
+    from accel_nb import init_empty_weights
+
+    with init_empty_weights():
+        return LlamaForCausalLM(_config(big)).eval()
+
+
+def _nf4_config():  # pragma: no cover
+    """NF4 weights, float16 compute and non-quantized tensors: the offload checks' 4-bit config."""
+    import torch
+
+    from accel_nb.utils import BnbQuantizationConfig
+
+    return BnbQuantizationConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_compute_dtype=torch.float16,
+        torch_dtype=torch.float16,
+    )
+
+
+def _generation(model, prompt, new_tokens: int, sync, counter=lambda: 0):  # pragma: no cover
+    """(tokens/s, growth of ``counter()`` per token, the tokens) of greedy generation, after a 2-token warm-up."""
+    import time
+
+    import torch
+
+    with torch.no_grad():
+        model.generate(prompt, max_new_tokens=2, do_sample=False)  # warm-up
+        sync()
+        before, start = counter(), time.perf_counter()
+        tokens = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        sync()
+        seconds = time.perf_counter() - start
+    return new_tokens / seconds, (counter() - before) / new_tokens, tokens
 
 
 def _offload(
@@ -184,28 +226,14 @@ def _offload(
 ) -> dict:  # pragma: no cover
     """NF4 with blocks on cpu and disk vs NF4 whole on the device, and vs the float16 offload (same map)."""
     import tempfile
-    import time
 
     import torch
-    from transformers import LlamaForCausalLM
 
-    from accel_nb import init_empty_weights, load_checkpoint_and_dispatch
-    from accel_nb.utils import BnbQuantizationConfig, load_and_quantize_model
+    from accel_nb import load_checkpoint_and_dispatch
+    from accel_nb.utils import load_and_quantize_model
 
     gpu = 0 if device.startswith("cuda") else "cpu"
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def empty():
-        with init_empty_weights():
-            return LlamaForCausalLM(_config(big)).eval()
-
-    def config():
-        return BnbQuantizationConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=torch.float16,
-            torch_dtype=torch.float16,
-        )
 
     def streamed(model):
         """Bytes copied to the execution device: the engine counts float and quantized units alike
@@ -220,26 +248,27 @@ def _offload(
         with torch.no_grad():
             logits = model(_ids().to(device)).logits.float().cpu()
         prompt = _ids()[:1, :16].to(device)
-        model.generate(prompt, max_new_tokens=2, do_sample=False)  # warm-up
-        sync()
-        before, start = streamed(model), time.perf_counter()
-        tokens = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-        sync()
-        seconds = time.perf_counter() - start
-        return logits, tokens.cpu(), (streamed(model) - before) / new_tokens, new_tokens / seconds
+        rate, per_token, tokens = _generation(model, prompt, new_tokens, sync, lambda: streamed(model))
+        return logits, tokens.cpu(), per_token, rate
 
-    whole = load_and_quantize_model(empty(), config(), weights_location=folder, device_map={"": gpu})
+    whole = load_and_quantize_model(
+        _empty_llama(big), _nf4_config(), weights_location=folder, device_map={"": gpu}
+    )
     logits_whole, tokens_whole, _, _ = run(whole)
     del whole
     with tempfile.TemporaryDirectory() as off:
         model = load_and_quantize_model(
-            empty(), config(), weights_location=folder, device_map=_offload_map(gpu), offload_folder=off
+            _empty_llama(big),
+            _nf4_config(),
+            weights_location=folder,
+            device_map=_offload_map(gpu),
+            offload_folder=off,
         )
         logits, tokens, q_bytes, q_rate = run(model)
         del model
     with tempfile.TemporaryDirectory() as off:
         model = load_checkpoint_and_dispatch(
-            empty(), folder, device_map=_offload_map(gpu), offload_folder=off, dtype=torch.float16
+            _empty_llama(big), folder, device_map=_offload_map(gpu), offload_folder=off, dtype=torch.float16
         )
         _, _, f_bytes, f_rate = run(model)
         del model
@@ -250,6 +279,7 @@ def _offload(
         from accelerate import init_empty_weights as ref_empty
         from accelerate.utils import BnbQuantizationConfig as RefConfig
         from accelerate.utils import load_and_quantize_model as ref_load
+        from transformers import LlamaForCausalLM
 
         with ref_empty():
             shell = LlamaForCausalLM(_config(big)).eval()
@@ -285,52 +315,30 @@ def _offload(
 def _offload_diag(folder: str, device: str = "cuda:0", new_tokens: int = 16) -> dict:  # pragma: no cover
     """Tokens/s of NF4 and float16 with blocks 4-7 all on "cpu" or all on "disk" (disk again with a
     0.1 ms GIL switch interval), and synchronizing CUDA calls per generated token."""
-    import time
     import warnings
 
     import torch
-    from transformers import LlamaForCausalLM
 
-    from accel_nb import init_empty_weights, load_checkpoint_and_dispatch
-    from accel_nb.utils import BnbQuantizationConfig, load_and_quantize_model
+    from accel_nb import load_checkpoint_and_dispatch
+    from accel_nb.utils import load_and_quantize_model
 
     cuda = device.startswith("cuda")
     gpu = 0 if cuda else "cpu"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     prompt = _ids()[:1, :16].to(device)
 
-    def empty():
-        with init_empty_weights():
-            return LlamaForCausalLM(_config()).eval()
-
-    def device_map(where):
-        dmap = {"model.embed_tokens": gpu, "model.rotary_emb": gpu, "model.norm": gpu, "lm_head": gpu}
-        dmap.update({f"model.layers.{i}": where if i >= 4 else gpu for i in range(8)})
-        return dmap
-
     def load(kind, where, off):
+        dmap = _offload_map(gpu, where)
         if kind == "fp16":
             return load_checkpoint_and_dispatch(
-                empty(), folder, device_map=device_map(where), offload_folder=off, dtype=torch.float16
+                _empty_llama(), folder, device_map=dmap, offload_folder=off, dtype=torch.float16
             )
-        config = BnbQuantizationConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_compute_dtype=torch.float16,
-            torch_dtype=torch.float16,
-        )
         return load_and_quantize_model(
-            empty(), config, weights_location=folder, device_map=device_map(where), offload_folder=off
+            _empty_llama(), _nf4_config(), weights_location=folder, device_map=dmap, offload_folder=off
         )
 
     def rate(model):
-        with torch.no_grad():
-            model.generate(prompt, max_new_tokens=2, do_sample=False)  # warm-up
-            sync()
-            start = time.perf_counter()
-            model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-            sync()
-        return new_tokens / (time.perf_counter() - start)
+        return _generation(model, prompt, new_tokens, sync)[0]
 
     def syncs_per_token(model):
         if not cuda:
