@@ -13,9 +13,11 @@ it takes precedence over ``main_process_only``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["MultiProcessAdapter", "get_logger"]
@@ -94,3 +96,40 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
         logger.setLevel(level)
         logger.root.setLevel(level)
     return MultiProcessAdapter(logger, {})
+
+
+# What optional libraries log when they are imported on a machine without their GPU builds: true, and
+# nothing a user can act on (torchao's CUDA extension libraries, torch's note on torchao's enums,
+# bitsandbytes' optional CPU kernel package, DeepSpeed falling back to its CPU accelerator).
+IMPORT_NOTES = (
+    ("torchao", "Failed to load "),
+    ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
+    ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward"),
+    ("DeepSpeed", "Setting accelerator to CPU"),
+)
+
+
+class _ImportNotes(logging.Filter):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_import_notes() -> Iterator[None]:
+    """Import optional libraries inside this block: their import-time notes (``IMPORT_NOTES``) are dropped.
+
+        with quiet_import_notes():
+            import torchao
+    Only those exact notes of those loggers; any other message, warning or error still shows."""
+    added = [(logging.getLogger(name), _ImportNotes(text)) for name, text in IMPORT_NOTES]
+    for logger, note in added:
+        logger.addFilter(note)
+    try:
+        yield
+    finally:
+        for logger, note in added:
+            logger.removeFilter(note)

@@ -111,6 +111,9 @@ def _by_hand_bnb(model, config: BnbQuantizationConfig, skip=("lm_head",)):
                 compress_statistics=config.bnb_4bit_use_double_quant,
                 quant_type=config.bnb_4bit_quant_type,
             )
+            # bitsandbytes 0.50 would repack the layer for its bfloat16 CPU kernel on an AVX512-BF16 CPU;
+            # accel_nb's layers never are (bnb_layout.py says why), so the hand-made ones are not either
+            layer.support_avx512bf16_for_cpu = False
             layer.weight = bnb.nn.Params4bit(
                 weight.contiguous().clone(),
                 requires_grad=False,
@@ -853,3 +856,23 @@ def test_torchao_on_a_gpu_equals_quantize_by_hand(tmp_path, weight):
     )
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert (got - full).abs().max() < 0.25 * full.abs().max()  # quantization error, not garbage
+
+
+def test_importing_the_quantization_libraries_shows_no_cuda_less_notes():
+    """torchao's 'Failed to load ..._C_*.so', torch's enum notes, bitsandbytes' kernels note: not in the cell."""
+    import subprocess
+    import sys
+
+    code = (
+        "from accel_nb.big_model.quantization.layers import require\n"
+        "require('bitsandbytes'); require('torchao'); require('torchao.quantization')\n"
+        "import logging; from accel_nb.logging import quiet_import_notes\n"
+        "logging.basicConfig()\n"
+        "with quiet_import_notes():\n"
+        "    logging.getLogger('torchao').warning('Another torchao warning still shows')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout + res.stderr
+    assert "Failed to load" not in out and "Enum subclass" not in out, out
+    assert "Another torchao warning still shows" in out

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from ..accelerator.model_wrapping import adopt_prepared, mark_prepared
 from ..accelerator.optim import AcceleratedScheduler, is_lr_scheduler
+from ..logging import quiet_import_notes
 from .plugin import AUTO, EXTRA_HINT, DeepSpeedPlugin, get_value
 from .wrappers import (
     DeepSpeedEngineWrapper,
@@ -40,8 +41,9 @@ def import_deepspeed(device_type: str) -> Any:
     if device_type == "cpu" and "deepspeed" not in sys.modules:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
-        import deepspeed
-        from deepspeed.accelerator import get_accelerator
+        with quiet_import_notes():
+            import deepspeed
+            from deepspeed.accelerator import get_accelerator
     except ImportError as exc:
         raise ImportError(
             f"DeepSpeed was asked for (deepspeed_plugin / distributed_type DEEPSPEED) but "

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...logging import quiet_import_notes
+from .bnb_layout import keep_portable
 from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError, TorchAoQuantizationConfig
 
 _EXTRA = 'pip install "accel_nb[quantization]"'
@@ -24,7 +26,8 @@ _EXTRA = 'pip install "accel_nb[quantization]"'
 def require(library: str):
     """Import bitsandbytes or torchao, or raise QuantizationError naming the extra that installs it."""
     try:
-        return importlib.import_module(library)
+        with quiet_import_notes():  # their CUDA-less import notes stay out of the user's cell
+            return importlib.import_module(library)
     except ImportError as exc:
         raise QuantizationError(
             f"{library} is needed for this quantization but cannot be imported ({exc}); install it with "
@@ -127,6 +130,7 @@ def make_shell(target: QuantTarget, config: QuantizationConfig) -> nn.Module:
                     compress_statistics=config.bnb_4bit_use_double_quant,
                     quant_type=config.bnb_4bit_quant_type,
                 )
+                keep_portable(layer)  # no bfloat16 CPU repacking: exact numbers, a state_dict that reloads
     else:
         require("torchao")
         with torch.device("meta"):

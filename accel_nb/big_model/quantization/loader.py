@@ -493,7 +493,9 @@ def _load(
             del tensor
 
     for layer, saved_parts in parts.items():
-        prequantized.fill_layer(shells[layer], saved_parts, config, placement.layer_device(layer))
+        prequantized.fill_layer(
+            shells[layer], saved_parts, config, placement.layer_device(layer), where=f"layer {layer!r}"
+        )
         if layer in placement.offloaded:
             offloader.offload(layer, shells[layer], placement.offloaded[layer])
 

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from ..offload import OffloadEngine, OffloadUnit, TensorSlot
+from .bnb_layout import keep_portable, portable_state
 from .config import QuantizationConfig, QuantizationError
 from .layers import require
 from .prequantized import fill_layer
@@ -78,7 +79,11 @@ def _layer_kind(layer: nn.Module) -> str:
 def _serialize(layer: nn.Module) -> tuple[dict[str, torch.Tensor], Any]:
     """(key -> tensor, torchao rebuild info) of a quantized layer's weight, as stored while offloaded."""
     kind = _layer_kind(layer)
-    if kind in ("bnb8", "bnb4"):
+    if kind == "bnb4":  # never bitsandbytes' state_dict: wrong for a layer repacked for its CPU kernel
+        parts = portable_state(layer)
+        keep_portable(layer)  # rebuilt from these parts for each forward: not repacked each time
+        return parts, None
+    if kind == "bnb8":
         state = layer.state_dict(keep_vars=True)
         parts = {k: v.detach() for k, v in state.items() if k != "bias" and k != "weight_format"}
         parts["weight"] = parts["weight"].as_subclass(torch.Tensor)  # the bytes, not bitsandbytes' wrapper

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .bnb_layout import keep_portable, portable_stats
 from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError
 from .layers import QuantTarget, require
 
@@ -100,7 +101,11 @@ def layer_keys(
 
 
 def fill_layer(
-    layer: nn.Module, parts: dict[str, torch.Tensor], config: BnbQuantizationConfig, device: Any
+    layer: nn.Module,
+    parts: dict[str, torch.Tensor],
+    config: BnbQuantizationConfig,
+    device: Any,
+    where: str = "a quantized layer",
 ) -> None:
     """Put a layer's saved quantized tensors into its shell (from layers.make_shell), on ``device``."""
     bnb = require("bitsandbytes")
@@ -116,6 +121,8 @@ def fill_layer(
         layer.weight = param
         return
     stats = {k[len("weight.") :]: v for k, v in parts.items() if k != "weight"}
+    stats = portable_stats(stats, where)
+    keep_portable(layer)
     layer.weight = bnb.nn.Params4bit.from_prequantized(
         data=parts["weight"], quantized_stats=stats, requires_grad=False, device=device, module=layer
     )
