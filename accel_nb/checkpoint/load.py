@@ -151,8 +151,9 @@ def _read_checkpoint(
     counts = manifest.get("counts", {})
     from ..accelerator.weights import run_load_hooks
 
-    models = list(getattr(accelerator, "_models", []))
-    run_load_hooks(accelerator, models, path)  # they may pop the models they load themselves
+    # the hooks get the user's modules (as the reference's do) and may pop the ones they load themselves
+    models = [unwrapped(accelerator, model) for model in getattr(accelerator, "_models", [])]
+    run_load_hooks(accelerator, models, path)
     optimizers = list(getattr(accelerator, "_optimizers", []))
     schedulers = list(getattr(accelerator, "_schedulers", []))
     customs = list(getattr(accelerator, "_custom_objects", []))

@@ -224,8 +224,9 @@ def _publish(
 def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
     """Each prepared model's state dict, after the save pre-hooks (which may pop the ones they save).
 
-    Called on every process, like the hooks; they get the folder being written (``tmp``, renamed
-    into place when the save completes), so what they write there is part of the checkpoint.
+    Called on every process, like the hooks; they get the user's modules (unwrapped, as the
+    reference's hooks do, so ``model.save_pretrained`` works) and the folder being written (``tmp``,
+    renamed into place when the save completes), so what they write there is part of the checkpoint.
     """
     from ..accelerator.weights import run_save_hooks
     from ..fsdp.checkpointing import model_weights
@@ -233,8 +234,9 @@ def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
     models = list(getattr(accelerator, "_models", []))
     from ..xla.training import host_copy  # XLA tensors are written as CPU tensors (loadable anywhere)
 
-    weights = [host_copy(model_weights(accelerator, unwrapped(accelerator, model))) for model in models]
-    run_save_hooks(accelerator, models, weights, tmp)
+    plain = [unwrapped(accelerator, model) for model in models]  # the reference's _models: the user's modules
+    weights = [host_copy(model_weights(accelerator, module)) for module in plain]
+    run_save_hooks(accelerator, plain, weights, tmp)
     return weights
 
 
