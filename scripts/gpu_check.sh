@@ -40,10 +40,16 @@ echo "gpu_check: using $PY ($("$PY" -c 'import torch; print("torch", torch.__ver
 
 # -- 2. packages: accel_nb from this checkout, everything else only if missing ----------------------
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
+# pyproject.toml's SPDX license string needs setuptools 77 to build; offline, the build uses the
+# setuptools installed here (--no-build-isolation), so with an older one accel_nb runs from PYTHONPATH
 if ! "$PY" -c 'import accel_nb, os, sys; sys.exit(0 if os.path.dirname(os.path.dirname(accel_nb.__file__)) == sys.argv[1] else 1)' "$ROOT" 2>/dev/null; then
-  "${PIP[@]}" -e . --no-deps --no-build-isolation || {
-    echo "gpu_check: could not install accel_nb from $ROOT; running with PYTHONPATH instead"
-  }
+  if "$PY" -c 'import sys, setuptools; sys.exit(0 if int(setuptools.__version__.split(".")[0]) >= 77 else 1)' 2>/dev/null; then
+    "${PIP[@]}" -e . --no-deps --no-build-isolation >"$ROOT/.gpu-install.log" 2>&1 || {
+      echo "gpu_check: could not install accel_nb from $ROOT (.gpu-install.log says why); running with PYTHONPATH instead"
+    }
+  else
+    echo "gpu_check: setuptools here is older than 77 (needed to build accel_nb offline): running accel_nb from PYTHONPATH"
+  fi
 fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 missing=()

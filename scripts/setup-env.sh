@@ -1,19 +1,44 @@
 #!/usr/bin/env bash
-# Create (or reuse) ./.venv and install accel_nb with everything the demo and the tests need.
-# Idempotent: re-running with an unchanged pyproject.toml installs nothing.
+# Create (or reuse) ./.venv and install accel_nb with everything the demo and the tests need, at the
+# versions pinned in requirements/main.txt (a constraints file: what the suite was last tested with;
+# docs/versions.md says how to refresh it). Idempotent: re-running with unchanged pyproject.toml,
+# pins and script installs nothing.
+#   ACCEL_NB_VENV=DIR        build DIR instead of ./.venv
+#   ACCEL_NB_UNPINNED=1      ignore the pins: today's newest releases, upgraded at most once a day
+#                            (scripts/test-newest.sh)
+# pip's own output goes to DIR/install.log and is shown only when an install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+VENV=${ACCEL_NB_VENV:-.venv}
+PINS=requirements/main.txt
+BNB_OLDEST=0.50.0  # the oldest bitsandbytes the extra allows, beside the pinned one (tests/test_bnb_layout.py)
+constraints=(-c "$PINS")
+[ "${ACCEL_NB_UNPINNED:-0}" = "1" ] && constraints=()
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
 fi
-stamp=.venv/.accel_nb-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+stamp=$VENV/.accel_nb-installed
+want=$( (cat pyproject.toml "$0"; [ ${#constraints[@]} -eq 0 ] && date +unpinned-%F || cat "$PINS") | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  log=$VENV/install.log
+  : >"$log"
+  pip() {
+    if ! "$VENV/bin/python" -m pip "$@" >>"$log" 2>&1; then
+      grep -v "is ignored" "$log" >&2
+      echo "setup-env.sh: 'pip $*' failed (the lines above; the whole log: $log)" >&2
+      exit 1
+    fi
+  }
+  pip install -q --upgrade ${constraints[@]+"${constraints[@]}"} pip
   # The CPU build of torch first, pinned, so nothing pulls the multi-GB CUDA build.
-  .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
-  DS_BUILD_OPS=0 .venv/bin/python -m pip install -q -e ".[dev,bench]" 2>&1 | grep -v "is ignored" || true
-  .venv/bin/python -c "import accel_nb, torch, cloudpickle, safetensors, yaml, psutil" 
+  pip install -q ${constraints[@]+"${constraints[@]}"} "torch==2.13.0"
+  if [ ${#constraints[@]} -eq 0 ]; then
+    DS_BUILD_OPS=0 pip install -q --upgrade --upgrade-strategy eager -e ".[dev,bench]" "torch==2.13.0"
+  else
+    DS_BUILD_OPS=0 pip install -q "${constraints[@]}" -e ".[dev,bench]"
+  fi
+  pip install -q --no-deps --upgrade --target "$VENV/bitsandbytes-$BNB_OLDEST" "bitsandbytes==$BNB_OLDEST"
+  "$VENV/bin/python" -c "import accel_nb, torch, cloudpickle, safetensors, yaml, psutil"
   echo "$want" > "$stamp"
 fi

@@ -22,9 +22,12 @@ case "$STACK" in
     ;;
   *) echo "unknown stack '$STACK': use colab or kaggle" >&2; exit 2 ;;
 esac
-VENV=.venv-$STACK
+VENV=${ACCEL_NB_STACK_VENV:-.venv-$STACK}
+PINS=requirements/$STACK.txt  # a constraints file (docs/versions.md); ACCEL_NB_UNPINNED=1 ignores it
+constraints=(-c "$PINS")
+{ [ "${ACCEL_NB_UNPINNED:-0}" = "1" ] || [ ! -f "$PINS" ]; } && constraints=()
 stamp=$VENV/.accel_nb-stack-installed
-want=$( (cat pyproject.toml "$0"; echo "$STACK") | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml "$0"; echo "$STACK"; [ ${#constraints[@]} -eq 0 ] && echo unpinned || cat "$PINS") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$VENV/.ready" ]; then
   exit 0
 fi
@@ -33,11 +36,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "is ignored" || true; }
-pip install -q --upgrade pip
-pip install -q "torch==2.13.0"
+pip install -q --upgrade ${constraints[@]+"${constraints[@]}"} pip
+pip install -q ${constraints[@]+"${constraints[@]}"} "torch==2.13.0"
 # the stack, pinned, together with what the tests need (a real kernel, notebook execution,
 # the browser driver), in one resolve so none of them moves the pins
-pip install -q "${STACK_PINS[@]}" numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
+pip install -q ${constraints[@]+"${constraints[@]}"} "${STACK_PINS[@]}" numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
   "matplotlib>=3.7" "pytest>=8" pytest-timeout "nbclient>=0.7" "nbformat>=5" "nbconvert>=7" "playwright>=1.40" \
   "tensorboard>=2.14" "transformers>=4.40" \
   "bitsandbytes>=0.50" "torchao>=0.18"

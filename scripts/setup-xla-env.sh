@@ -13,8 +13,11 @@ PY=${PYTHON:-python3}
 VENV=${XLA_VENV:-.venv-xla}
 TORCH_VERSION=${XLA_TORCH_VERSION:-2.9.0}
 TORCH_XLA_VERSION=$TORCH_VERSION  # torch_xla's releases pair with the torch of the same number
+PINS=requirements/xla.txt  # a constraints file (docs/versions.md); ACCEL_NB_UNPINNED=1 ignores it
+constraints=(-c "$PINS")
+{ [ "${ACCEL_NB_UNPINNED:-0}" = "1" ] || [ ! -f "$PINS" ]; } && constraints=()
 stamp=$VENV/.accel_nb-xla-installed
-want=$( (cat pyproject.toml "$0"; echo "$TORCH_VERSION") | sha256sum | cut -d' ' -f1)
+want=$( (cat pyproject.toml "$0"; echo "$TORCH_VERSION"; [ ${#constraints[@]} -eq 0 ] && echo unpinned || cat "$PINS") | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$VENV/.ready" ]; then
   exit 0
 fi
@@ -23,17 +26,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "is ignored" || true; }
-pip install -q --upgrade pip
+pip install -q --upgrade ${constraints[@]+"${constraints[@]}"} pip
 # torch_xla works only with exactly the torch it was built against; PyPI's torch 2.9.0 is a
 # CUDA build (large download), which torch_xla's CPU backend uses without a GPU.
-pip install -q "torch==$TORCH_VERSION" "torch-xla==$TORCH_XLA_VERSION"
+pip install -q ${constraints[@]+"${constraints[@]}"} "torch==$TORCH_VERSION" "torch-xla==$TORCH_XLA_VERSION"
 # accel_nb itself without its dependency list (that would pull the newest torch), then its
 # small dependencies and what tests/xla needs (pytest, a real Jupyter kernel).
 if ! "$VENV/bin/python" -m pip install -q --no-deps -e . >"$VENV/.editable-install.log" 2>&1; then
   cat "$VENV/.editable-install.log" >&2  # setuptools' deprecation notes stay in the log unless it fails
   exit 1
 fi
-pip install -q numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
+pip install -q ${constraints[@]+"${constraints[@]}"} numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
   "pytest>=8" pytest-timeout "ipykernel>=6" "jupyter_client>=8" "nbclient>=0.10" "nbformat>=5" \
   "ipywidgets>=8" "IPython>=8"
 PJRT_DEVICE=CPU "$VENV/bin/python" -c "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite: set up the environment (venv, packages, Chromium for the browser tests),
+# The test suite: set up the environment (venvs pinned by requirements/, packages, Chromium for the browser tests),
 # then run every test, fast unit tests first, then multi-process, real-kernel, notebook and
 # browser tests (conftest.py orders them), then the XLA job (tests/xla in its own venv).
 set -euo pipefail
@@ -11,7 +11,8 @@ if ! command -v chromium >/dev/null 2>&1; then
     || echo "warning: could not install chromium; browser tests will be skipped"
 fi
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@" || status=$?
+# --durations: the slowest tests, so CI's log says where its time goes (docs/versions.md, issue 39)
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@" || status=$?
 # The XLA job, after the whole main suite (not when a selection of tests was given): tests/xla in
 # ./.venv-xla (torch 2.9.0 + torch-xla 2.9.0, built once by setup-xla-env.sh and reused), on
 # XLA's CPU backend. ACCEL_NB_SKIP_XLA=1 skips it.
