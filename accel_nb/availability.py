@@ -283,6 +283,33 @@ def is_fp16_available() -> bool:
     return True
 
 
+def _never(name: str, why: str) -> Callable[..., bool]:
+    def check(*args: Any, **kwargs: Any) -> bool:
+        return False
+
+    check.__name__ = check.__qualname__ = name
+    check.__doc__ = f"False: {why} (the reference's arguments are accepted and ignored)."
+    return check
+
+
+# The reference's checks for what accel_nb has no back-end for: here the answer is always "not available",
+# so code that branches on them takes its plain CUDA/CPU path.
+_NO_DEVICE = "accel_nb does not run on this kind of device"
+is_npu_available = _never("is_npu_available", _NO_DEVICE)
+is_mlu_available = _never("is_mlu_available", _NO_DEVICE)
+is_musa_available = _never("is_musa_available", _NO_DEVICE)
+is_sdaa_available = _never("is_sdaa_available", _NO_DEVICE)
+is_hpu_available = _never("is_hpu_available", _NO_DEVICE)
+is_habana_gaudi1 = _never("is_habana_gaudi1", _NO_DEVICE)
+is_neuron_available = _never("is_neuron_available", _NO_DEVICE)
+is_xccl_available = _never("is_xccl_available", "accel_nb does not use XPU collectives (xccl)")
+is_megatron_lm_available = _never("is_megatron_lm_available", "accel_nb does not support Megatron-LM")
+_NO_FP8 = "accel_nb does not train in FP8 (Transformer Engine, MS-AMP, torchao)"
+is_fp8_available = _never("is_fp8_available", _NO_FP8)
+is_transformer_engine_available = _never("is_transformer_engine_available", _NO_FP8)
+is_transformer_engine_mxfp8_available = _never("is_transformer_engine_mxfp8_available", _NO_FP8)
+
+
 __all__ += sorted(n for n in list(globals()) if n.startswith("is_") and n not in __all__)
 
 

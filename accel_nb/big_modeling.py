@@ -12,6 +12,7 @@ Nothing is defined here; each name is the one implementation in ``accel_nb.big_m
 from __future__ import annotations
 
 from .lazy_exports import lazy_exports
+from .reexports import reexports
 
 _EXPORTS = {
     "init_empty_weights": "accel_nb.big_model",
@@ -27,4 +28,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

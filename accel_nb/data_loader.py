@@ -9,6 +9,7 @@ Nothing is defined here; each name is the one implementation in the ``accel_nb.d
 from __future__ import annotations
 
 from .lazy_exports import lazy_exports
+from .reexports import reexports
 
 _EXPORTS = {
     "DataLoaderShard": "accel_nb.data.loader",
@@ -26,4 +27,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from .counts import is_count
+from .lazy_exports import lazy_exports
+from .reexports import reexports
 
 __all__ = ["LocalSGD"]
 
@@ -88,3 +90,7 @@ class LocalSGD:
                     continue
                 dist.all_reduce(param.data, op=dist.ReduceOp.SUM)
                 param.data.div_(world)
+
+
+# the names the reference's module at this path has because it imports them (accel_nb.reexports)
+__getattr__, __dir__ = lazy_exports(globals(), reexports(__name__))

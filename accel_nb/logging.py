@@ -20,6 +20,9 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from .lazy_exports import lazy_exports
+from .reexports import reexports
+
 __all__ = ["MultiProcessAdapter", "get_logger"]
 
 ENV_LOG_LEVEL = "ACCEL_NB_LOG_LEVEL"
@@ -133,3 +136,7 @@ def quiet_import_notes() -> Iterator[None]:
     finally:
         for logger, note in added:
             logger.removeFilter(note)
+
+
+# the names the reference's module at this path has because it imports them (accel_nb.reexports)
+__getattr__, __dir__ = lazy_exports(globals(), reexports(__name__))

@@ -31,6 +31,7 @@ from .env_names import (  # the launcher's variables (the reference's spellings 
     ENV_USE_CPU,
     REFERENCE_USE_DEEPSPEED,
 )
+from .lazy_exports import lazy_exports
 from .precision.setting import MIXED_PRECISION_CHOICES, check_xla_mixed_precision, validate_mixed_precision
 from .process_group import (
     RendezvousError,
@@ -39,6 +40,7 @@ from .process_group import (
     set_group_timeout,
     timeout_seconds,
 )
+from .reexports import reexports
 from .splitting import split_for_process
 from .topology import TopologyError, env_flag, env_value, read_topology, requested_device
 from .xla import runtime as xla_runtime
@@ -460,3 +462,7 @@ def _reset_all_states() -> None:
     PartialState._reset_state()
     AcceleratorState._reset_state()
     GradientState._reset_state()
+
+
+# the names the reference's module at this path has because it imports them (accel_nb.reexports)
+__getattr__, __dir__ = lazy_exports(globals(), reexports(__name__))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 
 _EXPORTS: dict[str, str] = {
     "Accelerator": ".accelerator",
@@ -36,7 +37,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = ["Accelerator", "AcceleratedOptimizer", "AcceleratedScheduler"]
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from .accelerator import Accelerator

@@ -57,11 +57,15 @@ class BadInput(Exception):
 
 
 def _left_out_reason(parts: list[str]) -> str | None:
-    """Why ``accelerate.<parts>`` is deliberately not under accel_nb (LEFT_OUT is keyed under utils)."""
+    """Why ``accelerate.<parts>`` is deliberately not under accel_nb (LEFT_OUT: migrate_data)."""
     if len(parts) == 1 and parts[0] in LEFT_OUT and not parts[0].islower():
         return LEFT_OUT[parts[0]]  # a name the reference's top level re-exports (ParallelismConfig)
-    if len(parts) < 2 or parts[0] != "utils":
+    if len(parts) < 2:
         return None
+    if parts[0] != "utils":  # a top-level module (accelerate.<module>.name): keyed "<module>.name"
+        if f"{parts[0]}.{parts[1]}" in LEFT_OUT:
+            return LEFT_OUT[f"{parts[0]}.{parts[1]}"]
+        parts = ["utils", parts[1]]  # a name it imports: left out for its home's reason, found below
     if len(parts) >= 3 and parts[1] in LEFT_OUT:
         return LEFT_OUT[parts[1]]
     if len(parts) >= 3 and f"{parts[1]}.{parts[2]}" in LEFT_OUT:

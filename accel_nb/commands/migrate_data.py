@@ -34,7 +34,9 @@ _PROBES = (
 _GATES = "version gates and launcher tables of the reference's internals; accel_nb decides these where it uses them"
 _INTERNAL = "internal to the reference's implementation; code written for it does not import these"
 
-# "module" (every name of accelerate.utils.<module>) or "module.name" -> why it is not under accel_nb.utils
+# "module" (every name of accelerate.utils.<module>) or "module.name" -> why it is not under accel_nb.utils;
+# "module.name" for a top-level module of the reference (accelerate.<module>.name). A name another module
+# imports from there (accelerate.accelerator.FP8RecipeKwargs) is left out for its home's reason.
 LEFT_OUT: dict[str, str] = {
     "ao": _FP8,
     "transformer_engine": _FP8,
@@ -134,31 +136,9 @@ LEFT_OUT: dict[str, str] = {
             "set_numa_affinity",
         ]
     },
-    **{
-        f"imports.{n}": _FP8
-        for n in [
-            "is_transformer_engine_available",
-            "is_transformer_engine_mxfp8_available",
-            "is_fp8_available",
-            "torchao_required",
-        ]
-    },
+    "imports.torchao_required": _FP8,
     "imports.is_bitsandbytes_multi_backend_available": "a bitsandbytes generation gate of the reference; accel_nb needs bitsandbytes >= 0.50",
     "imports.deepspeed_required": _INTERNAL,
-    "imports.is_megatron_lm_available": _MEGATRON,
-    **{
-        f"imports.{n}": _DEVICES
-        for n in [
-            "is_xccl_available",
-            "is_mlu_available",
-            "is_musa_available",
-            "is_npu_available",
-            "is_sdaa_available",
-            "is_hpu_available",
-            "is_habana_gaudi1",
-            "is_neuron_available",
-        ]
-    },
     "modeling.fallback_allocate": _INTERNAL,
     "modeling.get_mixed_precision_context_manager": "accel_nb applies autocast inside the prepared model (accel_nb.precision)",
     "modeling.get_grad_scaler": "accel_nb builds its scaler from GradScalerKwargs (accel_nb.precision)",
@@ -170,6 +150,51 @@ LEFT_OUT: dict[str, str] = {
     "operations.GatheredParameters": "ZeRO-3 parameter gathering: use deepspeed.zero.GatheredParameters itself",
     "other.compile_regions_deepspeed": "torch.compile with DeepSpeed is refused with a clear error (docs/deepspeed.md)",
     **{f"other.{n}": _PAR for n in ["compile_regions_fsdp2", "model_has_dtensor", "get_model_tp_size"]},
+    "dataclasses.MODEL_CONFIGS_TO_MEGATRON_PARSERS": _MEGATRON,
+    "imports.USE_TORCH_XLA": _GATES,
+    **{f"operations.{n}": _INTERNAL for n in ["TENSOR_INT_TO_DTYPE", "TENSOR_TYPE_TO_INT"]},
+    "other.TORCH_SAFE_GLOBALS": _INTERNAL,
+    "launch.SageMakerConfig": "SageMaker launching is not supported by accel_nb",
+    # the reference's top-level modules (accelerate.<module>): their keys never collide with utils' submodules
+    **{
+        f"checkpointing.{n}": "the reference's checkpoint internals take the parts one by one; accel_nb's "
+        "save_accelerator_state(accelerator, dir) is what Accelerator.save_state / load_state run (accel_nb.checkpoint)"
+        for n in [
+            "save_accelerator_state",
+            "load_accelerator_state",
+            "save_custom_state",
+            "load_custom_state",
+        ]
+    },
+    "data_loader.DataLoaderAdapter": "wraps torchdata's StatefulDataLoader; accel_nb's prepared loaders keep "
+    "their own position (loader.state_dict())",
+    "data_loader.get_sampler": _INTERNAL,
+    **{
+        f"hooks.{n}": "the reference's dispatch internals; dispatch_model and cpu_offload attach accel_nb's hooks"
+        for n in ["attach_align_device_hook_on_blocks", "attach_execution_device_hook"]
+    },
+    **{
+        f"inference.{n}": "the reference's pipeline internals; prepare_pippy builds the pipeline (accel_nb.parallel.pipeline)"
+        for n in ["build_pipeline", "find_pippy_batch_size", "generate_device_map", "pippy_forward"]
+    },
+    "launchers.test_launch": _INTERNAL,
+    **{f"optimizer.{n}": _INTERNAL for n in ["move_to_device", "patch_optimizer_step"]},
+    **{f"state.{n}": _INTERNAL for n in ["ThreadLocalSharedDict", "do_nothing", "is_initialized"]},
+    **{
+        f"tracking.{n}": "trackers accel_nb does not ship: subclass GeneralTracker and pass an instance to log_with"
+        for n in ["AimTracker", "ClearMLTracker", "DVCLiveTracker", "SwanLabTracker", "TrackioTracker"]
+    },
+    **{
+        f"tracking.{n}": "the reference's tracker registry; accel_nb resolves log_with itself "
+        "(accel_nb.tracking.available_trackers, resolve_log_with)"
+        for n in [
+            "LOGGER_TYPE_TO_CLASS",
+            "filter_trackers",
+            "get_available_trackers",
+            "register_tracker_class",
+            "on_main_process",
+        ]
+    },
 }
 
 

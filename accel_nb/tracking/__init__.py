@@ -16,6 +16,8 @@ import importlib.util
 import warnings
 from typing import Any
 
+from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 from .base import GeneralTracker, InactiveTracker, flatten_config, scalar_values
 from .builtin import CometMLTracker, MLflowTracker, TensorBoardTracker, WandBTracker
 
@@ -234,3 +236,7 @@ def log_to_trackers(
     for tracker in trackers:
         tracker.log(clean, step=step, **(log_kwargs or {}).get(tracker.name, {}))
     return clean
+
+
+# the names the reference's module at this path has because it imports them (accel_nb.reexports)
+__getattr__, __dir__ = lazy_exports(globals(), reexports(__name__))

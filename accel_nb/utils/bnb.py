@@ -9,6 +9,7 @@ imported on first use. bitsandbytes itself is imported only when a quantized loa
 from __future__ import annotations
 
 from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 
 _EXPORTS = {
     **dict.fromkeys(
@@ -22,4 +23,4 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

@@ -8,6 +8,7 @@ Nothing is defined here; each name is accel_nb's one implementation, imported on
 from __future__ import annotations
 
 from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 
 _EXPORTS = {
     **dict.fromkeys(
@@ -40,4 +41,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

@@ -9,6 +9,7 @@ on first use, so importing this path does not import the ``deepspeed`` package.
 from __future__ import annotations
 
 from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 
 _EXPORTS = dict.fromkeys(
     [
@@ -23,4 +24,4 @@ _EXPORTS = dict.fromkeys(
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

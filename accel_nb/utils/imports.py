@@ -8,6 +8,7 @@ Nothing is defined here; each name is accel_nb's one implementation, imported on
 from __future__ import annotations
 
 from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 
 _EXPORTS = dict.fromkeys(
     [
@@ -57,10 +58,23 @@ _EXPORTS = dict.fromkeys(
         "is_wandb_available",
         "is_weights_only_available",
         "is_xpu_available",
+        # the reference's checks for what accel_nb has no back-end for: always False here
+        "is_npu_available",
+        "is_mlu_available",
+        "is_musa_available",
+        "is_sdaa_available",
+        "is_hpu_available",
+        "is_habana_gaudi1",
+        "is_neuron_available",
+        "is_xccl_available",
+        "is_megatron_lm_available",
+        "is_fp8_available",
+        "is_transformer_engine_available",
+        "is_transformer_engine_mxfp8_available",
     ],
     "accel_nb.availability",
 )
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

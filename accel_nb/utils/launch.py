@@ -9,9 +9,10 @@ first use. The reference's other launcher internals are left out (docs/migration
 from __future__ import annotations
 
 from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 
 _EXPORTS = {"prepare_multi_gpu_env": "accel_nb.commands.launch_env"}
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

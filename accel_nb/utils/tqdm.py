@@ -8,9 +8,10 @@ Nothing is defined here; the name is accel_nb's one implementation, imported on 
 from __future__ import annotations
 
 from ..lazy_exports import lazy_exports
+from ..reexports import reexports
 
 _EXPORTS = {"tqdm": "accel_nb.misc"}
 
 __all__ = sorted(_EXPORTS)
 
-__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})
