@@ -4,11 +4,15 @@ in ``accel_nb/commands/migrate_data.py`` (and in docs/migration.md) as deliberat
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
 import inspect
 import os
 import pkgutil
 import types
+import typing
+import warnings
 
 import pytest
 
@@ -104,11 +108,13 @@ def test_each_left_out_entry_names_something_the_reference_has():
                 continue
             assert hasattr(accelerate.utils, short), f"LEFT_OUT: accelerate.utils has no {short}"
             continue
-        try:
-            ref = importlib.import_module(f"accelerate.utils.{short}")
-        except ImportError:
-            continue
-        assert hasattr(ref, name), f"LEFT_OUT: accelerate.utils.{short} has no {name}"
+        path = _module_path(short)
+        if path not in REFERENCE_MODULES:
+            assert f"accelerate.utils.{short}" in _submodules_paths(), (
+                f"LEFT_OUT: {key} names no reference module"
+            )
+            continue  # a utils submodule that does not import here (rich)
+        assert name in _reference_names(path), f"LEFT_OUT: {path} has no public {name}"
 
 
 def test_the_utils_package_is_discovered_by_the_build():
@@ -179,3 +185,147 @@ def test_every_top_level_name_of_the_reference_imports_from_accel_nb(rich, monke
     for name in ("FullyShardedDataParallelPlugin", "is_rich_available"):
         assert getattr(accel_nb, name) is getattr(accel_nb.utils, name)
     assert accel_nb.is_rich_available() == accelerate.is_rich_available()
+
+
+# -- every public module of the reference, with the names it has because it imports them -----------------
+# (accelerate.commands and accelerate.test_utils are the reference's own command line and test helpers)
+
+
+def _walk_reference() -> dict[str, types.ModuleType | None]:
+    found: dict[str, types.ModuleType | None] = {}
+    for info in pkgutil.walk_packages(accelerate.__path__, "accelerate."):
+        parts = info.name.split(".")
+        if any(p.startswith("_") for p in parts) or parts[1] in ("commands", "test_utils"):
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # accelerate.memory_utils warns that it moved
+            try:
+                found[info.name] = importlib.import_module(info.name)
+            except ImportError:  # an optional dependency of the reference (rich) is missing here
+                found[info.name] = None
+    return found
+
+
+REFERENCE_MODULES = _walk_reference()
+
+
+def _submodules_paths() -> set[str]:
+    return {f"accelerate.utils.{s}" for s in _submodules()}
+
+
+def _key(path: str) -> str:
+    """LEFT_OUT's key of a reference module: its name under ``accelerate.utils`` or ``accelerate``."""
+    return path.removeprefix("accelerate.").removeprefix("utils.")
+
+
+def _module_path(key: str) -> str:
+    utils = f"accelerate.utils.{key}"
+    return utils if utils in REFERENCE_MODULES else f"accelerate.{key}"
+
+
+def _assigned(module: types.ModuleType) -> set[str]:
+    """Names a module's own source assigns at its top level (where a constant is defined)."""
+    with open(module.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    names: set[str] = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+@functools.cache
+def _reference_names(path: str) -> dict[str, object]:
+    """dir() of the reference's module: its and its imports' functions and classes (defined in accelerate)
+    and UPPERCASE constants; not modules, private names or typing's names."""
+    module = REFERENCE_MODULES[path]
+    names = {}
+    for name in dir(module):
+        value = getattr(module, name)
+        if name.startswith("_") or isinstance(value, types.ModuleType):
+            continue
+        if callable(value):
+            if (getattr(value, "__module__", None) or "").startswith("accelerate"):
+                names[name] = value
+        elif name.isupper() and getattr(typing, name, object()) is not value:
+            names[name] = value
+    return names
+
+
+@functools.cache
+def _constant_homes() -> dict[str, list[str]]:
+    homes: dict[str, list[str]] = {}
+    for path, module in REFERENCE_MODULES.items():
+        for name in _assigned(module) if module is not None else ():
+            homes.setdefault(name, []).append(path)
+    return homes
+
+
+def _home(path: str, name: str, value: object) -> str:
+    """The reference module that defines ``name`` (``path`` itself unless the module imports it)."""
+    if callable(value):
+        home = value.__module__
+        return home if home in REFERENCE_MODULES else path  # defined in accelerate.commands: as if here
+    for home in _constant_homes().get(name, []):
+        if getattr(REFERENCE_MODULES[home], name, None) is value:
+            return home
+    return path
+
+
+def _is_left_out(path: str, name: str | None = None) -> bool:
+    key = _key(path)
+    return key in LEFT_OUT or (name is not None and f"{key}.{name}" in LEFT_OUT)
+
+
+def test_the_left_out_keys_of_utils_and_of_the_top_level_do_not_collide():
+    top = {_key(p) for p in REFERENCE_MODULES if p.count(".") == 1}
+    assert not top & set(_submodules())
+
+
+@pytest.mark.parametrize("path", sorted(REFERENCE_MODULES))
+def test_every_name_of_every_reference_module_imports_from_the_same_accel_nb_path(path):
+    ours_path = "accel_nb" + path.removeprefix("accelerate")
+    if REFERENCE_MODULES[path] is None or _is_left_out(path):
+        assert _is_left_out(path), f"{path} does not import here and is not in LEFT_OUT"
+        with pytest.raises(ImportError):
+            importlib.import_module(ours_path)
+        return
+    ours = importlib.import_module(ours_path)
+    missing, differ, stale, split = [], [], [], []
+    for name, value in _reference_names(path).items():
+        home = _home(path, name, value)
+        if _is_left_out(path, name) or (home != path and _is_left_out(home, name)):
+            if f"{_key(path)}.{name}" in LEFT_OUT and hasattr(ours, name):
+                stale.append(name)
+            continue
+        if not hasattr(ours, name):
+            missing.append(name)
+            continue
+        mine = getattr(ours, name)
+        if callable(value) and inspect.isclass(mine) != inspect.isclass(value):
+            differ.append(name)
+        elif not callable(value) and mine != value:
+            differ.append(name)
+        if home != path:  # the one implementation: the same object as at the reference's home path
+            at_home = importlib.import_module("accel_nb" + home.removeprefix("accelerate"))
+            if getattr(at_home, name) is not mine:
+                split.append(f"{name} (from {home})")
+    assert not missing, (
+        f"{ours_path} lacks {missing}: add each to accel_nb/reexports.py (a name the reference's module imports) "
+        "or to LEFT_OUT in accel_nb/commands/migrate_data.py with the reason (and docs/migration.md)"
+    )
+    assert not stale, f"LEFT_OUT lists {stale} of {path} but {ours_path} has them now"
+    assert not differ, (
+        f"{ours_path}: {differ} are not what the reference's names are (class vs function, value)"
+    )
+    assert not split, f"{ours_path}: {split} are not the object at the home path"
+
+
+def test_the_reexport_table_names_only_what_the_reference_modules_have():
+    from accel_nb.reexports import reexports
+
+    for path, module in REFERENCE_MODULES.items():
+        if module is None:
+            continue
+        extra = set(reexports("accel_nb" + path.removeprefix("accelerate"))) - set(dir(module))
+        assert not extra, f"accel_nb/reexports.py gives {path} names the reference's module lacks: {extra}"
