@@ -200,8 +200,8 @@ def first_step_rows(quick: bool = False) -> list[dict]:
     first_cell_note = (
         "the user's first impression: one cell imports the launcher and launches at once. The reference "
         "imports torch with its launcher (~2 CPU-s) and its ranks import torch._dynamo when DDP is first "
-        "built; accel_nb's import leaves torch out and a background thread imports torch and "
-        "torch._dynamo before the first fork, so the launch-only row above charges accel_nb for the torch "
+        "built; accel_nb's import leaves torch out and the first launch imports torch and "
+        "torch._dynamo in the kernel before the first fork, so the launch-only row above charges accel_nb for the torch "
         "import the reference pays in its import; goal ratio <= 1.0"
     )
     for label, pick, goal, note in (

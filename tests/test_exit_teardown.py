@@ -103,3 +103,44 @@ def test_release_process_groups_joins_gloo_threads_a_ddp_model_kept(tmp_path):
     assert seen["released"] == 1 and not seen["reducer"] and not seen["initialized"]
     assert seen["left"] == ["NoneType"]
     assert seen["after"] == seen["plain"]  # the DDP-held group's destructor ran and joined its threads too
+
+
+_FAILING_LAUNCH = """
+import sys
+from accel_nb import LaunchError, notebook_launcher
+
+
+def boom():
+    raise ValueError("boom in the rank")
+
+
+try:
+    notebook_launcher(boom, num_processes=2)
+except LaunchError as err:
+    print("LAUNCH ERROR", type(err).__name__, "boom in the rank" in str(err), flush=True)
+import torch.distributed.elastic.multiprocessing.errors  # the script goes on importing torch
+print("IMPORTED", flush=True)
+sys.exit(3)
+"""
+
+
+def test_a_failing_launch_from_a_fresh_script_raises_launch_error_every_time(tmp_path):
+    """A script that has not imported torch.distributed: the failure path imports it (torch's elastic
+    errors); a background import of torch beside it made torch's start-up abort the script (SIGABRT)."""
+    script = tmp_path / "failing_launch.py"
+    script.write_text(_FAILING_LAUNCH)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    for run in range(3):  # 3 runs of 3 aborted before
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            env=env,
+            cwd=str(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        text = f"run {run}:\n{out.stdout}\n{out.stderr}"
+        assert out.returncode == 3, text
+        assert "terminate called" not in out.stderr, text
+        assert out.stdout.splitlines()[-2:] == ["LAUNCH ERROR LaunchError True", "IMPORTED"], text

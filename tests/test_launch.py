@@ -514,22 +514,92 @@ def test_launch_options_normalise_what_they_accept():
     assert options.show == {0, 2} and LaunchOptions().show is None
 
 
-def _imported_already():
-    import sys
+_PRE_IMPORT_SCRIPT = """
+import os, sys, threading
+from accel_nb import PartialState, debug_launcher
+from accel_nb.launch import preimport
+from accel_nb.launch.parent.reporting import ListReporter
 
+
+def imported_already():
     return [name in sys.modules for name in ("torch", "torch._dynamo", "accel_nb.accelerator.accelerator")]
 
 
-def test_after_the_first_fork_launch_ranks_inherit_what_their_first_ddp_step_imports(monkeypatch):
-    from accel_nb.launch import preimport
+class Events:  # what an IPython kernel's shell.events does with the two hooks
+    def __init__(self):
+        self.callbacks = {"pre_run_cell": [], "post_run_cell": []}
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    before = dict(os.environ)
-    debug_launcher(_trivial, reporter=ListReporter())  # the first launch starts the one background import
-    preimport.wait()
-    assert preimport.failures == {}
-    assert debug_launcher(_imported_already, reporter=ListReporter()) == [[True, True, True]] * 2
-    assert dict(os.environ) == before  # torch._inductor's import-time TORCHINDUCTOR_CACHE_DIR was put back
+    def register(self, event, function):
+        self.callbacks[event].append(function)
+
+    def trigger(self, event):
+        for function in self.callbacks[event]:
+            function(None)
+
+
+class Shell:
+    events = Events()
+
+
+def background():
+    return [t.name for t in threading.enumerate() if t.name == "accel_nb-preimport"]
+
+
+ran_in = []  # the thread each pre-import ran in
+real_import_modules = preimport.import_modules
+
+
+def recording_import_modules():
+    ran_in.append(threading.current_thread().name)
+    real_import_modules()
+
+
+preimport.import_modules = recording_import_modules
+
+
+os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+before = dict(os.environ)
+# a script: the main thread goes on importing, so a fork launch starts no background import beside it
+print("SCRIPT", debug_launcher(lambda: PartialState().process_index, reporter=ListReporter()), ran_in,
+      "torch._dynamo" in sys.modules)
+shell = Shell()
+preimport.start_when_idle(shell)  # the launcher imported in a kernel: nothing starts during the cell
+print("SCHEDULED", ran_in, shell.events.callbacks["pre_run_cell"] != [])
+if sys.argv[1] == "idle":
+    shell.events.trigger("post_run_cell")  # the cell ends: the kernel idles, the thread imports
+    shell.events.trigger("pre_run_cell")  # the next cell waits for it
+    print("IDLE", ran_in, background())
+# the launch finishes what is left (in this thread when no cell ended yet): ranks inherit it all
+print("RANKS", debug_launcher(imported_already, reporter=ListReporter()), preimport.failures, ran_in)
+print("ENV", dict(os.environ) == before)  # torch._inductor's import-time TORCHINDUCTOR_CACHE_DIR was put back
+"""
+
+
+@pytest.mark.parametrize("when", ["idle", "in-cell"])
+def test_a_kernel_pre_imports_what_ranks_need_between_cells_and_a_script_never_in_the_background(
+    tmp_path, when
+):
+    """The background import never runs beside the caller's own code: in a script it would race the main
+    thread's torch imports (a SIGABRT); in a kernel it runs from the end of a cell to the start of the next."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "pre_import.py"
+    script.write_text(_PRE_IMPORT_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1")
+    res = subprocess.run(
+        [sys.executable, str(script), when], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
+    assert lines["SCRIPT"] == "[0, 1] [] False"
+    assert lines["SCHEDULED"] == "[] True"
+    ran_in = "['accel_nb-preimport']" if when == "idle" else "['MainThread']"
+    if when == "idle":
+        assert lines["IDLE"] == f"{ran_in} []"  # imported in the background, over before the next cell
+    assert lines["RANKS"] == f"[[True, True, True], [True, True, True]] {{}} {ran_in}"
+    assert lines["ENV"] == "True"
 
 
 def _one_dies_mid_collective():

@@ -346,3 +346,33 @@ def test_ranks_and_the_spawn_server_die_with_a_crashed_kernel():
         os.kill(k.pid, signal.SIGKILL)  # the kernel crashes
         gone, alive = psutil.wait_procs(descendants, timeout=10)
         assert alive == []
+
+
+def test_a_cell_that_imports_the_launcher_and_torch_distributed_and_a_failing_launch_leave_the_kernel_alive():
+    """A fresh kernel: the pre-import of torch runs between cells only, never beside the cell's own
+    torch imports (the cell that imported both used to kill the kernel with SIGABRT in torch's start-up)."""
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "text"}) as k:
+        out = k.run(
+            "from accel_nb import notebook_launcher, LaunchError\n"
+            "import torch.distributed.elastic.multiprocessing.errors\n"
+            "print('FIRST CELL done')",
+            timeout=180,
+        )
+        assert out.error is None and "FIRST CELL done" in out.stdout, (out.traceback, out.stdout)
+        out = k.run(  # this cell waited for the import that ran while the kernel was idle
+            "import sys, threading\n"
+            "print('IMPORTED', 'torch._dynamo' in sys.modules,\n"
+            "      [t.name for t in threading.enumerate() if t.name == 'accel_nb-preimport'])",
+            timeout=180,
+        )
+        assert out.error is None and "IMPORTED True []" in out.stdout, (out.traceback, out.stdout)
+        out = k.run(
+            "def boom():\n"
+            "    raise ValueError('boom in the rank')\n"
+            "try:\n"
+            "    notebook_launcher(boom, num_processes=2)\n"
+            "except LaunchError as err:\n"
+            "    print('RAISED', type(err).__name__, 'boom in the rank' in str(err))",
+            timeout=180,
+        )
+        assert out.error is None and "RAISED LaunchError True" in out.stdout, (out.traceback, out.stdout)

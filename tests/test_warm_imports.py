@@ -8,7 +8,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CODE = """
 from accel_nb.launch import preimport
-preimport.start()                 # what the first fork launch of a kernel does
+preimport.start()                 # a background import under way (a kernel starts one between cells)
 from accel_nb import Session         # the user's next cell, while torch is still importing
 from accel_nb.launch import cuda_guard
 print("ok", Session.__name__, cuda_guard.cuda_initialized())

@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ..availability import in_ipython_kernel
 from ..events import Reporter
 from ..launch import cuda_guard, preimport
 from ..launch.errors import LaunchError, LaunchSetupError
@@ -30,10 +29,9 @@ from .display import make_reporter
 cuda_guard.install_cuda_init_recorder()
 
 # In a kernel, importing the launcher means a launch will follow: import what the ranks need (torch,
-# what a first DDP step imports) now, in the background, while the user writes the training function;
-# the first fork launch waits for what is left and its ranks inherit it instead of importing it each.
-if in_ipython_kernel():
-    preimport.start()
+# what a first DDP step imports) in the background once this cell ends, while the user writes the
+# training function; the first fork launch finishes what is left and its ranks inherit it.
+preimport.start_in_kernel()
 
 
 def launch_payload(payload: Any, options: LaunchOptions, reporter: Reporter | None = None) -> list[Any]:
@@ -43,7 +41,7 @@ def launch_payload(payload: Any, options: LaunchOptions, reporter: Reporter | No
         launch_payload(FunctionPayload(fn), LaunchOptions(num_processes=2, cpu=True))
     """
     __tracebackhide__ = True
-    preimport.wait()  # the session's background import is over: torch is whole, no import lock held
+    preimport.finish()  # the kernel's pre-import is over: torch is whole, no import lock held
     cuda_guard.install_cuda_init_recorder()
     plan = make_plan(options)
     if reporter is None:  # the live widget in a Jupyter kernel, else text; a bad progress= is a ValueError

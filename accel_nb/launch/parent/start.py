@@ -154,7 +154,7 @@ def start_ranks(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankPr
     """Start every rank of ``plan`` into ``procs`` (filled as they start, so a half-done start can be cleaned up)."""
     if plan.start_method == "fork":
         start_forked(plan, payload, log_dir, procs)
-        preimport.start()  # later forked ranks inherit what their first DDP step imports
+        preimport.start_in_kernel()  # later forked ranks inherit what their first DDP step imports
         return
     payload_path = os.path.join(log_dir, "payload.pkl")
     with open(payload_path, "wb") as f:

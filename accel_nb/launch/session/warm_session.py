@@ -134,7 +134,7 @@ class WarmSession:
         """
         if self.running:
             raise SessionError("the session is already running; stop() or restart() it first")
-        preimport.wait()  # the background import of a first launch is over: torch is whole
+        preimport.finish()  # the kernel's pre-import is over: torch is whole
         cuda_guard.install_cuda_init_recorder()
         plan = make_plan(self.options)
         problem = plan.launcher.session_problem(plan)
