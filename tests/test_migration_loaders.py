@@ -130,3 +130,37 @@ def test_a_stateful_loader_is_a_statefuldataloader_instance_like_the_reference(s
 
         accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
     assert seen[0] == seen[1] == (stateful, True, 6), seen
+
+
+@pytest.mark.parametrize("form", ["accelerator", "data_loader", "top_level"])
+@pytest.mark.parametrize("stateful", [False, True])
+def test_a_skipped_loader_keeps_its_skip_through_prepare_like_the_reference(form, stateful):
+    """``prepare(skip_first_batches(dl, 2))`` yields the 8 batches ``len()`` counts, pass after pass (it
+    yielded all 10: the prepared loader took the skipper for its own and reset its skip), and a further
+    skip of the prepared loader adds to it."""
+    if stateful:
+        pytest.importorskip("torchdata.stateful_dataloader")
+    seen = []
+    for library in ("accel_nb", "accelerate"):
+        config_cls = importlib.import_module(f"{library}.utils").DataLoaderConfiguration
+        acc = importlib.import_module(library).Accelerator(
+            cpu=True, dataloader_config=config_cls(use_stateful_dataloader=stateful)
+        )
+        skip = {
+            "accelerator": acc.skip_first_batches,
+            "data_loader": importlib.import_module(f"{library}.data_loader").skip_first_batches,
+            "top_level": importlib.import_module(library).skip_first_batches,
+        }[form]
+        loader = acc.prepare(skip(DataLoader(torch.arange(20), batch_size=2), 2))
+        firsts = []
+        for _ in range(2):
+            firsts.append((len(loader), [batch[0].item() for batch in loader]))
+        again = acc.skip_first_batches(loader, 3)
+        firsts.append((len(again), [batch[0].item() for batch in again]))
+        seen.append((type(loader.batch_sampler).__name__, firsts))
+        import accelerate.state
+
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    assert seen[0] == seen[1], seen
+    after_two = list(range(4, 20, 2))
+    assert seen[0] == ("SkipBatchSampler", [(8, after_two), (8, after_two), (5, after_two[3:])])

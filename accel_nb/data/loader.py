@@ -100,16 +100,21 @@ class DataLoaderShard(DataLoader):
         rng_types: list[str] | None = None,
         synchronized_generator: torch.Generator | None = None,
         use_stateful_dataloader: bool = False,
+        _own_skipper: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)
         # Skipping (skip_batches, a resumed pass) goes by index, through a SkipBatchSampler that the
         # iterators read (``_index_sampler``) but ``batch_sampler`` does not show: the prepared
         # loader's batch_sampler nests as the reference's (BatchSamplerShard(user's), or the user's).
+        # ``_own_skipper``: the SkipBatchSampler given as batch_sampler is this loader's own skipper
+        # (skip_first_batches of a prepared loader, a resumed pass) and its skip is ``skip_batches``; any
+        # other one (skip_first_batches of a plain loader, then prepared) keeps its skip: it is wrapped.
         bs = self.batch_sampler
         self._index_skipper: SkipBatchSampler | None = None
         if bs is not None and not isinstance(dataset, IterableDataset):
-            self._index_skipper = bs if isinstance(bs, SkipBatchSampler) else SkipBatchSampler(bs, 0)
+            own = _own_skipper and isinstance(bs, SkipBatchSampler)
+            self._index_skipper = bs if own else SkipBatchSampler(bs, 0)
         self.use_stateful_dataloader = bool(use_stateful_dataloader)
         self.base_dataloader = _stateful_twin(self) if use_stateful_dataloader else None
         self.rng_types = rng_types  # synchronised from process 0 at the start of every pass
@@ -257,6 +262,11 @@ class DataLoaderShard(DataLoader):
             return skipper
         return super()._index_sampler
 
+    def _unskipped_batch_sampler(self) -> Any:
+        """The batch sampler this loader's own skipping wraps (a skip of the user's own stays in it)."""
+        skipper = self._index_skipper
+        return skipper.batch_sampler if skipper is not None else self.batch_sampler
+
     def _skip_in_sampler(self) -> bool:
         return self._index_skipper is not None
 
@@ -364,8 +374,7 @@ def _resumed_pass(dataloader: DataLoaderShard) -> DataLoaderShard:
     ``skip_first_batches(loader, resume_step)`` gives the batches the uninterrupted run saw, as
     iterating ``loader`` itself does; ``dataloader``'s next pass is the next epoch.
     """
-    inner = dataloader.batch_sampler
-    inner = inner.batch_sampler if isinstance(inner, SkipBatchSampler) else inner
+    inner = dataloader._unskipped_batch_sampler()
     new = DataLoaderShard.__new__(DataLoaderShard)
     DataLoaderShard.__init__(
         new,
@@ -378,6 +387,7 @@ def _resumed_pass(dataloader: DataLoaderShard) -> DataLoaderShard:
         synchronized_generator=dataloader.synchronized_generator,
         use_stateful_dataloader=dataloader.use_stateful_dataloader,
         batch_sampler=SkipBatchSampler(inner, dataloader.skip_batches),
+        _own_skipper=True,
         **loader_kwargs(dataloader),
     )
     new.skip_batches = dataloader.skip_batches
@@ -483,8 +493,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
                 **kwargs,
             )
         else:
-            inner = dataloader.batch_sampler
-            inner = inner.batch_sampler if isinstance(inner, SkipBatchSampler) else inner
+            inner = dataloader._unskipped_batch_sampler()
             DataLoaderShard.__init__(
                 new,
                 dataloader.dataset,
@@ -497,6 +506,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
                 synchronized_generator=dataloader.synchronized_generator,
                 use_stateful_dataloader=dataloader.use_stateful_dataloader,
                 batch_sampler=SkipBatchSampler(inner, num_batches),
+                _own_skipper=True,
                 **kwargs,
             )
         new.epoch = dataloader.epoch
