@@ -130,6 +130,54 @@ def test_convert_outputs_to_fp32_wraps_a_forward_like_the_reference():
     assert issubclass(our_ops.CannotPadNestedTensorWarning, UserWarning)
 
 
+def _wrapped_by_hand(utils, how):
+    """A half Linear whose forward the user wrapped with ``utils.convert_outputs_to_fp32``."""
+    import types
+
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2).half()
+    if how == "bound":  # model.forward = convert_outputs_to_fp32(model.forward)
+        model.forward = utils.convert_outputs_to_fp32(model.forward)
+    else:  # the class's function wrapped, then bound to the model
+        model.forward = types.MethodType(utils.convert_outputs_to_fp32(nn.Linear.forward), model)
+    return model
+
+
+@pytest.mark.parametrize("how", ["bound", "method"])
+def test_a_forward_wrapped_by_convert_outputs_to_fp32_is_removed_by_extract_model_from_parallel(how):
+    """One convert_outputs_to_fp32 (accel_nb.precision's was an outputs caster of the same name: given a
+    forward it returned it unwrapped, so outputs stayed half); keep_fp32_wrapper=False removes it and the
+    model pickles (the reference 1.15 leaves it there: a deliberate difference, docs/migration.md)."""
+    import pickle
+
+    import accel_nb.precision
+    from accel_nb.nested import convert_outputs_to_fp32
+
+    assert (
+        accel_nb.precision.convert_outputs_to_fp32 is ours.convert_outputs_to_fp32 is convert_outputs_to_fp32
+    )
+    assert our_ops.convert_outputs_to_fp32 is convert_outputs_to_fp32
+    x = torch.ones(1, 2, dtype=torch.float16)
+    models = {library: _wrapped_by_hand(utils, how) for library, utils in (("ours", ours), ("ref", ref))}
+    for model in models.values():  # wrapped the same way in both: fp32 outputs, no pickling when bound
+        assert model(x).dtype == torch.float32
+        if how == "bound":
+            with pytest.raises((pickle.PicklingError, AttributeError)):
+                pickle.dumps(model)
+    kept = ours.extract_model_from_parallel(models["ours"])  # keep_fp32_wrapper=True: left as it is
+    assert kept(x).dtype == torch.float32 and "forward" in kept.__dict__
+    plain = ours.extract_model_from_parallel(models["ours"], keep_fp32_wrapper=False)
+    assert "forward" not in plain.__dict__  # the class's own forward again
+    assert plain(x).dtype == torch.float16
+    copy = pickle.loads(pickle.dumps(plain))
+    assert torch.equal(copy(x), plain(x))
+    if how == "bound":  # the reference keeps the user's wrapper: its model still does not pickle
+        theirs = ref.extract_model_from_parallel(models["ref"], keep_fp32_wrapper=False)
+        assert theirs(x).dtype == torch.float32
+        with pytest.raises((pickle.PicklingError, AttributeError)):
+            pickle.dumps(theirs)
+
+
 def test_shape_mismatch_is_a_distributed_operation_exception():
     from accel_nb.ops import ShapeMismatchError
 

@@ -5,8 +5,13 @@ model = extract_model_from_parallel(prepared_model)
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import torch
 from torch import nn
+
+from ..nested import ConvertOutputsToFp32
 
 __all__ = ["extract_model_from_parallel", "is_compiled_module", "strip_parallel"]
 
@@ -35,14 +40,35 @@ def strip_parallel(model: nn.Module) -> nn.Module:
     return model
 
 
-def _remove_autocast_forward(model: nn.Module) -> None:
-    original = model.__dict__.pop(_ORIGINAL_FORWARD, None)
-    if original is None:
-        return
-    if getattr(original, "__func__", None) is getattr(type(model), "forward", None):
+def _set_forward(model: nn.Module, forward: Any) -> None:
+    if getattr(forward, "__func__", None) is getattr(type(model), "forward", None):
         model.__dict__.pop("forward", None)  # back to the class's own forward
     else:
-        model.forward = original
+        model.forward = forward
+
+
+def _fp32_converter(forward: Any) -> ConvertOutputsToFp32 | None:
+    """The converter behind a forward that ``convert_outputs_to_fp32`` made (maybe bound to the model), else None."""
+    wrapped = getattr(getattr(forward, "__func__", forward), "__wrapped__", None)
+    if isinstance(forward, ConvertOutputsToFp32):
+        return forward
+    return wrapped if isinstance(wrapped, ConvertOutputsToFp32) else None
+
+
+def _remove_autocast_forward(model: nn.Module) -> None:
+    original = model.__dict__.pop(_ORIGINAL_FORWARD, None)
+    if original is not None:
+        _set_forward(model, original)
+    # a forward wrapped by hand (model.forward = convert_outputs_to_fp32(model.forward)): its converter
+    # holds the forward it wraps; a function of the class (bound by MethodType) is bound to the model again
+    while (converter := _fp32_converter(model.__dict__.get("forward"))) is not None:
+        inner = converter.model_forward
+        if (
+            getattr(inner, "__self__", None) is None
+            and getattr(model.__dict__["forward"], "__self__", None) is model
+        ):
+            inner = types.MethodType(inner, model)
+        _set_forward(model, inner)
 
 
 def _strip_children(model: nn.Module) -> None:
@@ -61,7 +87,8 @@ def extract_model_from_parallel(
 ) -> nn.Module:
     """The model inside its distributed wrappers.
 
-    ``keep_fp32_wrapper=False`` also removes the mixed-precision forward ``prepare`` installed;
+    ``keep_fp32_wrapper=False`` also removes the mixed-precision forward ``prepare`` installed, and a
+    forward wrapped by ``convert_outputs_to_fp32`` (so the model pickles again);
     ``keep_torch_compile=True`` returns the compiled module (now around the unwrapped model) when
     the model was compiled, ``False`` the plain module; ``recursive=True`` also unwraps wrapped
     submodules.

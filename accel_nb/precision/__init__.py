@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 from ..lazy_exports import lazy_exports
 
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(
-        ["PrecisionPolicy", "check_mixed_precision_supported", "convert_outputs_to_fp32"], ".policy"
-    ),
+    **dict.fromkeys(["PrecisionPolicy", "check_mixed_precision_supported"], ".policy"),
+    # the reference's forward wrapper (accel_nb.utils has it too): one function, at home in accel_nb.nested
+    "convert_outputs_to_fp32": "..nested",
     **dict.fromkeys(
         [
             "MIXED_PRECISION_CHOICES",
@@ -43,7 +43,8 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from .policy import PrecisionPolicy, check_mixed_precision_supported, convert_outputs_to_fp32
+    from ..nested import convert_outputs_to_fp32
+    from .policy import PrecisionPolicy, check_mixed_precision_supported
     from .setting import (
         MIXED_PRECISION_CHOICES,
         bf16_gpu_problem,

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from ..ops import recursively_apply
+from ..nested import convert_to_fp32
 from .setting import validate_mixed_precision
 
-__all__ = ["PrecisionPolicy", "check_mixed_precision_supported", "convert_outputs_to_fp32"]
+__all__ = ["PrecisionPolicy", "check_mixed_precision_supported"]
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -85,7 +85,7 @@ class PrecisionPolicy:
             def method_in_autocast(module: Any, *args: Any, **kwargs: Any) -> Any:
                 with policy.autocast():
                     out = func(module, *args, **kwargs)
-                return convert_outputs_to_fp32(out)
+                return convert_to_fp32(out)
 
             method_in_autocast._accel_nb_autocast = True  # type: ignore[attr-defined]
             return types.MethodType(method_in_autocast, owner)
@@ -94,16 +94,7 @@ class PrecisionPolicy:
         def forward_in_autocast(*args: Any, **kwargs: Any) -> Any:
             with policy.autocast():
                 out = forward(*args, **kwargs)
-            return convert_outputs_to_fp32(out)
+            return convert_to_fp32(out)
 
         forward_in_autocast._accel_nb_autocast = True  # type: ignore[attr-defined]
         return forward_in_autocast
-
-
-def convert_outputs_to_fp32(outputs: Any) -> Any:
-    """Cast every fp16/bf16 tensor of a (nested) output to fp32; leave everything else alone."""
-    return recursively_apply(
-        lambda t: t.float(),
-        outputs,
-        test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16),
-    )
