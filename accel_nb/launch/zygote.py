@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+from . import kernel_debugger
 from .pythonpath import with_package_on_path
 
 ENV_SWITCH = "ACCEL_NB_SPAWN_SERVER"
@@ -55,15 +56,16 @@ class SpawnServer:
         env = with_package_on_path(dict(os.environ))
         code = "from accel_nb.launch.zygote import serve; serve()"
         try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-c", code, str(child.fileno()), str(os.getpid())],
-                pass_fds=(child.fileno(),),
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            with kernel_debugger.unpatched_subprocesses():  # a clean interpreter, not one under debugpy
+                self.popen = subprocess.Popen(
+                    [sys.executable, "-c", code, str(child.fileno()), str(os.getpid())],
+                    pass_fds=(child.fileno(),),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
         finally:
             child.close()
         self.sock = parent

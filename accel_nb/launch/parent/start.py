@@ -23,7 +23,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .. import preimport, zygote
+from .. import kernel_debugger, preimport, zygote
 from ..channel import EventReader
 from ..payload import dumps_payload
 from ..pythonpath import with_package_on_path
@@ -208,7 +208,7 @@ def start_forked(plan: LaunchPlan, payload: Any, log_dir: str, procs: list[RankP
         inherited = [r] + [p.reader.fd for p in procs] + [p.exit_fd for p in procs if p.exit_fd is not None]
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            pid = os.fork()
+            pid = kernel_debugger.fork()  # not debugpy's fork hook: the child would wait to be attached
             if pid == 0:  # child
                 fork_main(spec, payload, close_fds=inherited)  # never returns
         finally:
@@ -248,7 +248,10 @@ def start_fresh(plan: LaunchPlan, spec_file: str, log_dir: str, procs: list[Rank
         env.update(plan.rank_env(rank))
         with_package_on_path(env)
         try:
-            with open(log_path(log_dir, rank), "ab") as early_log:  # output before the capture starts
+            with (
+                open(log_path(log_dir, rank), "ab") as early_log,  # output before the capture starts
+                kernel_debugger.unpatched_subprocesses(),
+            ):
                 popen = subprocess.Popen(
                     [sys.executable, "-c", code, spec_file, str(rank), str(w)],
                     pass_fds=(w,),

@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 from ... import events
 from ...availability import imported_module
 from ...env_names import ENV_FORKED
+from .. import kernel_debugger
 from ..channel import ChannelClosed, EventWriter, encode_event
 from . import tqdm_bridge
 from .capture import OutputCapture
@@ -358,6 +359,7 @@ def fork_main(spec: RankSpec, payload: Any, close_fds: list[int] = ()) -> NoRetu
     """Entry of a forked rank: close the parent's ends in ``close_fds``, run, exit; never returns to the notebook's code."""
     code = 70
     try:
+        kernel_debugger.drop_inherited_tracer()  # the kernel's debugger's threads did not come along
         for fd in close_fds:
             with contextlib.suppress(OSError):  # EBADF only: nothing of the rank's is at stake
                 os.close(fd)
