@@ -185,3 +185,18 @@ def machine_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The launch options of ``--num_nodes/--node_rank/--master_addr/--rdzv_backend/--rdzv_timeout`` that were given."""
     names = ("num_nodes", "node_rank", "master_addr", "rdzv_backend", "rdzv_timeout")
     return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def cell_filename(shell: Any) -> str:
+    """``<accelerate-cell-N>`` for the cell running now, N its ``In [N]`` prompt number.
+
+    IPython 9 counts the running cell up before executing it (``execution_count`` is N + 1 during the
+    cell); IPython 7 and 8 (Colab's 7.34, Kaggle's 8.x) after it (N). The input history holds the
+    running cell as its last entry on all of them; a cell run without history falls back to the count.
+    """
+    history = getattr(getattr(shell, "history_manager", None), "input_hist_parsed", None)
+    if history and len(history) > 1:
+        number = len(history) - 1
+    else:
+        number = int(getattr(shell, "execution_count", 1) or 1) - 1
+    return f"<accelerate-cell-{max(number, 1)}>"

@@ -26,7 +26,7 @@ from .. import config as config_module
 from ..launch import cuda_guard
 from ..launch.payload import CellPayload
 from ..launch.plan import MAGIC_CHOICES, check_gpu_processes
-from .magic_flags import USAGE, launch_options, parse_accelerate_line, saved_config
+from .magic_flags import USAGE, cell_filename, launch_options, parse_accelerate_line, saved_config
 
 
 @magics_class
@@ -65,8 +65,7 @@ class AccelerateMagics(Magics):
 
     def _cell_payload(self, cell: str, return_names: tuple[str, ...], return_rank: int) -> CellPayload:
         """The cell as a payload named after its prompt number; a cell that does not compile is a UsageError."""
-        # IPython counts the running cell before executing it: its prompt number is one less
-        filename = f"<accelerate-cell-{max(self.shell.execution_count - 1, 1)}>"
+        filename = cell_filename(self.shell)
         try:
             return CellPayload(
                 cell,

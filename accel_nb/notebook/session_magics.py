@@ -25,6 +25,7 @@ from IPython.core.error import UsageError
 from .magic_flags import (
     UsageParser,
     add_launch_flags,
+    cell_filename,
     launch_options,
     parse_accelerate_line,
     rank_or_all,
@@ -210,7 +211,7 @@ def run_cell_on_session(magics: Any, session: Session, line: str, cell: str) -> 
             "with %accelerate start); drop the flag, or %accelerate stop and start again with it"
         )
     rank = args.rank if isinstance(args.rank, int) else None
-    filename = f"<accelerate-cell-{max(magics.shell.execution_count - 1, 1)}>"
+    filename = cell_filename(magics.shell)
     try:
         values = session.run_cell(
             cell, filename, rank=rank, return_names=args.return_names, timeout=args.timeout
