@@ -147,7 +147,9 @@ def test_a_session_is_started_used_and_stopped(kernel):
         )
         assert out.error is None, out.traceback
         out = kernel.run("%%accelerate\nraise KeyError('in the session')\n", timeout=120)
-        assert out.error is not None and f'File "<accelerate-cell-{_prompt(out)}>"' in out.traceback, out.traceback
+        assert out.error is not None and f'File "<accelerate-cell-{_prompt(out)}>"' in out.traceback, (
+            out.traceback
+        )
         out = kernel.run("%accelerate pull scaled --rank 1\nprint('scaled', scaled)", timeout=60)
         assert out.error is None, out.traceback
         assert "scaled 10" in out.stdout
