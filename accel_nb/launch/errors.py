@@ -8,6 +8,7 @@ except LaunchError as err:
 
 from __future__ import annotations
 
+import linecache
 import os
 import types
 from dataclasses import dataclass, field
@@ -29,12 +30,20 @@ def _machinery(frame: types.FrameType) -> bool:
     return module == "decorator" or module.startswith("IPython.core.")
 
 
+def _magic_call(tb: types.TracebackType) -> bool:
+    """A cell frame at IPython's rewrite of a magic (``get_ipython().run_cell_magic('accelerate', ...)``):
+    the whole cell as one escaped string, nothing the user wrote."""
+    line = linecache.getline(tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_globals).strip()
+    return line.startswith(("get_ipython().run_cell_magic(", "get_ipython().run_line_magic("))
+
+
 def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` without accel_nb's own frames nor IPython's magic dispatch (the user's cell and code stay, in order)."""
+    """``tb`` without accel_nb's own frames, IPython's magic dispatch nor a magic's rewritten call line
+    (the user's cell and code stay, in order)."""
     kept = []
     outermost = True  # IPython's run_code: the shell's own tb_offset skips it, so it stays
     while tb is not None:
-        if outermost or not _machinery(tb.tb_frame):
+        if outermost or not (_machinery(tb.tb_frame) or _magic_call(tb)):
             kept.append(tb)
         outermost = False
         tb = tb.tb_next
