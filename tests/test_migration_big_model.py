@@ -156,6 +156,29 @@ def test_removing_offload_hooks_gives_the_weights_back(library, kind, tmp_path):
     assert torch.allclose(model(x), expected)
 
 
+@pytest.mark.parametrize("library", ["accel_nb", "accelerate"])
+def test_a_second_disk_offload_after_removing_the_hooks_writes_the_new_folder(library, tmp_path):
+    """Issue 38, item 8: the weights are back in memory after remove_hook_from_submodules, so a second
+    disk_offload writes them under its own folder; the first folder may be gone by then."""
+    import shutil
+
+    big_modeling = importlib.import_module(f"{library}.big_modeling")
+    hooks = importlib.import_module(f"{library}.hooks")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 5)).eval()
+    x = torch.randn(2, 3)
+    expected = model(x)
+    big_modeling.disk_offload(model, str(tmp_path / "first"), execution_device="cpu")
+    assert torch.allclose(model(x), expected)
+    hooks.remove_hook_from_submodules(model)
+    shutil.rmtree(tmp_path / "first")
+    big_modeling.disk_offload(model, str(tmp_path / "second"), execution_device="cpu", offload_buffers=True)
+    assert torch.allclose(model(x), expected)
+    assert any((tmp_path / "second").iterdir())
+    hooks.remove_hook_from_submodules(model)
+    assert torch.allclose(model(x), expected)
+
+
 def test_infer_auto_device_map_takes_the_reference_keywords():
     from accelerate.utils import infer_auto_device_map as ref_infer
 

@@ -391,7 +391,10 @@ def _write_model_for_disk(model: nn.Module, offload_dir: str | None, offload_buf
     first: dict[int, str] = {}
     tied: dict[str, str] = {}
     for full, _, _, is_param, t in _tensor_slots(model, ""):
-        if not (is_param or offload_buffers) or t.device.type == "meta" or full in disk_index:
+        if t.device.type != "meta":
+            # in memory again (e.g. after remove_hook_from_submodules): an earlier folder is stale
+            disk_index.pop(full, None)
+        if not (is_param or offload_buffers) or t.device.type == "meta":
             continue
         if id(t) in first:
             tied[full] = first[id(t)]
