@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import psutil
 import pytest
@@ -189,6 +190,15 @@ def test_interrupting_the_kernel_shows_every_ranks_stack_stops_them_and_raises_k
         assert f"[rank {rank}] Python stacks (when stopped)" in out.stderr, out.stderr
     assert out.stderr.count("in forever") >= 2
     assert "interrupted: every rank was stopped" in out.stderr
+    # the cell's error is a short summary with each rank's line, none of the launcher's frames
+    tb = out.traceback
+    assert "the launch was interrupted: every rank was stopped" in tb, tb
+    for rank in (0, 1):
+        assert re.search(
+            rf"rank {rank}: at forever, line 4 of <ipython-input-|rank {rank}: at forever, line 4 of ", tb
+        ), tb
+    for internal in ("supervisor.py", "_read_and_reap", "selectors.py", "accel_nb/"):
+        assert internal not in tb, (internal, tb)
     _assert_no_children(kernel, within=5.0)
     # the next launch works at once
     again = kernel.run("print(notebook_launcher(lambda: 7, num_processes=2))")

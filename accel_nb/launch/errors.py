@@ -160,3 +160,16 @@ class PayloadError(UserFramesOnly, TypeError):
 
 class LaunchSetupError(UserFramesOnly, ValueError):
     """The launch cannot start as asked (busy port, unsupported mixed precision, bad option...)."""
+
+
+class LaunchInterrupted(UserFramesOnly, KeyboardInterrupt):
+    """The user stopped a launch: a ``KeyboardInterrupt`` (``except KeyboardInterrupt`` catches it) that
+    IPython shows as a short summary, each rank's line, without the launcher's frames.
+
+        except KeyboardInterrupt as stop:
+            print(stop)   # "the launch was interrupted: every rank was stopped; rank 0 was at ..."
+    """
+
+
+# the notebook names it as what it is: a KeyboardInterrupt
+LaunchInterrupted.__name__ = LaunchInterrupted.__qualname__ = "KeyboardInterrupt"

@@ -18,9 +18,10 @@ from ...availability import imported_module
 from ...byte_sizes import human_bytes
 from ...env_names import ENV_KEEP_LOGS
 from ...events import Reporter, as_reporter
-from ..errors import LaunchError
+from ..errors import LaunchError, LaunchInterrupted
 from ..payload import PayloadCheck, check_picklable, notebook_sources
 from ..plan import LaunchPlan
+from .hang_blame import collective_of, user_line
 from .start import RankProcess
 from .supervisor import Supervisor
 
@@ -118,9 +119,11 @@ def run_launch(
         try:
             outcome = supervisor.run()
         except KeyboardInterrupt:
-            # the stacks were just shown
+            # the stacks were just shown (each rank's pane); the cell says where each rank was, in short
             finish_reporter(reporter, False, "interrupted: every rank was stopped")
-            raise
+            raise LaunchInterrupted(
+                interrupted_summary(supervisor.outcome.interrupt_stacks, plan.num_processes, log_dir)
+            ) from None
         if outcome.failures:
             failures = list(outcome.failures.values())
             stopped = [r for r in outcome.stopped if r not in outcome.failures]
@@ -197,3 +200,17 @@ def finish_reporter(reporter: Reporter, ok: bool, summary: str | None) -> None:
         reporter.finish(ok, summary)
     except Exception as exc:  # noqa: BLE001
         print(f"[accel_nb] the reporter failed to finish: {exc}", file=sys.stderr)
+
+
+def interrupted_summary(stacks: dict[int, str], num_processes: int, log_dir: str) -> str:
+    """``the launch was interrupted: every rank was stopped`` and, per rank, the user's line it was at."""
+    lines = ["the launch was interrupted: every rank was stopped"]
+    for rank in range(num_processes):
+        text = stacks.get(rank)
+        where = user_line(text) if text else None
+        waiting = collective_of(text) if text else None
+        if where is None:
+            where = "(no stack: the rank did not answer)" if text is None else "(in library code only)"
+        lines.append(f"  rank {rank}: at {where}" + (f", waiting in {waiting}" if waiting else ""))
+    lines.append(f"full per-rank logs: {log_dir}")
+    return "\n".join(lines)

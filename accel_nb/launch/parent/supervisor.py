@@ -53,6 +53,9 @@ class Outcome:
     # ranks whose output was not all shown (see the logs)
     dropped_output: set[int] = field(default_factory=set)
     roles: dict[int, Role] = field(default_factory=dict)  # the last role each rank told (mesh or stage)
+    interrupt_stacks: dict[int, str] = field(
+        default_factory=dict
+    )  # where each rank was when the user stopped
 
 
 def _from_event(event: Failure) -> RankFailure:
@@ -336,7 +339,7 @@ class Supervisor:
     def _on_interrupt(self) -> None:
         """The user pressed stop: show where every rank was, then stop them all (a second stop is ignored)."""
         with contextlib.suppress(KeyboardInterrupt):
-            self._report_stacks("interrupt")
+            self.outcome.interrupt_stacks = self._report_stacks("interrupt")
         while True:
             try:
                 self.outcome.stopped = self.stop_all()
