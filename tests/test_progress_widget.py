@@ -427,6 +427,10 @@ def test_launch_progress_status_and_aggregate():
     s.apply(Progress(1, "train", 2, 10, rate=1.0))
     agg = s.aggregate_line()
     assert "2 running" in agg and "6.0 it/s total" in agg and "slowest ETA 0:08" in agg
+    s.finish(False)  # interrupted (or a failure stopped them): the live figures describe nothing now
+    agg = s.aggregate_line()
+    assert agg.startswith("2 ranks: 2 stopped") and "it/s" not in agg and "ETA" not in agg, agg
+    assert "elapsed" in agg
 
 
 # ------------------------------------------------------------------------------- mode choice

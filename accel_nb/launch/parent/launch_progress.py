@@ -281,7 +281,13 @@ class LaunchProgress:
             s = self.status(r, now)
             counts[s] = counts.get(s, 0) + 1
         parts = [f"{plural(len(self.ranks), 'rank')}: " + ", ".join(f"{c} {s}" for s, c in counts.items())]
-        running = [v for v in self.ranks.values() if not v.finished and not v.failed and v.seen_progress]
+        # rates and ETAs are live figures: once the launch ended (a failure or an interrupt stopped
+        # running ranks) they no longer describe anything
+        running = [
+            v
+            for v in self.ranks.values()
+            if self.ended is None and not v.finished and not v.failed and v.seen_progress
+        ]
         rates = [rate for rate in (v.rate_now(now) for v in running) if rate]
         if rates:
             parts.append(f"{format_rate(sum(rates))} total")
