@@ -127,6 +127,31 @@ def test_attach_align_device_hook_with_a_weights_map_matches_the_reference():
     assert torch.allclose(ours_out, ref_out)
 
 
+@pytest.mark.parametrize("library", LIBRARIES)
+def test_attach_align_device_hook_offloads_without_an_execution_device(library):
+    """Issue 38, item 11: offload=True without execution_device is accepted (the reference keeps the
+    weights in a CPU weights map and puts meta tensors on the module); removing the hooks gives them back.
+    accel_nb's forward brings each weight back to where it was (the reference's forward fails there)."""
+    hooks = _hooks(library)
+    utils = _utils(library)
+    x = torch.randn(3, 4)
+    model = Net()
+    expected = model(x)
+    hooks.attach_align_device_hook(model, offload=True)
+    assert utils.has_offloaded_params(model.a)
+    assert {n: p.device.type for n, p in model.named_parameters()} == dict.fromkeys(
+        ["a.weight", "a.bias", "b.weight", "b.bias"], "meta"
+    )
+    assert model.scale.device.type == "cpu"
+    if library == "accel_nb":
+        assert torch.allclose(model(x), expected)
+        assert model.a.weight.device.type == "meta"
+    hooks.remove_hook_from_submodules(model)
+    hooks.remove_hook_from_module(model)
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert torch.allclose(model(x), expected)
+
+
 def test_cpu_offload_with_hook_offloads_the_previous_model_when_the_next_runs():
     from accel_nb.big_modeling import cpu_offload_with_hook as offload_with_hook
 

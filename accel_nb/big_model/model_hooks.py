@@ -213,6 +213,9 @@ class AlignDevicesHook(ModelHook):
     ``io_same_device`` returns outputs on the inputs' device; ``offload_buffers`` offloads buffers
     too; ``place_submodules`` applies to the submodules' tensors as well; ``skip_keys`` names
     input keys left where they are; ``tied_params_map`` shares a tied weight's device copy.
+    Without ``execution_device`` inputs stay where they are and, with ``offload``, each weight comes
+    back for a forward to the device it was on when the hook was attached (the reference's
+    forward fails there).
     """
 
     def __init__(
@@ -226,10 +229,6 @@ class AlignDevicesHook(ModelHook):
         skip_keys: str | list[str] | None = None,
         tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
     ) -> None:
-        if offload and execution_device is None:
-            raise ValueError(
-                "AlignDevicesHook(offload=True) needs execution_device= (where the weights go for a forward)"
-            )
         self.execution_device = _as_device(execution_device)
         self.offload = offload
         self.io_same_device = io_same_device
@@ -276,7 +275,7 @@ class AlignDevicesHook(ModelHook):
         for name in offloaded:
             set_module_tensor_to_device(module, name, "meta", clear_cache=False)
         for name in tensors:  # what stays on the module (buffers, unless offloaded) goes to the device
-            if name not in self.original_devices:
+            if name not in self.original_devices and self.execution_device is not None:
                 set_module_tensor_to_device(module, name, self.execution_device, clear_cache=False)
         return module
 
@@ -290,10 +289,14 @@ class AlignDevicesHook(ModelHook):
                     raise KeyError(
                         f"AlignDevicesHook: weights_map has no entry {name!r} for this module's tensor"
                     )
+                target = self.execution_device
+                if target is None:  # no execution device: where the weight was when the hook was attached
+                    original = self.original_devices.get(name)
+                    target = original if original is not None and original.type != "meta" else "cpu"
                 set_module_tensor_to_device(
                     module,
                     name,
-                    self.execution_device,
+                    target,
                     value=self.weights_map[name],
                     tied_params_map=self.tied_params_map,
                     clear_cache=False,
