@@ -124,6 +124,12 @@ def test_quickstart_runs_and_exports(tmp_path):
         i for i, cell in enumerate(nb.cells) if "notebook_launcher(train_logged" in cell.source
     )
     assert plot_cell in pngs and tracked_cell in pngs, pngs
+    # the tracked launch's cell prints each rank's last loss, not a bare [None, None]
+    said = "".join(
+        o.get("text", "") for o in nb.cells[tracked_cell].outputs if o.get("output_type") == "stream"
+    )
+    assert re.search(r"last loss of each rank: \[\d+\.\d+, \d+\.\d+\]", said), said
+    assert "[None, None]" not in json.dumps(nb.cells[tracked_cell].outputs)
     # the live progress view left its final state in the saved notebook: the two training launches
     # end with every rank's bar full (48/48, green); the failing launch has one red bar
     state = (
