@@ -477,3 +477,20 @@ def test_a_running_view_carries_its_kernel_gone_text_and_final_states_do_not():
     assert "accel-nb-live" in r.infos[0].value and "the kernel restarted or went away" in r.aggregate.value
     r.finish(True)
     assert "kernel gone" not in r.statuses[0].value and "went away" not in r.aggregate.value
+
+
+def test_postfix_values_of_successive_bars_keep_counting_on_the_curve():
+    """Issue 41.4: 4 epochs of 40 steps were drawn on top of each other at x = 0..40."""
+    s = LaunchProgress(2)
+    for epoch in range(3):
+        for rank in (0, 1):  # a new bar per epoch (a fresh name), the same description
+            for n in (1, 20, 40):
+                s.apply(
+                    Progress(rank, f"bar{epoch}", n, 40, metrics={"loss": 1.0 / (epoch + 1)}, desc="train")
+                )
+    for rank in (0, 1):
+        xs = [x for x, _ in s.history.series("loss")[rank]]
+        assert xs == [1, 20, 40, 41, 60, 80, 81, 100, 120], xs  # one run of steps, in order
+    # another loop (its own description) counts on its own
+    s.apply(Progress(0, "eval0", 5, 10, metrics={"acc": 0.5}, desc="eval"))
+    assert s.history.series("acc")[0] == [(5.0, 0.5)]

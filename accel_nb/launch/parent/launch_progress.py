@@ -52,6 +52,9 @@ class RankView:
     rate: float | None = None
     loop_done: bool = False
     metrics: dict[str, Any] = field(default_factory=dict)  # from the loop's set_postfix / set_metrics
+    # per bar description: (offset, last position) so set_postfix values of successive bars (one per
+    # epoch) are drawn one after the other, not on top of each other
+    postfix_x: dict[str, tuple[int, int]] = field(default_factory=dict)
     logged: dict[str, Any] = field(default_factory=dict)  # from Accelerator.log_metrics
     step: int | None = None  # the step of the last log_metrics call
     finished: bool = False  # Result seen
@@ -161,7 +164,7 @@ class LaunchProgress:
             v.rate, v.loop_done = event.rate, event.done
             if event.metrics:
                 v.metrics.update(event.metrics)
-                self.history.add(v.rank, event.metrics, x=event.n)
+                self.history.add(v.rank, event.metrics, x=_postfix_x(v, event))
             v.seen_progress = True
             if not v.finished and not v.failed:
                 v.phase = "running"
@@ -313,3 +316,14 @@ class LaunchProgress:
         if summary and not any(v.failed for v in self.ranks.values()):
             lines.append("  " + one_line(summary))
         return lines
+
+
+def _postfix_x(v: RankView, event: ev.Progress) -> int:
+    """Where a bar's ``set_postfix`` values go on the curves: a step that keeps counting across the
+    bars of one description (a new epoch's bar starts where the last one ended), not the bar's position."""
+    key = event.desc or event.name
+    offset, last = v.postfix_x.get(key, (0, 0))
+    if event.n < last:  # a new bar of the same description (the next epoch): continue after the last one
+        offset += last
+    v.postfix_x[key] = (offset, event.n)
+    return offset + event.n

@@ -1,7 +1,8 @@
 """The numeric metrics each rank reported during a launch, kept as (x, y) series for live curves.
 
 ``Accelerator.log`` values are placed at their ``step`` (or the rank's count of log calls);
-``set_postfix`` values travel with progress updates and are placed at the loop position ``n``.
+``set_postfix`` values travel with progress updates and are placed at a step that keeps counting across
+the bars of one description (epoch 2's bar goes on where epoch 1's ended).
 Each series keeps at most ``max_points`` points: when full, every other point is dropped
 (the curve keeps its shape; the first and newest points are always kept).
 
