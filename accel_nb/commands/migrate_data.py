@@ -280,6 +280,32 @@ DIFFERENCES: tuple[Difference, ...] = (
         "a loader saved at an epoch's end resumes with the next epoch's shuffle (the reference replays the first)",
         "A loader saved at the end of an epoch resumes with the next epoch's shuffle",
     ),
+    # noted by `migrate --check` from the call itself (migrate_checker): its place, its arguments
+    Difference(
+        "Accelerator.register_load_state_pre_hook",
+        "the hook gets the user's models (what unwrap_model gives, not the DDP wrapper), as in the reference; "
+        "nothing to change",
+        "`models` are the user's modules",
+    ),
+    Difference(
+        "Accelerator(log_with=..., project_dir=...)",
+        "with a project_dir, W&B's run folder is <project_dir>/wandb/ and Comet's offline archives "
+        "<project_dir>/comet/ (the reference: their default folders), TensorBoard's run config goes into the "
+        "run's event file; init_kwargs={'wandb': {'dir': '.'}} gives the reference's W&B folder",
+        "Tracker files stay under `project_dir`",
+    ),
+    Difference(
+        "Accelerator.device",
+        "on a CPU process it is `cpu` (index None) where the reference's is `cpu:0`: compare `device.type`, "
+        "or with tensor.device",
+        "A CPU process's device is `cpu`",
+    ),
+    Difference(
+        "Accelerator.save_state(a folder per rank)",
+        "a folder that differs per rank: the whole checkpoint goes to the main process's folder (the other "
+        "ranks warn) and load_state refuses different folders; pass the same folder on every rank",
+        "A checkpoint is one folder, the main process's",
+    ),
 )
 
 
@@ -394,6 +420,31 @@ KEYWORD_RULES: tuple[KeywordRule, ...] = (
             position=1,
         )
         for callee in ("reduce", "Accelerator.reduce")
+    ),
+    KeywordRule(
+        "Accelerator",
+        "dynamo_backend",
+        lambda v: str(v).lower() not in ("no", "none"),
+        "note",
+        "torch.compile goes inside the DDP wrapper here, and a compiler failure at the first call warns and "
+        "runs eagerly (docs/migration.md: torch.compile goes inside the DDP wrapper)",
+    ),
+    KeywordRule(
+        "Accelerator.save_model",
+        "safe_serialization",
+        _literal(False),
+        "note",
+        "the pickle files it writes load back only with allow_pickle=True "
+        "(docs/migration.md: Pickle checkpoints need `allow_pickle=True`)",
+        position=3,
+    ),
+    KeywordRule(
+        "TorchContextParallelConfig",
+        "cp_comm_strategy",
+        _literal("alltoall"),
+        "note",
+        "accepted, but Accelerator refuses it with cp_size > 1: accel_nb's context parallel all-gathers the "
+        "keys and values (use 'allgather'; docs/migration.md: Context parallel is accel_nb's own)",
     ),
 )
 
