@@ -121,6 +121,7 @@ class PartialState:
     """
 
     _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
+    initialized: bool = False  # read through an instance whose shared state was reset: not initialized
 
     def __init__(
         self, cpu: bool = False, *, backend: str | None = None, timeout: Any = None, **kwargs: Any
@@ -367,10 +368,14 @@ class PartialState:
         if group is None:
             _reset_all_states()
 
-    @classmethod
-    def _reset_state(cls) -> None:
-        """Forget the shared state (tests and warm workers between launches)."""
-        cls._shared_state.clear()
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the topology shared by every PartialState (tests and warm workers between launches).
+
+        The reference's private helper, kept with its meaning because test suites call it between tests;
+        ``AcceleratorState`` and ``GradientState`` keep theirs (see ``AcceleratorState._reset_state``).
+        """
+        PartialState._shared_state.clear()
 
 
 class AcceleratorState(PartialState):
@@ -408,6 +413,15 @@ class AcceleratorState(PartialState):
     def partial_state(self) -> PartialState:
         return PartialState()
 
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Forget the training settings shared by every AcceleratorState; with ``reset_partial_state``
+        the topology too, as the reference's helper of this name does (tests call it between tests:
+        ``AcceleratorState._reset_state(True)``). ``GradientState`` is left as it is."""
+        AcceleratorState._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
     def __repr__(self) -> str:
         """PartialState's report and the mixed precision, as the reference prints them."""
         return f"{PartialState().__repr__()}\nMixed precision type: {self.mixed_precision}\n"
@@ -417,6 +431,7 @@ class GradientState:
     """Shared state of gradient accumulation: whether this step syncs, where the loader is."""
 
     _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
+    initialized: bool = False  # read through an instance whose shared state was reset: not initialized
 
     def __init__(self, gradient_accumulation_steps: int | None = None) -> None:
         self.__dict__ = self._shared_state
@@ -453,14 +468,14 @@ class GradientState:
             self.dataloader_references.remove(dataloader)
         self.active_dataloader = self.dataloader_references[-1] if self.dataloader_references else None
 
-    @classmethod
-    def _reset_state(cls) -> None:
-        cls._shared_state.clear()
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the accumulation and loader bookkeeping (the reference's private helper, same meaning)."""
+        GradientState._shared_state.clear()
 
 
 def _reset_all_states() -> None:
-    PartialState._reset_state()
-    AcceleratorState._reset_state()
+    AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
 
 

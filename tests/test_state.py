@@ -102,6 +102,38 @@ def test_gradient_state_shared(clean_env):
     assert GradientState().num_steps == 4 and g.sync_gradients and not g.end_of_dataloader
 
 
+def test_reset_state_helpers_mean_what_the_references_do(clean_env):
+    # issue 38, item 22: test suites reset the shared states between tests with the reference's private
+    # helpers; a literal rename accelerate -> accel_nb must keep working
+    import accelerate
+    import accelerate.state
+
+    import accel_nb
+    import accel_nb.state
+
+    seen = {}
+    for top, mod in ((accelerate, accelerate.state), (accel_nb, accel_nb.state)):
+        mod.AcceleratorState._reset_state(True)
+        mod.GradientState._reset_state()
+        steps = []
+        acc = top.Accelerator(mixed_precision="bf16", cpu=True, gradient_accumulation_steps=3).state
+        mod.AcceleratorState._reset_state()  # the training settings only
+        steps.append((bool(mod.PartialState._shared_state), bool(mod.AcceleratorState._shared_state)))
+        steps.append(top.Accelerator(mixed_precision="fp16", cpu=True).state.mixed_precision)
+        mod.AcceleratorState._reset_state(True)  # and the topology
+        steps.append((bool(mod.PartialState._shared_state), bool(mod.AcceleratorState._shared_state)))
+        steps.append((acc.initialized, bool(mod.GradientState._shared_state)))  # GradientState kept
+        mod.PartialState()
+        mod.PartialState._reset_state()
+        mod.GradientState._reset_state()
+        steps.append((bool(mod.PartialState._shared_state), mod.GradientState().num_steps))
+        mod.AcceleratorState._reset_state(reset_partial_state=True)
+        mod.GradientState._reset_state()
+        seen[top.__name__] = steps
+    assert seen["accel_nb"] == seen["accelerate"]
+    assert seen["accel_nb"] == [(True, False), "fp16", (False, False), (False, True), (False, 1)]
+
+
 @pytest.mark.parametrize(
     "n,parts,pad,expected",
     [
