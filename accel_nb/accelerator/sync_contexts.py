@@ -16,7 +16,25 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ..state import DistributedType
+
 __all__ = ["SyncContexts", "shard_sampler"]
+
+# where join_uneven_inputs applies torch's Join: DDP over several processes (the reference's multi-device
+# types, and accel_nb's MULTI_CPU, where gloo DDP joins as well)
+_DDP_TYPES = frozenset(
+    {
+        DistributedType.MULTI_CPU,
+        DistributedType.MULTI_GPU,
+        DistributedType.MULTI_MLU,
+        DistributedType.MULTI_SDAA,
+        DistributedType.MULTI_MUSA,
+        DistributedType.MULTI_NPU,
+        DistributedType.MULTI_XPU,
+        DistributedType.MULTI_HPU,
+        DistributedType.MULTI_NEURON,
+    }
+)
 
 
 def shard_sampler(loader: Any) -> Any:
@@ -73,6 +91,16 @@ class SyncContexts:
         if not self.use_distributed:  # type: ignore[attr-defined]
             yield joinables
             return
+        if self.distributed_type not in _DDP_TYPES:  # type: ignore[attr-defined]
+            # FSDP, DeepSpeed, XLA: no DDP model for torch's Join to drive; nothing done, as in the reference
+            warnings.warn(
+                "Joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP training, not "
+                f"{self.distributed_type.value}: join_uneven_inputs has no effect here",  # type: ignore[attr-defined]
+                UserWarning,
+                stacklevel=3,
+            )
+            yield joinables
+            return
         from torch.distributed.algorithms.join import Join
 
         restore: list[tuple[Any, bool]] = []
@@ -86,9 +114,9 @@ class SyncContexts:
                 restore.append((sampler, sampler.even_batches))
                 sampler.even_batches = even_batches
             if iterable_seen:
-                warnings.warn(
-                    "join_uneven_inputs(even_batches=...) changes map-style loaders only; the iterable-dataset "
-                    "loaders keep their setting",
+                warnings.warn(  # the reference's wording leads: code and tests match on it
+                    "Overriding even_batches is only supported for map-style datasets, yet some dataloaders given "
+                    "were iterable: join_uneven_inputs(even_batches=...) leaves those loaders as they are",
                     UserWarning,
                     stacklevel=3,
                 )
