@@ -152,6 +152,8 @@ def test_the_live_widget_names_the_rank_that_caused_the_hang_in_a_real_kernel(tm
     assert out.error is not None and out.error["ename"] == "LaunchError", out.text
     assert "rank 1 is not: the likely cause" in out.error["evalue"]
     widget_state = json.dumps(out.comms)  # what the widget shows (its models' state), as sent to the browser
+    # the culprit's own row says so (the waiting rank's row: stopped)
+    assert widget_state.count("hung (likely cause)") >= 1, widget_state[-3000:]
     said = re.findall(r"rank \d hung: [^\"<]*", widget_state)
     assert said and said[-1].startswith("rank 1 hung: no progress for "), said
     assert (

@@ -494,3 +494,18 @@ def test_postfix_values_of_successive_bars_keep_counting_on_the_curve():
     # another loop (its own description) counts on its own
     s.apply(Progress(0, "eval0", 5, 10, metrics={"acc": 0.5}, desc="eval"))
     assert s.history.series("acc")[0] == [(5.0, 0.5)]
+
+
+def test_the_rank_a_hang_blames_says_so_in_its_row():
+    """Issue 41.10: after a hang both rows read "stopped"; only the box below named the culprit."""
+    from accel_nb.launch.parent.hang_blame import HUNG_CULPRIT
+
+    r = _reporter()
+    r.handle(Progress(0, "train", 3, 10))
+    r.handle(Progress(1, "train", 2, 10))
+    r.handle(Phase(0, "stopped"))
+    r.handle(Phase(1, "stopped"))
+    r.handle(Phase(1, HUNG_CULPRIT))  # what the supervisor sends for the likely cause
+    r.finish(False, "the launch hung")
+    assert "hung (likely cause)" in r.statuses[1].value and "color:#c62828" in r.statuses[1].value
+    assert "stopped" in r.statuses[0].value and "hung" not in r.statuses[0].value

@@ -12,6 +12,7 @@ import html
 from typing import Any
 
 from ..launch.failures import describe
+from ..launch.parent.hang_blame import HUNG_CULPRIT
 from ..launch.parent.launch_progress import QUIET_AFTER
 from ..progress_format import format_duration, format_metrics, format_rate, plural
 from .kernel_restart import GONE_CSS, live_or_gone
@@ -35,6 +36,7 @@ STATUS_STYLE = {  # status -> (bar_style, colour of the status text)
     "failed": ("danger", "#c62828"),
     "stopped": ("warning", "#6d4c41"),
     "ready (idle)": ("info", "#1565c0"),  # a session's workers: alive, waiting for the next cell
+    HUNG_CULPRIT: ("danger", "#c62828"),  # the rank the hang watchdog found to be the likely cause
 }
 PANE_LINES = 200  # lines of each rank's log shown in its pane
 

@@ -24,6 +24,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 _WRAPPERS = ("wrapper", "inner", "_fn")  # decorators around torch.distributed's calls: not the call's name
 
 
+# the status of a rank the hang watchdog found to be the likely cause (its row says so, not "stopped")
+HUNG_CULPRIT = "hung (likely cause)"
+
+
 def _frames(block: str) -> list[tuple[str, int, str]]:
     """(file, line, function) of a faulthandler thread block, innermost first (faulthandler's order)."""
     out = []

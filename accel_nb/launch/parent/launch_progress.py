@@ -32,6 +32,7 @@ from ...progress_format import (
     plural,
 )
 from ..failures import FirstToFail, describe
+from .hang_blame import HUNG_CULPRIT
 from .metric_history import MetricHistory
 
 STALL_AFTER = 30.0  # seconds without any event from a running rank that showed progress
@@ -218,7 +219,7 @@ class LaunchProgress:
         for v in self.ranks.values():
             if ok and not v.failed:
                 v.finished, v.phase = True, "done"
-            elif not v.finished and not v.failed:
+            elif not v.finished and not v.failed and v.phase != HUNG_CULPRIT:
                 v.phase = "stopped"
 
     def status(self, rank: int, now: float | None = None) -> str:

@@ -26,7 +26,7 @@ from ...events import Dropped, Event, Failure, FailureKind, Heartbeat, Phase, Re
 from ..errors import RankFailure
 from ..failures import FirstToFail, lost_a_peer, signal_name
 from ..rank.worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
-from .hang_blame import Blame, blame_stacks
+from .hang_blame import HUNG_CULPRIT, Blame, blame_stacks
 from .start import RankProcess
 
 STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every rank runs the payload
@@ -335,6 +335,8 @@ class Supervisor:
                 kind=FailureKind.HANG,
             )
             self._add_failure(failure, stop_the_rest=False)  # stopped already
+        for rank in cause:  # its row names it, not only the box below the rows
+            self._report(Phase(rank=rank, phase=HUNG_CULPRIT))
 
     def _on_interrupt(self) -> None:
         """The user pressed stop: show where every rank was, then stop them all (a second stop is ignored)."""
