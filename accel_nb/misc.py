@@ -59,21 +59,32 @@ def check_os_kernel() -> None:
 
 def clean_state_dict_for_safetensors(state_dict: dict[str, Any]) -> dict[str, Any]:
     """``state_dict`` with each storage kept under its first name only (safetensors refuses shared
-    storage) and every tensor made contiguous."""
+    storage) and every tensor made contiguous; the names left out are logged as a warning."""
     import torch
 
     from .big_model.module_helpers import id_tensor_storage
 
     seen: set[Any] = set()
+    removed: list[str] = []
     cleaned = type(state_dict)() if isinstance(state_dict, OrderedDict) else {}
     for name, value in state_dict.items():
         if isinstance(value, torch.Tensor):
             storage = id_tensor_storage(value)
             if value.device.type != "meta" and storage in seen:
+                removed.append(name)
                 continue
             seen.add(storage)
             value = value.contiguous()
         cleaned[name] = value
+    if removed:
+        from .logging import get_logger
+
+        # the reference's words first: code and tests match on them
+        get_logger(__name__).warning(
+            f"Removed shared tensor {set(removed)} while saving. This should be OK, but check by verifying that "
+            "you don't receive any warning while reloading (these names share their storage with a tensor saved "
+            "under another name, e.g. tied weights)"
+        )
     return cleaned
 
 

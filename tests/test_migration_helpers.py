@@ -429,6 +429,35 @@ def test_save_and_small_helpers(tmp_path):
     assert 0 < ours.get_free_port() < 65536
 
 
+def test_save_warns_about_a_removed_shared_tensor_like_the_reference(tmp_path, caplog):
+    """Issue 38, item 12: safe_serialization drops the second name of a shared storage with the reference's
+    logged warning (one WARNING record, 'Removed shared tensor {names}')."""
+    from accelerate import PartialState as RefPartialState
+
+    from accel_nb import PartialState
+
+    PartialState()
+    RefPartialState()  # the reference's logger refuses to log before its state exists
+    lin = nn.Linear(2, 2)
+    state = collections.OrderedDict(a=lin.weight, b=lin.bias)
+    state["tied"] = lin.weight
+    messages = []
+    for lib in (ours, ref):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            lib.save(state, tmp_path / f"{lib.__name__}.safetensors", safe_serialization=True)
+        records = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(records) == 1, [r.getMessage() for r in records]
+        messages.append(records[0].getMessage())
+    assert all("Removed shared tensor {'tied'} while saving" in m for m in messages), messages
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        ours.save(
+            collections.OrderedDict(a=torch.ones(2)), tmp_path / "plain.safetensors", safe_serialization=True
+        )
+    assert not caplog.records
+
+
 def test_availability_checks_agree_with_the_reference():
     import accelerate.utils.imports as ref_imports
 
