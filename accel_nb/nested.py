@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .ops import recursively_apply
+from .ops import CannotPadNestedTensorWarning, recursively_apply
 
 __all__ = [
     "CannotPadNestedTensorWarning",
@@ -40,10 +40,6 @@ __all__ = [
     "pad_input_tensors",
     "slice_tensors",
 ]
-
-
-class CannotPadNestedTensorWarning(UserWarning):
-    """A nested (ragged) tensor was met where padding was asked for; it is left as it is."""
 
 
 @dataclasses.dataclass

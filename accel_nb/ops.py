@@ -11,6 +11,7 @@ return their input unchanged).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "recursively_apply",
     "ShapeMismatchError",
     "DistributedOperationException",
+    "CannotPadNestedTensorWarning",
 ]
 
 _MAX_DIMS = 8
@@ -46,6 +48,11 @@ class ShapeMismatchError(ValueError, DistributedOperationException):
     in its debug mode, catches it unchanged. accel_nb checks shapes on every call, not only in
     debug mode.
     """
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """``pad_across_processes`` met a nested (ragged) tensor: it has no single size to pad, so it is
+    returned as it is (the reference's warning class)."""
 
 
 # -- structure walking ------------------------------------------------------------------------------
@@ -364,11 +371,19 @@ def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad each tensor along ``dim`` to the largest size any process has, so it can be gathered.
 
-    Padding uses ``pad_index`` and goes at the end (or the start with ``pad_first``).
+    Padding uses ``pad_index`` and goes at the end (or the start with ``pad_first``). A nested tensor
+    is returned as it is, with a ``CannotPadNestedTensorWarning`` (on every process count).
     """
+    if any(getattr(t, "is_nested", False) for t in _leaves(tensor)):
+        warnings.warn(
+            "Cannot pad nested tensors without more information. Leaving unprocessed. (A nested tensor "
+            "has no single size along a dimension; pad its components before nesting them to gather it.)",
+            CannotPadNestedTensorWarning,
+            stacklevel=2,
+        )
     if world_size() == 1:
         return tensor
-    leaves = _leaves(tensor)
+    leaves = [t for t in _leaves(tensor) if not getattr(t, "is_nested", False)]
     if not leaves:
         return tensor
     meta = _exchange_meta(leaves)
@@ -384,6 +399,8 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
     counter = iter(range(len(leaves)))
 
     def _one(t: torch.Tensor) -> torch.Tensor:
+        if getattr(t, "is_nested", False):
+            return t
         i = next(counter)
         if t.dim() == 0:
             return t

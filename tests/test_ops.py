@@ -164,6 +164,47 @@ def test_pad_across_processes():
     assert res[1][0] == [[2, 2]] * 3 and res[1][2] == 2
 
 
+def _pad_nested():
+    import warnings
+
+    r = PartialState().process_index
+    nested = torch.nested.nested_tensor([torch.ones(1 + r), torch.ones(2)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = ops.pad_across_processes({"n": nested, "t": torch.ones(1 + r)})
+    kinds = [w.category.__name__ for w in caught if "Cannot pad nested tensors" in str(w.message)]
+    return out["n"] is nested, out["t"].tolist(), kinds
+
+
+@pytest.mark.multiproc
+def test_pad_across_processes_leaves_a_nested_tensor_with_a_warning():
+    """Issue 38, item 13: a nested tensor is left as it is with CannotPadNestedTensorWarning; the other
+    tensors of the same structure are still padded."""
+    res = run_ranks(_pad_nested, 2)
+    assert res[0] == (True, [1.0, 0.0], ["CannotPadNestedTensorWarning"])
+    assert res[1] == (True, [1.0, 1.0], ["CannotPadNestedTensorWarning"])
+
+
+@pytest.mark.parametrize("library", ["accel_nb", "accelerate"])
+def test_pad_across_processes_warns_on_a_nested_tensor_in_one_process_like_the_reference(library):
+    import importlib
+
+    pytest.importorskip("accelerate")
+    utils = importlib.import_module(f"{library}.utils")
+    nested = torch.nested.nested_tensor([torch.ones(3), torch.ones(1)])
+    try:
+        with pytest.warns(utils.CannotPadNestedTensorWarning, match="Cannot pad nested tensors"):
+            assert utils.pad_across_processes(nested) is nested
+    finally:  # the reference's state made here must not reach later tests' forked ranks
+        import accelerate.state
+
+        accelerate.state.AcceleratorState._reset_state(reset_partial_state=True)
+    assert (
+        utils.CannotPadNestedTensorWarning
+        is importlib.import_module(f"{library}.utils.operations").CannotPadNestedTensorWarning
+    )
+
+
 def _pad_ndim_mismatch():
     r = PartialState().process_index
     ops.pad_across_processes(torch.zeros([2] * (1 + r)))
