@@ -84,6 +84,64 @@ def test_iteration_counts_passes_and_follows_set_epoch_like_the_reference():
     assert counts[0] == counts[1] == [0, 1, 2, 7]
 
 
+def _epoch_reach(library, num_processes):
+    """Which of a prepared loader's epoch-takers (batch sampler, its sampler, the dataset) set_epoch reaches."""
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    class EpochSampler(RandomSampler):  # a DistributedSampler-style sampler: its order follows its epoch
+        epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    class EpochBatchSampler(
+        BatchSampler
+    ):  # a custom batch sampler that takes set_epoch without forwarding it
+        epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    class Data(list):
+        epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    module = importlib.import_module(f"{library}.data_loader")
+    data = Data(range(16))
+    sampler = EpochSampler(data)
+    batch_sampler = EpochBatchSampler(sampler, 4, False)
+    loader = module.prepare_data_loader(
+        DataLoader(data, batch_sampler=batch_sampler),
+        num_processes=num_processes,
+        process_index=0,
+        put_on_device=False,
+    )
+    loader.set_epoch(3)
+    reached = [batch_sampler.epoch, sampler.epoch, data.epoch]
+    plain = EpochSampler(data)
+    loader = module.prepare_data_loader(
+        DataLoader(data, sampler=plain, batch_size=4),
+        num_processes=num_processes,
+        process_index=0,
+        put_on_device=False,
+    )
+    loader.set_epoch(2)
+    return reached, plain.epoch
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_set_epoch_reaches_the_batch_sampler_and_its_sampler_like_the_reference(num_processes):
+    # issue 38, item 17: accel_nb stopped at the first object that took set_epoch (the custom batch
+    # sampler), so the sampler inside it kept epoch 0 and reshuffled the same way every epoch
+    ours, theirs = (_epoch_reach(library, num_processes) for library in ("accel_nb", "accelerate"))
+    assert ours == ([3, 3, 3], 2)
+    # the sampler that orders the data gets the epoch in both; sharded over 2 processes the reference
+    # reaches only the sampler inside the custom batch sampler, accel_nb every object that takes set_epoch
+    assert theirs == (([3, 3, 3] if num_processes == 1 else [0, 3, 0]), 2)
+
+
 @pytest.mark.parametrize("replacement", [False, True])
 def test_seedable_random_sampler_moves_to_the_next_epoch_after_a_pass_like_the_reference(replacement):
     import accelerate.data_loader as ref

@@ -43,6 +43,21 @@ def _innermost_sampler(batch_sampler: Any) -> Any:
     return batch_sampler
 
 
+def _epoch_targets(batch_sampler: Any) -> list[Any]:
+    """Every object down the chain from ``batch_sampler`` (through ``batch_sampler`` / ``sampler``) that takes
+    ``set_epoch``: a custom batch sampler and the distributed or seeded sampler inside it both reshuffle."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    node = batch_sampler
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        if callable(getattr(node, "set_epoch", None)):
+            found.append(node)
+        inner = getattr(node, "batch_sampler", None)
+        node = inner if inner is not None else getattr(node, "sampler", None)
+    return found
+
+
 def loader_kwargs(dl: DataLoader) -> dict[str, Any]:
     """The settings of ``dl`` that a rebuilt loader keeps (workers, collate, pinning...)."""
     kw: dict[str, Any] = {
@@ -186,8 +201,7 @@ class DataLoaderShard(DataLoader):
         self._apply_epoch()
 
     def _apply_epoch(self) -> None:
-        target = _innermost_sampler(self.batch_sampler)
-        if target is not None and hasattr(target, "set_epoch"):
+        for target in _epoch_targets(self.batch_sampler):
             target.set_epoch(self.epoch)
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(self.epoch)
