@@ -198,6 +198,35 @@ def test_torch_dynamo_plugin_reads_the_environment_as_the_reference(monkeypatch,
         assert options.fullgraph == ref.fullgraph and options.regional == ref.use_regional_compilation
 
 
+@pytest.mark.parametrize(
+    "env, kwargs",
+    [
+        ({"ACCELERATE_DYNAMO_BACKEND": "aot_ts_nvfuser", "ACCELERATE_DYNAMO_MODE": "reduce-overhead"}, {}),
+        ({"ACCELERATE_DYNAMO_USE_FULLGRAPH": "true", "ACCELERATE_DYNAMO_USE_DYNAMIC": "false"}, {}),
+        ({}, {"backend": "inductor", "use_regional_compilation": True}),
+        ({"ACCEL_NB_DYNAMO_BACKEND": "eager"}, {"mode": "max-autotune"}),
+    ],
+)
+def test_torch_dynamo_plugin_to_kwargs_and_to_dict_as_the_reference(monkeypatch, env, kwargs):
+    """Issue 38, item 14: to_kwargs() counts what the environment filled in as set (the defaults it
+    compares with are read with no *_DYNAMO_* variable) and leaves use_regional_compilation out; to_dict()
+    gives the backend as its lower-case name. accel_nb's own ACCEL_NB_DYNAMO_* spelling is read first."""
+    from accel_nb.env_names import DYNAMO_ENV
+
+    for names in DYNAMO_ENV.values():
+        for name in names:
+            monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    ours = importlib.import_module("accel_nb.utils").TorchDynamoPlugin(**kwargs)
+    ref_env = {k.replace("ACCEL_NB_", "ACCELERATE_"): v for k, v in env.items()}
+    for name, value in ref_env.items():
+        monkeypatch.setenv(name, value)
+    ref = importlib.import_module("accelerate.utils").TorchDynamoPlugin(**kwargs)
+    assert ours.to_kwargs() == ref.to_kwargs()
+    assert ours.to_dict() == ref.to_dict()
+
+
 # -- a custom batch sampler nests as in the reference ------------------------------------------------
 class _EvenFirstBatches(BatchSampler):
     """A user's batch sampler: the even indices first, then the odd ones."""

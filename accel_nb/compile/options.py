@@ -12,6 +12,7 @@ too). Applying the options to a model is :mod:`accel_nb.compile.apply`.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import os
@@ -197,7 +198,9 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool | None = None
 
     def __post_init__(self) -> None:
-        env = _env_settings()
+        self._fill_from(_env_settings())
+
+    def _fill_from(self, env: dict[str, Any]) -> None:
         if self.backend is None:
             self.backend = env.get("backend", "no")
         if isinstance(self.backend, str):
@@ -211,6 +214,25 @@ class TorchDynamoPlugin(KwargsHandler):
             self.use_regional_compilation = env.get("regional", False)
         if self.dynamic is None:
             self.dynamic = env.get("dynamic")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, ``backend`` as the lower-case name ``torch.compile`` takes (as the reference gives it)."""
+        values = super().to_dict()
+        if isinstance(values["backend"], DynamoBackend):
+            values["backend"] = values["backend"].value.lower()
+        return values
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields that differ from the defaults with no ``*_DYNAMO_*`` variable set (so what the
+        environment filled in counts), without ``use_regional_compilation``, as in the reference."""
+        default = copy.copy(self)  # not a constructor call: that would read the environment
+        for f in dataclasses.fields(self):
+            setattr(default, f.name, f.default)
+        default._fill_from({})
+        defaults = default.to_dict()
+        kwargs = {k: v for k, v in self.to_dict().items() if defaults[k] != v}
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
 
     def to_compile_options(self) -> CompileOptions | None:
         """The CompileOptions these settings mean (None: no compilation)."""
