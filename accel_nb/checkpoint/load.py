@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..serialization import CheckpointError, check_against, index_checkpoint, load_safetensors_into
+from .callers import main_process_guard
 from .folders import CHECKPOINT_DIR, MANIFEST_NAME, is_complete_checkpoint, list_checkpoints
 from .layout import FORMAT, FORMAT_VERSION, file_digest, file_suffix, project_config, unwrapped
 from .rng import set_rng_state
@@ -103,8 +104,9 @@ def _verify_files(path: str, manifest: dict[str, Any], rank: int, world: int) ->
             f"resume with {saved_world} processes, or load only the weights with "
             f"accel_nb.serialization.load_safetensors_into(model, '{os.path.join(path, 'model.safetensors')}')"
         )
+    alone = manifest.get("saved_by")  # saved by that process only (under `if is_main_process:`)
     rank_files = [e for e in manifest["files"] if re.match(r"^rank_\d+\.pt$", e)]
-    if rank_files and len(rank_files) != saved_world and not _is_node_local(manifest):
+    if alone is None and rank_files and len(rank_files) != saved_world and not _is_node_local(manifest):
         raise CheckpointError(
             f"{path} has {len(rank_files)} rank files but its manifest says {saved_world} processes; "
             "the checkpoint is incomplete -- use an earlier one"
@@ -123,7 +125,7 @@ def _verify_files(path: str, manifest: dict[str, Any], rank: int, world: int) ->
             )
         if file_digest(file) != info["digest"]:
             raise CheckpointError(f"{file} does not match its checksum in {MANIFEST_NAME}: it is corrupted")
-    if f"rank_{rank}.pt" not in manifest["files"]:
+    if f"rank_{rank}.pt" not in manifest["files"] and alone is None:
         raise CheckpointError(f"{path} has no rank_{rank}.pt (this process's RNG and data position)")
 
 
@@ -216,7 +218,11 @@ def _read_checkpoint(
     scaler_state = (
         _torch_load(scaler_file, weights_only) if scaler is not None and os.path.exists(scaler_file) else None
     )
-    rank_state = _torch_load(os.path.join(path, f"rank_{rank}.pt"), weights_only)
+    own = f"rank_{rank}.pt" in manifest["files"]
+    # saved by one process alone: the others take its data positions (the same on every data-parallel
+    # rank) and keep their own random state
+    rank_file = f"rank_{rank}.pt" if own else f"rank_{int(manifest['saved_by'])}.pt"
+    rank_state = _torch_load(os.path.join(path, rank_file), weights_only)
     loader_states = rank_state.get("dataloaders", [])
     if loaders and len(loader_states) != len(loaders):
         _count_check(path, "data loader position(s)", len(loader_states), len(loaders))
@@ -230,7 +236,7 @@ def _read_checkpoint(
         "customs": list(zip(customs, custom_states)),
         "scaler": (scaler, scaler_state),
         "loaders": list(zip(loaders, loader_states)),
-        "rng": rank_state["rng"],
+        "rng": rank_state["rng"] if own else None,
     }
 
 
@@ -269,6 +275,14 @@ def load_accelerator_state(
     """
     from ..ops import gather_object
 
+    if int(getattr(accelerator, "num_processes", 1)) > 1:
+        guard = main_process_guard()
+        if guard is not None:  # the others are not coming: say so now instead of waiting for them
+            raise CheckpointError(
+                f"load_state is called on one process only ({guard}); every process restores its own state "
+                "(weights, optimizer, random state, data position) and they read the checkpoint together. "
+                "Call accelerator.load_state(folder) on every process. Nothing was loaded"
+            )
     failure: BaseException | None = _check_same_folder(accelerator, input_dir)
     try:
         if failure is not None:
@@ -345,7 +359,15 @@ def load_accelerator_state(
         and os.path.dirname(path) == os.path.abspath(config.checkpoints_dir or "")
     ):
         config.iteration = max(config.iteration, int(m.group(1)) + 1)
-    set_rng_state(plan["rng"])  # last: nothing above may consume randomness afterwards
+    if plan["rng"] is not None:
+        set_rng_state(plan["rng"])  # last: nothing above may consume randomness afterwards
+    else:
+        warnings.warn(
+            f"load_state: {path} was saved by process {manifest['saved_by']} alone (save_state under "
+            f"`if accelerator.is_main_process:`), so process {getattr(accelerator, 'process_index', 0)} keeps "
+            "its random state (the rest is restored). Call save_state on every process for an exact resume",
+            stacklevel=3,
+        )
     return path
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..serialization import CheckpointError, fsync_path, save_sharded_safetensors
+from .callers import main_process_guard
 from .folders import (
     CHECKPOINT_DIR,
     MANIFEST_NAME,
@@ -102,10 +103,16 @@ def save_accelerator_state(
     accelerator: Any, output_dir: str | None = None, safe_serialization: bool = True
 ) -> str:
     """Save everything needed to resume: weights, optimizers, schedulers, scaler, every rank's RNG,
-    data loader positions, the step and registered objects. Call it on every process.
+    data loader positions, the step and registered objects. Call it on every process; called under
+    ``if accelerator.is_main_process:`` (read from the caller's code: ``callers.py``) the main process
+    writes it alone without waiting (not with FSDP, DeepSpeed, tensor parallelism or XLA: refused at once).
 
         path = save_accelerator_state(accelerator, "ckpt")   # == accelerator.save_state("ckpt")
     """
+    if int(getattr(accelerator, "num_processes", 1)) > 1:
+        guard = main_process_guard()
+        if guard is not None:  # the others are not coming: never wait for them
+            return _save_alone(accelerator, output_dir, safe_serialization, guard)
     config = project_config(accelerator)
     writer = _is_writer(accelerator)
     rank = int(getattr(accelerator, "process_index", 0))
@@ -163,6 +170,61 @@ def save_accelerator_state(
     return final
 
 
+def _held_by_every_rank(accelerator: Any) -> str | None:
+    """What makes a checkpoint need every process (each holds a part of the state), or None."""
+    from ..fsdp.checkpointing import sharded_mode
+
+    if getattr(accelerator, "deepspeed_plugin", None) is not None:
+        return "DeepSpeed (each process holds its ZeRO partition)"
+    if getattr(accelerator, "fsdp_options", None) is not None:
+        return "FSDP (each process holds its shards)"
+    if sharded_mode(accelerator) is not None:
+        return "tensor parallelism (each process holds its slices)"
+    if str(getattr(accelerator, "distributed_type", "")).endswith("XLA"):
+        return "XLA (the state is written through collectives)"
+    return None
+
+
+def _save_alone(accelerator: Any, output_dir: str | None, safe_serialization: bool, guard: str) -> str:
+    """``save_state`` run by one process only (under ``if accelerator.is_main_process:``): it writes the whole
+    checkpoint itself, as atomically as ever, without waiting for the others (the reference's meaning).
+
+    The other ranks' random states are not in it: on ``load_state`` they keep theirs (and take this
+    process's data loader positions, the same on every rank of a data-parallel run)."""
+    held = _held_by_every_rank(accelerator)
+    if held is not None:
+        raise CheckpointError(
+            f"save_state is called on one process only ({guard}), but with {held} it needs every process; "
+            "the others would never join it. Call accelerator.save_state(folder) on every process (outside "
+            "the main-process block): the main process writes the shared files itself. Nothing was saved"
+        )
+    config = project_config(accelerator)
+    rank = int(getattr(accelerator, "process_index", 0))
+    final, automatic = _resolve_output_dir(accelerator, output_dir)
+    _check_replaceable(final)
+    parent, name = os.path.split(final)
+    tmp = os.path.join(parent, f".tmp-{name}-{os.getpid()}")
+    os.makedirs(parent, exist_ok=True)
+    remove_stale_temps(parent, name)
+    os.makedirs(tmp)
+    try:
+        weights = _weights_after_hooks(accelerator, tmp)
+        counts = _write_shared(accelerator, tmp, safe_serialization, weights)
+        _torch_save(
+            {"rng": rng_state(), "dataloaders": _loader_states(accelerator)},
+            os.path.join(tmp, f"rank_{rank}.pt"),
+        )
+        _publish(accelerator, tmp, final, counts, safe_serialization, alone=rank)
+        if automatic:
+            _rotate(config)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if automatic:
+        config.iteration = int(CHECKPOINT_DIR.match(name).group(1)) + 1
+    return final
+
+
 def _agree_on_folder(accelerator: Any, output_dir: str | None) -> tuple[str, bool, int]:
     """Process 0 picks the folder (and whether it was named automatically); every rank gets its choice."""
     from ..ops import broadcast_object_list
@@ -192,7 +254,12 @@ def _agree_on_folder(accelerator: Any, output_dir: str | None) -> tuple[str, boo
 
 
 def _publish(
-    accelerator: Any, tmp: str, final: str, counts: dict[str, int], safe_serialization: bool
+    accelerator: Any,
+    tmp: str,
+    final: str,
+    counts: dict[str, int],
+    safe_serialization: bool,
+    alone: int | None = None,
 ) -> None:
     """Fsync every file, write the manifest (sizes and digests) last, then rename the folder into place."""
     files = {}
@@ -214,6 +281,8 @@ def _publish(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": files,
     }
+    if alone is not None:  # saved by this process only: the other ranks' files are not expected
+        manifest["saved_by"] = alone
     with open(os.path.join(tmp, MANIFEST_NAME), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1)
         f.flush()

@@ -361,13 +361,24 @@ class _Checker(ast.NodeVisitor):
         keywords = {kw.arg: kw for kw in node.keywords if kw.arg is not None}
         if name in _COLLECTIVE:
             method = name.split(".")[1]
-            if self.main_only:
+            if self.main_only and method == "save_state":
+                self.add(
+                    node,
+                    "note",
+                    f"`save_state(...)` {self.main_only} runs on the main process only: accel_nb sees that from "
+                    "the code and the main process writes the checkpoint alone, as the reference does (on "
+                    "load_state the other ranks keep their random state); with FSDP, DeepSpeed, tensor "
+                    "parallelism or XLA each process holds a part, so it is refused at once there: call it on "
+                    "every process (docs/checkpointing.md)",
+                    attribute_position(node.func),
+                )
+            elif self.main_only:
                 self.add(
                     node,
                     "error",
-                    f"`{method}(...)` {self.main_only} runs on the main process only: accel_nb's {method} is "
-                    f"collective (every process takes part and they wait for each other), so with several "
-                    f"processes it hangs; call {method} on every process (docs/checkpointing.md)",
+                    f"`{method}(...)` {self.main_only} runs on the main process only: every process restores "
+                    f"its own state, so accel_nb refuses it at once; call {method} on every process "
+                    "(docs/checkpointing.md)",
                     attribute_position(node.func),
                 )
             folder = node.args[0] if node.args else None
