@@ -440,7 +440,6 @@ class GradientState:
             self.num_steps = 1
             self.active_dataloader = None
             self.dataloader_references: list[Any] = [None]
-            self.remainder = -1
             self.sync_with_dataloader = True
             self.initialized = True
         if gradient_accumulation_steps is not None:
@@ -455,6 +454,12 @@ class GradientState:
     @property
     def in_dataloader(self) -> bool:
         return self.active_dataloader is not None
+
+    @property
+    def remainder(self) -> int:
+        """The active data loader's ``remainder`` (samples of its short last round), -1 outside a loader."""
+        dl = self.active_dataloader
+        return -1 if dl is None else getattr(dl, "remainder", -1)
 
     def _set_sync_gradients(self, value: bool) -> None:
         self.sync_gradients = value

@@ -117,10 +117,11 @@ class DataLoaderDispatcher(DataLoaderShard):
         """Real samples of the last round while it is out (the rest are copies of the first samples)."""
         return self._last_round_real if self.end_of_dataloader else None
 
-    @property
-    def remainder(self) -> int:
-        value = self.last_round_real
-        return -1 if value is None else value
+    def begin(self) -> None:
+        """Start a pass (``DataLoaderStateMixin.begin``); ``remainder`` stays -1 until the last round is out,
+        then it is that round's real samples, as in the reference."""
+        super().begin()
+        self.remainder = -1
 
     def __len__(self) -> int:
         n = DataLoader.__len__(self)
@@ -185,9 +186,8 @@ class DataLoaderDispatcher(DataLoaderShard):
         self._apply_epoch()
         resume, self._resume_skip = self._resume_skip, 0
         self.batches_yielded = 0
-        self.end_of_dataloader = False
         self._last_round_real = None
-        self.gradient_state._add_dataloader(self)
+        self.begin()
         plans = self._plans() if self.process_index == 0 else None
         try:
             while True:
@@ -197,7 +197,8 @@ class DataLoaderDispatcher(DataLoaderShard):
                 part, last, real = mine
                 self.end_of_dataloader = bool(last)
                 self._last_round_real = int(real) if last else None
-                self.gradient_state.remainder = self.remainder
+                if last:
+                    self.remainder = int(real)
                 self.batches_yielded += 1
                 if self.batches_yielded <= resume + self.skip_batches:
                     continue
@@ -206,7 +207,7 @@ class DataLoaderDispatcher(DataLoaderShard):
                     break
             self._finish_pass()
         finally:
-            self.gradient_state._remove_dataloader(self)
+            self.end()
 
 
 def prepare_dispatcher(

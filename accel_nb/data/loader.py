@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..ops import broadcast_object_list, send_to_device
 from ..state import GradientState
+from .loader_state import DataLoaderStateMixin
 from .random_sync import synchronize_rng_states
 from .samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
 from .shuffling import PassShuffle, random_sampler
@@ -84,12 +85,15 @@ def _new_instance(cls: type) -> Any:
     return cls.__new__(cls)
 
 
-class DataLoaderShard(DataLoader):
+class DataLoaderShard(DataLoader, DataLoaderStateMixin):
     """A ``DataLoader`` that yields this rank's batches on ``device`` and can resume mid-epoch.
 
     Built by :func:`prepare_data_loader` (``Accelerator.prepare``). On top of a DataLoader it has
-    ``set_epoch(e)``, ``end_of_dataloader`` (true while the last batch is out),
-    ``state_dict()`` / ``load_state_dict()`` and ``len()`` = this rank's number of batches.
+    ``set_epoch(e)``, ``end_of_dataloader`` (true while the last batch is out), ``remainder`` (the
+    samples of the last, short round over all processes, ``len(dataset) % total_batch_size``, set when a
+    pass begins; -1 with ``drop_last`` or an unknown length), ``state_dict()`` / ``load_state_dict()``
+    and ``len()`` = this rank's number of batches. As a ``DataLoaderStateMixin`` each pass starts
+    with ``begin()`` (registers with ``GradientState``) and ends with ``end()``.
     """
 
     @property  # type: ignore[misc]
@@ -145,12 +149,22 @@ class DataLoaderShard(DataLoader):
         self._source = _source
         self._shard_info = dict(_shard_info or {})
         self.gradient_state = GradientState()
+        # the mixin's begin() leaves remainder at -1 for a loader that drops its short last batch
+        self._drop_last = bool((_source if _source is not None else self).drop_last)
 
     # -- sharding facts ---------------------------------------------------------------------------
     @property
     def total_batch_size(self) -> int | None:
-        """Samples per step over all processes."""
+        """Samples per step over all processes (a loader built by hand: its batch sampler's batch size)."""
         info = self._shard_info
+        if not info:
+            sampler = self.batch_sampler
+            bs = getattr(sampler, "batch_size", None)
+            if bs is None:
+                return None
+            return (
+                bs if getattr(sampler, "split_batches", False) else bs * getattr(sampler, "num_processes", 1)
+            )
         bs = info.get("batch_size")
         if bs is None:
             return None
@@ -175,12 +189,6 @@ class DataLoaderShard(DataLoader):
         if isinstance(self.dataset, IterableDatasetShard):
             return self.dataset.last_round_real
         return None
-
-    @property
-    def remainder(self) -> int:
-        """The reference library's name: real samples in the padded last round, or -1 when none is padded."""
-        value = self.last_round_real
-        return -1 if value is None else value
 
     @property
     def iteration(self) -> int:
@@ -310,9 +318,7 @@ class DataLoaderShard(DataLoader):
         else:
             to_drop = self.skip_batches + resume
         self.batches_yielded = self.skip_batches + resume
-        self.end_of_dataloader = False
-        self.gradient_state._add_dataloader(self)
-        self.gradient_state.remainder = self.remainder
+        self.begin()  # not at the end, remainder of this pass, registered with GradientState
         try:
             if self._shuffle.keeps_rng_on_new_iterator:
                 # resumed at an epoch's end where the saved run's persistent workers kept their
@@ -355,7 +361,7 @@ class DataLoaderShard(DataLoader):
             if self._skip_in_sampler():
                 self._index_skipper.skip_batches = self.skip_batches
             self._shuffle.end(shuffler)
-            self.gradient_state._remove_dataloader(self)
+            self.end()
 
     def _base_iter(self) -> Iterator[Any]:
         """A fresh pass of the underlying loader: torchdata's StatefulDataLoader when asked for, else this one.

@@ -6,7 +6,8 @@
             ...                          # set self.end_of_dataloader = True before the last batch
             self.end()
 
-accel_nb's own loaders (``DataLoaderShard`` and its kin) keep the same attributes themselves.
+accel_nb's own loaders (``DataLoaderShard``, ``SkipDataLoader``, ``DataLoaderDispatcher``) are subclasses:
+each of their passes starts with ``begin()`` and ends with ``end()``.
 """
 
 from __future__ import annotations
