@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .ops import CannotPadNestedTensorWarning, recursively_apply
+from .ops import CannotPadNestedTensorWarning, is_torch_tensor, recursively_apply
 
 __all__ = [
     "CannotPadNestedTensorWarning",
@@ -48,11 +48,6 @@ class TensorInformation:
 
     shape: torch.Size
     dtype: torch.dtype
-
-
-def is_torch_tensor(tensor: Any) -> bool:
-    """True for a ``torch.Tensor`` (any subclass)."""
-    return isinstance(tensor, torch.Tensor)
 
 
 def is_tensor_information(tensor_info: Any) -> bool:

@@ -55,6 +55,11 @@ class CannotPadNestedTensorWarning(UserWarning):
     returned as it is (the reference's warning class)."""
 
 
+def is_torch_tensor(tensor: Any) -> bool:
+    """True for a ``torch.Tensor`` (any subclass); ``recursively_apply``'s default ``test_type``."""
+    return isinstance(tensor, torch.Tensor)
+
+
 # -- structure walking ------------------------------------------------------------------------------
 def _is_namedtuple(obj: Any) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
@@ -70,7 +75,7 @@ def recursively_apply(
     func: Callable[..., Any],
     data: Any,
     *args: Any,
-    test_type: Callable[[Any], bool] = lambda t: isinstance(t, torch.Tensor),
+    test_type: Callable[[Any], bool] = is_torch_tensor,
     error_on_other_type: bool = False,
     **kwargs: Any,
 ) -> Any:
@@ -99,9 +104,12 @@ def recursively_apply(
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
+        name = getattr(func, "__name__", type(func).__name__)
+        kind = getattr(test_type, "__name__", type(test_type).__name__)
         raise TypeError(
-            f"expected tensors or nested lists/tuples/dicts of tensors, found a {type(data).__name__}; "
-            "use gather_object / broadcast_object_list for arbitrary Python objects"
+            f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects that "
+            f"are valid for `{kind}` should be passed. (Use gather_object / broadcast_object_list for "
+            "arbitrary Python objects.)"
         )
     return data
 

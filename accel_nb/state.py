@@ -122,6 +122,28 @@ class PartialState:
 
     _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
     initialized: bool = False  # read through an instance whose shared state was reset: not initialized
+    # what a live state holds: reading one after _reset_state() says why it is gone
+    _state_attrs: tuple[str, ...] = (
+        "backend",
+        "collective_timeout",
+        "device",
+        "distributed_type",
+        "fork_launched",
+        "local_process_index",
+        "num_local_processes",
+        "num_processes",
+        "process_index",
+    )
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached when normal lookup fails: a reset shared state, or a name no state has
+        cls = type(self).__name__
+        if name in type(self)._state_attrs and not self._shared_state.get("initialized"):
+            raise AttributeError(
+                f"`{cls}` object has no attribute `{name}`. This happens if `{cls}._reset_state()` was "
+                "called and an `Accelerator` or `PartialState` was not reinitialized."
+            )
+        raise AttributeError(f"'{cls}' object has no attribute '{name}'")
 
     def __init__(
         self, cpu: bool = False, *, backend: str | None = None, timeout: Any = None, **kwargs: Any
@@ -382,6 +404,7 @@ class AcceleratorState(PartialState):
     """PartialState plus the training settings of this run (mixed precision, ...), shared too."""
 
     _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
+    _state_attrs = PartialState._state_attrs + ("mixed_precision",)
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
         _reject_unknown_keywords(

@@ -458,6 +458,55 @@ def test_save_warns_about_a_removed_shared_tensor_like_the_reference(tmp_path, c
     assert not caplog.records
 
 
+@pytest.mark.parametrize("library", ["accel_nb", "accelerate"])
+def test_error_texts_code_matches_on_are_the_references(library):
+    """Issue 38, item 21: the words the reference's tests match with pytest.raises(match=...) come first in
+    accel_nb's errors too (its own guidance may follow)."""
+    import importlib
+    import re
+
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    lib = importlib.import_module(library)
+    utils = importlib.import_module(f"{library}.utils")
+    data_loader = importlib.import_module(f"{library}.data_loader")
+    accelerator = lib.Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="must include a `state_dict` and `load_state_dict`") as err:
+        accelerator.register_for_checkpointing(torch.ones(1), torch.ones(2), nn.Linear(1, 1))
+    assert "Item at index 0" in str(err.value) and "Item at index 1" in str(err.value)
+    assert "Item at index 2" not in str(err.value)
+    sampler = BatchSampler(SequentialSampler(range(10)), batch_size=3, drop_last=False)
+    with pytest.raises(ValueError, match=re.escape("the batch size (3) needs to be a round multiple of the")):
+        data_loader.BatchSamplerShard(sampler, num_processes=2, split_batches=True)
+    with pytest.raises(ValueError, match="round multiple of the number of processes"):
+        data_loader.IterableDatasetShard(range(10), batch_size=3, num_processes=2, split_batches=True)
+    with pytest.raises(
+        TypeError, match=r"Unsupported types \(<class 'int'>\) passed to `len`.*is_torch_tensor"
+    ):
+        utils.recursively_apply(len, {"a": 1}, error_on_other_type=True)
+    with pytest.raises(
+        ValueError, match=r"Trying to set a tensor of shape torch.Size\(\[3, 3\]\) in \"weight\""
+    ):
+        utils.set_module_tensor_to_device(nn.Linear(2, 2), "weight", "cpu", value=torch.zeros(3, 3))
+    state_module = importlib.import_module(f"{library}.state")
+    for cls in (state_module.PartialState, state_module.AcceleratorState):
+        lib.Accelerator(cpu=True)  # the reference's AcceleratorState() needs one first
+        state = cls()
+        assert state.num_processes > 0
+        with pytest.raises(AttributeError, match="object has no attribute") as err:
+            state.someotherthing  # noqa: B018
+        assert "_reset_state()" not in str(err.value)
+        cls._reset_state()
+        with pytest.raises(
+            AttributeError, match=f"`{cls.__name__}` object has no attribute `num_processes`"
+        ) as err:
+            state.num_processes  # noqa: B018
+        assert f"This happens if `{cls.__name__}._reset_state()`" in str(err.value)
+        state.someotherthing = "MyValue"
+        assert state.someotherthing == "MyValue"
+        state_module.AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_availability_checks_agree_with_the_reference():
     import accelerate.utils.imports as ref_imports
 

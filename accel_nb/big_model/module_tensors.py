@@ -87,8 +87,9 @@ def set_module_tensor_to_device(
         value = torch.as_tensor(value)
         if value.shape != old.shape:
             raise ValueError(
-                f"value for {tensor_name!r} has shape {tuple(value.shape)} but the module's tensor has shape "
-                f"{tuple(old.shape)}; pass a tensor of the module's shape"
+                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape {old.shape}), '
+                "this looks incorrect. Pass a tensor of the module's shape (a checkpoint for another "
+                "configuration of the model gives such shapes)."
             )
         if dtype is not None:
             from .sizes import as_dtype

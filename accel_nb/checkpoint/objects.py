@@ -21,14 +21,14 @@ __all__ = ["checkpointable", "save_model", "save_object"]
 def checkpointable(objects: tuple[Any, ...]) -> tuple[Any, ...]:
     """``objects`` when each has ``state_dict()`` and ``load_state_dict()``; a clear error otherwise."""
     bad = [
-        f"#{i} ({type(o).__name__})"
+        f"\n\t- Item at index {i}, `{type(o).__qualname__}`"
         for i, o in enumerate(objects)
         if not (callable(getattr(o, "state_dict", None)) and callable(getattr(o, "load_state_dict", None)))
     ]
     if bad:
         raise ValueError(
-            f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); "
-            f"{', '.join(bad)} lack them. Wrap the object in a class that provides both."
+            "All `objects` must include a `state_dict` and `load_state_dict` function to be stored. The "
+            f"following inputs are invalid:{''.join(bad)}\nWrap each in a class that provides both methods."
         )
     return objects
 

@@ -94,8 +94,9 @@ class BatchSamplerShard(Sampler):
         self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
         if split_batches and self.batch_size is not None and self.batch_size % self.num_processes:
             raise ValueError(
-                f"split_batches=True needs a batch size divisible by the number of processes, got batch_size="
-                f"{self.batch_size} for {self.num_processes} processes; use a batch size of "
+                f"To use `BatchSamplerShard` in `split_batches` mode, the batch size ({self.batch_size}) needs "
+                f"to be a round multiple of the number of processes ({self.num_processes}): split_batches=True "
+                f"needs a batch size divisible by the number of processes; use a batch size of "
                 f"{math.ceil(self.batch_size / self.num_processes) * self.num_processes} or split_batches=False"
             )
         if split_batches and self.batch_size is None:
@@ -263,8 +264,9 @@ class IterableDatasetShard(IterableDataset):
     ) -> None:
         if split_batches and batch_size % num_processes:
             raise ValueError(
-                f"split_batches=True needs a batch size divisible by the number of processes, got "
-                f"batch_size={batch_size} for {num_processes} processes"
+                f"To use `IterableDatasetShard` in `split_batches` mode, the batch size ({batch_size}) needs to "
+                f"be a round multiple of the number of processes ({num_processes}): split_batches=True needs a "
+                "batch size divisible by the number of processes"
             )
         self.dataset = dataset
         self.batch_size = batch_size
