@@ -364,6 +364,21 @@ def test_text_reporter_prints_identical_lines_once_with_their_ranks():
     ]
 
 
+def test_a_torch_warning_every_rank_logs_is_shown_once():
+    """Issue 41.5: torch's log prefix carries the rank, the time and the pid, so 4 ranks' same warning
+    showed as 4 lines; it is one line now, without those parts."""
+    rep, buf = _text(4, merge_window=3600)
+    msg = "torch/distributed/tensor/_redistribute.py:390] While redistributing from A to B, 2 all_reduce ..."
+    for rank, (t, pid) in enumerate([("06:21:38.105000", 25620), ("06:21:38.136000", 25634)] * 2):
+        rep.handle(Log(rank, "stderr", f"[rank{rank}]:W1129 {t} {pid} {msg}\n"))
+    rep.handle(Log(0, "stderr", "W1129 06:21:39.000000 25620 other.py:1] only rank 0\n"))
+    rep.finish(True)
+    assert buf.getvalue().splitlines() == [
+        f"[ranks 0-3] W {msg}",
+        "[rank 0] W1129 06:21:39.000000 25620 other.py:1] only rank 0",
+    ]
+
+
 def test_text_reporter_lone_line_waits_at_most_the_merge_window():
     rep, buf = _text(2, merge_window=0.05)
     rep.handle(Log(0, "stdout", "hello\n"))

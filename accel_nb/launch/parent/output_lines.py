@@ -15,6 +15,7 @@ end, never a note per burst.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -55,12 +56,24 @@ def _tail_note(event: Dropped) -> str:
     )
 
 
+# torch's C++/glog-style prefix, with the rank torchrun adds: "[rank1]:W1129 06:21:38.163000 25626 "
+_TORCH_LOG_PREFIX = re.compile(r"^(?:\[rank\d+\]:)?([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ ")
+
+
+def merge_key(line: str) -> str:
+    """What must match for two ranks' lines to be one: the line without what differs per rank by nature
+    (torch's log prefix: the rank, the time, the process id), so a warning every rank logs shows once."""
+    m = _TORCH_LOG_PREFIX.match(line)
+    return f"{m.group(1)} {line[m.end() :]}" if m else line
+
+
 class _Pending:
-    __slots__ = ("stream", "text", "ranks", "since", "whole")
+    __slots__ = ("stream", "text", "ranks", "since", "whole", "key")
 
     def __init__(self, stream: str, text: str, rank: int, since: float, whole: bool = False) -> None:
         self.stream, self.text, self.ranks, self.since = stream, text, [rank], since
         self.whole = whole  # a line of its own (a failure): never merged, written as soon as its turn comes
+        self.key = (stream, merge_key(text))
 
 
 class OutputRelay:
@@ -123,14 +136,14 @@ class OutputRelay:
                         _Pending(event.stream, f"{rank_label([event.rank])} {line}", event.rank, now, True)
                     )
                     continue
-                key = (event.stream, line)
-                entry = self._open.get(key)
+                entry = self._open.get((event.stream, merge_key(line)))
                 if entry is not None and event.rank not in entry.ranks:
                     entry.ranks.append(event.rank)
+                    entry.text = entry.key[1]  # shown once for several ranks: without one rank's prefix
                     continue
                 entry = _Pending(event.stream, line, event.rank, now)
                 self._queue.append(entry)
-                self._open[key] = entry
+                self._open[entry.key] = entry
         self.tick(now)
 
     def add_line(self, rank: int, stream: str, text: str) -> None:
@@ -166,8 +179,8 @@ class OutputRelay:
         with self._lock:
             while self._queue and ready(self._queue[0]):
                 e = self._queue.popleft()
-                if self._open.get((e.stream, e.text)) is e:
-                    del self._open[(e.stream, e.text)]
+                if self._open.get(e.key) is e:
+                    del self._open[e.key]
                 out.append((e.stream, e.text if e.whole else f"{rank_label(e.ranks)} {e.text}"))
         i = 0
         while i < len(out):  # one write per run of lines on the same stream
