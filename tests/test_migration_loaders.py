@@ -341,3 +341,40 @@ def test_gradient_state_follows_nested_loaders_on_two_processes_like_the_referen
     theirs = run_ranks(_nested_passes, world_size=2, args=("accelerate",))
     assert ours == theirs
     assert ("remainder", 4, 4) in ours[0]  # 20 samples in rounds of 8: 4 in the last, short round
+
+
+class _Items(torch.utils.data.IterableDataset):
+    """Five items of one kind, each one batch with ``batch_size=None``."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __iter__(self):
+        for i in range(5):
+            yield {
+                "0-d": torch.tensor(float(i)),
+                "1-d": torch.tensor([float(i)]),
+                "number": i,
+                "dict of 0-d": {"x": torch.tensor(i)},
+            }[self.kind]
+
+
+@pytest.mark.parametrize("kind", ["0-d", "1-d", "number", "dict of 0-d"])
+def test_an_iterable_loader_without_batch_size_yields_its_items_in_one_process_like_the_reference(kind):
+    # issue 38, item 19: with one process accel_nb's dispatcher asked each item for a batch dimension to split
+    # it by, and raised for a 0-d tensor or a number; there is nothing to split, so each goes whole (the
+    # reference's prepare_data_loader yields them; its Accelerator.prepare raises, accel_nb's yields too)
+    import accelerate.data_loader as ref
+
+    import accel_nb
+    import accel_nb.data_loader as ours
+
+    theirs = list(ref.prepare_data_loader(DataLoader(_Items(kind), batch_size=None)))
+    mine = list(ours.prepare_data_loader(DataLoader(_Items(kind), batch_size=None)))
+    prepared = accel_nb.Accelerator(cpu=True).prepare(DataLoader(_Items(kind), batch_size=None))
+    through_accelerator = list(prepared)
+    assert repr(mine) == repr(theirs) == repr(through_accelerator)
+    # remainder: the last round's samples where it has a batch dimension, -1 where it has none
+    assert (
+        len(mine) == 5 and prepared.end_of_dataloader and prepared.remainder == (1 if kind == "1-d" else -1)
+    )

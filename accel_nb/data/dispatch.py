@@ -153,6 +153,14 @@ class DataLoaderDispatcher(DataLoaderShard):
         first = current
         while current is not None:
             upcoming = next(rounds, None)
+            if (
+                self.num_processes == 1
+            ):  # nothing to split: the round goes whole, with a batch dimension or not
+                yield [
+                    (current, upcoming is None, _leaf_size(current))
+                ]  # (a 0-d tensor, a number: size None)
+                current = upcoming
+                continue
             real = _batch_size(current)
             per = math.ceil(real / self.num_processes)
             batch = current
@@ -196,8 +204,8 @@ class DataLoaderDispatcher(DataLoaderShard):
                     break
                 part, last, real = mine
                 self.end_of_dataloader = bool(last)
-                self._last_round_real = int(real) if last else None
-                if last:
+                self._last_round_real = int(real) if last and real is not None else None
+                if last and real is not None:
                     self.remainder = int(real)
                 self.batches_yielded += 1
                 if self.batches_yielded <= resume + self.skip_batches:
