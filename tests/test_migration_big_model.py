@@ -195,6 +195,58 @@ def test_infer_auto_device_map_takes_the_reference_keywords():
         infer_auto_device_map(model, budget, clean_result=False)
 
 
+class _ThreeLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear1 = nn.Linear(3, 4)
+        self.batchnorm = nn.BatchNorm1d(4)
+        self.linear2 = nn.Linear(4, 5)
+
+
+def test_a_budget_without_disk_raises_where_the_reference_plans_disk():
+    """Issue 38, item 9, kept on purpose (docs/migration.md): with no "disk" in max_memory the reference
+    maps what does not fit to "disk" anyway; accel_nb raises with the sizes and the fix, and with a "disk"
+    budget both put the rest there."""
+    import logging
+
+    from accelerate.utils import infer_auto_device_map as ref_infer
+
+    from accel_nb.big_model.device_map import device_for
+    from accel_nb.big_model.map_errors import DeviceMapError
+    from accel_nb.utils.modeling import infer_auto_device_map
+
+    model = _ThreeLayers()
+    level = logging.getLogger("accelerate").level
+    logging.getLogger("accelerate").setLevel(logging.ERROR)  # "Device 0 is not available" on a CPU machine
+    try:
+        assert dict(ref_infer(model, {"cpu": 100})) == {"": "disk"}
+        assert set(ref_infer(model, {0: 200}).values()) == {0, "disk"}
+    finally:
+        logging.getLogger("accelerate").setLevel(level)
+    with pytest.raises(DeviceMapError, match=r"allow disk offload with max_memory\['disk'\]"):
+        infer_auto_device_map(model, {"cpu": 100})
+    planned = infer_auto_device_map(model, {"cpu": 100, "disk": 10**6})
+    assert device_for(planned, "linear2.weight") == "disk"  # linear1 fits the CPU here (the planners differ)
+
+
+def test_an_unknown_device_map_key_raises_where_the_reference_warns():
+    """Issue 38, item 18, kept on purpose (docs/migration.md): the reference warns and goes on; accel_nb
+    refuses the map, with the reference's words first."""
+    from accelerate.utils import check_device_map as ref_check
+
+    from accel_nb.utils.modeling import check_device_map
+
+    model = _ThreeLayers()
+    device_map = {"": "cpu", "linear3": "cpu"}
+    with pytest.warns(UserWarning, match="device_map keys do not match any submodules"):
+        ref_check(model, device_map)
+    with pytest.raises(
+        ValueError, match=r"device_map keys do not match any submodules in the model: \['linear3'\]"
+    ):
+        check_device_map(model, device_map)
+    check_device_map(model, {"linear1": "cpu", "batchnorm": "cpu", "linear2.weight": 0, "linear2.bias": 0})
+
+
 class _Block(nn.Module):
     def __init__(self, width):
         super().__init__()

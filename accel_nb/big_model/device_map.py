@@ -508,7 +508,8 @@ def device_for(device_map: Mapping[str, Device], name: str) -> Device | None:
 
 
 def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
-    """Raise DeviceMapError naming the modules no entry covers, or entries naming nothing."""
+    """Raise DeviceMapError naming the modules no entry covers, or entries naming nothing (where the
+    reference only warns: a misspelt key would otherwise leave its module where another entry puts it)."""
     names = (
         set(dict(model.named_modules()))
         | {n for n, _ in model.named_parameters()}
@@ -516,9 +517,11 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
     )
     unknown = [k for k in device_map if k not in names]
     if unknown:
+        # the reference only warns with these first words; a misspelt key is refused here (docs/migration.md)
         raise DeviceMapError(
-            f"device_map names {unknown[:8]} which are not modules or tensors of "
-            f"{type(model).__name__}; check the spelling (module paths look like 'transformer.h.0')"
+            f"The following device_map keys do not match any submodules in the model: {unknown[:8]}: they are "
+            f"not modules or tensors of {type(model).__name__}; check the spelling (module paths look like "
+            "'transformer.h.0') or drop them from the map"
         )
     uncovered = [n for n, _ in named_tensors(model) if device_for(device_map, n) is None]
     if uncovered:
