@@ -321,3 +321,23 @@ def test_spawned_session_in_a_kernel_and_sigkill_leaves_no_orphan():
         assert len(everything) >= 3  # the spawn server and its two ranks
         os.kill(k.pid, signal.SIGKILL)
         assert _gone(everything), [p for p in everything if psutil.pid_exists(p)]
+
+
+def test_the_start_cells_view_follows_the_session_while_cells_run():
+    """Issue 41.9: the start cell's rows said "ready (idle)" while a cell trained on the workers, and its
+    "0 cells run" never changed. Now they say which cell runs, then idle again with the count."""
+    import json
+
+    with KernelSession(env={"ACCEL_NB_PROGRESS": "auto"}) as k:  # the widget view in a kernel
+        start = k.run("%load_ext accel_nb\n%accelerate start -n 2 --cpu", timeout=180)
+        _ok(start)
+        assert "0 cells run" not in start.text  # no count in a line that stays in the cell's output
+        out = k.run("%%accelerate\nimport time\nx = 1\n", timeout=120)
+        _ok(out)
+        said = json.dumps(out.comms)  # the start view's models are updated from this cell
+        # the cell is named after its In [N] prompt (In [1] started the session)
+        assert "running cell 2 (its progress and output are in that cell)" in said, said[-2000:]
+        assert "ready (idle, waiting for %%accelerate cells) | 1 cell run" in said, said[-2000:]
+        out = k.run("%%accelerate\ny = x + 1\n", timeout=120)
+        assert "running cell 3" in json.dumps(out.comms) and "| 2 cells run" in json.dumps(out.comms)
+        _ok(k.run("%accelerate stop", timeout=120))

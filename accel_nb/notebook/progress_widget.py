@@ -66,6 +66,8 @@ class WidgetReporter(ev.Reporter):
         self.idle_when_done = idle_when_done
         self.session_stopped = False
         self.stop_reason = "its workers ended"
+        self.busy_with: str | None = None  # a session start's view: the cell running on the workers now
+        self.cells_run = 0
         self.state = LaunchProgress(self.num_processes, stall_after)
         self.widget: Any = None
         self.rows: dict[int, Any] = {}
@@ -430,7 +432,7 @@ class WidgetReporter(ev.Reporter):
         if self.session_stopped:
             return "stopped"
         if status == "done" and self.idle_when_done:
-            return "ready (idle)"
+            return "running" if self.busy_with else "ready (idle)"
         return status
 
     def _elapsed_text(self) -> str:
@@ -440,11 +442,23 @@ class WidgetReporter(ev.Reporter):
         if self.session_stopped:
             return f"{plural(len(self.state.ranks), 'rank')}: stopped ({self.stop_reason})"
         if self.idle_when_done and self.state.ended is not None and self.state.ok:
+            ranks, run = plural(len(self.state.ranks), "rank"), plural(self.cells_run, "cell")
+            if self.busy_with:
+                return f"{ranks}: running {self.busy_with} (its progress and output are in that cell) | {run} run"
             return (
-                f"{plural(len(self.state.ranks), 'rank')}: ready (idle, waiting for %%accelerate cells) "
+                f"{ranks}: ready (idle, waiting for %%accelerate cells) | {run} run "
                 f"| started in {self._elapsed_text()}"
             )
         return self.state.aggregate_line(now)
+
+    def mark_session_busy(self, label: str | None, cells_run: int) -> None:
+        """A session start's view: a cell (``label``) runs on the workers now, or none (``None``)."""
+        with self._lock:
+            if self.session_stopped or not self.idle_when_done:
+                return
+            self.busy_with, self.cells_run = label, cells_run
+            if self.text_view is None:
+                self._flush_locked(force=True)
 
     def mark_session_stopped(self, reason: str | None = None) -> None:
         """The session these ranks belong to was stopped: every row and the summary say so (from any cell)."""

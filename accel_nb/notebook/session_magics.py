@@ -124,7 +124,9 @@ def session_verb(shell: Any, line: str) -> Any:
         session = Session.from_options(start_options(rest))
         session.start()
         _active = session
-        print(f"[accel_nb] {session.describe()}; %%accelerate cells now run on these workers")
+        print(
+            f"[accel_nb] {session.describe(cells=False)} started; %%accelerate cells now run on these workers"
+        )
         return None
     if verb == "status":
         if _active is None:

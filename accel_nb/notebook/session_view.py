@@ -90,6 +90,13 @@ class Session(WarmSession):
             with contextlib.suppress(Exception):  # an old view that cannot update: the cell itself went fine
                 view.handle(dataclasses.replace(role, again=True))
 
+    def on_command(self, label: str | None) -> None:
+        """The start cell's rows follow the session: running while a cell runs on the workers, then idle."""
+        view = getattr(self, "_start_view", None)
+        if hasattr(view, "mark_session_busy"):
+            with contextlib.suppress(Exception):  # an old view that cannot update: the cell itself goes on
+                view.mark_session_busy(label, self.cell)
+
     def stop(self) -> None:
         super().stop()
         view, self._start_view = getattr(self, "_start_view", None), None

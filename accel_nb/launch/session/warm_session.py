@@ -302,8 +302,9 @@ class WarmSession:
             "stale": self.stale,
         }
 
-    def describe(self) -> str:
-        """A one-line state of the whole session (running, broken, group broken)."""
+    def describe(self, cells: bool = True) -> str:
+        """A one-line state of the whole session (running, broken, group broken); ``cells``: with the count of
+        cells run (not in a line that stays in a cell's output: it would go stale)."""
         if not self.running:
             return "no session is running"
         self._notice_deaths()
@@ -312,6 +313,8 @@ class WarmSession:
             return f"{head}: BROKEN: {self.broken}; restart it"
         if self.group_broken:
             return f"{head}: process group broken: {self.group_broken}; pull what you need, then restart"
+        if not cells:
+            return head
         said = f"{head}: {self.cell} cell{'s' if self.cell != 1 else ''} run"
         if self.rebound:
             said += "; re-bound to the re-formed process group: " + per_object(self.rebound)
@@ -347,7 +350,22 @@ class WarmSession:
                 "Pull what you need (%accelerate pull NAME), then restart (%accelerate restart)"
             )
 
+    def on_command(self, label: str | None) -> None:
+        """A cell starts on the workers (its label, "cell 3") or is over (None): a view may follow it."""
+
     def _command(
+        self, command: SessionCommand, rank: int | None, *, label: str, **how: Any
+    ) -> dict[int, Any]:
+        """``_run_command``, with ``on_command`` told when a cell starts and ends."""
+        if not label.startswith("cell"):
+            return self._run_command(command, rank, label=label, **how)
+        self.on_command(label)
+        try:
+            return self._run_command(command, rank, label=label, **how)
+        finally:
+            self.on_command(None)
+
+    def _run_command(
         self,
         command: SessionCommand,
         rank: int | None,
