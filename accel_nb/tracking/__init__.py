@@ -18,7 +18,7 @@ from typing import Any
 
 from ..lazy_exports import lazy_exports
 from ..reexports import reexports
-from .base import GeneralTracker, InactiveTracker, flatten_config, scalar_values
+from .base import GeneralTracker, InactiveTracker, flatten_config, scalar_groups, scalar_values
 from .builtin import CometMLTracker, MLflowTracker, TensorBoardTracker, WandBTracker
 
 __all__ = [
@@ -233,8 +233,13 @@ def log_to_trackers(
         unknown = sorted(set(log_kwargs) - set(names))
         if unknown:
             raise ValueError(f"log_kwargs has options for {unknown[0]!r}, which is not in log_with ({names})")
+    grouped = None
     for tracker in trackers:
-        tracker.log(clean, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+        payload = clean
+        if getattr(tracker, "logs_dict_groups", False):  # a top-level dict stays one group (TensorBoard)
+            grouped = scalar_groups(values, clean) if grouped is None else grouped
+            payload = grouped
+        tracker.log(payload, step=step, **(log_kwargs or {}).get(tracker.name, {}))
     return clean
 
 

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["GeneralTracker", "InactiveTracker", "flatten_config", "scalar_values"]
+__all__ = ["GeneralTracker", "InactiveTracker", "flatten_config", "scalar_groups", "scalar_values"]
 
 _SCALARS = (bool, int, float, str)
 
@@ -186,3 +186,21 @@ def scalar_values(values: Mapping[str, Any], who: str) -> dict[str, Any]:
             stacklevel=3,
         )
     return clean
+
+
+def scalar_groups(values: Mapping[str, Any], clean: Mapping[str, Any]) -> dict[str, Any]:
+    """``clean`` (``scalar_values(values)``) with each top-level dict of ``values`` kept as one group of its
+    flattened entries: what a tracker that charts a dict as one plot takes (TensorBoard's ``add_scalars``).
+
+        scalar_groups(v := {"loss": 0.5, "glue": {"acc": 0.9}}, scalar_values(v, "log"))  # {'loss': 0.5, 'glue': {'acc': 0.9}}
+    """
+    plain = {str(k) for k, v in values.items() if not isinstance(v, Mapping)}
+    groups = sorted((str(k) for k, v in values.items() if isinstance(v, Mapping)), key=len, reverse=True)
+    grouped: dict[str, Any] = {}
+    for key, value in clean.items():
+        group = None if key in plain else next((g for g in groups if key.startswith(g + "/")), None)
+        if group is None:
+            grouped[key] = value
+        else:
+            grouped.setdefault(group, {})[key[len(group) + 1 :]] = value
+    return grouped

@@ -23,7 +23,9 @@ __all__ = ["CometMLTracker", "MLflowTracker", "TensorBoardTracker", "WandBTracke
 class TensorBoardTracker(GeneralTracker):
     """Event files under ``<logging_dir>/<run_name>`` (torch's SummaryWriter; extra ``accel_nb[tensorboard]``).
 
-    Numbers become scalars, strings text; ``step=None`` uses the number of earlier ``log`` calls.
+    Numbers become scalars, strings text, and a dict of numbers one chart as in the reference
+    (``add_scalars``: ``{"glue": {"accuracy": x}}`` is tag ``glue`` in the sub-run ``<run>/glue_accuracy``);
+    ``step=None`` uses the number of earlier ``log`` calls.
     The config is stored as the run's hyper-parameters (TensorBoard's HParams tab). The files are
     flushed at most once a second while logging (a flush waits for the writer's thread) and when
     the run finishes.
@@ -33,6 +35,7 @@ class TensorBoardTracker(GeneralTracker):
 
     name = "tensorboard"
     requires_logging_directory = True
+    logs_dict_groups = True  # accelerator.log keeps a top-level dict as a dict for add_scalars
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike, **writer_kwargs: Any) -> None:
         self.run_name = run_name
@@ -65,6 +68,16 @@ class TensorBoardTracker(GeneralTracker):
         for key, value in values.items():
             if isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
+            elif isinstance(value, dict):
+                numbers = {k: v for k, v in value.items() if not isinstance(v, str)}
+                if numbers:
+                    self.writer.add_scalars(key, numbers, global_step=step, **kwargs)
+                for (
+                    sub,
+                    text,
+                ) in value.items():  # add_scalars takes numbers only: a string goes to the text tab
+                    if isinstance(text, str):
+                        self.writer.add_text(f"{key}/{sub}", text, global_step=step, **kwargs)
             else:
                 self.writer.add_scalar(key, value, global_step=step, **kwargs)
         now = time.monotonic()
