@@ -419,7 +419,11 @@ class DeviceMapView:
             parts.append(f'</div><div class="accel-nb-device-info">{esc(info)}</div></div>')
         moves = self.moves()
         if moves:
-            parts.append('<details class="accel-nb-moves"><summary>Why blocks moved on</summary><ul>')
+            # display:list-item: classic Notebook 6's stylesheet makes summaries blocks, hiding the fold marker
+            parts.append(
+                '<details class="accel-nb-moves"><summary style="display:list-item;cursor:pointer">'
+                "Why blocks moved on</summary><ul>"
+            )
             parts += [f"<li>{esc(m)}</li>" for m in moves]
             parts.append("</ul></details>")
         if self.quantized:

@@ -340,7 +340,7 @@ class WidgetReporter(ev.Reporter):
                 parts.append(f"<div style='color:#c62828;font-weight:600'>{head}</div>{pre}{body}</pre>")
             else:  # the others (often consequences: peers closing connections) folded
                 parts.append(
-                    f"<details><summary style='color:#c62828;cursor:pointer'>{head}</summary>{pre}{body}</pre></details>"
+                    f"<details><summary style='color:#c62828;cursor:pointer;display:list-item'>{head}</summary>{pre}{body}</pre></details>"
                 )
         if self.info.get("log_dir"):
             parts.append(

@@ -203,6 +203,9 @@ def test_the_notebook_face_in_the_stacks_front_end(tmp_path, stack):
         wait_until(lambda: dmap.locator(".accel-nb-device-bar").count() == 2, 60, "the device bars")
         disk = dmap.locator('.accel-nb-device-bar[data-device="disk"] .accel-nb-module')
         assert disk.count() >= 1
+        # "Why blocks moved on" folds with its marker (Notebook 6's stylesheet hid it: summary as a block)
+        summary = dmap.locator("details.accel-nb-moves > summary").first
+        assert summary.evaluate("e => getComputedStyle(e).display") == "list-item"
         _shot(dmap, stack, "device-map-before")
         readout = dmap.locator(".accel-nb-budget-slider .widget-readout").first
         readout.click()
