@@ -110,4 +110,5 @@ def test_a_map_style_loader_without_batching_still_refuses_dispatch():
             num_processes=1,
             process_index=0,
             dispatch_batches=True,
+            put_on_device=True,  # dispatching needs it (the default is off, as in the reference)
         )

@@ -60,7 +60,7 @@ def prepare_data_loader(
     process_index: int | None = None,
     split_batches: bool = False,
     even_batches: bool = True,
-    put_on_device: bool = True,
+    put_on_device: bool = False,
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
@@ -68,7 +68,8 @@ def prepare_data_loader(
     dispatch_batches: bool | None = None,
     use_stateful_dataloader: bool = False,
 ) -> DataLoader:
-    """Shard ``dataloader`` for this process and place its batches on ``device``.
+    """Shard ``dataloader`` for this process, and place its batches on ``device`` when ``put_on_device``
+    (off by default, as in the reference; ``Accelerator.prepare`` turns it on).
 
     ``dispatch_batches`` (``None``: for iterable datasets) makes process 0 read the batches and
     send each process its slice (:class:`accel_nb.data.dispatch.DataLoaderDispatcher`).
