@@ -21,6 +21,7 @@ the bars (``metric_chart``), with the final picture kept in the output as ``imag
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -32,7 +33,9 @@ from ..launch.options import parse_show_ranks
 from ..launch.parent.launch_progress import QUIET_AFTER, LaunchProgress
 from ..launch.parent.output_lines import OutputRelay
 from ..launch.parent.reporting import TextReporter
+from ..launch.rank.worker import log_path
 from ..progress_format import format_duration, one_line, plural
+from .full_log import full_log_box
 from .kernel_restart import GONE_CSS, GONE_NOTE, LIVE_VIEWS, live_or_gone, watch_kernel_shutdown
 from .metric_chart import MetricChart
 from .progress_html import STATUS_STYLE, esc, info_html, label_html, pane_html, status_html, title_html
@@ -169,6 +172,7 @@ class WidgetReporter(ev.Reporter):
                     if not ok and summary and not any(v.failed for v in self.state.ranks.values()):
                         self._show_launch_problem(summary)  # interrupted, hung: no rank raised
                     self._flush_locked(force=True)
+                    self._offer_full_logs(ok)
                 except Exception as exc:  # noqa: BLE001 - said in one line; the text view takes over
                     self._fall_back("show the final state", exc)
             if self.text_view is not None:
@@ -176,6 +180,20 @@ class WidgetReporter(ev.Reporter):
         if not (self.idle_when_done and ok):  # a started session's view stays live until it stops
             LIVE_VIEWS.discard(self)
         self._leave_text_summary(ok, summary)
+
+    def _offer_full_logs(self, ok: bool) -> None:
+        """Under each kept log's pane (after a failure, or dropped output), a control that shows it as text."""
+        log_dir = self.info.get("log_dir")
+        if not log_dir or (ok and not any(v.dropped for v in self.state.ranks.values())) or self.logs is None:
+            return
+        import ipywidgets as W
+
+        children = []
+        for r in sorted(self.panes):
+            path = log_path(log_dir, r)
+            pane = self.panes[r]
+            children.append(W.VBox([pane, full_log_box(W, path, r)]) if os.path.exists(path) else pane)
+        self.logs.children = tuple(children)
 
     def kernel_shutting_down(self, restart: bool) -> None:
         """The kernel is asked to restart (or shut down): this view's last state says so (any thread)."""
