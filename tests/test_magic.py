@@ -103,7 +103,7 @@ def test_a_cell_raising_on_rank_1_points_into_the_cells_own_code(kernel):
     assert out.error is not None and out.error["ename"] == "LaunchError"
     tb = out.traceback
     assert "rank 1 (first to fail) failed: RuntimeError: bad batch on rank 1" in tb
-    assert 'File "<accelerate-cell-' in tb and "line 4, in <module>" in tb
+    assert 'File "<accelerate-cell-' in tb and "line 5, in <module>" in tb
     assert "raise RuntimeError(f'bad batch on rank {rank}')" in tb  # the cell's line is shown
     assert "[rank 1] failed: RuntimeError" in out.stderr
     _assert_no_children(kernel)
@@ -201,7 +201,7 @@ def test_accelerate_env_prints_the_environment_report(kernel):
 def test_a_cell_that_does_not_compile_is_rejected_before_any_process_starts(kernel):
     out = kernel.run("%%accelerate -n 2\nx = 1\nfor i in range(3)\n    print(i)\n")
     assert out.stderr.startswith("UsageError: %%accelerate: the cell does not compile, nothing was launched")
-    assert "line 2: for i in range(3)" in out.stderr
+    assert "line 3: for i in range(3)" in out.stderr
     assert "Launching" not in out.stdout
     _assert_no_children(kernel)
 
@@ -211,7 +211,7 @@ def test_the_cell_label_is_the_cells_prompt_number(kernel):
     out = kernel.collect(msg_id, timeout=120)
     prompt = [m["content"]["execution_count"] for m in out.messages if m["msg_type"] == "execute_input"][0]
     assert out.error is not None and out.error["ename"] == "LaunchError"
-    assert f'File "<accelerate-cell-{prompt}>", line 1, in <module>' in out.traceback, (prompt, out.traceback)
+    assert f'File "<accelerate-cell-{prompt}>", line 2, in <module>' in out.traceback, (prompt, out.traceback)
     assert "accel_nb/" not in out.traceback  # none of the launcher's frames, here or in the ranks' part
     assert "run_cell_magic" not in out.traceback  # nor IPython's rewrite of the cell as one string
     _assert_no_children(kernel)

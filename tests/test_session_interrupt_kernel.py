@@ -92,7 +92,7 @@ def test_an_interrupted_sleep_says_where_without_accel_nb_frames_or_contradictio
     out = _interrupt_in(
         kernel,
         "%%accelerate\nimport time\nx = 1\ntime.sleep(300)\n",
-        {0: "line 3 in <module>", 1: "line 3 in <module>"},
+        {0: "line 4 in <module>", 1: "line 4 in <module>"},
     )
     assert not out.timed_out
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out.text
@@ -100,7 +100,7 @@ def test_an_interrupted_sleep_says_where_without_accel_nb_frames_or_contradictio
     assert "session is still usable" in note and "stacks above" not in note and "pane" not in note, note
     # the user's cell only, none of the launcher's frames
     assert "accel_nb" not in out.traceback, out.traceback
-    assert re.search(r'\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 3', out.stderr), (
+    assert re.search(r'\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 4', out.stderr), (
         out.stderr
     )
     status = _status(kernel)
@@ -116,7 +116,7 @@ def test_an_interrupt_while_rank_0_waits_in_all_reduce_and_rank_1_sleeps_names_r
         "else:\n"
         "    time.sleep(300)\n"
     )
-    out = _interrupt_in(kernel, cell, {0: "in all_reduce", 1: "line 5 in <module>"})
+    out = _interrupt_in(kernel, cell, {0: "in all_reduce", 1: "line 6 in <module>"})
     assert not out.timed_out
     assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out.text
     note = out.error["evalue"]
@@ -129,11 +129,11 @@ def test_an_interrupt_while_rank_0_waits_in_all_reduce_and_rank_1_sleeps_names_r
         out.traceback
     )
     # each rank's stop line points at the cell's line (its body's, below the magic line), not at torch's frames
-    assert re.search(r'\[rank 0\] stopped: \w+ at File "<accelerate-cell-\d+>", line 3', out.stderr), (
+    assert re.search(r'\[rank 0\] stopped: \w+ at File "<accelerate-cell-\d+>", line 4', out.stderr), (
         out.stderr
     )
     assert re.search(
-        r'\[rank 1\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 5', out.stderr
+        r'\[rank 1\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 6', out.stderr
     )
     assert "c10d_logger" not in "".join(line for line in out.stderr.splitlines() if "stopped:" in line)
     status = _status(kernel)

@@ -199,7 +199,7 @@ def test_interrupt_of_a_sleeping_cell_reaches_every_rank_and_the_session_stays_u
     assert "[rank 0] Python stacks (when stopped)" in out.stderr and "[rank 1] Python stacks" in out.stderr
     assert "<accelerate-cell-" in out.stderr, out.stderr
     for rank in (0, 1):  # raised in each rank's code, at the sleep (one merged line when both say the same)
-        said = rf'\[(rank {rank}|ranks [\d,]*{rank}[\d,]*)\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 2'
+        said = rf'\[(rank {rank}|ranks [\d,]*{rank}[\d,]*)\] stopped: KeyboardInterrupt at File "<accelerate-cell-\d+>", line 3'
         assert re.search(said, out.stderr), out.stderr
     assert "session is still usable" in out.error["evalue"], out.error
     text = _ok(

@@ -200,3 +200,9 @@ def cell_filename(shell: Any) -> str:
     else:
         number = int(getattr(shell, "execution_count", 1) or 1) - 1
     return f"<accelerate-cell-{max(number, 1)}>"
+
+
+def as_cell_lines(cell: str) -> str:
+    """The body of a ``%%accelerate`` cell placed at its lines in the cell: the magic's line is line 1,
+    so an error at the body's first line reads "line 2", as the notebook's editor numbers it."""
+    return "\n" + cell

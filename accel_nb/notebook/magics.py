@@ -26,7 +26,14 @@ from .. import config as config_module
 from ..launch import cuda_guard
 from ..launch.payload import CellPayload
 from ..launch.plan import MAGIC_CHOICES, check_gpu_processes
-from .magic_flags import USAGE, cell_filename, launch_options, parse_accelerate_line, saved_config
+from .magic_flags import (
+    USAGE,
+    as_cell_lines,
+    cell_filename,
+    launch_options,
+    parse_accelerate_line,
+    saved_config,
+)
 
 
 @magics_class
@@ -68,7 +75,7 @@ class AccelerateMagics(Magics):
         filename = cell_filename(self.shell)
         try:
             return CellPayload(
-                cell,
+                as_cell_lines(cell),
                 self.shell.user_ns,
                 filename=filename,
                 return_names=return_names,

@@ -25,6 +25,7 @@ from IPython.core.error import UsageError
 from .magic_flags import (
     UsageParser,
     add_launch_flags,
+    as_cell_lines,
     cell_filename,
     launch_options,
     parse_accelerate_line,
@@ -216,7 +217,7 @@ def run_cell_on_session(magics: Any, session: Session, line: str, cell: str) -> 
     filename = cell_filename(magics.shell)
     try:
         values = session.run_cell(
-            cell, filename, rank=rank, return_names=args.return_names, timeout=args.timeout
+            as_cell_lines(cell), filename, rank=rank, return_names=args.return_names, timeout=args.timeout
         )
     except SyntaxError as exc:
         where = f"line {exc.lineno}" + (f": {exc.text.strip()}" if exc.text else "")
