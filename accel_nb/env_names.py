@@ -18,6 +18,7 @@ __all__ = [
     "ENV_FSDP_CONFIG",
     "ENV_GRADIENT_ACCUMULATION_STEPS",
     "ENV_KEEP_LOGS",
+    "ENV_LAUNCH_TIMEOUT",
     "ENV_MIXED_PRECISION",
     "ENV_USE_PARALLELISM_CONFIG",
     "PARALLELISM_ENV",
@@ -82,3 +83,6 @@ REFERENCE_USE_FSDP = "ACCELERATE_USE_FSDP"  # "true"
 ENV_RENDEZVOUS_TIMEOUT = "ACCEL_NB_RENDEZVOUS_TIMEOUT"  # seconds the ranks wait for each other to join
 ENV_COLLECTIVE_TIMEOUT = "ACCEL_NB_COLLECTIVE_TIMEOUT"  # seconds a collective may wait
 ENV_KEEP_LOGS = "ACCEL_NB_KEEP_LOGS"  # not "" or "0": keep each rank's log files after the launch
+# seconds without output from any rank before ``accel-nb launch`` calls it a hang (its --timeout; the
+# reference's launcher has no such option, so no ACCELERATE_ spelling)
+ENV_LAUNCH_TIMEOUT = "ACCEL_NB_LAUNCH_TIMEOUT"

@@ -1,7 +1,8 @@
 """``accel-nb launch``: run a script on N processes through torch.distributed's elastic agent (torchrun).
 
 The saved config's values apply where a flag is absent; a rank's failure is summarised in one
-line per rank (first to fail first), and the exit code is that rank's.
+line per rank (first to fail first), and the exit code is that rank's. With ``--timeout`` a hang
+shows every rank's Python stack and who waits for whom (``accel_nb.launch.elastic.watchdog``).
 
     accel-nb launch --num_processes 2 train.py --epochs 3
 """
@@ -16,7 +17,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import (
     LAUNCHER_RDZV_BACKENDS,
@@ -28,6 +29,7 @@ from ..config import (
 )
 from ..config.arguments import positive_seconds
 from ..config.command_line import PROG
+from ..env_names import ENV_LAUNCH_TIMEOUT
 from ..hardware import detect
 from ..launch.elastic.agent_failures import failure_summary, order_failures
 from ..launch.elastic.rendezvous import (
@@ -40,6 +42,9 @@ from ..launch.elastic.rendezvous import (
 )
 from ..launch.errors import LaunchSetupError, signal_name
 from ..launch.plan import CLI_CHOICES, check_one_gpu_per_rank
+
+if TYPE_CHECKING:
+    from ..launch.elastic.watchdog import HangWatchdog
 
 __all__ = [
     "add_parser",
@@ -111,6 +116,13 @@ def add_parser(sub: Any) -> None:
         "${local_rank}, ${role_name})",
     )
     launch.add_argument("--log_dir", "--log-dir", default=None, help="keep per-rank logs here")
+    launch.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=None,
+        help="seconds without output from any rank before the launch is a hang: every rank's Python stack "
+        "is shown, then the ranks are stopped, exit code 124 (default: ACCEL_NB_LAUNCH_TIMEOUT, else none)",
+    )
     launch.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
     launch.add_argument("script", help="the training script (or module with -m)")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
@@ -246,10 +258,13 @@ def torchrun_arguments(
     monitor_interval: float | None = None,
     endpoint: tuple[str, int] | None = None,
     rdzv_timeout: float | None = None,
+    stacks_dir: str | None = None,
 ) -> list[str]:
     """The argument list for ``torch.distributed.run`` that runs ``script`` as ``cfg`` says.
 
     ``endpoint`` is where the machines meet (default: :func:`accel_nb.launch.elastic.rendezvous.main_endpoint`).
+    With ``stacks_dir`` each rank runs the script through accel_nb's rank file that answers the hang
+    watchdog's request for stacks (``accel_nb.launch.elastic.watchdog``).
     """
     addr, port = endpoint or main_endpoint(cfg)
     args = agent_arguments(
@@ -265,6 +280,10 @@ def torchrun_arguments(
     args += ["--log_dir", log_dir, "--tee", "3"]
     if monitor_interval is not None:
         args += ["--monitor_interval", str(monitor_interval)]
+    if stacks_dir is not None:
+        from ..launch.elastic.watchdog import wrapped_command  # deferred: import time (only with a timeout)
+
+        return args + wrapped_command(script, list(script_args), module, stacks_dir)
     if module:
         args.append("--module")
     return args + [script] + list(script_args)
@@ -288,11 +307,22 @@ def run(ns: argparse.Namespace) -> int:
     if not ns.module and not os.path.isfile(ns.script):
         print(f"{PROG} launch: error: script {ns.script!r} not found (from {os.getcwd()})", file=sys.stderr)
         return 2
+    try:
+        timeout = _timeout(ns)
+    except ValueError as exc:
+        print(f"{PROG} launch: error: {exc}", file=sys.stderr)
+        return 2
     endpoint = main_endpoint(cfg)
     check_endpoint(cfg, *endpoint)
     nproc = cfg.processes_here(hw)
     own_log_dir = ns.log_dir is None
     log_dir = ns.log_dir or tempfile.mkdtemp(prefix="accel_nb_launch_")
+    watchdog = None
+    if timeout is not None:
+        from ..launch.elastic.watchdog import HangWatchdog  # deferred: import time (only with a timeout)
+
+        os.makedirs(log_dir, exist_ok=True)
+        watchdog = HangWatchdog(timeout, log_dir, tempfile.mkdtemp(prefix="stacks_", dir=log_dir), nproc)
     device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
     os.environ.update(rank_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
     args = torchrun_arguments(
@@ -305,6 +335,7 @@ def run(ns: argparse.Namespace) -> int:
         ns.monitor_interval,
         endpoint,
         ns.rdzv_timeout,
+        watchdog.stacks_dir if watchdog is not None else None,
     )
     print(
         f"{PROG} launch: {nproc} {device} process(es) on this machine"
@@ -315,7 +346,8 @@ def run(ns: argparse.Namespace) -> int:
             else ""
         )
         + f", mixed_precision={cfg.mixed_precision}"
-        + (f", torch.compile backend={cfg.dynamo_backend}" if cfg.dynamo_backend != "no" else ""),
+        + (f", torch.compile backend={cfg.dynamo_backend}" if cfg.dynamo_backend != "no" else "")
+        + (f", hang timeout {timeout:g} s" if timeout is not None else ""),
         file=sys.stderr,
         flush=True,
     )
@@ -324,10 +356,21 @@ def run(ns: argparse.Namespace) -> int:
         ns.script,
         log_dir,
         lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint, ns.rdzv_timeout),
+        watchdog,
     )
     if code == 0 and own_log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)
     return code
+
+
+def _timeout(ns: argparse.Namespace) -> float | None:
+    """``--timeout``, else ``ACCEL_NB_LAUNCH_TIMEOUT``; None: no hang watchdog."""
+    flag = getattr(ns, "timeout", None)
+    if flag is None and not os.environ.get(ENV_LAUNCH_TIMEOUT, "").strip():
+        return None
+    from ..launch.elastic.watchdog import launch_timeout  # deferred: import time (only with a timeout)
+
+    return launch_timeout(flag)
 
 
 def rank_environment(
@@ -356,35 +399,64 @@ def agent_environment(cfg: LaunchConfig, main_ip: str, device: str, template: st
 
 
 class _DropFailureLine:
-    """Logging filter: torch's own "failed (exitcode ...)" line is replaced by our summary."""
+    """Logging filter: torch's own "failed (exitcode ...)" line is replaced by our summary; once the hang
+    watchdog has fired, the agent's lines about the SIGTERM it sent are too (the report says it)."""
+
+    def __init__(self, watchdog: HangWatchdog | None = None) -> None:
+        self.watchdog = watchdog
 
     def filter(self, record: Any) -> bool:
+        if self.watchdog is not None and self.watchdog.fired:
+            return False
         return not str(record.getMessage()).startswith("failed (exitcode")
 
 
 def run_elastic(
-    args: list[str], script: str, log_dir: str, explain: Callable[[BaseException], str | None] | None = None
+    args: list[str],
+    script: str,
+    log_dir: str,
+    explain: Callable[[BaseException], str | None] | None = None,
+    watchdog: HangWatchdog | None = None,
 ) -> int:
     """Run torch.distributed's elastic agent in this process; a readable summary when a rank fails.
 
     ``explain`` turns an error of the agent itself (a rendezvous that never completed) into one line.
+    ``watchdog`` (a ``HangWatchdog``) watches the ranks while the agent runs; when it fires, its
+    report is printed and the exit code is its ``exit_code`` (124).
     """
     # deferred: import time (torch and its elastic agent only when a launch runs)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    api_logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    drop = _DropFailureLine()
-    api_logger.addFilter(drop)
+    loggers = [
+        logging.getLogger(f"torch.distributed.elastic.{name}.api")
+        for name in ("multiprocessing", "agent.server")
+    ]
+    drop = _DropFailureLine(watchdog)
+    for logger in loggers:
+        logger.addFilter(drop)
+
+    def hung() -> bool:  # the watchdog fired (its SIGTERM stopped the agent): say what it found
+        if watchdog is None or not watchdog.settle():
+            return False
+        print(f"{PROG} launch: {watchdog.report}", file=sys.stderr, flush=True)
+        return True
+
     try:
+        if watchdog is not None:
+            watchdog.start()
         run(parse_args(args))
-        return 0
+        return watchdog.exit_code if hung() else 0
     except ChildFailedError as exc:
+        if hung():
+            return watchdog.exit_code
         print(failure_summary(exc.failures, script, log_dir), file=sys.stderr, flush=True)
         first = order_failures(exc.failures, log_dir)[0][1]
         return first.exitcode if first.exitcode > 0 else 128 + (-first.exitcode or 1)
     except (KeyboardInterrupt, SignalException) as exc:
+        if hung():
+            return watchdog.exit_code
         sig = getattr(exc, "sigval", signal.SIGINT)
         print(
             f"{PROG} launch: stopped by {signal_name(sig)}; every rank was stopped (logs under {log_dir})",
@@ -392,8 +464,13 @@ def run_elastic(
         )
         return 128 + int(sig)
     except Exception as exc:  # rendezvous errors and the like: one line, not a traceback
+        if hung():
+            return watchdog.exit_code
         said = explain(exc) if explain is not None else None
         print(f"{PROG} launch: error: {said or f'{type(exc).__name__}: {exc}'}", file=sys.stderr)
         return 1
     finally:
-        api_logger.removeFilter(drop)
+        if watchdog is not None:
+            watchdog.settle()
+        for logger in loggers:
+            logger.removeFilter(drop)

@@ -23,7 +23,7 @@ from ..payload import PayloadCheck, check_picklable, notebook_sources
 from ..plan import LaunchPlan
 from .hang_blame import collective_of, user_line
 from .start import RankProcess
-from .supervisor import Supervisor
+from .supervisor import Supervisor, hang_headline
 
 LARGE_ARGS_ENV = "ACCEL_NB_LARGE_ARGS_WARN_MB"
 
@@ -129,11 +129,7 @@ def run_launch(
             stopped = [r for r in outcome.stopped if r not in outcome.failures]
             headline = None
             if outcome.hung_after is not None:
-                blame = outcome.hang_blame.sentence() + "; " if outcome.hang_blame is not None else ""
-                headline = (
-                    f"the launch hung: no rank made progress for {outcome.hung_after:.0f} s (timeout={timeout:g}); "
-                    f"{blame}each rank's Python stack is below, every rank was stopped"
-                )
+                headline = hang_headline(outcome.hung_after, timeout, outcome.hang_blame)
             error = LaunchError(failures, headline=headline, stopped=stopped, log_dir=log_dir)
             finish_reporter(reporter, False, error.failures[0].summary())
             raise error

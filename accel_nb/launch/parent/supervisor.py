@@ -88,6 +88,36 @@ def _hang_message(rank: int, idle: float, blame: Blame) -> str:
     return f"no progress for {idle:.0f} s{f' at {where}' if where else ''}; it was stopped"
 
 
+def hang_failures(stacks: dict[int, str], ranks: list[int], idle: float) -> tuple[Blame, list[RankFailure]]:
+    """What the stacks of the hung ``ranks`` show, and one ``HANG`` failure per rank, the likely cause first.
+
+    Both faces of the launcher say a hang with these (``notebook_launcher(timeout=)``, ``accel-nb launch --timeout``).
+    """
+    blame = blame_stacks(stacks, ranks)
+    cause = blame.likely_cause
+    failures = []
+    for rank in sorted(ranks, key=lambda r: (r not in cause, r)):  # the likely cause first
+        text = stacks.get(rank, "(no stack: the rank did not answer)")
+        failure = RankFailure(
+            rank,
+            None,
+            _hang_message(rank, idle, blame),
+            f"Python stacks of rank {rank}:\n{text}",
+            kind=FailureKind.HANG,
+        )
+        failures.append(failure)
+    return blame, failures
+
+
+def hang_headline(idle: float, timeout: float, blame: Blame | None) -> str:
+    """The first line of a hang's report: how long nothing moved, who waits for whom, what follows."""
+    said = blame.sentence() + "; " if blame is not None else ""
+    return (
+        f"the launch hung: no rank made progress for {idle:.0f} s (timeout={timeout:g}); "
+        f"{said}each rank's Python stack is below, every rank was stopped"
+    )
+
+
 def read_tail(path: str, lines: int = 20) -> str:
     try:
         with open(path, "rb") as f:
@@ -323,19 +353,11 @@ class Supervisor:
         stacks = self._report_stacks("hang")
         stopped = self.stop_all()
         self.outcome.hung_after = idle
-        blame = self.outcome.hang_blame = blame_stacks(stacks, stopped)
-        cause = blame.likely_cause
-        for rank in sorted(stopped, key=lambda r: (r not in cause, r)):  # the likely cause first
-            text = stacks.get(rank, "(no stack: the rank did not answer)")
-            failure = RankFailure(
-                rank,
-                None,
-                _hang_message(rank, idle, blame),
-                f"Python stacks of rank {rank}:\n{text}",
-                kind=FailureKind.HANG,
-            )
+        blame, failures = hang_failures(stacks, stopped, idle)
+        self.outcome.hang_blame = blame
+        for failure in failures:
             self._add_failure(failure, stop_the_rest=False)  # stopped already
-        for rank in cause:  # its row names it, not only the box below the rows
+        for rank in blame.likely_cause:  # its row names it, not only the box below the rows
             self._report(Phase(rank=rank, phase=HUNG_CULPRIT))
 
     def _on_interrupt(self) -> None:
