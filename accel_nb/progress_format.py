@@ -107,8 +107,10 @@ def one_line(text: Any, limit: int = 200) -> str:
     first, _, rest = text.partition("\n")
     first = first.rstrip()
     cut = len(first) > limit
-    if cut:
-        first = first[: limit - 1].rstrip()
+    if cut:  # at a word's end: a summary cut mid-word ("on the same wo ...") reads as a typo
+        head = first[: limit - 1]
+        space = head.rfind(" ")
+        first = (head[:space] if space > limit // 2 else head).rstrip(" ,;:")
     return first + (" ..." if cut or rest.strip() else "")
 
 

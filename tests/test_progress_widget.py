@@ -524,3 +524,21 @@ def test_the_rank_a_hang_blames_says_so_in_its_row():
     r.finish(False, "the launch hung")
     assert "hung (likely cause)" in r.statuses[1].value and "color:#c62828" in r.statuses[1].value
     assert "stopped" in r.statuses[0].value and "hung" not in r.statuses[0].value
+
+
+def test_a_long_interrupt_note_is_shown_whole_and_a_cut_line_ends_at_a_word():
+    """Issue 41.6: a session interrupt's note read '...a fresh one was formed on the same wo .'"""
+    from accel_nb.progress_format import one_line
+
+    note = (
+        "cell 4 interrupted: the process group was broken (rank 0 was stopped inside all_reduce) and a fresh "
+        "one was formed on the same workers: their namespaces are kept and collectives work again; model "
+        "now synchronise over the new group (re-bound)"
+    )
+    r = _reporter()
+    r.handle(Progress(0, "train", 3, 10))
+    r.handle(Stacks(0, 'Thread 0x1 (most recent call first):\n  File "cell", line 4 in train'))
+    r.finish(False, note)
+    assert note in r.failure_box.value and "(re-bound). Each rank's Python stack" in r.failure_box.value
+    cut = one_line(note, limit=120)
+    assert cut.endswith(" ...") and cut[:-4] == note[: len(cut) - 4] and note[len(cut) - 4] == " ", cut

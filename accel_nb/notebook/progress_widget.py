@@ -380,9 +380,12 @@ class WidgetReporter(ev.Reporter):
         if self.failure_box is None:
             return
         stacks = any(stream == "stacks" for v in self.state.ranks.values() for stream, _ in v.logs)
-        text = one_line(summary)
+        text = one_line(summary, limit=1000)  # the box wraps: a session's interrupt note is long and whole
         if stacks:
-            text = text.rstrip(".") + ". Each rank's Python stack is in its output pane."
+            # a sentence of its own ("...wo ." came of stripping the dots of a cut line before adding one)
+            text = (
+                text if text.endswith(("...", ".")) else text + "."
+            ) + " Each rank's Python stack is in its output pane."
         self.failure_box.value = (
             "<div style='border-left:4px solid #6d4c41;padding-left:8px;color:#6d4c41;font-weight:600'>"
             f"{esc(text)}</div>"
