@@ -35,6 +35,7 @@ from accel_nb.big_model.quantization.bnb_layout import TESTED_RELEASES, is_packe
 from accel_nb.big_model.quantization.offload import QuantizedOffloader  # noqa: E402
 from accel_nb.big_model.quantization.prequantized import fill_layer  # noqa: E402
 from accel_nb.serialization import save_sharded_safetensors  # noqa: E402
+from tests.tiny_models import tiny_llama_config  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OLDEST = os.path.join(
@@ -55,21 +56,9 @@ KINDS = {
 }
 
 
-def _config():
-    return transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=320,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-
-
 def _empty():
     with init_empty_weights():
-        return transformers.LlamaForCausalLM(_config())
+        return transformers.LlamaForCausalLM(tiny_llama_config())
 
 
 def _logits(model):
@@ -93,7 +82,7 @@ def _four_bit(model):
 def float_folder(tmp_path_factory):
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("llama")
-    transformers.LlamaForCausalLM(_config()).eval().save_pretrained(folder, max_shard_size="300KB")
+    transformers.LlamaForCausalLM(tiny_llama_config()).eval().save_pretrained(folder, max_shard_size="300KB")
     return str(folder)
 
 

@@ -31,6 +31,7 @@ from accel_nb.big_model.quantization import (  # noqa: E402
     quantized_weight_bytes,
     unmark_quantized_sizes,
 )
+from tests.tiny_models import tiny_llama_config  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*MatMul8bitLt.*")
 F32 = torch.float32
@@ -39,16 +40,7 @@ TOKENS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(
 
 
 def _llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=320,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    return transformers.LlamaForCausalLM, cfg
+    return transformers.LlamaForCausalLM, tiny_llama_config()
 
 
 def _gpt2():

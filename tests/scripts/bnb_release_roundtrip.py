@@ -21,6 +21,9 @@ from accel_nb.big_model import init_empty_weights
 from accel_nb.big_model.quantization import BnbQuantizationConfig, load_and_quantize_model
 from accel_nb.serialization import save_sharded_safetensors
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.tiny_models import tiny_llama_config  # noqa: E402
+
 CONFIGS = {
     "nf4": dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32),
     "fp4-double": dict(
@@ -34,17 +37,8 @@ TOKENS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(
 
 
 def empty_llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=320,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
     with init_empty_weights():
-        return transformers.LlamaForCausalLM(cfg)
+        return transformers.LlamaForCausalLM(tiny_llama_config())
 
 
 def logits(model):
