@@ -101,12 +101,12 @@ def test_a_script_that_prints_more_often_than_the_timeout_is_not_a_hang(cfg, tmp
     script.write_text(
         "import os, time\n"
         "start = time.monotonic()\n"
-        "while time.monotonic() - start < 6:  # three timeouts long, never quiet for one\n"
+        "while time.monotonic() - start < 10:  # two and a half timeouts long, never quiet for one\n"
         "    print('rank', os.environ['RANK'], 'working', flush=True)\n"
-        "    time.sleep(0.1)\n"
+        "    time.sleep(0.05)  # 80 lines per timeout: only a rank starved for 4 s would look hung\n"
         "print('rank', os.environ['RANK'], 'done', flush=True)\n"
     )
-    out = accel_nb("launch", "--cpu", "--num_processes", "2", "--timeout", "2", str(script), cfg=cfg)
+    out = accel_nb("launch", "--cpu", "--num_processes", "2", "--timeout", "4", str(script), cfg=cfg)
     assert out.returncode == 0, out.stderr
     assert "rank 0 done" in out.stdout and "rank 1 done" in out.stdout
     assert "hung" not in out.stderr
