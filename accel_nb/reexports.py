@@ -38,7 +38,7 @@ _HOMES: dict[str, str] = {
     "accel_nb.big_model.device_map": "check_device_map infer_auto_device_map",
     "accel_nb.big_model.dispatch": "dispatch_model",
     "accel_nb.big_model.empty_init": "init_empty_weights",
-    "accel_nb.big_model.layerwise_casting": "LayerwiseCastingHook",
+    "accel_nb.big_model.layerwise_casting": "LayerwiseCastingHook SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "accel_nb.big_model.loading": "load_checkpoint_in_model",
     "accel_nb.big_model.model_hooks": "add_hook_to_module AlignDevicesHook attach_align_device_hook CpuOffload UserCpuOffloadHook",
     "accel_nb.big_model.module_helpers": (
@@ -94,6 +94,7 @@ _HOMES: dict[str, str] = {
     "accel_nb.tracking": "LoggerType",
     "accel_nb.tracking.base": "GeneralTracker",
     "accel_nb.utils.constants": (
+        "BETA_CP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_TRANSFORMERS_VERSION "
         "MODEL_NAME OPTIMIZER_NAME PROFILE_PATTERN_NAME SAFE_MODEL_NAME SAFE_WEIGHTS_INDEX_NAME "
         "SAFE_WEIGHTS_NAME SAFE_WEIGHTS_PATTERN_NAME SCALER_NAME SCHEDULER_NAME STR_OPERATION_TO_FUNC "
         "WEIGHTS_INDEX_NAME WEIGHTS_NAME WEIGHTS_PATTERN_NAME"
@@ -125,7 +126,7 @@ _PATHS: dict[str, str] = {
         "is_bnb_available is_mlu_available is_musa_available is_neuron_available is_npu_available "
         "is_sdaa_available is_xpu_available LayerwiseCastingHook load_checkpoint_in_model "
         "offload_state_dict OffloadedWeightsLoader parse_flag_from_env recursive_getattr retie_parameters "
-        "UserCpuOffloadHook"
+        "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING UserCpuOffloadHook"
     ),
     "checkpointing": (
         "get_logger get_pretty_name is_cuda_available is_hpu_available is_mlu_available is_musa_available "
@@ -178,6 +179,7 @@ _PATHS: dict[str, str] = {
         "load_checkpoint_in_model offload_weight set_module_tensor_to_device"
     ),
     "utils.dataclasses": (
+        "BETA_CP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_TRANSFORMERS_VERSION "
         "compare_versions is_cuda_available is_hpu_available is_mlu_available is_msamp_available "
         "is_musa_available is_neuron_available is_npu_available is_rocm_available is_torch_version "
         "is_torchao_available is_transformer_engine_available is_xpu_available parse_flag_from_env "

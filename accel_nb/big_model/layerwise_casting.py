@@ -29,6 +29,7 @@ CASTABLE_LAYERS: tuple[type[nn.Module], ...] = (
     nn.ConvTranspose3d,
     nn.Linear,
 )
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = CASTABLE_LAYERS  # the reference's name for the same tuple
 
 
 class LayerwiseCastingHook(ModelHook):
