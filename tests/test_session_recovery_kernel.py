@@ -112,7 +112,7 @@ def test_interrupting_a_cell_stuck_in_all_reduce_keeps_the_model_and_gives_a_fre
         "else:\n"
         "    time.sleep(300)\n"
     )
-    _wait_until_stacks_show(log_dir, rank_pids, {0: "in all_reduce", 1: "line 4 in <module>"})
+    _wait_until_stacks_show(log_dir, rank_pids, {0: "in all_reduce", 1: "line 5 in <module>"})
     kernel.km.interrupt_kernel()
     out = kernel.collect(msg_id, timeout=120)
     assert not out.timed_out
