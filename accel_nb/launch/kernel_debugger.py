@@ -26,11 +26,6 @@ import threading
 from collections.abc import Iterator
 
 
-def active() -> bool:
-    """True when the kernel's debugger (pydevd) has patched this process's process creation."""
-    return "pydevd" in sys.modules and hasattr(os, "original_fork")
-
-
 def fork() -> int:
     """``os.fork()`` without debugpy's fork hook (the child would wait to be attached)."""
     return getattr(os, "original_fork", os.fork)()

@@ -58,7 +58,7 @@ def is_packed(layer: nn.Module) -> bool:
     return bool(getattr(state, "packing_format_for_cpu", False))
 
 
-def _unpack_weight(packed: torch.Tensor, shape: torch.Size, qshape: torch.Size) -> torch.Tensor:
+def _unpack_weight(packed: torch.Tensor, qshape: torch.Size) -> torch.Tensor:
     """The portable packed nibbles (``qshape``) of a CPU-packed ``(out, in/2)`` weight."""
     n, half = packed.shape
     b = _ROWS_PER_PACK
@@ -84,7 +84,7 @@ def portable_state(layer: nn.Module) -> dict[str, torch.Tensor]:
         }
     from bitsandbytes.functional import QuantState, quantize_blockwise
 
-    weight = _unpack_weight(param.data, state.shape, state.original_qshape)
+    weight = _unpack_weight(param.data, state.original_qshape)
     storage = getattr(state, "original_storage_type", None)
     if storage is not None and storage != torch.uint8:
         weight = weight.view(storage)
