@@ -10,6 +10,7 @@
 #   .venv-colab/bin/python -m pytest -q -p no:cacheprovider tests/stacks
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv-lib.sh
 STACK=${1:?usage: setup-stack-env.sh colab|kaggle}
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}  # Python 3.11 where there is one
 case "$STACK" in
@@ -33,14 +34,16 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$VENV/.ready" ]; 
 fi
 rm -f "$VENV/.ready"
 if [ ! -x "$VENV/bin/python" ]; then
+  need_disk 4 "$VENV (torch and the $STACK stack)"
   "$PY" -m venv "$VENV"
 fi
-pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "is ignored" || true; }
-pip install -q --upgrade ${constraints[@]+"${constraints[@]}"} pip
-pip install -q ${constraints[@]+"${constraints[@]}"} "torch==2.13.0"
+VENV_LOG=$VENV/install.log
+: >"$VENV_LOG"
+venv_pip install -q --upgrade ${constraints[@]+"${constraints[@]}"} pip
+venv_pip install -q ${constraints[@]+"${constraints[@]}"} "torch==2.13.0"
 # the stack, pinned, together with what the tests need (a real kernel, notebook execution,
 # the browser driver), in one resolve so none of them moves the pins
-pip install -q ${constraints[@]+"${constraints[@]}"} "${STACK_PINS[@]}" numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
+venv_pip install -q ${constraints[@]+"${constraints[@]}"} "${STACK_PINS[@]}" numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
   "matplotlib>=3.7" "pytest>=8" pytest-timeout "nbclient>=0.7" "nbformat>=5" "nbconvert>=7" "playwright>=1.40" \
   "tensorboard>=2.14" "transformers>=4.40" \
   "bitsandbytes>=0.50" "torchao>=0.18"
@@ -60,6 +63,8 @@ want = {"colab": {"ipython": "7.34.0", "ipykernel": "6.17.1", "ipywidgets": "7.7
 for name, version in want.items():
     have = md.version(name)
     assert have == version, f"{name} {have} installed, the {sys.argv[1]} stack pins {version}"
+if sys.argv[1] == "kaggle":  # the front-end the browser test opens
+    assert md.version("jupyterlab").startswith("4."), md.version("jupyterlab")
 print(sys.argv[1], {n: md.version(n) for n in ("ipython", "ipykernel", "ipywidgets", "jupyter_client", "torch")})
 PY
 echo "$STACK" > "$VENV/.accel_nb-stack"  # tests/stacks/conftest.py: which stack this venv is

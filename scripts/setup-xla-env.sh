@@ -9,6 +9,7 @@
 #   PJRT_DEVICE=CPU .venv-xla/bin/python -m pytest -q -p no:cacheprovider tests/xla
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/venv-lib.sh
 PY=${PYTHON:-python3}
 VENV=${XLA_VENV:-.venv-xla}
 TORCH_VERSION=${XLA_TORCH_VERSION:-2.9.0}
@@ -23,20 +24,22 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$VENV/.ready" ]; 
 fi
 rm -f "$VENV/.ready"
 if [ ! -x "$VENV/bin/python" ]; then
+  need_disk 10 "$VENV (torch 2.9 with its CUDA libraries, torch_xla)"
   "$PY" -m venv "$VENV"
 fi
-pip() { "$VENV/bin/python" -m pip "$@" 2>&1 | grep -v "is ignored" || true; }
-pip install -q --upgrade ${constraints[@]+"${constraints[@]}"} pip
+VENV_LOG=$VENV/install.log
+: >"$VENV_LOG"
+venv_pip install -q --upgrade ${constraints[@]+"${constraints[@]}"} pip
 # torch_xla works only with exactly the torch it was built against; PyPI's torch 2.9.0 is a
 # CUDA build (large download), which torch_xla's CPU backend uses without a GPU.
-pip install -q ${constraints[@]+"${constraints[@]}"} "torch==$TORCH_VERSION" "torch-xla==$TORCH_XLA_VERSION"
+venv_pip install -q ${constraints[@]+"${constraints[@]}"} "torch==$TORCH_VERSION" "torch-xla==$TORCH_XLA_VERSION"
 # accel_nb itself without its dependency list (that would pull the newest torch), then its
 # small dependencies and what tests/xla needs (pytest, a real Jupyter kernel).
 if ! "$VENV/bin/python" -m pip install -q --no-deps -e . >"$VENV/.editable-install.log" 2>&1; then
   cat "$VENV/.editable-install.log" >&2  # setuptools' deprecation notes stay in the log unless it fails
   exit 1
 fi
-pip install -q ${constraints[@]+"${constraints[@]}"} numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
+venv_pip install -q ${constraints[@]+"${constraints[@]}"} numpy "cloudpickle>=2.2" "safetensors>=0.4" "PyYAML>=6" "psutil>=5.9" \
   "pytest>=8" pytest-timeout "ipykernel>=6" "jupyter_client>=8" "nbclient>=0.10" "nbformat>=5" \
   "ipywidgets>=8" "IPython>=8"
 PJRT_DEVICE=CPU "$VENV/bin/python" -c "
