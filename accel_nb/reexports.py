@@ -92,6 +92,8 @@ _HOMES: dict[str, str] = {
     "accel_nb.parallel.config": "ParallelismConfig",
     "accel_nb.state": "AcceleratorState DistributedType GradientState PartialState",
     "accel_nb.tracking": "LoggerType",
+    "accel_nb.tracking.registry": "LOGGER_TYPE_TO_CLASS",
+    "accel_nb.parallel.tensor_parallel": "get_model_tp_size",
     "accel_nb.tracking.base": "GeneralTracker",
     "accel_nb.utils.constants": (
         "BETA_CP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_TRANSFORMERS_VERSION "
@@ -111,7 +113,8 @@ _PATHS: dict[str, str] = {
         "extract_model_from_parallel FullyShardedDataParallelPlugin gather gather_object GeneralTracker "
         "get_logger get_pretty_name get_state_dict_offloaded_model GradientAccumulationPlugin "
         "GradScalerKwargs has_offloaded_params InitProcessGroupKwargs is_bf16_available "
-        "is_compiled_module is_deepspeed_available is_lomo_available is_megatron_lm_available "
+        "is_compiled_module get_model_tp_size LOGGER_TYPE_TO_CLASS is_deepspeed_available is_lomo_available "
+        "is_megatron_lm_available "
         "is_mlu_available is_msamp_available is_musa_available is_npu_available is_torch_version "
         "is_torch_xla_available is_torchao_available is_transformer_engine_available is_xpu_available "
         "KwargsHandler LoggerType MODEL_NAME pad_across_processes ParallelismConfig parse_choice_from_env "

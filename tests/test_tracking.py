@@ -375,7 +375,10 @@ def test_a_requested_tracker_that_is_not_installed_names_the_extra(monkeypatch, 
 def test_all_means_every_installed_tracker_and_names_are_checked(tmp_path):
     acc = Accelerator(cpu=True, log_with=["all", ListTracker()], project_dir=str(tmp_path))
     assert acc.log_with[:-1] == available_trackers() and acc.log_with[-1].name == "list"
-    with pytest.raises(ValueError, match=r"'tensorboard' writes files: give Accelerator\(project_dir=...\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Logging with `tensorboard` requires a `logging_dir` to be passed in: log_with='tensorboard' writes files, give Accelerator\(project_dir=...\)",
+    ):
         Accelerator(cpu=True, log_with="tensorboard")
     with pytest.raises(ValueError, match="ships no aim tracker; wrap its client in a GeneralTracker"):
         Accelerator(cpu=True, log_with="aim")

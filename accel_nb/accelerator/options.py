@@ -72,5 +72,7 @@ def project_configuration(project_dir: str | None, project_config: Any) -> Any:
     if project_config is not None:
         if project_dir is not None and getattr(project_config, "project_dir", None) is None:
             project_config.project_dir = project_dir
+            if getattr(project_config, "logging_dir", None) is None:  # as set_directories: logs go there too
+                project_config.logging_dir = project_dir
         return project_config
     return ProjectConfiguration(project_dir=project_dir)

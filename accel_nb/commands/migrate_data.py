@@ -144,7 +144,7 @@ LEFT_OUT: dict[str, str] = {
     "operations.copy_tensor_to_devices": _INTERNAL,
     "operations.GatheredParameters": "ZeRO-3 parameter gathering: use deepspeed.zero.GatheredParameters itself",
     "other.compile_regions_deepspeed": "torch.compile with DeepSpeed is refused with a clear error (docs/deepspeed.md)",
-    **{f"other.{n}": _PAR for n in ["compile_regions_fsdp2", "model_has_dtensor", "get_model_tp_size"]},
+    **{f"other.{n}": _PAR for n in ["compile_regions_fsdp2", "model_has_dtensor"]},
     "dataclasses.MODEL_CONFIGS_TO_MEGATRON_PARSERS": _MEGATRON,
     "imports.USE_TORCH_XLA": _GATES,
     **{f"operations.{n}": _INTERNAL for n in ["TENSOR_INT_TO_DTYPE", "TENSOR_TYPE_TO_INT"]},
@@ -176,19 +176,9 @@ LEFT_OUT: dict[str, str] = {
     **{f"optimizer.{n}": _INTERNAL for n in ["move_to_device", "patch_optimizer_step"]},
     **{f"state.{n}": _INTERNAL for n in ["ThreadLocalSharedDict", "do_nothing", "is_initialized"]},
     **{
-        f"tracking.{n}": "trackers accel_nb does not ship: subclass GeneralTracker and pass an instance to log_with"
-        for n in ["AimTracker", "ClearMLTracker", "DVCLiveTracker", "SwanLabTracker", "TrackioTracker"]
-    },
-    **{
-        f"tracking.{n}": "the reference's tracker registry; accel_nb resolves log_with itself "
+        f"tracking.{n}": "the reference's tracker internals; accel_nb resolves log_with itself "
         "(accel_nb.tracking.available_trackers, resolve_log_with)"
-        for n in [
-            "LOGGER_TYPE_TO_CLASS",
-            "filter_trackers",
-            "get_available_trackers",
-            "register_tracker_class",
-            "on_main_process",
-        ]
+        for n in ["filter_trackers", "get_available_trackers", "on_main_process"]
     },
 }
 

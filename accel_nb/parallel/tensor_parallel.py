@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["STYLE_NAMES", "apply_plan", "model_plan", "resolve_plan"]
+__all__ = ["STYLE_NAMES", "apply_plan", "get_model_tp_size", "model_plan", "resolve_plan"]
 
 STYLE_NAMES = (
     "colwise",
@@ -220,3 +220,20 @@ def _retie(model: torch.nn.Module, groups: list[list[str]]) -> None:
         for name in names[1:]:
             owner, _, leaf = name.rpartition(".")
             setattr(model.get_submodule(owner) if owner else model, leaf, first)
+
+
+def get_model_tp_size(model: torch.nn.Module) -> int | None:
+    """The tensor-parallel degree a transformers model was loaded with (``tp_plan``), or None if it was not split.
+
+    transformers 4 keeps it as ``model.tp_size``; transformers 5 in ``model.config.distributed_config``
+    (an object, or a plain dict after a JSON round trip) and leaves ``model.tp_size`` as None.
+
+        get_model_tp_size(AutoModelForCausalLM.from_pretrained(name, tp_plan="auto"))   # e.g. 2
+    """
+    size = getattr(model, "tp_size", None)
+    if size is not None:
+        return size
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    if isinstance(distributed, dict):
+        return distributed.get("tp_size")
+    return getattr(distributed, "tp_size", None)

@@ -20,16 +20,32 @@ from ..lazy_exports import lazy_exports
 from ..reexports import reexports
 from .base import GeneralTracker, InactiveTracker, flatten_config, scalar_groups, scalar_values
 from .builtin import CometMLTracker, MLflowTracker, TensorBoardTracker, WandBTracker
+from .registry import BUILTIN_CLASSES, LOGGER_TYPE_TO_CLASS, make_tracker, register_tracker_class, shipped
+from .unshipped import (
+    AimTracker,
+    ClearMLTracker,
+    DVCLiveTracker,
+    SwanLabTracker,
+    TrackioTracker,
+    unshipped_message,
+)
 
 __all__ = [
+    "LOGGER_TYPE_TO_CLASS",
+    "AimTracker",
+    "ClearMLTracker",
     "CometMLTracker",
+    "DVCLiveTracker",
     "GeneralTracker",
     "LoggerType",
     "MLflowTracker",
+    "SwanLabTracker",
     "TensorBoardTracker",
+    "TrackioTracker",
     "WandBTracker",
     "available_trackers",
     "flatten_config",
+    "register_tracker_class",
     "resolve_log_with",
     "start_trackers",
 ]
@@ -57,15 +73,14 @@ class LoggerType(str, enum.Enum):
         return self.value
 
 
-# name -> (tracker class, module that must be importable, pip extra)
-_BUILTIN: dict[str, tuple[type[GeneralTracker], str, str]] = {
-    "tensorboard": (TensorBoardTracker, "tensorboard", "tensorboard"),
-    "mlflow": (MLflowTracker, "mlflow", "mlflow"),
-    "wandb": (WandBTracker, "wandb", "wandb"),
-    "comet_ml": (CometMLTracker, "comet_ml", "comet_ml"),
+# accel_nb's built-in tracker names -> (module that must be importable, pip extra); the class behind each
+# name is LOGGER_TYPE_TO_CLASS's (accel_nb.tracking.registry), which register_tracker_class extends
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "mlflow": ("mlflow", "mlflow"),
+    "wandb": ("wandb", "wandb"),
+    "comet_ml": ("comet_ml", "comet_ml"),
 }
-# trackers the reference library has that accel_nb does not ship (a GeneralTracker subclass covers them)
-_NOT_SHIPPED = ("aim", "clearml", "dvclive", "trackio", "swanlab")
 
 
 _warned: set[str] = set()  # warnings given once per process
@@ -84,21 +99,19 @@ def available_trackers() -> list[str]:
     Example:
         available_trackers()   # e.g. ['tensorboard', 'mlflow']
     """
-    return [name for name, (_, module, _) in _BUILTIN.items() if _installed(module)]
+    return [name for name, (module, _) in _BUILTIN.items() if _installed(module)]
 
 
 def _one_name(item: Any) -> str:
-    name = str(item.value if isinstance(item, enum.Enum) else item).lower()
-    if name in _BUILTIN or name == "all":
+    name = str(item.value if isinstance(item, enum.Enum) else item)
+    if name not in LOGGER_TYPE_TO_CLASS:
+        name = name.lower()
+    if shipped(name) or name == "all":
         return name
-    if name in _NOT_SHIPPED:
-        raise ValueError(
-            f"log_with={name!r}: accel_nb ships no {name} tracker; wrap its client in a GeneralTracker "
-            "subclass (accel_nb.tracking.GeneralTracker, see docs/tracking.md) and pass an instance"
-        )
-    raise ValueError(
-        f"log_with={item!r} names no tracker; use one of {sorted(_BUILTIN)}, 'all' or a GeneralTracker"
-    )
+    if name in LOGGER_TYPE_TO_CLASS:
+        raise ValueError(f"log_with={name!r}: {unshipped_message(name)}")
+    known = sorted(n for n in LOGGER_TYPE_TO_CLASS if shipped(n))
+    raise ValueError(f"log_with={item!r} names no tracker; use one of {known}, 'all' or a GeneralTracker")
 
 
 def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
@@ -130,7 +143,7 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
         name = _one_name(item)
         names = available_trackers() if name == "all" else [name]
         if name == "all" and not names:
-            first, *others = (extra for _, _, extra in _BUILTIN.values())
+            first, *others = (extra for _, extra in _BUILTIN.values())
             warnings.warn(
                 f"log_with='all' found no tracker installed: pip install 'accel_nb[{first}]' "
                 f"(or {' / '.join(others)})",
@@ -138,16 +151,16 @@ def resolve_log_with(log_with: Any, logging_dir: str | None) -> list[Any]:
                 stacklevel=3,
             )
         for one in names:
-            tracker_class, module, extra = _BUILTIN[one]
-            if not _installed(module):
+            if LOGGER_TYPE_TO_CLASS[one] is BUILTIN_CLASSES.get(one) and not _installed(_BUILTIN[one][0]):
+                module, extra = _BUILTIN[one]
                 raise ImportError(
                     f"log_with={one!r} needs the {module} package, which is not installed: "
                     f"pip install 'accel_nb[{extra}]'"
                 )
-            if tracker_class.requires_logging_directory and logging_dir is None:
-                raise ValueError(
-                    f"log_with={one!r} writes files: give Accelerator(project_dir=...) (or "
-                    "ProjectConfiguration(logging_dir=...)) to say where"
+            if LOGGER_TYPE_TO_CLASS[one].requires_logging_directory and logging_dir is None:
+                raise ValueError(  # the reference's sentence first: code matches on it
+                    f"Logging with `{one}` requires a `logging_dir` to be passed in: log_with={one!r} writes "
+                    "files, give Accelerator(project_dir=...) (or ProjectConfiguration(logging_dir=...)) to say where"
                 )
             if one not in chosen:
                 chosen.append(one)
@@ -185,8 +198,7 @@ def start_trackers(
             continue
         if not is_main_process:
             continue
-        tracker_class = _BUILTIN[want][0]
-        trackers.append(tracker_class(project_name, logging_dir, **init_kwargs.get(want, {})))
+        trackers.append(make_tracker(want, project_name, logging_dir, init_kwargs.get(want, {})))
     for tracker in trackers:
         tracker.start()
         if flat is not None:

@@ -7,11 +7,14 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
+from ..environment import str_to_bool
 from .base import GeneralTracker
 
 # seconds: TensorBoard's files are flushed at most this often while logging (and at the end)
@@ -91,28 +94,46 @@ class TensorBoardTracker(GeneralTracker):
 
 
 class MLflowTracker(GeneralTracker):
-    """One MLflow run in experiment ``run_name`` (extra ``accel_nb[mlflow]``, the mlflow-skinny client).
+    """One MLflow run in experiment ``experiment_name`` (extra ``accel_nb[mlflow]``, the mlflow-skinny client).
 
-    The store is ``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else ``<logging_dir>/mlruns``
-    (a local file store, which recent MLflow only opens with ``MLFLOW_ALLOW_FILE_STORE=true``).
-    The config becomes the run's parameters; numbers become metrics (strings are skipped: MLflow
-    metrics are numbers).
+    The reference's arguments, with its meanings: ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``,
+    ``MLFLOW_TAGS`` (JSON) and ``MLFLOW_NESTED_RUN`` override ``experiment_name``, ``run_id``, ``tags``
+    and ``nested_run``; ``run_name`` and ``description`` go to ``mlflow.start_run``. The Accelerator
+    passes the project name as ``experiment_name``. The store is ``tracking_uri``, else
+    ``$MLFLOW_TRACKING_URI``, else ``<logging_dir>/mlruns`` (a local file store, which recent MLflow only
+    opens with ``MLFLOW_ALLOW_FILE_STORE=true``), else MLflow's own default. The config becomes the
+    run's parameters (values longer than MLflow takes are dropped with a warning); numbers become
+    metrics (strings are skipped: MLflow metrics are numbers).
 
         MLflowTracker("mnist", "runs", tags={"team": "vision"})
     """
 
     name = "mlflow"
+    requires_logging_directory = False
 
     def __init__(
         self,
-        run_name: str,
-        logging_dir: str | os.PathLike | None = None,
-        tracking_uri: str | None = None,
         experiment_name: str | None = None,
+        logging_dir: str | os.PathLike | None = None,
+        run_id: str | None = None,
+        tags: dict[str, Any] | str | None = None,
+        nested_run: bool | str | None = False,
+        run_name: str | None = None,
+        description: str | None = None,
+        tracking_uri: str | None = None,
         **start_run_kwargs: Any,
     ) -> None:
+        self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        self.tags = json.loads(tags) if isinstance(tags, str) else tags
+        nested_run = os.environ.get("MLFLOW_NESTED_RUN", nested_run)
+        self.nested_run = (
+            str_to_bool(nested_run, to_bool=True) if isinstance(nested_run, str) else bool(nested_run)
+        )
         self.run_name = run_name
-        self.experiment_name = experiment_name or os.environ.get("MLFLOW_EXPERIMENT_NAME") or run_name
+        self.description = description
+        self.logging_dir = logging_dir
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if uri is None and logging_dir is not None:
             uri = Path(logging_dir, "mlruns").resolve().as_uri()
@@ -138,8 +159,8 @@ class MLflowTracker(GeneralTracker):
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
             else:
                 os.environ["MLFLOW_TRACKING_URI"] = before
-        try:
-            experiment = mlflow.set_experiment(self.experiment_name)
+        try:  # no experiment name: MLflow's active (or default) experiment
+            experiment = mlflow.set_experiment(self.experiment_name) if self.experiment_name else None
         except MlflowException as exc:
             if "MLFLOW_ALLOW_FILE_STORE" not in str(exc):
                 raise
@@ -148,15 +169,29 @@ class MLflowTracker(GeneralTracker):
                 "MLFLOW_ALLOW_FILE_STORE=true, or give a database store with init_kwargs={'mlflow': "
                 "{'tracking_uri': 'sqlite:///mlflow.db'}} (needs the full 'mlflow' package)"
             ) from exc
-        self.start_run_kwargs.setdefault("run_name", self.run_name)
-        self.active_run = mlflow.start_run(experiment_id=experiment.experiment_id, **self.start_run_kwargs)
+        options = {"run_id": self.run_id, "run_name": self.run_name, "nested": self.nested_run}
+        options.update(tags=self.tags, description=self.description)
+        options.update(self.start_run_kwargs)
+        if experiment is not None:
+            options["experiment_id"] = experiment.experiment_id
+        self.active_run = mlflow.start_run(**options)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         import mlflow
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
-        items = list(values.items())
-        for first in range(0, len(items), 100):  # MLflow takes at most 100 parameters per call
-            mlflow.log_params(dict(items[first : first + 100]), run_id=self.active_run.info.run_id)
+        kept = {k: v for k, v in values.items() if len(str(v)) <= MAX_PARAM_VAL_LENGTH}
+        if len(kept) < len(values):
+            dropped = ", ".join(k for k in values if k not in kept)
+            warnings.warn(
+                f"MLflow stores parameters of at most {MAX_PARAM_VAL_LENGTH} characters; not stored: {dropped}",
+                UserWarning,
+                stacklevel=2,
+            )
+        items = list(kept.items())
+        for first in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+            batch = dict(items[first : first + MAX_PARAMS_TAGS_PER_BATCH])
+            mlflow.log_params(batch, run_id=self.active_run.info.run_id)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         import mlflow
@@ -166,6 +201,24 @@ class MLflowTracker(GeneralTracker):
         numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
         if numbers:
             mlflow.log_metrics(numbers, step=step, run_id=self.active_run.info.run_id, **kwargs)
+
+    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
+        """Save a matplotlib/plotly ``figure`` as ``artifact_file`` in the run (``mlflow.log_figure``)."""
+        import mlflow
+
+        mlflow.log_figure(figure=figure, artifact_file=artifact_file, save_kwargs=save_kwargs or None)
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        """Copy the file ``local_path`` into the run's artifacts (under ``artifact_path``)."""
+        import mlflow
+
+        mlflow.log_artifact(local_path, artifact_path=artifact_path, run_id=self.active_run.info.run_id)
+
+    def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
+        """Copy every file of ``local_dir`` into the run's artifacts (under ``artifact_path``)."""
+        import mlflow
+
+        mlflow.log_artifacts(local_dir, artifact_path=artifact_path, run_id=self.active_run.info.run_id)
 
     def finish(self) -> None:
         import mlflow

@@ -14,6 +14,7 @@ _EXPORTS = {
     **dict.fromkeys(["extract_model_from_parallel", "is_compiled_module"], "accel_nb.accelerator.unwrap"),
     **dict.fromkeys(["compile_regions", "has_compiled_regions"], "accel_nb.compile.apply"),
     **dict.fromkeys(["wait_for_everyone"], "accel_nb.misc"),
+    "get_model_tp_size": "accel_nb.parallel.tensor_parallel",
     **dict.fromkeys(
         [
             "check_os_kernel",
