@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ...logging import quiet_import_notes
-from .bnb_layout import keep_portable
-from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError, TorchAoQuantizationConfig
+from .backends import backend_for
+from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError
 
 _EXTRA = 'pip install "accel_nb[quantization]"'
 
@@ -109,32 +109,8 @@ def keeps_fp32(name: str, fp32_modules: Iterable[str]) -> bool:
 
 # -- one layer: an empty shell, and the shell filled from a float weight ------------------------------
 def make_shell(target: QuantTarget, config: QuantizationConfig) -> nn.Module:
-    """The quantized layer that replaces ``target``, with empty (meta) tensors."""
-    if isinstance(config, BnbQuantizationConfig):
-        bnb = require("bitsandbytes")
-        with torch.device("meta"):
-            if config.load_in_8bit:
-                layer = bnb.nn.Linear8bitLt(
-                    target.in_features,
-                    target.out_features,
-                    target.has_bias,
-                    has_fp16_weights=False,
-                    threshold=config.llm_int8_threshold,
-                )
-            else:
-                layer = bnb.nn.Linear4bit(
-                    target.in_features,
-                    target.out_features,
-                    target.has_bias,
-                    config.bnb_4bit_compute_dtype,
-                    compress_statistics=config.bnb_4bit_use_double_quant,
-                    quant_type=config.bnb_4bit_quant_type,
-                )
-                keep_portable(layer)  # no bfloat16 CPU repacking: exact numbers, a state_dict that reloads
-    else:
-        require("torchao")
-        with torch.device("meta"):
-            layer = nn.Linear(target.in_features, target.out_features, target.has_bias)
+    """The quantized layer that replaces ``target``, with empty (meta) tensors (its library's back-end)."""
+    layer = backend_for(config).make_shell(target.in_features, target.out_features, target.has_bias, config)
     layer.requires_grad_(False)
     return layer
 
@@ -149,60 +125,7 @@ def quantize_weight(
     """Fill ``layer`` (a shell from make_shell) with ``weight`` (float, as saved), quantized on ``device``."""
     if target.transposed:
         weight = weight.t()
-    weight = weight.contiguous()
-    if isinstance(config, BnbQuantizationConfig):
-        bnb = require("bitsandbytes")
-        if config.load_in_8bit:
-            weight = weight.cpu()  # bitsandbytes quantizes an 8-bit weight when it leaves the CPU (or stays)
-            param = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
-        else:
-            param = bnb.nn.Params4bit(
-                weight,
-                requires_grad=False,
-                compress_statistics=config.bnb_4bit_use_double_quant,
-                quant_type=config.bnb_4bit_quant_type,
-                quant_storage=torch.uint8,
-                module=layer,
-            )
-        layer.weight = param.to(device)  # bitsandbytes quantizes when a float weight moves to a device
-        return
-    quantize_torchao(layer, weight.to(device=device, dtype=config.torch_dtype), config)
-
-
-def torchao_config(config: TorchAoQuantizationConfig, device: torch.device | str | None = None):
-    """The torchao config object for ``config`` (Int8WeightOnlyConfig / Int4WeightOnlyConfig).
-
-    int4 on a CUDA device uses torchao's ``tile_packed_to_4d`` layout, whose matmul kernel
-    (tinygemm) ships with torch itself; torchao's default int4 layout needs the separate ``mslk``
-    kernel package, which has no release on PyPI for torchao 0.18. Elsewhere torchao's default.
-    """
-    quant = require("torchao.quantization")
-    if config.weight == "int8":
-        return quant.Int8WeightOnlyConfig()
-    if device is not None and torch.device(device).type == "cuda":
-        return quant.Int4WeightOnlyConfig(
-            group_size=config.group_size, int4_packing_format="tile_packed_to_4d"
-        )
-    return quant.Int4WeightOnlyConfig(group_size=config.group_size)
-
-
-def quantize_torchao(layer: nn.Module, weight: torch.Tensor, config: TorchAoQuantizationConfig) -> None:
-    quant = require("torchao.quantization")
-    layer.weight = nn.Parameter(weight, requires_grad=False)
-    try:
-        quant.quantize_(layer, torchao_config(config, weight.device))
-    except Exception as exc:  # noqa: BLE001 - torchao says why (a missing kernel, a device); keep its words
-        hint = ""
-        if config.weight == "int4" and weight.device.type != "cuda":
-            hint = (
-                ". torchao's int4 weight-only kernels run on a CUDA GPU (accel_nb uses the tile-packed "
-                "layout there); on a CPU use TorchAoQuantizationConfig('int8') or "
-                "BnbQuantizationConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4')"
-            )
-        raise QuantizationError(
-            f"torchao could not quantize a {tuple(weight.shape)} weight to {config.weight} on {weight.device}: "
-            f"{type(exc).__name__}: {exc}{hint}. Nothing was loaded"
-        ) from None
+    backend_for(config).quantize_weight(layer, weight.contiguous(), config, device)
 
 
 def has_4bit_bnb_layers(model: nn.Module) -> bool:
@@ -251,7 +174,7 @@ def replace_with_bnb_layers(
             "replace_with_bnb_layers takes a BnbQuantizationConfig (load_in_8bit=True or load_in_4bit=True), "
             f"got {type(bnb_quantization_config).__name__}; for torchao use load_and_quantize_model"
         )
-    bnb = require("bitsandbytes")
+    require("bitsandbytes")
     skip = list(modules_to_not_convert or [])
     prefix = ".".join(current_key_name or [])
     replaced = 0
@@ -263,17 +186,9 @@ def replace_with_bnb_layers(
         layer = make_shell(target, bnb_quantization_config)
         weight = module.weight.detach()
         weight = weight.t().contiguous() if target.transposed else weight
-        if bnb_quantization_config.load_in_8bit:
-            layer.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
-        else:
-            layer.weight = bnb.nn.Params4bit(
-                weight,
-                requires_grad=False,
-                compress_statistics=bnb_quantization_config.bnb_4bit_use_double_quant,
-                quant_type=bnb_quantization_config.bnb_4bit_quant_type,
-                quant_storage=torch.uint8,
-                module=layer,
-            )
+        layer.weight = backend_for(bnb_quantization_config).float_param(
+            layer, weight, bnb_quantization_config
+        )
         if target.has_bias:
             layer.bias = nn.Parameter(module.bias.detach(), requires_grad=False)
         layer.train(module.training)  # a model in eval mode stays so (8-bit layers differ in training)

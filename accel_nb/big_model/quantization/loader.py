@@ -35,7 +35,8 @@ from ..dispatch import dispatch_model
 from ..rollback import restore, snapshot
 from ..sizes import Device, get_balanced_memory, normalize_device, torch_device
 from . import prequantized
-from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError, TorchAoQuantizationConfig
+from .backends import backend_for
+from .config import QuantizationConfig, QuantizationError
 from .layers import QuantTarget, find_targets, keeps_fp32, make_shell, quantize_weight, require
 from .offload import OFFLOADER_ATTR, QuantizedOffloader
 from .sizes import mark_quantized_sizes, special_dtypes_for, unmark_quantized_sizes
@@ -366,12 +367,11 @@ def _check_placement(
         dev = device_for(device_map, f"{t.name}.weight")
         if dev == "disk" or (dev == "cpu" and exec_device.type != "cpu"):
             offloaded[t.name] = dev
-    if offloaded and isinstance(config, TorchAoQuantizationConfig) and config.weight != "int8":
+    refusal = backend_for(config).offload_refusal(config) if offloaded else None
+    if refusal:
         raise QuantizationError(
             f"the device map offloads {_listing(list(offloaded), 4)} ({offloaded[next(iter(offloaded))]}), but "
-            f"torchao {config.weight} layers cannot be offloaded yet (only int8 weight-only and bitsandbytes "
-            "8/4-bit layers can). Give the execution device room for them, or use "
-            "TorchAoQuantizationConfig(weight='int8'). Nothing was loaded"
+            f"{refusal}. Nothing was loaded"
         )
     return _Placement(device_map, exec_device, offloaded)
 
@@ -408,11 +408,7 @@ def load_and_quantize_model(
     """
     del offload_state_dict  # shards are read one at a time anyway
     config = bnb_quantization_config
-    if not isinstance(config, (BnbQuantizationConfig, TorchAoQuantizationConfig)):
-        raise QuantizationError(
-            f"bnb_quantization_config must be a BnbQuantizationConfig or TorchAoQuantizationConfig, got "
-            f"{type(config).__name__}"
-        )
+    backend_for(config)  # a config no back-end knows is refused by name
     require(config.library)
     if _is_quantized_model(model):
         raise QuantizationError(
@@ -454,9 +450,7 @@ def load_and_quantize_model(
             parent_name, _, child = t.name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, t.module)
         raise
-    if isinstance(config, BnbQuantizationConfig):
-        model.is_loaded_in_8bit = config.load_in_8bit
-        model.is_loaded_in_4bit = config.load_in_4bit
+    backend_for(config).mark_model(model, config)
     setattr(model, QUANTIZATION_ATTR, config)
     model.hf_device_map = dict(placement.device_map)
     return model

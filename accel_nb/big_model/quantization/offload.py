@@ -36,10 +36,8 @@ import torch
 from torch import nn
 
 from ..offload import OffloadEngine, OffloadUnit, TensorSlot
-from .bnb_layout import keep_portable, portable_state
+from .backends import backend_for_layer
 from .config import QuantizationConfig, QuantizationError
-from .layers import require
-from .prequantized import fill_layer
 
 QUANTIZED_OFFLOAD_ATTR = "_accel_nb_quantized_offload"  # on a hooked layer: its QuantizedLayerStore
 OFFLOADER_ATTR = "_accel_nb_quantized_offloader"  # on the model: its QuantizedOffloader
@@ -65,39 +63,7 @@ class QuantizedLayerStore:
     meta: dict[str, Any] = field(default_factory=dict)  # bnb 4-bit: the quant state's non-tensor items
     offset: torch.Tensor | None = None  # bnb 4-bit double quant: the nested offset, made once on the device
     shapes: dict[str, tuple[torch.dtype, torch.Size]] = field(default_factory=dict)
-
-
-def _layer_kind(layer: nn.Module) -> str:
-    name = type(layer).__name__
-    if name == "Linear8bitLt":
-        return "bnb8"
-    if name in ("Linear4bit", "LinearNF4", "LinearFP4"):
-        return "bnb4"
-    return "torchao"
-
-
-def _serialize(layer: nn.Module) -> tuple[dict[str, torch.Tensor], Any]:
-    """(key -> tensor, torchao rebuild info) of a quantized layer's weight, as stored while offloaded."""
-    kind = _layer_kind(layer)
-    if kind == "bnb4":  # never bitsandbytes' state_dict: wrong for a layer repacked for its CPU kernel
-        parts = portable_state(layer)
-        keep_portable(layer)  # rebuilt from these parts for each forward: not repacked each time
-        return parts, None
-    if kind == "bnb8":
-        state = layer.state_dict(keep_vars=True)
-        parts = {k: v.detach() for k, v in state.items() if k != "bias" and k != "weight_format"}
-        parts["weight"] = parts["weight"].as_subclass(torch.Tensor)  # the bytes, not bitsandbytes' wrapper
-        return parts, None
-    weight = layer.weight
-    flatten = getattr(weight, "__tensor_flatten__", None)
-    if flatten is None:
-        raise QuantizationError(
-            f"{type(layer).__name__} holds a {type(weight).__name__} weight, not a quantized one; only "
-            "bitsandbytes layers and torchao-quantized weights can be offloaded this way"
-        )
-    names, ctx = flatten()
-    parts = {f"weight.{n}": getattr(weight, n) for n in names if getattr(weight, n) is not None}
-    return {k: v.detach() for k, v in parts.items()}, (type(weight), ctx, weight.size(), weight.stride())
+    backend: Any = None  # its library's QuantizationBackend (rebuilds the weight for a forward)
 
 
 class QuantizedOffloader:
@@ -120,8 +86,9 @@ class QuantizedOffloader:
         """Take ``layer``'s quantized weight off it, into RAM (``"cpu"``) or a file (``"disk"``)."""
         if source not in ("cpu", "disk"):
             raise ValueError(f"source must be 'cpu' or 'disk', got {source!r}")
-        parts, subclass = _serialize(layer)
-        store = QuantizedLayerStore(name, layer, source, list(parts), subclass=subclass)
+        backend = backend_for_layer(layer)
+        parts, subclass = backend.serialize(layer)
+        store = QuantizedLayerStore(name, layer, source, list(parts), subclass=subclass, backend=backend)
         store.shapes = {k: (t.dtype, t.shape) for k, t in parts.items()}
         if source == "disk":  # the file holds the layer's whole serialized form
             store.path = self._write(name, parts)
@@ -229,16 +196,7 @@ class QuantizedOffloader:
             parts = {k: store.holder._buffers[k.replace(".", "__")] for k in store.keys}
             self.bytes_moved += store.nbytes
             self.forwards += 1
-            layer = store.layer
-            if store.subclass is not None:
-                cls, ctx, size, stride = store.subclass
-                inner = {k[len("weight.") :]: v for k, v in parts.items()}
-                weight = cls.__tensor_unflatten__(inner, ctx, size, stride)
-                layer.weight = nn.Parameter(weight, requires_grad=False)
-            elif store.meta:
-                self._rebuild_4bit(store, parts)
-            else:
-                fill_layer(layer, parts, self.config, self.device)
+            store.backend.rebuild(store, parts, self.config, self.device)
         except (
             BaseException
         ) as exc:  # a read error (a file removed, a disk full): the next forward tries again
@@ -252,38 +210,6 @@ class QuantizedOffloader:
                     "offload folder must stay in place while the model is in use; load the model again"
                 ) from None
             raise
-
-    def _rebuild_4bit(self, store: QuantizedLayerStore, parts: dict[str, torch.Tensor]) -> None:
-        """A bitsandbytes 4-bit layer from its device tensors and the description read at offload time,
-        with no host-to-device copy: bitsandbytes' own rebuild makes the double quant's offset on the
-        host and copies it over, which waits for all work queued on the stream (once per layer per
-        forward); here the offset is made on the device once and kept (4 bytes)."""
-        bnb = require("bitsandbytes")
-        meta = store.meta
-        stats = {k[len("weight.") :]: v for k, v in parts.items() if k != "weight" and ".nested_" not in k}
-        stats.update({k: v for k, v in meta.items() if not k.startswith("nested_")})
-        weight = bnb.nn.Params4bit.from_prequantized(
-            data=parts["weight"],
-            quantized_stats=stats,
-            requires_grad=False,
-            device=self.device,
-            module=store.layer,
-        )
-        if "nested_offset" in meta:
-            if store.offset is None:
-                store.offset = torch.full(
-                    (), float(meta["nested_offset"]), dtype=torch.float32, device=self.device
-                )
-            state = weight.quant_state
-            state.offset = store.offset
-            state.state2 = bnb.functional.QuantState(
-                absmax=parts["weight.nested_absmax"],
-                blocksize=meta["nested_blocksize"],
-                code=parts["weight.nested_quant_map"],
-                dtype=getattr(torch, meta["nested_dtype"]),
-            )
-            state.nested = weight.compress_statistics = True
-        store.layer.weight = weight
 
     def after_forward(self, store: QuantizedLayerStore) -> None:
         """Drop the layer's weight (and bitsandbytes' cached state of it) from the execution device."""

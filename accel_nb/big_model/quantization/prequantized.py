@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .backends import backend_for
 from .bnb_layout import keep_portable, portable_stats
 from .config import BnbQuantizationConfig, QuantizationConfig, QuantizationError
 from .layers import QuantTarget, require
@@ -56,12 +57,11 @@ def check(where: str, dtypes, targets: list[QuantTarget], saved_name, config: Qu
     if found is None:
         return False
     method, example = found
-    if isinstance(config, BnbQuantizationConfig) and method == config.method:
-        nested = any(n.endswith(".weight.nested_absmax") for n in dtypes)
-        if config.load_in_8bit or nested == config.bnb_4bit_use_double_quant:
+    if method == config.method:
+        mismatch = backend_for(config).accepts_saved(dtypes, config)
+        if mismatch is None:
             return True
-        method += " with double quantization" if nested else " without double quantization"
-        return _refuse(where, method, example, f"{config.method} with bnb_4bit_use_double_quant={not nested}")
+        return _refuse(where, *mismatch[:1], example, mismatch[1])
     return _refuse(where, method, example, config.method)
 
 

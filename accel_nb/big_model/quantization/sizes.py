@@ -1,40 +1,24 @@
 """Bytes each layer holds once quantized, for the planner (``device_map="auto"``).
 
     quantized_weight_bytes(4096, 4096, BnbQuantizationConfig(load_in_4bit=True))   # ~8.4 MB, not 64 MB
-The counts follow the storage formats: bitsandbytes 8-bit keeps one int8 per weight and one
-float32 scale per output row; 4-bit packs two weights per byte plus one float32 absmax per block
-of 64 (double quantization: one byte per block, plus a float32 per 256 blocks); torchao int8 keeps
-one int8 per weight plus one scale per row, int4 half a byte plus a scale and a zero per group.
+The counts follow each library's storage format; its back-end (``bnb_backend``, ``torchao_backend``)
+says how many bytes a layer holds.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
 
 from ..sizes import QUANTIZED_BYTES_ATTR, dtype_size, named_tensors
-from .config import BnbQuantizationConfig, QuantizationConfig
+from .backends import backend_for
+from .config import QuantizationConfig
 from .layers import QuantTarget, find_targets, keeps_fp32
-
-_BNB_BLOCKSIZE = 64
 
 
 def quantized_weight_bytes(in_features: int, out_features: int, config: QuantizationConfig) -> int:
     """Bytes of one layer's weight after quantization (its bias is counted apart, in torch_dtype)."""
-    n = in_features * out_features
-    if isinstance(config, BnbQuantizationConfig):
-        if config.load_in_8bit:
-            return n + 4 * out_features
-        blocks = math.ceil(n / _BNB_BLOCKSIZE)
-        stats = blocks + 4 * math.ceil(blocks / 256) + 4 if config.bnb_4bit_use_double_quant else 4 * blocks
-        return math.ceil(n / 2) + stats + 16 * 4  # + the 16-entry code book
-    scale = dtype_size(config.torch_dtype)
-    if config.weight == "int8":
-        return n + int(scale * out_features)
-    groups = math.ceil(in_features / config.group_size) * out_features
-    return math.ceil(n / 2) + int(2 * scale * groups)
+    return backend_for(config).weight_bytes(in_features, out_features, config)
 
 
 def mark_quantized_sizes(
@@ -73,9 +57,7 @@ def special_dtypes_for(
 
 def storage_format(config: QuantizationConfig) -> str:
     """How a quantized weight is stored, as the device-map view writes it: 'int8', 'nf4', 'fp4' or 'int4'."""
-    if isinstance(config, BnbQuantizationConfig):
-        return "int8" if config.load_in_8bit else config.bnb_4bit_quant_type
-    return config.weight
+    return backend_for(config).storage_format(config)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
