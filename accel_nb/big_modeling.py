@@ -11,6 +11,8 @@ Nothing is defined here; each name is the one implementation in ``accel_nb.big_m
 
 from __future__ import annotations
 
+from typing import Any
+
 from .lazy_exports import lazy_exports
 from .reexports import reexports
 
@@ -26,6 +28,13 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+    """The reference's private check, by its name: ``accel_nb.parallel.context_parallel.check_recurrent_layers``."""
+    from .parallel.context_parallel import check_recurrent_layers  # deferred: torch.distributed
+
+    check_recurrent_layers(model)
 
 
 __getattr__, __dir__ = lazy_exports(globals(), {**reexports(__name__), **_EXPORTS})

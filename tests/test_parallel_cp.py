@@ -260,3 +260,28 @@ def test_without_cp_the_context_does_nothing_and_alltoall_is_refused():
                 cp_size=2, cp_handler=TorchContextParallelConfig(cp_comm_strategy="alltoall")
             )
         )
+
+
+def test_a_model_with_linear_attention_layers_is_refused_as_by_the_reference():
+    from types import SimpleNamespace
+
+    from transformers import Qwen3NextConfig
+
+    from accel_nb.big_modeling import _refuse_recurrent_layers_under_sequence_parallelism as ours
+    from accel_nb.parallel.context_parallel import check_recurrent_layers
+
+    recurrent = SimpleNamespace(config=Qwen3NextConfig(num_hidden_layers=4))  # 3 linear-attention layers
+    with pytest.raises(ValueError, match=r"\['linear_attention'\].*restart that state.*cp_size=1"):
+        check_recurrent_layers(recurrent)
+    check_recurrent_layers(_llama())  # full attention only
+    check_recurrent_layers(torch.nn.Linear(2, 2))  # no config: nothing to check
+    reference = pytest.importorskip("accelerate.big_modeling")
+    for model in (recurrent, _llama(), torch.nn.Linear(2, 2)):
+        outcomes = []
+        for check in (ours, reference._refuse_recurrent_layers_under_sequence_parallelism):
+            try:
+                check(model)
+                outcomes.append("ok")
+            except ValueError as exc:
+                outcomes.append("linear_attention" in str(exc))
+        assert outcomes[0] == outcomes[1]

@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 __all__ = [
     "ContextParallelAttention",
     "check_attention_implementation",
+    "check_recurrent_layers",
     "check_sequence_length",
     "context_parallel",
     "gather_sequence",
@@ -64,6 +65,29 @@ def check_attention_implementation(model: torch.nn.Module) -> None:
         raise ValueError(
             f"context parallel (cp_size > 1) needs SDPA attention, but this {type(model).__name__} uses "
             f"attn_implementation={implementation!r}; load or build it with attn_implementation='sdpa'"
+        )
+
+
+def check_recurrent_layers(model: Any) -> None:
+    """A clear error for a model whose layers carry a state along the sequence (``linear_attention``
+    entries of its config's ``layer_types``): they do not go through ``scaled_dot_product_attention``,
+    so under a split sequence each rank would restart their state from zero, and the gradients would
+    be wrong without any error.
+
+        check_recurrent_layers(qwen3_next_model)   # ValueError naming ['linear_attention']
+    """
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):  # a multimodal config keeps the text model's layers there
+        config = config.get_text_config()
+    recurrent = sorted(
+        {kind for kind in getattr(config, "layer_types", None) or [] if "linear_attention" in kind}
+    )
+    if recurrent:
+        raise ValueError(
+            f"Sequence parallelism does not support attention layers of type {recurrent} (model "
+            f"{model.__class__.__name__}): they carry a state along the sequence outside "
+            "scaled_dot_product_attention, so with the sequence split every rank would restart that state and "
+            "the gradients would be silently wrong; use a model with full attention only, or cp_size=1"
         )
 
 

@@ -112,9 +112,10 @@ def parallelize(
     ]
     config = layout.config
     if config.cp_enabled:
-        from .context_parallel import check_attention_implementation  # deferred: torch.distributed
+        from .context_parallel import check_attention_implementation, check_recurrent_layers  # deferred
 
         check_attention_implementation(model)
+        check_recurrent_layers(model)
     if config.tp_enabled and not _already_split(model, config.tp_size):
         plan = resolve_plan(model, config.tp_plan, config.tp_size)
         if layout.mesh is not None:
