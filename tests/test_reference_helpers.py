@@ -30,3 +30,34 @@ def test_get_model_tp_size_reads_both_transformers_generations():
 def test_get_model_tp_size_matches_the_reference():
     reference = pytest.importorskip("accelerate.utils")
     assert [get_model_tp_size(m) for m in _models()] == [reference.get_model_tp_size(m) for m in _models()]
+
+
+SCRIPT_ARGS = [  # (arguments, whether a flag lacks its value)
+    (
+        ["--model_name_or_path", "bert", "--do_train", "False", "--epochs", "3", "--learning_rate", "5e-5"],
+        False,
+    ),
+    (["--max_steps", "50.5", "--name", "x", "--flag", "True"], False),
+    ([], False),
+    (["--model", "bert", "--do_train", "--epochs", "3"], True),
+    (["--epochs", "3", "--do_predict"], True),  # the last one
+]
+
+
+@pytest.mark.parametrize("args, refused", SCRIPT_ARGS)
+def test_script_arguments_become_typed_values_as_in_the_reference(args, refused):
+    from accel_nb.utils.launch import _convert_nargs_to_dict
+
+    def outcome(convert):
+        try:
+            converted = convert(args)
+        except ValueError as exc:
+            return "store_true" in str(exc)
+        return [(k, v, type(v)) for k, v in converted.items()]
+
+    ours = outcome(_convert_nargs_to_dict)
+    assert (ours is True) == refused
+    if args[:2] == ["--max_steps", "50.5"]:
+        assert ours == [("max_steps", 50.5, float), ("name", "x", str), ("flag", True, bool)]
+    reference = pytest.importorskip("accelerate.utils.launch")
+    assert ours == outcome(reference._convert_nargs_to_dict)
