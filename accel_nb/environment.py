@@ -123,7 +123,8 @@ def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
         if key and value and not any(ch in text for ch in ";\n<> "):
             lines.append(f"{key}={value}\n")
         else:
-            logging.getLogger(__name__).warning(
+            # the reference's logger name (accelerate.utils.environment): code filters or asserts on it
+            logging.getLogger("accel_nb.utils.environment").warning(
                 f"WARNING: Skipping {key}={value} as it contains forbidden characters or missing values."
             )
     return lines

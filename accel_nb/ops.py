@@ -106,11 +106,12 @@ def recursively_apply(
     if error_on_other_type:
         name = getattr(func, "__name__", type(func).__name__)
         kind = getattr(test_type, "__name__", type(test_type).__name__)
-        raise TypeError(
+        error = TypeError(  # the reference's words (code matches on them); the way out as a note
             f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects that "
-            f"are valid for `{kind}` should be passed. (Use gather_object / broadcast_object_list for "
-            "arbitrary Python objects.)"
+            f"are valid for `{kind}` should be passed."
         )
+        error.add_note("Use gather_object / broadcast_object_list for arbitrary Python objects.")
+        raise error
     return data
 
 

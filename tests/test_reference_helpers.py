@@ -61,3 +61,34 @@ def test_script_arguments_become_typed_values_as_in_the_reference(args, refused)
         assert ours == [("max_steps", 50.5, float), ("name", "x", str), ("flag", True, bool)]
     reference = pytest.importorskip("accelerate.utils.launch")
     assert ours == outcome(reference._convert_nargs_to_dict)
+
+
+def test_recursively_apply_refuses_other_types_in_the_references_words_with_a_note():
+    from accel_nb.utils import recursively_apply
+
+    with pytest.raises(TypeError) as ours:
+        recursively_apply(torch.tensor, (torch.tensor(1), 1), error_on_other_type=True)
+    assert ours.value.__notes__ == ["Use gather_object / broadcast_object_list for arbitrary Python objects."]
+    reference = pytest.importorskip("accelerate.utils")
+    with pytest.raises(TypeError) as theirs:
+        reference.recursively_apply(torch.tensor, (torch.tensor(1), 1), error_on_other_type=True)
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_skipped_environment_entries_are_logged_on_the_references_logger_path():
+    import logging
+
+    from accel_nb.utils.environment import convert_dict_to_env_variables
+
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("accel_nb.utils.environment")
+    logger.addHandler(handler)
+    try:
+        assert convert_dict_to_env_variables({"A": "1", "B": "<x"}) == ["A=1\n"]
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records] == [
+        "WARNING: Skipping B=<x as it contains forbidden characters or missing values."
+    ]
