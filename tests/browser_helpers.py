@@ -277,3 +277,49 @@ def screenshot(page: Any, name: str, directory: str) -> str:
     path = os.path.join(directory, f"{name}.png")
     page.screenshot(path=path, full_page=False)
     return path
+
+
+def run_cell(page: Any, index: int) -> None:
+    """Start cell ``index`` of the open notebook (Shift+Enter on it) and return at once."""
+    page.evaluate(
+        """i => { const panel = window.jupyterapp.shell.currentWidget;
+        panel.content.activeCellIndex = i;
+        window.jupyterapp.commands.execute('notebook:run-cell'); }""",
+        index,
+    )
+
+
+def cell_done(page: Any, index: int) -> bool:
+    """True once cell ``index`` has run (its prompt holds a number, not ``*``)."""
+    return bool(
+        page.evaluate(
+            """i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+            return /\\[\\d+\\]/.test(cell.node.querySelector('.jp-InputPrompt').textContent); }""",
+            index,
+        )
+    )
+
+
+def cell_outputs(page: Any, index: int) -> list[dict[str, Any]]:
+    """Cell ``index``'s outputs as nbformat JSON (from the notebook's model)."""
+    return page.evaluate(
+        """i => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[i];
+        const out = [];
+        for (let j = 0; j < cell.model.outputs.length; j++) out.push(cell.model.outputs.get(j).toJSON());
+        return out; }""",
+        index,
+    )
+
+
+def outputs_text(outputs: list[dict[str, Any]]) -> str:
+    """The text of nbformat outputs: streams, tracebacks and ``text/plain`` data, one after another."""
+
+    def joined(value: Any, sep: str = "") -> str:
+        return value if isinstance(value, str) else sep.join(value)
+
+    parts = []
+    for out in outputs:
+        parts.append(joined(out.get("text", "")))
+        parts.append(joined(out.get("traceback", []), "\n"))
+        parts.append(joined(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(parts)

@@ -89,12 +89,15 @@ def curve_names(history: MetricHistory) -> list[str]:
 
 
 def points_html(history: MetricHistory, note: str | None = None) -> str:
-    """One line per metric with a curve: each rank's number of points and latest value."""
+    """One line per metric with a curve: each rank's number of points, latest value and its step (the x
+    the chart draws it at: after several bars of one loop it says how far the counting went)."""
     lines = []
     for name in curve_names(history):
         parts = []
         for rank, points in history.series(name).items():
-            parts.append(f"rank {rank}: {len(points)} pts, last {points[-1][1]:.4g}")
+            x, y = points[-1]
+            step = int(x) if float(x).is_integer() else f"{x:.4g}"
+            parts.append(f"rank {rank}: {len(points)} pts, last {y:.4g} at step {step}")
         lines.append(f"<b>{html.escape(name)}</b> &middot; " + " &middot; ".join(parts))
     if note and lines:
         lines.append(f"<i>{html.escape(note)}</i>")
