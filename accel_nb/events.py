@@ -159,6 +159,30 @@ class Stacks(Event):
     reason: str = "hang"
 
 
+@dataclass
+class DebugPrompt(Event):
+    """A rank stopped in pdb (``breakpoint()``) and waits for one line typed by a person.
+
+    ``output``: what pdb wrote since the last prompt; ``prompt``: pdb's prompt, e.g. ``"(rank 1 Pdb) "``;
+    ``address``: the rank's Unix socket, where the launching process connects and sends the line.
+    """
+
+    output: str
+    prompt: str
+    address: str
+    where: str = ""  # "file:line" of the frame pdb stopped in
+
+
+SKIP_BREAKPOINT = "\x00skip"  # the launching process's answer to a ``DebugPrompt`` when nobody can type
+
+
+@dataclass
+class DebugState(Event):
+    """A rank's debugger let its code run: ``"stepping"`` (it stops again soon) or ``"released"`` (``c``, ``q``)."""
+
+    state: str
+
+
 @runtime_checkable
 class Reporter(Protocol):
     """What the parent's supervisor feeds. Implementations: text, list (tests), widget.

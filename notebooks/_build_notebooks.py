@@ -715,6 +715,28 @@ if accelerator.process_index == 1:
 """,
         "raises-exception",
     ),
+    md("""
+### Debugging it: `%accelerate debug` and `breakpoint()`
+
+Before fixing the cell, you could look inside rank 1 where it raised: the warm worker keeps the
+exception and its frames until the next cell. In a cell of its own, `%accelerate debug` opens pdb in
+rank 1 at the `raise` line; its prompt is the notebook's input box, labelled with the rank:
+
+```
+%accelerate debug
+[accel_nb] rank 1 stopped in pdb at <accelerate-cell-6>:4. 'c' lets it go on.
+ValueError: a bug only rank 1 hits
+(rank 1 Pdb) p threshold
+0.5
+(rank 1 Pdb) c
+```
+
+A `breakpoint()` in any `%%accelerate` cell (or in a function given to `notebook_launcher`) stops
+that rank the same way; the other ranks run on until they need it, and `c` lets it go on. Both need
+someone to type, so this notebook shows them as text only: a headless run (`nbclient`, `jupyter
+nbconvert --execute`) has no input box, and a breakpoint there is skipped with a note in the rank's
+output. `PYTHONBREAKPOINT=0` turns breakpoints off in the ranks. More in `docs/debugging.md`.
+"""),
     code("""
 %%accelerate
 threshold = 0.5

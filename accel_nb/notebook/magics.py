@@ -26,6 +26,7 @@ from .. import config as config_module
 from ..launch import cuda_guard
 from ..launch.payload import CellPayload
 from ..launch.plan import MAGIC_CHOICES, check_gpu_processes
+from .debug_magic import remember_failed_one_shot
 from .magic_flags import (
     USAGE,
     as_cell_lines,
@@ -60,7 +61,9 @@ class AccelerateMagics(Magics):
         check_gpu_processes(options, MAGIC_CHOICES)
         return_rank = args.rank if isinstance(args.rank, int) else 0
         payload = self._cell_payload(cell, args.return_names, return_rank)
+        remember_failed_one_shot(line)  # until it succeeds: %accelerate debug then says how to get a session
         results = launch_payload(payload, options)
+        remember_failed_one_shot(None)
         if args.return_names:
             if return_rank >= len(results):
                 raise UsageError(f"%%accelerate: --rank {return_rank} but only {len(results)} processes ran")

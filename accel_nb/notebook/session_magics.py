@@ -5,6 +5,7 @@
     model = torch.nn.Linear(4, 2)
     %accelerate push lr
     %accelerate pull model --rank 0
+    %accelerate debug                 # after a cell raised: pdb in the failing rank (debug_magic)
     %accelerate status
     %accelerate stop
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from .debug_magic import debug_verb
 from .magic_flags import (
     UsageParser,
     add_launch_flags,
@@ -36,7 +38,8 @@ from .session_view import Session, show_status
 
 VERBS_USAGE = (
     "%accelerate start [-n N] [--mixed_precision no|fp16|bf16] [--gpu_ids 0,1] [--start_method auto|fork|spawn] "
-    "[--cpu] [--use_port P] [--timeout S] | status | stop | restart | push NAME... | pull NAME [--rank R]"
+    "[--cpu] [--use_port P] [--timeout S] | status | stop | restart | push NAME... | pull NAME [--rank R] | "
+    "debug [--rank R]"
 )
 
 _active: Session | None = None
@@ -157,6 +160,8 @@ def session_verb(shell: Any, line: str) -> Any:
         return _push(shell, rest)
     if verb == "pull":
         return _pull(shell, rest)
+    if verb == "debug":
+        return debug_verb(active_session(), rest)
     raise UsageError(f"%accelerate: unknown verb {verb!r}. Usage: {VERBS_USAGE}")
 
 

@@ -34,6 +34,7 @@ from ...progress_format import (
 from ..failures import FirstToFail, describe
 from .hang_blame import HUNG_CULPRIT
 from .metric_history import MetricHistory
+from .rank_debugger import debugger_phase
 
 STALL_AFTER = 30.0  # seconds without any event from a running rank that showed progress
 QUIET_AFTER = 5.0  # seconds of silence after which a running rank's row says "no progress for N s"
@@ -78,7 +79,9 @@ class RankView:
         return self.role.text() if self.role is not None else ""
 
     def quiet_for(self, now: float) -> float:
-        """Seconds since this rank last sent anything but a heartbeat."""
+        """Seconds since this rank last sent anything but a heartbeat (0 while it waits on a debugger)."""
+        if debugger_phase(self.phase):
+            return 0.0
         return max(now - self.last_event, 0.0)
 
     def rate_now(self, now: float | None = None) -> float | None:
@@ -232,7 +235,7 @@ class LaunchProgress:
         if self.ended is not None:
             return v.phase
         now = time.monotonic() if now is None else now
-        if v.seen_progress and now - v.last_event > self.stall_after:
+        if v.seen_progress and v.quiet_for(now) > self.stall_after:
             return "stalled"
         return v.phase
 

@@ -27,6 +27,7 @@ from ..errors import RankFailure
 from ..failures import FirstToFail, lost_a_peer, signal_name
 from ..rank.worker import STACKS_SIGNAL, crash_path, log_path, stacks_path
 from .hang_blame import HUNG_CULPRIT, Blame, blame_stacks
+from .rank_debugger import DebugDesk
 from .start import RankProcess
 
 STARTUP_GRACE_S = 120.0  # the watchdog allows at least this long until every rank runs the payload
@@ -180,11 +181,16 @@ class Supervisor:
         self._running: set[int] = set()  # ranks that reached the payload (startup is over for them)
         self._peer_lost: dict[int, tuple[Failure, float]] = {}  # held until it is clear whether a peer died
         self._exit_wait = EXIT_POLL_S  # the next wait once every pipe is closed (see EXIT_POLL_S)
+        self.debug = DebugDesk(procs, self._report)  # ranks at a breakpoint(): their pdb prompts
 
     # -- events -------------------------------------------------------------------------------
     def _handle(self, event: Event) -> None:
         if not isinstance(event, Heartbeat):
             self._last_progress = time.monotonic()
+        if self.debug.take(event):
+            return
+        if isinstance(event, (Result, Failure)):
+            self.debug.rank_over(event.rank)
         if isinstance(event, Phase) and event.phase == "running":
             self._running.add(event.rank)
         if isinstance(event, Dropped):
@@ -246,6 +252,7 @@ class Supervisor:
     def on_rank_exit(self, proc: RankProcess) -> None:
         """A rank's process ended: read what is left, and decide whether that was a failure."""
         self._drain(proc)
+        self.debug.rank_over(proc.rank)
         code = proc.returncode
         rank = proc.rank
         if rank in self.outcome.failures or rank in self.outcome.stopped or rank in self._peer_lost:
@@ -400,6 +407,10 @@ class Supervisor:
                 self.on_rank_exit(proc)
             elif self._done_while_alive(rank):
                 del waiting[rank]
+        for event in self.debug.serve():  # a rank's pdb prompt: the person's line (the others read meanwhile)
+            self._handle(event)
+        if self.debug.active:  # time in the debugger is not a hang
+            self._last_progress = time.monotonic()
 
     def _done_while_alive(self, rank: int) -> bool:
         """Whether ``rank`` is over although its process lives on (never, in a one-shot launch)."""
@@ -433,6 +444,7 @@ class Supervisor:
             raise
         finally:
             sel.close()
+            self.debug.close()
             self.cleanup()
 
     def cleanup(self) -> None:

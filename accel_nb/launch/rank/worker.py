@@ -220,6 +220,7 @@ class WorkerRuntime:
         self.capture: OutputCapture | None = None
         self._stop = threading.Event()
         self._files: list[Any] = []
+        self.failed_with: BaseException | None = None  # what the last failed payload raised
 
     # -- lifecycle ----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -246,6 +247,11 @@ class WorkerRuntime:
         if spec.forked:
             _detach_from_kernel()
         events.set_event_sink(self.send)
+        from . import debugger  # deferred: it imports pdb, which the launching side never needs
+
+        debugger.install(
+            self.rank, spec.log_dir
+        )  # breakpoint() and pdb.set_trace(): the launching process's prompt
         tqdm_bridge.install()  # library tqdm bars -> this rank's progress row, not the kernel's sockets
         threading.Thread(target=self._heartbeat, name="accel_nb-heartbeat", daemon=True).start()
         self.send(events.Phase(rank=self.rank, phase="started"))
@@ -298,6 +304,7 @@ class WorkerRuntime:
 
     def report_failure(self, exc: BaseException, with_traceback: bool = True) -> bool:
         text = format_exception(exc) if with_traceback else f"{type(exc).__name__}: {exc}\n"
+        self.failed_with = exc  # a session keeps a failed cell's exception for %accelerate debug
         self._sync_output()
         self.send(
             events.Failure(

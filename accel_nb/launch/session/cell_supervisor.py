@@ -113,6 +113,7 @@ class CellSupervisor(Supervisor):
     def _handle(self, event: Event) -> None:
         if isinstance(event, (Result, Failure)):
             self.answered.add(event.rank)
+            self.debug.rank_over(event.rank)  # out of pdb: its command is over
         if isinstance(event, Failure) and event.rank in self._signalled:
             # stopped by this supervisor (SIGINT, or the group closed under it): not a failure of its own
             if event.rank not in self.outcome.stopped:
@@ -234,6 +235,7 @@ class CellSupervisor(Supervisor):
                     self._interrupt_running("interrupt")
         finally:
             sel.close()
+            self.debug.close()
         if self.outcome.interrupted:
             raise KeyboardInterrupt
         return self.outcome

@@ -341,6 +341,18 @@ class Regroup(SessionCommand):
         return {"value": {"stale": stale_group_holders(self.namespace), "rebound": names}, "names": {}}
 
 
+class PostMortem(SessionCommand):
+    """Open pdb at the frame where this rank's last failed cell raised (``%accelerate debug``)."""
+
+    def describe(self) -> str:
+        return "post-mortem"
+
+    def run(self, rank: int) -> Any:
+        from ..rank import debugger  # deferred: it imports pdb, which the notebook's side never needs
+
+        return {"value": debugger.post_mortem(rank), "names": {}}
+
+
 class Stop(SessionCommand):
     """Leave the loop: the rank shuts down."""
 
@@ -360,6 +372,8 @@ class SessionLoop:
 
     def serve(self, runtime: Any) -> bool:
         """The rank's whole life in a session; False (no exit barrier) when it ends."""
+        from ..rank.debugger import keep_for_post_mortem  # deferred: it imports pdb (ranks only)
+
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(self.address)
         send_message(sock, ("hello", runtime.rank, self.token, os.getpid()))
@@ -374,9 +388,13 @@ class SessionLoop:
             if isinstance(command, Stop):
                 return False
             command.namespace = namespace
+            cell = isinstance(command, (RunCode, RunFunction))
             try:
                 if getattr(command, "silent", False):
                     command.run(runtime.rank)
+                elif cell:
+                    runtime.failed_with = None
+                    keep_for_post_mortem(None if runtime.execute(command) else runtime.failed_with)
                 else:
                     runtime.execute(command)
             except KeyboardInterrupt:  # arrived after the command had reported: nothing to undo

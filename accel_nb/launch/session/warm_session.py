@@ -54,6 +54,7 @@ from .loop import (
     recv_message,
     send_message,
 )
+from .post_mortem import PostMortemVerb
 
 STOP_GRACE_S = 3.0  # after Stop, how long ranks may take to leave before they are killed
 # fresh groups tried after a broken one (a new port each: another program may take the one picked)
@@ -78,8 +79,9 @@ def _default_reporter(num_processes: int, show_ranks: Any, title: str) -> Report
     return TextReporter(show_ranks=show_ranks)
 
 
-class WarmSession:
-    """Warm ranks and the verbs to use them: ``start``, ``run``, ``push``, ``pull``, ``status``, ``stop``, ``restart``.
+class WarmSession(PostMortemVerb):
+    """Warm ranks and the verbs to use them: ``start``, ``run``, ``push``, ``pull``, ``status``, ``stop``, ``restart``,
+    ``debug`` (post-mortem of a failed cell, see ``post_mortem``).
 
     ``reporter_factory(num_processes, show_ranks, title)`` makes the display of one command.
     """
@@ -481,6 +483,7 @@ class WarmSession:
             self.broken = dead[0].summary()
         if outcome.group_broken and not self.group_broken:
             self.group_broken = f"in {cell}, " + stuck_sentence(outcome)
+        self.note_failures(outcome, cell)
 
     def _recover_group(self) -> str | None:
         """A group broken under live ranks is replaced (a new store on a new port, a new group; namespaces kept).
