@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .state import PartialState
 from .xla import runtime as _xla_runtime
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "ShapeMismatchError",
     "DistributedOperationException",
     "CannotPadNestedTensorWarning",
+    "copy_tensor_to_devices",
+    "gather_tensor_shape",
 ]
 
 _MAX_DIMS = 8
@@ -304,6 +307,37 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     elif world_size() > 1:
         dist.broadcast_object_list(object_list, src=from_process)
     return object_list
+
+
+# the reference's dtype codes for gather_tensor_shape (its TENSOR_TYPE_TO_INT / TENSOR_INT_TO_DTYPE)
+TENSOR_TYPE_TO_INT = {dtype: code for code, dtype in enumerate(_DTYPES[:10], start=1)}
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> tuple[torch.Size, int]:
+    """The shape and dtype code (``TENSOR_TYPE_TO_INT``) of a tensor only one process holds
+    (``None`` on the others), on every process.
+
+        shape, code = gather_tensor_shape(t if state.is_main_process else None)
+    """
+    held = None if tensor is None else (tuple(tensor.shape), TENSOR_TYPE_TO_INT[tensor.dtype])
+    found = [x for x in gather_object([held]) if x is not None]
+    if not found:
+        raise ValueError("gather_tensor_shape: no process passed a tensor (all passed None)")
+    return torch.Size(found[0][0]), found[0][1]
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Every process gets the tensor only one process holds; the others pass ``None`` and need not
+    know its shape (unlike ``broadcast``). Summed over the processes, as in the reference, so a
+    tensor passed by several processes comes back as their sum.
+
+        t = copy_tensor_to_devices(torch.tensor([1, 2, 3]) if state.is_main_process else None)
+    """
+    shape, code = gather_tensor_shape(tensor)
+    if tensor is None:
+        tensor = torch.zeros(shape, dtype=TENSOR_INT_TO_DTYPE[code], device=PartialState().device)
+    return reduce(tensor, reduction="sum")
 
 
 def gather_for_metrics(input_data: Any, use_gather_object: bool = False, gradient_state: Any = None) -> Any:

@@ -86,11 +86,12 @@ _HOMES: dict[str, str] = {
     ),
     "accel_nb.notebook.launcher": "debug_launcher notebook_launcher",
     "accel_nb.ops": (
-        "broadcast broadcast_object_list gather gather_object pad_across_processes recursively_apply "
-        "send_to_device"
+        "broadcast broadcast_object_list copy_tensor_to_devices gather gather_object pad_across_processes "
+        "recursively_apply send_to_device"
     ),
     "accel_nb.parallel.config": "ParallelismConfig",
     "accel_nb.state": "AcceleratorState DistributedType GradientState PartialState",
+    "accel_nb.config.values": "ComputeEnvironment SageMakerDistributedType",
     "accel_nb.tracking": "LoggerType",
     "accel_nb.tracking.registry": "LOGGER_TYPE_TO_CLASS",
     "accel_nb.parallel.tensor_parallel": "get_model_tp_size",
@@ -149,8 +150,8 @@ _PATHS: dict[str, str] = {
         "recursive_getattr send_to_device set_module_tensor_to_device"
     ),
     "inference": (
-        "calculate_maximum_sizes convert_bytes ignorant_find_batch_size infer_auto_device_map "
-        "is_pippy_available pad_input_tensors PartialState send_to_device"
+        "calculate_maximum_sizes convert_bytes copy_tensor_to_devices ignorant_find_batch_size "
+        "infer_auto_device_map is_pippy_available pad_input_tensors PartialState send_to_device"
     ),
     "launchers": (
         "AcceleratorState are_libraries_initialized debug_launcher is_mps_available is_rocm_available "
@@ -169,7 +170,7 @@ _PATHS: dict[str, str] = {
         "is_deepspeed_available is_fp8_available is_habana_gaudi1 is_hpu_available is_mlu_available "
         "is_mps_available is_musa_available is_neuron_available is_npu_available is_sdaa_available "
         "is_torch_xla_available is_xccl_available is_xpu_available parse_choice_from_env "
-        "parse_flag_from_env"
+        "parse_flag_from_env SageMakerDistributedType"
     ),
     "tracking": (
         "compare_versions get_logger is_aim_available is_clearml_available is_comet_ml_available "
@@ -193,7 +194,7 @@ _PATHS: dict[str, str] = {
     "utils.launch": (
         "compare_versions DistributedType DynamoBackend get_free_port is_fp8_available is_hpu_available "
         "is_mlu_available is_musa_available is_neuron_available is_npu_available is_port_in_use "
-        "is_sdaa_available is_torch_xla_available is_xpu_available merge_dicts str_to_bool"
+        "is_sdaa_available is_torch_xla_available is_xpu_available merge_dicts SageMakerDistributedType str_to_bool"
     ),
     "utils.memory": (
         "is_cuda_available is_hpu_available is_mlu_available is_mps_available is_musa_available "

@@ -436,6 +436,45 @@ class AcceleratorState(PartialState):
     def partial_state(self) -> PartialState:
         return PartialState()
 
+    # What the reference's AcceleratorState answers from PartialState(): these still work after
+    # AcceleratorState._reset_state() while the topology is kept (its test scripts call
+    # ``state.destroy_process_group()`` on such a state); the settings and the topology copied
+    # here (device, process_index, ...) raise as in the reference.
+    @property
+    def use_distributed(self) -> bool:
+        return PartialState().use_distributed
+
+    @property
+    def fork_launched(self) -> bool:
+        return PartialState().fork_launched
+
+    @property
+    def is_main_process(self) -> bool:
+        return PartialState().is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return PartialState().is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return PartialState().is_last_process
+
+    def wait_for_everyone(self) -> None:
+        PartialState().wait_for_everyone()
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Any:
+        return PartialState().split_between_processes(inputs, apply_padding=apply_padding)
+
+    def main_process_first(self) -> Any:
+        return PartialState().main_process_first()
+
+    def local_main_process_first(self) -> Any:
+        return PartialState().local_main_process_first()
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        PartialState().destroy_process_group(group)
+
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
         """Forget the training settings shared by every AcceleratorState; with ``reset_partial_state``

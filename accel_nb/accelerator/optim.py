@@ -31,7 +31,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.scaler = scaler
         self.gradient_state = GradientState()
-        self._step_was_skipped = False
+        self._is_overflow = False
 
     # attributes that torch code (schedulers, clip helpers) reads from an optimizer
     @property
@@ -74,10 +74,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         """Update the parameters (only on a sync step); note whether the fp16 scaler skipped it."""
         if not self.gradient_state.sync_gradients:
-            self._step_was_skipped = False  # nothing happened: the step belongs to a later batch
+            self._is_overflow = False  # nothing happened: the step belongs to a later batch
             return None
         if self.scaler is None:
-            self._step_was_skipped = False
+            self._is_overflow = False
             if xla_runtime.in_use():  # no DDP on XLA devices: the gradients are averaged here
                 from ..xla.training import optimizer_step
 
@@ -91,13 +91,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         )
         self.scaler.update()
         # the scaler lowers its scale exactly when it found inf/nan gradients and skipped the step
-        self._step_was_skipped = self.scaler.get_scale() < scale_before
+        self._is_overflow = self.scaler.get_scale() < scale_before
         return result
 
     @property
     def step_was_skipped(self) -> bool:
-        """Whether the last ``step()`` was skipped by the fp16 grad scaler."""
-        return self._step_was_skipped
+        """Whether the last ``step()`` was skipped by the fp16 grad scaler (kept in ``_is_overflow``,
+        the reference's attribute, which code written for it sets and reads)."""
+        return self._is_overflow
 
     def train(self) -> None:  # schedule-free optimizers
         if hasattr(self.optimizer, "train"):

@@ -32,6 +32,7 @@ _REFERENCE_PATHS: dict[str, str] = {
             "pad_across_processes",
             "send_to_device",
             "recursively_apply",
+            "copy_tensor_to_devices",
         ],
         "..ops",
     ),

@@ -14,10 +14,14 @@ _EXPORTS = {
     **dict.fromkeys(
         [
             "DistributedOperationException",
+            "TENSOR_INT_TO_DTYPE",
+            "TENSOR_TYPE_TO_INT",
             "broadcast",
             "broadcast_object_list",
+            "copy_tensor_to_devices",
             "gather",
             "gather_object",
+            "gather_tensor_shape",
             "pad_across_processes",
             "recursively_apply",
             "send_to_device",
