@@ -1,6 +1,7 @@
 """The hang blame and the print flood as a user sees them: JupyterLab, the live widget, Chromium.
 
-Screenshots land in artifacts/screenshots/ (hang_blame.png, flood_tail.png): look at them.
+The hang's culprit rank is marked in its own row (issue 41, item 10). Screenshots land in
+artifacts/screenshots/ (hang_blame.png, flood_tail.png): look at them.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def test_hang_blame_and_flood_in_jupyterlab(lab):
             -3000:
         ]
         assert "rank 0 waits in a collective (all_reduce); rank 1 is not: the likely cause" in text
+        # the culprit's own row says so (issue 41, item 10); the rank that waited reads stopped
+        assert re.search(r"rank 1\s+hung \(likely cause\)", text) and re.search(r"rank 0\s+stopped", text), (
+            text
+        )
         screenshot(page, "hang_blame", SHOTS)
 
         flood = cells.nth(1)

@@ -1,8 +1,9 @@
 """Issue 27's widget points as a user sees them: JupyterLab 4, the live widgets, Chromium.
 
-A session's start widget says "ready (idle)" while the workers wait, then "stopped" after
-``%accelerate stop``; ``view.set_budget`` moves the device-map slider. Screenshots land in
-artifacts/screenshots/ (session_ready.png, session_stopped.png, device_map_set_budget.png): look at them.
+A session's start widget says "running cell N" while a cell trains on the workers, "ready (idle)
+... | N cells run" while they wait, then "stopped" after ``%accelerate stop`` (issue 41, item 9);
+``view.set_budget`` moves the device-map slider. Screenshots land in artifacts/screenshots/
+(session_busy.png, session_ready.png, session_stopped.png, device_map_set_budget.png): look at them.
 """
 
 from __future__ import annotations
@@ -42,11 +43,17 @@ def lab(tmp_path_factory):
     server.stop()
 
 
-def test_session_start_widget_says_ready_then_stopped(lab):
-    flag = os.path.join(tempfile.mkdtemp(prefix="accel_nb-stop-"), "go")
+def test_session_start_widget_says_busy_ready_then_stopped(lab):
+    """The start cell's rows follow the session: running while a cell trains on the workers (issue 41,
+    item 9), ready with the count of cells run, stopped after ``%accelerate stop``."""
+    gates = tempfile.mkdtemp(prefix="accel_nb-stop-")
+    trained, looked = os.path.join(gates, "trained"), os.path.join(gates, "looked")
     cells = [
         f"import sys\nsys.path.insert(0, {ROOT!r})\n%load_ext accel_nb\n%accelerate start -n 2 --cpu",
-        f"import os, time\nwhile not os.path.exists({flag!r}):\n    time.sleep(0.1)",  # the test looks first
+        # a cell "training" on the workers until the test has looked at the start cell
+        f"%%accelerate\nimport os, time\nwhile not os.path.exists({trained!r}):\n    time.sleep(0.1)",
+        "%%accelerate\nx = 1",
+        f"import os, time\nwhile not os.path.exists({looked!r}):\n    time.sleep(0.1)",  # the test looks first
         "%accelerate stop",
     ]
     write_notebook(os.path.join(lab.root_dir, "session_truth.ipynb"), cells)
@@ -56,19 +63,33 @@ def test_session_start_widget_says_ready_then_stopped(lab):
         start_all_cells(page)
         start = page.locator(".jp-Notebook .jp-Cell").nth(0)
         wait_until(
-            lambda: start.inner_text().count("ready (idle)") >= 2, 180, "the start widget's ready rows"
+            lambda: "running cell 2 (its progress and output are in that cell)" in start.inner_text(),
+            180,
+            "the start widget to say cell 2 runs",
         )
         text = start.inner_text()
-        assert re.search(r"2 ranks: ready \(idle", text) and not re.search(r"\bdone\b", text), text
+        assert "ready (idle" not in text and len(re.findall(r"\brunning\b", text)) >= 3, (
+            text
+        )  # 2 rows + summary
         start.scroll_into_view_if_needed()
+        screenshot(page, "session_busy", SHOTS)
+        open(trained, "w").close()
+        wait_until(
+            lambda: "| 2 cells run" in start.inner_text(), 120, "the start widget's count of cells run"
+        )
+        text = start.inner_text()
+        assert re.search(r"2 ranks: ready \(idle", text) and text.count("ready (idle)") >= 2, text
+        assert not re.search(r"\bdone\b", text) and "running" not in text, text
         screenshot(page, "session_ready", SHOTS)
-        open(flag, "w").close()
+        open(looked, "w").close()
         wait_until(lambda: start.inner_text().count("stopped") >= 3, 120, "the start widget's stopped rows")
         text = start.inner_text()
         assert "ready (idle)" not in text and "2 ranks: stopped (its workers ended)" in text, text
-        stop = page.locator(".jp-Notebook .jp-Cell").nth(2)
+        assert "0 cells run" not in text, text  # no stale count (it said so after four cells and a stop)
+        stop = page.locator(".jp-Notebook .jp-Cell").nth(4)
         wait_until(lambda: "the session was stopped" in stop.inner_text(), 60, "stop's answer")
         assert not cell_errors(page), cell_errors(page)
+        start.scroll_into_view_if_needed()
         screenshot(page, "session_stopped", SHOTS)
         page.context.close()
 
