@@ -4,6 +4,11 @@ extension) or JupyterLab 4 (kaggle: ipywidgets 8.1.5). One notebook, run cell by
 live progress that changes while a launch runs (two screenshots at different moments differ, and
 the final state is right), the wizard and the device-map view rendering and acting, a session
 started and used, a failing cell whose traceback is the user's, and no "reporter failed" line.
+Issue 41's points on the stack's own IPython: the session start cell's rows say which cell runs,
+then count the cells run, then stopped (item 9); cells are named after their In [N] (item 2); an
+interrupted one-shot launch ends in a short KeyboardInterrupt with each rank's line (item 3), its
+chart's steps keep counting across bars (item 4) and a rank's full log opens as text (item 1); a
+hang marks its culprit in its row (item 10).
 The launch waits at steps 30 and 60 until the test creates a gate file: the moments are chosen by
 condition, never by timing. Screenshots: artifacts/screenshots/stack-<stack>-*.png.
 """
@@ -11,6 +16,7 @@ condition, never by timing. Screenshots: artifacts/screenshots/stack-<stack>-*.p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pytest
@@ -25,7 +31,12 @@ from tests.browser_helpers import (
     write_notebook,
 )
 from tests.stacks.classic_helpers import ClassicServer, open_classic
+from tests.test_blame_flood_browser import HANG_CELL
 from tests.test_device_map_browser import CELL as DEVICE_MAP_CELL
+from tests.test_notebook_face_browser import ANSI, INTERNALS
+from tests.test_notebook_face_browser import CELLS as ISSUE41_CELLS
+
+INTERRUPTED_CELL = ISSUE41_CELLS[2]
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
@@ -52,11 +63,16 @@ CELLS = [
     "wizard = config_wizard('wizard_config.yaml')\nwizard",
     DEVICE_MAP_CELL,
     "%accelerate start -n 2",
-    "%%accelerate\nfrom accel_nb import PartialState\nscaled = PartialState().process_index * 10\nprint('scaled on this rank', scaled)",
+    # runs on the workers until the test has looked at the start cell's rows (issue 41, item 9)
+    "%%accelerate\nimport os, time\nfrom accel_nb import PartialState\nwhile not os.path.exists('trained'):  # the test creates it (cwd: the notebook's folder)\n"
+    "    time.sleep(0.05)\nscaled = PartialState().process_index * 10\nprint('scaled on this rank', scaled)",
     "%accelerate pull scaled --rank 1\nprint('pulled', scaled)\n%accelerate stop",
     "%%accelerate -n 2\nvalue = 1\nraise ValueError(f'bad value {value}')",
+    # issue 41, items 3 and 4: three epochs' bars with set_postfix losses, then both ranks wait to be interrupted
+    INTERRUPTED_CELL,
+    HANG_CELL,  # item 10
 ]
-LAUNCH, WIZARD, DEVICE_MAP, START, SESSION_CELL, PULL, FAILING = range(1, 8)
+LAUNCH, WIZARD, DEVICE_MAP, START, SESSION_CELL, PULL, FAILING, INTERRUPTED, HANG = range(1, 10)
 PROBLEMS = ("reporter failed", "the progress widget could not", "display failed to start")
 
 
@@ -86,6 +102,12 @@ class Classic:
 
     def node(self, page, i: int):
         return page.locator("#notebook-container .cell").nth(i)
+
+    def prompt(self, page, i: int) -> int:
+        return page.evaluate("i => Jupyter.notebook.get_cell(i).input_prompt_number", i)
+
+    def interrupt(self, page) -> None:  # the toolbar's stop button
+        page.evaluate("() => Jupyter.notebook.kernel.interrupt()")
 
 
 class Lab:
@@ -124,6 +146,14 @@ class Lab:
 
     def node(self, page, i: int):
         return page.locator(".jp-Notebook .jp-Cell").nth(i)
+
+    def prompt(self, page, i: int) -> int:
+        return int(
+            re.search(r"\[(\d+)\]", self.node(page, i).locator(".jp-InputPrompt").inner_text()).group(1)
+        )
+
+    def interrupt(self, page) -> None:  # the toolbar's stop button
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
 
 
 def _text(outputs: list) -> str:
@@ -217,11 +247,24 @@ def test_the_notebook_face_in_the_stacks_front_end(tmp_path, stack):
         # a session: started, a cell run on its ranks, a value pulled back, stopped
         run(START)
         shows(START, "%%accelerate cells now run on these workers")
-        run(SESSION_CELL, 120)
+        # issue 41, item 9: the start cell's rows say which cell runs, then idle with the count, then stopped
+        start = front.node(page, START)
+        front.run(page, SESSION_CELL)
+        wait_until(lambda: "running cell" in start.inner_text(), 120, "the start view to say a cell runs")
+        text = start.inner_text()
+        assert "ready (idle" not in text and len(re.findall(r"\brunning\b", text)) >= 3, text
+        _shot(start, stack, "session-busy")
+        open(os.path.join(root, "trained"), "w").close()
+        wait_until(lambda: front.done(page, SESSION_CELL), 120, "the session cell to finish")
+        assert f"running cell {front.prompt(page, SESSION_CELL)} (its" in text, text  # named after its In [N]
         shows(SESSION_CELL, "[rank 1] scaled on this rank 10")
+        wait_until(lambda: "| 1 cell run" in start.inner_text(), 60, "the start view's count of cells run")
         run(PULL, 120)
         shows(PULL, "pulled 10")
         shows(PULL, "the session was stopped")
+        wait_until(lambda: "2 ranks: stopped" in start.inner_text(), 60, "the start view to say stopped")
+        assert "0 cells run" not in start.inner_text()
+        _shot(start, stack, "session-stopped")
         # a failing cell: the error output holds the user's frames only
         run(FAILING, 180)
         wait_until(
@@ -230,12 +273,56 @@ def test_the_notebook_face_in_the_stacks_front_end(tmp_path, stack):
         errors = [o for o in front.outputs(page, FAILING) if o["output_type"] == "error"]
         assert len(errors) == 1 and errors[0]["ename"] == "LaunchError", errors
         tb = "\n".join(errors[0]["traceback"])
-        assert "<accelerate-cell-" in tb and "bad value" in tb
+        # issue 41, item 2: the cell is named after its In [N] (IPython 7.34 counted one less)
+        assert f"<accelerate-cell-{front.prompt(page, FAILING)}>" in tb and "bad value" in tb, tb
         for internal in ("interactiveshell", "decorator", "magic.py", "accel_nb/", "IPython/core"):
             assert internal not in tb, (internal, tb)
         _shot(front.node(page, FAILING), stack, "failing-cell")
+        # issue 41, items 3, 4 and 1: an interrupted one-shot launch; the chart; the kept log as text
+        front.run(page, INTERRUPTED)
+        node = front.node(page, INTERRUPTED)
+        wait_until(
+            lambda: "waiting for the interrupt" in _text(front.outputs(page, INTERRUPTED)),
+            180,
+            "the ranks waiting",
+        )
+        front.interrupt(page)
+        wait_until(lambda: front.done(page, INTERRUPTED), 120, "the interrupted cell to end")
+        errors = [o for o in front.outputs(page, INTERRUPTED) if o["output_type"] == "error"]
+        assert len(errors) == 1, errors
+        shown = ANSI.sub("", "\n".join(errors[0]["traceback"]))
+        assert "the launch was interrupted: every rank was stopped" in shown, shown
+        cell = f"<accelerate-cell-{front.prompt(page, INTERRUPTED)}>"
+        for rank in (0, 1):
+            assert re.search(rf"rank {rank}: at .*line \d+ of {re.escape(cell)}", shown), shown
+        for internal in INTERNALS + ("decorator", "magic.py"):
+            assert internal not in shown, (internal, shown)
+        assert len(shown.splitlines()) < 25, shown
+        wait_until(lambda: node.locator(".jupyter-widgets img").first.is_visible(), 60, "the chart")
+        text = node.inner_text()
+        _shot(node, stack, "interrupt-and-chart")
+        for rank in (0, 1):  # steps kept counting across the three bars: 3 x 8
+            assert re.search(rf"rank {rank}: \d+ pts, last 0\.04\d* at step 24", text), text
+        node.get_by_text("rank 1 output").first.click()
+        node.locator("button", has_text="Show rank 1's full log").click()
+        log = node.locator(".accel-nb-full-log", has=page.locator("pre"))
+        wait_until(
+            lambda: log.count() == 1 and "waiting for the interrupt" in log.inner_text(), 60, "the log"
+        )
+        _shot(node, stack, "full-log")
+        # item 10: the hang's culprit is marked in its own row
+        run(HANG, 180)
+        shows(HANG, "LaunchError caught:")
+        hang = front.node(page, HANG)
+        text = hang.inner_text()
+        assert re.search(r"rank 1\s+hung \(likely cause\)", text) and re.search(r"rank 0\s+stopped", text), (
+            text
+        )
+        _shot(hang, stack, "hang")
         # the kernel sends in order: every earlier cell's outputs are in by now
-        others = [front.outputs(page, i) for i in range(len(CELLS)) if i != FAILING]
+        others = [front.outputs(page, i) for i in range(len(CELLS)) if i not in (FAILING, INTERRUPTED)]
         assert [o["ename"] for outs in others for o in outs if o["output_type"] == "error"] == []
-        everything = "\n".join(_text(outs) for outs in others + [front.outputs(page, FAILING)])
+        everything = "\n".join(
+            _text(outs) for outs in others + [front.outputs(page, i) for i in (FAILING, INTERRUPTED)]
+        )
         assert not any(p in everything for p in PROBLEMS), everything
