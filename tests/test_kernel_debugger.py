@@ -16,6 +16,7 @@ import pytest
 
 from tests.kernel_helpers import KernelSession
 from tests.process_helpers import live_descendants
+from tests.test_rank_debugger_kernel import LAUNCH, run_typing
 
 pytestmark = [pytest.mark.kernel, pytest.mark.multiproc]
 
@@ -70,6 +71,11 @@ def test_launches_and_a_session_work_with_the_kernels_debugger_on():
         )
         _ok(out)
         assert "[(0, True), (1, True)]" in out.stdout  # the ranks do not carry the debugger's tracer
+        # a breakpoint() in a rank is still accel_nb's pdb prompt in the cell (docs/debugging.md)
+        typed = run_typing(k, LAUNCH.format(cond="rank == 1"), ["p x", "c"], timeout=240)
+        assert typed.error is None, typed
+        assert typed.prompts == ["(rank 1 Pdb) "] * 2 and "\n11\n" in typed.stdout, typed
+        assert typed.results == ["[(10, 10), (11, 22)]"], typed
         out = k.run(
             "notebook_launcher(where, num_processes=2, start_method='spawn')\nprint('spawned ok')",
             timeout=240,

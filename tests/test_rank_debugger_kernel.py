@@ -40,9 +40,15 @@ def kernel():
 
 
 def run_typing(
-    k: KernelSession, code: str, answers: list[str], allow_stdin: bool = True, timeout: float = 120
+    k: KernelSession,
+    code: str,
+    answers: list[str],
+    allow_stdin: bool = True,
+    timeout: float = 120,
+    think: float = 0.0,
 ):
-    """Run ``code``; answer each input_request with the next of ``answers`` (then with 'c'), as a person would."""
+    """Run ``code``; answer each input_request with the next of ``answers`` (then with 'c'), as a person would,
+    ``think`` seconds after the first prompt shows."""
     kc = k.kc
     msg_id = kc.execute(code, allow_stdin=allow_stdin)
     out = Answered()
@@ -55,6 +61,8 @@ def run_typing(
             req = None
         if req is not None and req["msg_type"] == "input_request":
             out.prompts.append(req["content"]["prompt"])
+            if think and len(out.prompts) == 1:
+                time.sleep(think)
             if left:
                 kc.input(left.pop(0))
             else:
@@ -121,6 +129,40 @@ def test_breakpoint_in_both_ranks_one_prompt_at_a_time(kernel):
     assert {first, second} == {"(rank 0 Pdb) ", "(rank 1 Pdb) "}, out.prompts
     assert out.prompts == [first] * 3 + [second] * 2, out.prompts
     assert not out.unanswered
+
+
+def test_breakpoint_in_a_spawned_rank(kernel):
+    code = LAUNCH.format(cond="rank == 1").replace("cpu=True)", "cpu=True, start_method='spawn')")
+    out = run_typing(kernel, code, ["p x", "c"])
+    assert out.error is None, out
+    assert out.prompts == ["(rank 1 Pdb) "] * 2 and "\n11\n" in out.stdout, out
+    assert out.results == ["[(10, 10), (11, 22)]"], out
+
+
+COLLECTIVE = """
+from accel_nb import notebook_launcher
+
+def g():
+    import torch, torch.distributed as dist
+    from accel_nb import PartialState
+    rank = PartialState().process_index
+    t = torch.tensor([1.0 + rank])
+    if rank == 1:
+        breakpoint()
+    dist.all_reduce(t)   # rank 0 waits here for rank 1, in the debugger
+    return t.item()
+
+notebook_launcher(g, num_processes=2, cpu=True, timeout=2)
+"""
+
+
+def test_the_hang_timeout_does_not_count_time_in_the_debugger(kernel):
+    # the person looks at the prompt for longer than the launch's timeout while rank 0 waits in all_reduce
+    out = run_typing(kernel, COLLECTIVE, ["p t", "c"], think=4.0)
+    assert out.error is None, out
+    assert out.prompts == ["(rank 1 Pdb) "] * 2
+    assert "tensor([2.])" in out.stdout
+    assert out.results == ["[3.0, 3.0]"], out
 
 
 def test_pythonbreakpoint_0_is_honoured(kernel):
