@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -42,6 +43,19 @@ from ..launch.elastic.rendezvous import (
 )
 from ..launch.errors import LaunchSetupError, signal_name
 from ..launch.plan import CLI_CHOICES, check_one_gpu_per_rank
+from .launch_flags import (
+    UNBUILT,
+    UnderscoreHelpFormatter,
+    add_deepspeed_flags,
+    add_parallelism_flags,
+    add_reference_flags,
+    deepspeed_changes,
+    parallelism_changes,
+    reference_changes,
+    refuse_unbuilt,
+    track_given,
+    validate_launch_args,
+)
 
 if TYPE_CHECKING:
     from ..launch.elastic.watchdog import HangWatchdog
@@ -49,6 +63,8 @@ if TYPE_CHECKING:
 __all__ = [
     "add_parser",
     "run",
+    "launch_command",
+    "launch_command_parser",
     "add_deepspeed_flags",
     "add_parallelism_flags",
     "config_for_launch",
@@ -59,13 +75,28 @@ __all__ = [
 ]
 
 
-def add_parser(sub: Any) -> None:
-    """The ``launch`` subcommand of the ``accel-nb`` parser (torchrun's flags, the config's names)."""
-    launch = sub.add_parser(
-        "launch",
-        help="run a script on several processes through torch.distributed's elastic agent",
-        description="Run SCRIPT on N processes. Flags override the saved config (accel-nb config).",
-    )
+_DESCRIPTION = (
+    "Run SCRIPT on N processes. Flags override the saved config (accel-nb config). Every flag takes hyphens "
+    "or underscores: --num-processes 2 is --num_processes 2."
+)
+
+
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """The ``launch`` parser: the ``accel-nb launch`` subcommand of ``subparsers``, else a parser of its own.
+
+    It takes the reference's flags too (``accel_nb.commands.launch_flags``): the ones accel_nb runs are in
+    ``--help``; the others are refused when given. ``ns.nondefault`` names the flags given on the command line.
+    """
+    kwargs = {"description": _DESCRIPTION, "allow_abbrev": False, "formatter_class": UnderscoreHelpFormatter}
+    if subparsers is not None:
+        launch = subparsers.add_parser(
+            "launch",
+            help="run a script on several processes through torch.distributed's elastic agent",
+            **kwargs,
+        )
+    else:
+        launch = argparse.ArgumentParser(f"{PROG} launch", **kwargs)
+    track_given(launch)
     launch.add_argument(
         "--config_file", "--config-file", default=None, help="config to read (default: saved one)"
     )
@@ -101,12 +132,13 @@ def add_parser(sub: Any) -> None:
     launch.add_argument("--max_restarts", "--max-restarts", type=int, default=None)
     add_deepspeed_flags(launch)
     add_parallelism_flags(launch)
+    add_reference_flags(launch)
     launch.add_argument(
         "--monitor_interval",
         "--monitor-interval",
         type=positive_seconds,
         default=None,
-        help="seconds between the elastic agent's checks of the ranks (torchrun's --monitor-interval; 0.1)",
+        help="seconds between the elastic agent's checks of the ranks (torchrun's monitor interval; 0.1)",
     )
     launch.add_argument(
         "--log_line_prefix_template",
@@ -124,100 +156,50 @@ def add_parser(sub: Any) -> None:
         "is shown, then the ranks are stopped, exit code 124 (default: ACCEL_NB_LAUNCH_TIMEOUT, else none)",
     )
     launch.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
-    launch.add_argument("script", help="the training script (or module with -m)")
-    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed on to the script")
-
-
-def add_deepspeed_flags(parser: argparse.ArgumentParser) -> None:
-    """``--use_deepspeed`` and the reference's DeepSpeed flags (they fill the config's deepspeed_config)."""
-    group = parser.add_argument_group("DeepSpeed (distributed_type DEEPSPEED; docs/deepspeed.md)")
-    group.add_argument(
-        "--use_deepspeed", "--use-deepspeed", action="store_true", help="train with DeepSpeed ZeRO"
+    launch.add_argument("training_script", metavar="script", help="the training script (or module with -m)")
+    launch.add_argument(
+        "training_script_args",
+        metavar="script_args",
+        nargs=argparse.REMAINDER,
+        help="arguments passed on to the script",
     )
-    group.add_argument("--zero_stage", "--zero-stage", type=int, choices=(0, 1, 2, 3), default=None)
-    for name in ("offload_optimizer_device", "offload_param_device"):
-        group.add_argument(
-            f"--{name}", f"--{name.replace('_', '-')}", choices=("none", "cpu", "nvme"), default=None
-        )
-    for name in ("offload_optimizer_nvme_path", "offload_param_nvme_path", "deepspeed_config_file"):
-        group.add_argument(f"--{name}", f"--{name.replace('_', '-')}", default=None)
-    group.add_argument("--gradient_clipping", "--gradient-clipping", type=float, default=None)
-    for name in ("zero3_init_flag", "zero3_save_16bit_model"):
-        group.add_argument(
-            f"--{name}", f"--{name.replace('_', '-')}", choices=("true", "false"), default=None
-        )
+    return launch
 
 
-_DEEPSPEED_FLAGS = (
-    "zero_stage",
-    "offload_optimizer_device",
-    "offload_param_device",
-    "offload_optimizer_nvme_path",
-    "offload_param_nvme_path",
-    "deepspeed_config_file",
-    "gradient_clipping",
-    "zero3_init_flag",
-    "zero3_save_16bit_model",
-)
+def add_parser(sub: Any) -> None:
+    """The ``launch`` subcommand of the ``accel-nb`` parser (torchrun's flags, the config's names)."""
+    launch_command_parser(sub)
 
 
-def _deepspeed_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[str, Any]) -> None:
-    given = {k: getattr(ns, k, None) for k in _DEEPSPEED_FLAGS if getattr(ns, k, None) is not None}
-    if given and not getattr(ns, "use_deepspeed", False) and cfg.distributed_type != "DEEPSPEED":
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, Any, bool]:
+    """The reference's name for :func:`accel_nb.commands.launch_flags.validate_launch_args` (``args`` completed
+    from the config file; returns ``(args, config, mixed_precision_from_config)``)."""
+    return validate_launch_args(args)
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Run the launch ``args`` describe (parsed by :func:`launch_command_parser`), as ``accel-nb launch`` does.
+
+    Raises what the reference raises: ``ValueError`` for contradicting flags or a config file with unknown keys
+    (``ConfigError`` is one), ``subprocess.CalledProcessError`` when the launch fails (its exit code).
+    """
+    as_given = argparse.Namespace(**vars(args))
+    _, defaults, _ = validate_launch_args(args)
+    refuse_unbuilt(as_given)
+    if getattr(args, "mpirun_hostfile", None):  # from the config's mpirun_config
         raise ConfigError(
-            f"--{sorted(given)[0]}",
-            next(iter(given.values())),
-            "together with --use_deepspeed",
-            None,
-            "a DeepSpeed flag without DeepSpeed would be ignored",
+            "mpirun_config", args.mpirun_hostfile, "no mpirun_config", None, UNBUILT["mpirun_hostfile"]
         )
-    if getattr(ns, "use_deepspeed", False):
-        changes["distributed_type"] = "DEEPSPEED"
-    if given:
-        cfg.extras = {
-            **cfg.extras,
-            "deepspeed_config": {**(cfg.extras.get("deepspeed_config") or {}), **given},
-        }
-
-
-_PARALLELISM_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
-
-
-def add_parallelism_flags(parser: argparse.ArgumentParser) -> None:
-    """``--use_parallelism_config`` and the reference's ``--parallelism_config_*`` flags (docs/parallelism.md)."""
-    group = parser.add_argument_group("Parallelism layout (ParallelismConfig; docs/parallelism.md)")
-    group.add_argument(
-        "--use_parallelism_config",
-        "--use-parallelism-config",
-        action="store_true",
-        help="lay the processes out on a dp_replicate x dp_shard x cp x tp mesh (sizes below; a size flag implies it)",
-    )
-    for name in _PARALLELISM_SIZES:
-        flag = f"parallelism_config_{name}"
-        group.add_argument(f"--{flag}", f"--{flag.replace('_', '-')}", type=int, default=None)
-    group.add_argument(
-        "--parallelism_config_cp_backend", "--parallelism-config-cp-backend", choices=("torch",), default=None
-    )
-    group.add_argument(
-        "--parallelism_config_cp_comm_strategy",
-        "--parallelism-config-cp-comm-strategy",
-        choices=("allgather", "alltoall"),
-        default=None,
-    )
-
-
-def _parallelism_changes(ns: argparse.Namespace, cfg: LaunchConfig) -> None:
-    names = (*_PARALLELISM_SIZES, "cp_backend", "cp_comm_strategy")
-    given = {
-        f"parallelism_config_{k}": getattr(ns, f"parallelism_config_{k}", None)
-        for k in names
-        if getattr(ns, f"parallelism_config_{k}", None) is not None
-    }
-    if given or getattr(ns, "use_parallelism_config", False):
-        current = cfg.extras.get("parallelism_config") or {}
-        # an empty mapping still turns the layout on: every size 1 (plain data parallel) unless given
-        merged = {**current, **given} or {"parallelism_config_dp_replicate_size": 1}
-        cfg.extras = {**cfg.extras, "parallelism_config": merged}
+    saved = dict(os.environ)
+    try:
+        code = run(as_given)
+    finally:  # run() sets the ranks' variables in this process's environment: take them back
+        os.environ.clear()
+        os.environ.update(saved)
+    if code != 0:
+        raise subprocess.CalledProcessError(
+            code, [PROG, "launch", args.training_script, *args.training_script_args]
+        )
 
 
 def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
@@ -239,8 +221,9 @@ def config_for_launch(ns: argparse.Namespace) -> LaunchConfig:
     }
     if ns.cpu:
         changes["use_cpu"] = True
-    _deepspeed_changes(ns, cfg, changes)
-    _parallelism_changes(ns, cfg)
+    deepspeed_changes(ns, cfg, changes)
+    reference_changes(ns, cfg, changes)
+    parallelism_changes(ns, cfg)
     try:
         return cfg.replace(**changes)
     except ConfigError as exc:
@@ -291,6 +274,7 @@ def torchrun_arguments(
 
 def run(ns: argparse.Namespace) -> int:
     """``accel-nb launch``: check the config against this machine, then run the agent; the exit code."""
+    refuse_unbuilt(ns)
     cfg = config_for_launch(ns)
     hw = detect()
     if not cfg.use_cpu and cfg.distributed_type != "MULTI_CPU":  # a GPU launch: one GPU per process, first
@@ -304,8 +288,11 @@ def run(ns: argparse.Namespace) -> int:
             return 2
     for note in cfg.check_hardware(hw):
         print(f"{PROG} launch: note: {note}", file=sys.stderr)
-    if not ns.module and not os.path.isfile(ns.script):
-        print(f"{PROG} launch: error: script {ns.script!r} not found (from {os.getcwd()})", file=sys.stderr)
+    if not ns.module and not os.path.isfile(ns.training_script):
+        print(
+            f"{PROG} launch: error: script {ns.training_script!r} not found (from {os.getcwd()})",
+            file=sys.stderr,
+        )
         return 2
     try:
         timeout = _timeout(ns)
@@ -325,11 +312,15 @@ def run(ns: argparse.Namespace) -> int:
         watchdog = HangWatchdog(timeout, log_dir, tempfile.mkdtemp(prefix="stacks_", dir=log_dir), nproc)
     device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
     os.environ.update(rank_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
+    if getattr(ns, "num_cpu_threads_per_process", None) is not None:
+        os.environ["OMP_NUM_THREADS"] = str(ns.num_cpu_threads_per_process)
+    if getattr(ns, "debug", False):
+        os.environ["ACCELERATE_DEBUG_MODE"] = "true"  # read by code written for the reference
     args = torchrun_arguments(
         cfg,
         nproc,
-        ns.script,
-        ns.script_args,
+        ns.training_script,
+        ns.training_script_args,
         log_dir,
         ns.module,
         ns.monitor_interval,
@@ -353,7 +344,7 @@ def run(ns: argparse.Namespace) -> int:
     )
     code = run_elastic(
         args,
-        ns.script,
+        ns.training_script,
         log_dir,
         lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint, ns.rdzv_timeout),
         watchdog,

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
+from ..config import LaunchConfig
 from ..launch.elastic.rendezvous import main_endpoint
 from .launch import config_for_launch, rank_environment
 
-__all__ = ["prepare_multi_gpu_env"]
+__all__ = ["prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"]
 
 # what config_for_launch reads from the namespace (the reference's namespace has each of them too)
 _LAUNCH_FLAGS = (
@@ -158,3 +160,66 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     if given.get("use_fsdp"):  # accel_nb's ranks read ACCEL_NB_FSDP_CONFIG; other libraries read these
         env.update(_fsdp_variables(given))
     return env
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The reference's one-process launch of parsed ``args``: ``(command, environment)``, nothing started.
+
+        args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--cpu", "train.py"]))
+        cmd, env = prepare_simple_launcher_cmd_env(args)    # [python, train.py], env["KMP_BLOCKTIME"] == "1"
+
+    The command runs the script with this Python (``--module``: ``-m``; ``--no_python``: as given). With an
+    ``mpirun_hostfile`` (the config's ``mpirun_config``) it is the ``mpirun`` line the reference would run
+    (``accel_nb.utils.launch.mpirun_arguments`` reads which MPI is installed); ``accel-nb launch`` itself refuses
+    mpirun. The environment is ``os.environ`` with the config's values (accel_nb's and the reference's names),
+    Intel OpenMP's ``KMP_*`` settings for CPU runs, and ``OMP_NUM_THREADS``.
+    """
+    from ..utils.launch import (
+        mpirun_arguments,
+    )  # deferred: import time (the reference's path, patched by tests)
+
+    if getattr(args, "no_python", False) and getattr(args, "module", False):
+        raise ValueError("--module and --no_python exclude each other: give one")
+    processes, machines = getattr(args, "num_processes", None), getattr(args, "num_machines", None) or 1
+    cmd: list[str] = []
+    hostfile = getattr(args, "mpirun_hostfile", None)
+    if hostfile is not None:
+        app, hostfile_flag, count_flag, per_node_flag, bind_flag = mpirun_arguments()
+        per_node = str(processes // machines) if processes else "1"
+        cmd += [app, hostfile_flag, hostfile, per_node_flag, per_node]
+        if processes:
+            cmd += [count_flag, str(processes)]
+        if bind_flag:
+            cmd += [bind_flag, "socket"]
+    if not getattr(args, "no_python", False):
+        cmd += [sys.executable, "-m"] if getattr(args, "module", False) else [sys.executable]
+    cmd += [args.training_script, *args.training_script_args]
+    use_cpu = bool(getattr(args, "cpu", False) or getattr(args, "use_cpu", False))
+    if machines > 1 and (args.main_process_ip is None or args.main_process_port is None):
+        raise ValueError(
+            "several machines need --main_process_ip and --main_process_port (the address of machine 0)"
+        )
+    cfg = LaunchConfig(
+        mixed_precision=(args.mixed_precision or "no").lower(),
+        use_cpu=use_cpu,
+        gpu_ids=getattr(args, "gpu_ids", None) or "all",
+        dynamo_backend=str(getattr(args, "dynamo_backend", None) or "no").lower(),
+        dynamo_mode=getattr(args, "dynamo_mode", None) or "default",
+        dynamo_use_fullgraph=_as_flag(getattr(args, "dynamo_use_fullgraph", False)),
+        dynamo_use_dynamic=_as_flag(getattr(args, "dynamo_use_dynamic", False)),
+        dynamo_use_regional_compilation=_as_flag(getattr(args, "dynamo_use_regional_compilation", False)),
+    ).validate()
+    env = dict(os.environ)
+    env.update(cfg.to_env())
+    env["ACCELERATE_USE_CPU"] = str(use_cpu)
+    if getattr(args, "debug", False):
+        env["ACCELERATE_DEBUG_MODE"] = "true"
+    if (processes is not None and processes > 1) or machines > 1:
+        env["MASTER_ADDR"] = args.main_process_ip or "127.0.0.1"
+        env["MASTER_PORT"] = str(args.main_process_port or 29500)
+    if use_cpu:  # Intel OpenMP: pin threads compactly, short spin before sleeping
+        env["KMP_AFFINITY"] = "granularity=fine,compact,1,0"
+        env["KMP_BLOCKTIME"] = "1"
+    threads = getattr(args, "num_cpu_threads_per_process", None)
+    env["OMP_NUM_THREADS"] = str(threads if threads is not None else os.environ.get("OMP_NUM_THREADS", "1"))
+    return cmd, env

@@ -9,6 +9,7 @@ the file. ``LaunchConfig.validate`` calls them; so may anything that reads a con
 
 from __future__ import annotations
 
+import enum
 import ipaddress
 import re
 import warnings
@@ -89,6 +90,24 @@ UNSUPPORTED_DISTRIBUTED = {
 _HOSTNAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
 )
+
+
+class ComputeEnvironment(str, enum.Enum):
+    """Where a config file says the run happens (``compute_environment``); accel_nb launches ``LOCAL_MACHINE`` only.
+
+    ``AMAZON_SAGEMAKER`` files are read (``accel_nb.commands.config.config_args.SageMakerConfig``), never launched.
+    """
+
+    LOCAL_MACHINE = "LOCAL_MACHINE"
+    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class SageMakerDistributedType(str, enum.Enum):
+    """The ``distributed_type`` values of a SageMaker config file (read, not launched, by accel_nb)."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
 
 
 class ConfigError(ValueError):

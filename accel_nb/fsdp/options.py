@@ -335,6 +335,7 @@ def options_from_config(config: dict[str, Any] | None) -> FSDPOptions:
         "fsdp_state_dict_type": "state_dict_type",
         "fsdp_backward_prefetch": "backward_prefetch",
         "fsdp_transformer_layer_cls_to_wrap": "transformer_cls_names_to_wrap",
+        "fsdp_ignored_modules": "ignored_modules",  # null is the only value accel_nb takes (to_options says so)
     }
     flags = {
         "fsdp_offload_params": "cpu_offload",

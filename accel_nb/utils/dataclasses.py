@@ -24,7 +24,12 @@ _EXPORTS = {
         ],
         "accel_nb.kwargs_handlers",
     ),
+    **dict.fromkeys(
+        ["AORecipeKwargs", "FP8BackendType", "FP8RecipeKwargs", "MSAMPRecipeKwargs", "TERecipeKwargs"],
+        "accel_nb.precision.fp8_recipes",
+    ),
     **dict.fromkeys(["DistributedType"], "accel_nb.state"),
+    **dict.fromkeys(["ComputeEnvironment", "SageMakerDistributedType"], "accel_nb.config.values"),
     **dict.fromkeys(["DynamoBackend", "TorchDynamoPlugin"], "accel_nb.compile.options"),
     **dict.fromkeys(["LoggerType"], "accel_nb.tracking"),
     **dict.fromkeys(["RNGType"], "accel_nb.data.random_sync"),

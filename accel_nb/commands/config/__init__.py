@@ -1,5 +1,7 @@
 """``accel-nb config``: the terminal questionnaire (every answer validated), and ``config default``.
 
+The reference's config-file dataclasses are :mod:`accel_nb.commands.config.config_args`.
+
     accel-nb config                          # questions; Enter keeps the value in [brackets]
     accel-nb config default --mixed_precision bf16
 
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..config import (
+from ...config import (
     DYNAMO_BACKENDS,
     LAUNCHER_RDZV_BACKENDS,
     MIXED_PRECISION_CHOICES,
@@ -29,10 +31,16 @@ from ..config import (
     load_config,
     save_config,
 )
-from ..config.command_line import PROG
-from ..hardware import detect
+from ...config.command_line import PROG
+from ...hardware import detect
+from ...lazy_exports import lazy_exports
 
 __all__ = ["add_parser", "run", "questionnaire", "describe", "parallelism_questions"]
+
+# the reference's accelerate.commands.config names (config_args imports torch: on first use only)
+__getattr__, __dir__ = lazy_exports(
+    globals(), dict.fromkeys(["default_config_file", "load_config_from_file"], ".config_args")
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -255,7 +263,7 @@ def parallelism_questions(cfg: LaunchConfig, out: Any) -> LaunchConfig:
     does not divide the number of processes, or sizes that do not fit together, are asked again.
     """
     # deferred: only this question needs them
-    from ..parallel.config import LayoutError, layout_settings, proposed_tp_size
+    from ...parallel.config import LayoutError, layout_settings, proposed_tp_size
 
     current = dict(cfg.extras.get("parallelism_config") or {})
     new = dataclasses.replace(cfg)
