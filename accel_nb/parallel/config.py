@@ -264,6 +264,11 @@ class ParallelismConfig:
         ):
             if dims:
                 self.joint_meshes[joint] = mesh[tuple(dims)]._flatten(joint)
+        if self.tp_enabled and self.dp_shard_enabled and not self.cp_enabled:
+            # a tensor-parallel weight's gradient norm is partial over dp_shard x tp: with the two
+            # flattened DTensor reduces it in one all_reduce (it warned on every rank, once per launch,
+            # "2 sequential all_reduce operations ... flatten mesh dimensions", at clip_grad_norm_)
+            self.joint_meshes["dp_shard_tp"] = mesh[("dp_shard", "tp")]._flatten("dp_shard_tp")
         return mesh
 
     def submesh(self, *names: str) -> Any:

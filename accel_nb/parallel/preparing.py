@@ -9,6 +9,7 @@ split itself happens in ``accelerator.maybe_context_parallel``: accel_nb.paralle
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -124,12 +125,35 @@ def parallelize(
         from ..fsdp.sharding import shard_model  # deferred: torch.distributed.fsdp
 
         shard_model(model, layout.fsdp, mixed_precision, device, mesh=layout.fsdp_mesh())
+        if config.tp_enabled:
+            _quiet_the_tensor_parallel_output_warning(model)
     swap: dict[int, tuple[Any, Any]] = {}
     for module, name, old in before:
         new = module._parameters.get(name)
         if new is not None and new is not old:
             swap[id(old)] = (weakref.ref(old), weakref.ref(new))
     return swap
+
+
+def _quiet_the_tensor_parallel_output_warning(model: torch.nn.Module) -> None:
+    """No FSDP2 "returned a view tensor ... will silently drop the pre-backward hook" warning for this root.
+
+    A tensor-parallel model's outputs (the logits) leave its last planned layer through DTensor's
+    ``to_local``, a view made inside an autograd Function, so FSDP2 warns on every rank at the first
+    forward that an in-place op on it would silently drop its pre-backward hook. It cannot: autograd
+    refuses any in-place op on such a view, or on a view of it, with a RuntimeError ("... is a view
+    and is being modified inplace. This view was created inside a custom Function ..."), and without
+    one the gradients are the one-process run's (tests/test_parallel_tp.py checks both). Nothing in it
+    is for the user to act on, so it is not shown for this root module (its class, named as FSDP2
+    names it); other modules' warnings still are.
+    """
+    import warnings
+
+    warnings.filterwarnings(
+        "ignore",
+        message=rf"FSDP2-wrapped module \({re.escape(type(model).__name__)}\) returned a view tensor",
+        category=UserWarning,
+    )
 
 
 def _already_split(model: torch.nn.Module, tp_size: int) -> bool:
