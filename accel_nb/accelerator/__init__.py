@@ -11,7 +11,9 @@ Accelerator and all it needs. Mixed precision is ``accel_nb.precision``, torch.c
 - ``sync_contexts``: ``trigger_sync_in_backward``, ``join_uneven_inputs``
 - ``resources``: ``free_memory`` and ``profile``
 - ``reporting``: collectives (``gather``, ``gather_for_metrics``, ``reduce``, …), ``log`` and the trackers
-- ``model_wrapping`` / ``unwrap``: what ``prepare`` does to a model, and how ``unwrap_model`` undoes it
+- ``backends``: the training back-ends (DDP, FSDP2, DeepSpeed, the TP/CP/PP layout, XLA), one module each,
+  chosen once per Accelerator (``accelerator.backend``); docs/backends.md says how one is added
+- ``model_wrapping`` / ``unwrap``: the "prepared" mark and the autocast forward, and how ``unwrap_model`` undoes prepare
 - ``optim``: prepared optimizers and LR schedulers
 
     from accel_nb.accelerator import Accelerator

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from ..compile.options import resolve_compile_options
@@ -29,26 +28,19 @@ from ..data import skip_first_batches as _skip_first_batches
 from ..data.random_sync import check_rng_types
 from ..deepspeed.plugin import resolve_deepspeed_plugin
 from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS
-from ..fsdp.options import resolve_fsdp_options
-from ..fsdp.sharding import is_fsdp_model, no_gradient_sync
-from ..parallel.preparing import resolve_layout
-from ..parallel.roles import announce_mesh_role
 from ..precision.policy import PrecisionPolicy
-from ..state import (
-    AcceleratorState,
-    DistributedType,
-    GradientState,
-    PartialState,
-)
+from ..state import AcceleratorState, GradientState
 from ..topology import env_value
 from ..tracking import resolve_log_with
-from .model_wrapping import adopt_prepared, mark_prepared, place_and_wrap
-from .optim import AcceleratedOptimizer, AcceleratedScheduler, is_lr_scheduler
+from .backends.deepspeed import DeepSpeedBackend
+from .backends.selection import choose_backend
+from .model_wrapping import adopt_prepared, autocast_forward, mark_prepared
+from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .options import handler_options, project_configuration
 from .reporting import Reporting
 from .resources import Resources
 from .sync_contexts import SyncContexts
-from .unwrap import extract_model_from_parallel, is_compiled_module
+from .unwrap import extract_model_from_parallel
 from .views import StateViews
 from .weights import ModelWeights
 
@@ -119,10 +111,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         self.deepspeed_plugin = resolve_deepspeed_plugin(deepspeed_plugin)
         self.deepspeed_engine_wrapped: Any = None
         explicit_steps = gradient_accumulation_steps != 1 or gradient_accumulation_plugin is not None
-        if self.deepspeed_plugin is not None:  # the config's fp16/bf16 and the argument agree, or an error
-            from ..deepspeed.training import precision_for
-
-            mixed_precision = precision_for(self.deepspeed_plugin, mixed_precision)
+        mixed_precision = DeepSpeedBackend.agree_precision(self.deepspeed_plugin, mixed_precision)
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, **handlers.init_process_group)
         plugin = handlers.gradient_accumulation
         if plugin is not None:
@@ -149,49 +138,16 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = check_rng_types(rng_types, self.state.device)
         self.ddp_kwargs = {**handlers.ddp, **(ddp_kwargs or {})}
-        self._ddp_handler = handlers.ddp_handler  # registers its communication hook on each DDP model
+        self.ddp_handler = handlers.ddp_handler  # registers its communication hook on each DDP model
         self.project_configuration = project_configuration(project_dir, project_config)
         self.log_with = resolve_log_with(log_with, getattr(self.project_configuration, "logging_dir", None))
         # torch.compile for prepared models: compile=/dynamo_backend=/dynamo_plugin=, else the launch config
         self.compile_options = resolve_compile_options(compile, dynamo_backend, dynamo_plugin)
-        on_xla = PartialState().distributed_type == DistributedType.XLA
-        if on_xla and self.compile_options is not None:
-            raise ValueError(
-                "torch.compile (compile=/dynamo_backend=/dynamo_plugin=/dynamo_config) is not supported on XLA "
-                "devices (TPU cores): torch_xla already compiles every step's graph; drop the compile setting "
-                "(or set dynamo_backend: 'no' in the launch config) for TPU runs"
-            )
-        if self.compile_options is not None:
-            self.compile_options.check_backend()  # an unknown backend fails here, not at the first forward
-        # FSDP2 sharding of prepared models: fsdp=/fsdp_plugin=, else the launch config (accel_nb.fsdp)
-        self.fsdp_options = resolve_fsdp_options(fsdp, fsdp_plugin, self.state.num_processes, on_xla=on_xla)
-        # tensor parallel x FSDP2 on one device mesh: parallelism_config=, else the launch (accel_nb.parallel)
-        self._parallel = resolve_layout(
-            parallelism_config,
-            self.state.num_processes,
-            self.state.process_index,
-            self.state.device,
-            self.fsdp_options,
-        )
-        if self._parallel is not None:
-            if self.deepspeed_plugin is not None:
-                raise ValueError(
-                    "parallelism_config= with DeepSpeed is not supported by accel_nb: use FSDP2 (dp_shard_size) and "
-                    "tensor parallel (tp_size) through the ParallelismConfig, or DeepSpeed ZeRO alone"
-                )
-            self.fsdp_options = self._parallel.fsdp
-            # the launching notebook's rank rows show each rank's coordinates ("rank 3 [dp 1 · tp 1]")
-            announce_mesh_role(self._parallel.config, self.state.process_index)
-        self.state.distributed_type = (
-            DistributedType.FSDP if self.fsdp_options is not None else PartialState().distributed_type
-        )
-        self._fsdp_swap: dict[
-            int, Any
-        ] = {}  # id(original parameter) -> weakrefs to it and its sharded parameter
-        if self.deepspeed_plugin is not None:
-            from ..deepspeed.training import configure
-
-            configure(self, explicit_steps)
+        # the training back-end (accel_nb.accelerator.backends), chosen once: DeepSpeed, the parallelism
+        # layout, FSDP2, XLA or DDP; it sets fsdp_options, parallel_layout and state.distributed_type
+        self.fsdp_options: Any = None
+        self.parallel_layout: Any = None
+        self.backend = choose_backend(self, fsdp, fsdp_plugin, parallelism_config, explicit_steps)
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these
         self._models: list[torch.nn.Module] = []
@@ -199,6 +155,12 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoader] = []
         self._custom_objects: list[Any] = []
+        self._prepared_lists: dict[str, list[Any]] = {
+            "model": self._models,
+            "optimizer": self._optimizers,
+            "scheduler": self._schedulers,
+            "dataloader": self._dataloaders,
+        }
         self.step = 0
         self.trackers: list[Any] = []
         self._tracking_started = False  # init_trackers ran (on every process)
@@ -219,38 +181,24 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
             raise ValueError(
                 f"device_placement has {len(device_placement)} entries for {len(args)} objects; give one per object"
             )
-        if self.deepspeed_plugin is not None:  # one DeepSpeed engine for the model, optimizer and scheduler
-            from ..deepspeed.preparing import prepare_deepspeed
-
-            result = prepare_deepspeed(self, args, device_placement)
-            return result[0] if len(result) == 1 else tuple(result)
-        result: list[Any] = list(args)
-        kinds = [self._kind(obj) for obj in args]
-        for kind in ("model", "optimizer", "dataloader", "scheduler"):
-            for i, obj in enumerate(args):
-                if kinds[i] != kind:
-                    continue
-                if kind == "model":
-                    result[i] = self.prepare_model(obj, device_placement=device_placement[i])
-                elif kind == "optimizer":
-                    result[i] = self.prepare_optimizer(obj, device_placement=device_placement[i])
-                elif kind == "dataloader":
-                    result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
-                else:
-                    result[i] = self.prepare_scheduler(obj)
+        result = self.backend.prepare(args, device_placement)
         return result[0] if len(result) == 1 else tuple(result)
 
-    @staticmethod
-    def _kind(obj: Any) -> str | None:
-        if isinstance(obj, torch.nn.Module):
-            return "model"
-        if isinstance(obj, torch.optim.Optimizer):
-            return "optimizer"
-        if isinstance(obj, DataLoader):
-            return "dataloader"
-        if is_lr_scheduler(obj):
-            return "scheduler"
-        return None
+    # -- what prepare() made: one public record, read by checkpoints and free_memory -------------------
+    def register_prepared(self, obj: Any, kind: str) -> Any:
+        """Record ``obj`` as a prepared ``kind`` ("model", "optimizer", "scheduler" or "dataloader"), in order,
+        and mark it as something ``prepare`` returned; returns ``obj``. Back-ends that build their own
+        wrappers (DeepSpeed's engine) register them here."""
+        self._prepared_lists[kind].append(obj)
+        return mark_prepared(obj)
+
+    def already_prepared(self, obj: Any, kind: str) -> bool:
+        """True when ``obj`` is something ``prepare`` returned (a rerun cell): it is recorded here if it was not."""
+        return adopt_prepared(obj, self._prepared_lists[kind])
+
+    def prepared(self, kind: str) -> list[Any]:
+        """The prepared objects of ``kind`` in the order ``prepare`` made them (the list itself)."""
+        return self._prepared_lists[kind]
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -260,76 +208,51 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         A model ``prepare`` returned comes back as it is (rerunning a notebook cell); the model
         inside a DDP wrapper prepare() made is an error (it would be wrapped twice).
         """
-        if adopt_prepared(model, self._models):
+        if self.already_prepared(model, "model"):
             return model
-        inner = model.module if isinstance(model, DistributedDataParallel) else model
-        if any(inner is self.unwrap_model(m, keep_torch_compile=False) for m in self._models) or isinstance(
-            model, DistributedDataParallel
-        ):
-            raise ValueError(
-                f"this {type(inner).__name__} was already prepared and wrapped; pass the object that prepare() "
-                "returned (it is given back as it is)"
-            )
+        self.backend.refuse_rewrap(model)
         if device_placement is None:
             device_placement = self.device_placement
-        model = place_and_wrap(
-            model,
-            self.device,
-            self.precision,
-            self.use_distributed,
-            self.num_processes,
-            self.ddp_kwargs,
-            device_placement,
-            evaluation_mode,
-            self.compile_options,
-            self.fsdp_options,
-            self._fsdp_swap,
-            self.state.num_local_processes,
-            self._parallel,
-        )
-        if (
-            self.fsdp_options is not None or self._parallel is not None or self.device.type == "xla"
-        ):  # optimizers prepared before the model
-            # optimizers follow the new parameters (XLA: .to() made new ones)
-            from ..fsdp.sharding import repoint_optimizer
+        backend = self.backend
+        device_map = getattr(model, "hf_device_map", None)
+        if device_map and len(set(device_map.values())) > 1:
+            if self.use_distributed:
+                raise ValueError(
+                    "this model is dispatched over several devices (hf_device_map) and cannot be trained with "
+                    f"{self.num_processes} processes; load it on one device per process, or use one process"
+                )
+            device_placement = False  # its layers already sit where the device map put them
+        if device_placement:
+            model = backend.place(model)
+        for conversion in self.conversions:  # precisions that change layers (FP8), before any wrapper
+            model = conversion.convert(self, model)
+        model = autocast_forward(model, self.precision)
+        # compiled inside DDP's wrapper, around the autocast forward; FSDP: in place
+        if self.compile_options is not None:
+            from ..compile.apply import compile_model
 
-            for opt in self._optimizers:
-                repoint_optimizer(opt.optimizer, self._fsdp_swap)
-        ddp = model._orig_mod if is_compiled_module(model) else model  # torch.compile(DDP(...)) seen through
-        if isinstance(ddp, DistributedDataParallel) and self._ddp_handler is not None:
-            self._ddp_handler.register_comm_hook(ddp)
-        self._models.append(model)
-        return mark_prepared(model)
+            model = compile_model(model, self.compile_options, in_place=backend.compiles_in_place())
+        model = backend.wrap(model, evaluation_mode)
+        backend.after_model(model)
+        return self.register_prepared(model, "model")
 
     def prepare_optimizer(
         self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
     ) -> AcceleratedOptimizer:
         """Wrap ``optimizer`` so it steps on sync steps only, through the grad scaler in fp16."""
-        if adopt_prepared(optimizer, self._optimizers):
+        if self.already_prepared(optimizer, "optimizer"):
             return optimizer
         if device_placement is None:
             device_placement = self.device_placement
-        if self.fsdp_options is not None:  # point it at the sharded parameters of the models prepared before
-            from ..fsdp.sharding import check_optimizer_params, repoint_optimizer
-
-            repoint_optimizer(optimizer, self._fsdp_swap)
-            if self._models:
-                check_optimizer_params(optimizer)
-        elif self.device.type == "xla" or self._parallel is not None:
-            # point it at the moved (XLA) or tensor-parallel parameters of the models prepared before
-            from ..fsdp.sharding import repoint_optimizer
-
-            repoint_optimizer(optimizer, self._fsdp_swap)
+        self.backend.adopt_optimizer(optimizer)  # the parameters prepare made of the models prepared before
         if device_placement and optimizer.state:
             # reloading the state moves it onto the devices of the (already moved) parameters
             optimizer.load_state_dict(optimizer.state_dict())
-        accelerated = AcceleratedOptimizer(optimizer, scaler=self.scaler)
-        self._optimizers.append(accelerated)
-        return mark_prepared(accelerated)
+        return self.register_prepared(AcceleratedOptimizer(optimizer, scaler=self.scaler), "optimizer")
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap an LR scheduler so it follows the real optimizer steps."""
-        if adopt_prepared(scheduler, self._schedulers):
+        if self.already_prepared(scheduler, "scheduler"):
             return scheduler
         target = getattr(scheduler, "optimizer", None)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is target or opt is target] or list(
@@ -342,30 +265,26 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
             split_batches=self.split_batches,
             num_processes=self.num_processes,
         )
-        self._schedulers.append(accelerated)
-        return mark_prepared(accelerated)
+        return self.register_prepared(accelerated, "scheduler")
 
     def prepare_data_loader(
         self, data_loader: DataLoader, device_placement: bool | None = None
     ) -> DataLoader:
         """Shard ``data_loader`` over the processes and place its batches on the device."""
-        if adopt_prepared(data_loader, self._dataloaders):
+        if self.already_prepared(data_loader, "dataloader"):
             return data_loader
         if device_placement is None:
             device_placement = self.device_placement
         cfg = self.dataloader_config
-        # the ranks of one tensor/context-parallel group read the same batches
-        layout = self._parallel
-        if layout is not None and layout.data_parallel_size != self.num_processes and cfg.dispatch_batches:
-            raise ValueError(
-                "dispatch_batches=True with tensor/context parallel is not supported: process 0 would send each "
-                "process its own slice; leave dispatch_batches unset (every data-parallel rank reads its shard)"
-            )
+        self.backend.check_dispatch(cfg.dispatch_batches)
+        num_shards, shard = (
+            self.backend.data_shards()
+        )  # a tensor/context-parallel group reads the same batches
         prepared = prepare_data_loader(
             data_loader,
             device=self.device,
-            num_processes=self.num_processes if layout is None else layout.data_parallel_size,
-            process_index=self.process_index if layout is None else layout.data_parallel_rank,
+            num_processes=num_shards,
+            process_index=shard,
             split_batches=cfg.split_batches,
             even_batches=cfg.even_batches,
             put_on_device=device_placement,
@@ -376,8 +295,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
             dispatch_batches=cfg.dispatch_batches,
             use_stateful_dataloader=cfg.use_stateful_dataloader,
         )
-        self._dataloaders.append(prepared)
-        return mark_prepared(prepared)
+        return self.register_prepared(prepared, "dataloader")
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A loader like ``dataloader`` that starts after its first ``num_batches`` batches."""
@@ -395,15 +313,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
                 f"backward() needs the loss tensor, got {type(loss).__name__}; pass the tensor your loss "
                 "function returned (not loss.item())"
             )
-        if self.deepspeed_plugin is not None:  # the engine scales for accumulation and steps on sync steps
-            from ..deepspeed.training import backward
-
-            return backward(self, loss, **kwargs)
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        self.backend.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: Any = None, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
         """The autocast context of this run's mixed precision (nothing for ``no``); an
@@ -439,23 +349,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
 
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Skip DDP's gradient all-reduce for the backward passes inside (nothing with one process)."""
-        if self.deepspeed_plugin is not None:  # the engine reduces only at the boundary backward() sets
-            return contextlib.nullcontext()
-        # torch.compile(DDP(...)): the DDP wrapper inside (prepare compiles inside DDP)
-        if is_compiled_module(model):
-            model = model._orig_mod
-        if not isinstance(model, DistributedDataParallel):
-            # the user may hold the inner module: find the DDP wrapper prepare() made for it
-            wrappers = (m._orig_mod if is_compiled_module(m) else m for m in self._models)
-            model = next(
-                (m for m in wrappers if isinstance(m, DistributedDataParallel) and m.module is model),
-                model,
-            )
-        if isinstance(model, DistributedDataParallel):
-            return model.no_sync()
-        if self.fsdp_options is not None and is_fsdp_model(model):  # no reduce-scatter, no resharding
-            return no_gradient_sync(model)
-        return contextlib.nullcontext()
+        return self.backend.no_sync(model)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide fp16 gradients by the loss scale (before clipping or inspecting them)."""
@@ -476,40 +370,11 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         so it does with FSDP (each rank holds its own unreduced gradients until the sync step).
         With DeepSpeed the engine clipped in its step (config ``gradient_clipping``): its norm is returned.
         """
-        if self.deepspeed_plugin is not None:
-            from ..deepspeed.training import clip_grad_norm
-
-            return clip_grad_norm(self, max_norm, norm_type)
-        if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
-            return None
-        if self.scaler is not None:
-            self.unscale_gradients()
-        from ..xla.training import reduce_before_clipping
-
-        reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
-        if self._parallel is not None:  # parameters on several meshes (tp, dp_shard x tp) and plain ones
-            from ..parallel.clipping import clip_grad_norm_across_meshes
-
-            return clip_grad_norm_across_meshes(parameters, max_norm, norm_type)
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        return (
-            norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        )  # FSDP: a DTensor of the global norm
+        return self.backend.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """``torch.nn.utils.clip_grad_value_`` after unscaling fp16 gradients (sync steps only with fp16 or FSDP)."""
-        if self.deepspeed_plugin is not None:
-            raise ValueError(
-                "DeepSpeed clips by norm only (gradient_clipping in its config); use clip_grad_norm_"
-            )
-        if (self.scaler is not None or self.fsdp_options is not None) and not self.sync_gradients:
-            return
-        if self.scaler is not None:
-            self.unscale_gradients()
-        from ..xla.training import reduce_before_clipping
-
-        reduce_before_clipping(self._optimizers)  # XLA: clip the averaged gradients, as DDP does
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        self.backend.clip_grad_value_(parameters, clip_value)
 
     # -- models --------------------------------------------------------------------------------------
     def unwrap_model(

@@ -33,18 +33,7 @@ class Reporting:
 
         preds, labels = accelerator.gather_for_metrics((logits.argmax(-1), labels))
         """
-        layout = self._parallel
-        if layout is not None and layout.config.non_data_parallel_size > 1:  # tp/cp groups read one batch
-            from ..parallel.metrics import gather_once_per_group
-
-            return gather_once_per_group(
-                input_data,
-                use_gather_object,
-                self.gradient_state,
-                layout.config.non_data_parallel_size,
-                self.num_processes,
-            )
-        return ops.gather_for_metrics(input_data, use_gather_object, self.gradient_state)
+        return self.backend.gather_for_metrics(input_data, use_gather_object)  # type: ignore[attr-defined]
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Combine ``tensor`` over the processes: "sum" (default), "mean", "max", "min" or "product"."""

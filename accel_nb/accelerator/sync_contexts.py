@@ -16,25 +16,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..state import DistributedType
-
 __all__ = ["SyncContexts", "shard_sampler"]
-
-# where join_uneven_inputs applies torch's Join: DDP over several processes (the reference's multi-device
-# types, and accel_nb's MULTI_CPU, where gloo DDP joins as well)
-_DDP_TYPES = frozenset(
-    {
-        DistributedType.MULTI_CPU,
-        DistributedType.MULTI_GPU,
-        DistributedType.MULTI_MLU,
-        DistributedType.MULTI_SDAA,
-        DistributedType.MULTI_MUSA,
-        DistributedType.MULTI_NPU,
-        DistributedType.MULTI_XPU,
-        DistributedType.MULTI_HPU,
-        DistributedType.MULTI_NEURON,
-    }
-)
 
 
 def shard_sampler(loader: Any) -> Any:
@@ -91,7 +73,7 @@ class SyncContexts:
         if not self.use_distributed:  # type: ignore[attr-defined]
             yield joinables
             return
-        if self.distributed_type not in _DDP_TYPES:  # type: ignore[attr-defined]
+        if not self.backend.joins_uneven_inputs:  # type: ignore[attr-defined]
             # FSDP, DeepSpeed, XLA: no DDP model for torch's Join to drive; nothing done, as in the reference
             warnings.warn(
                 "Joining uneven inputs is only supported for multi-GPU (and multi-CPU) DDP training, not "
@@ -153,7 +135,7 @@ class SyncContexts:
         Pass ``position_ids`` as a buffer: the model only sees this rank's tokens and would count
         positions from 0 (accel_nb.parallel.context_parallel, docs/parallelism.md).
         """
-        layout = getattr(self, "_parallel", None)
+        layout = getattr(self, "parallel_layout", None)
         if layout is None or not layout.config.cp_enabled or layout.mesh is None:
             yield
             return

@@ -47,13 +47,14 @@ class StateViews:
     @property
     def is_fsdp2(self) -> bool:
         """True when prepared models are sharded with FSDP (accel_nb's FSDP is always torch's FSDP2)."""
-        return getattr(self, "fsdp_options", None) is not None
+        backend = getattr(self, "backend", None)
+        return bool(backend is not None and backend.shards_with_fsdp)
 
     # -- the parallelism layout (accel_nb.parallel): None without a ParallelismConfig ---------------------
     @property
     def parallelism_config(self) -> Any:
         """The run's ``ParallelismConfig`` (sizes checked against the processes), or None."""
-        layout = getattr(self, "_parallel", None)
+        layout = getattr(self, "parallel_layout", None)
         return None if layout is None else layout.config
 
     @property
@@ -63,7 +64,7 @@ class StateViews:
 
             tp_group = accelerator.torch_device_mesh["tp"].get_group()
         """
-        layout = getattr(self, "_parallel", None)
+        layout = getattr(self, "parallel_layout", None)
         return None if layout is None else layout.mesh
 
     def _mesh_rank(self, dim: str) -> int:

@@ -51,22 +51,13 @@ class ModelWeights:
 
         Under FSDP or DeepSpeed ZeRO-3 call it on every process: the shards are gathered.
         """
-        # every rank: ZeRO-3 shards gathered on the main one
-        if getattr(self, "deepspeed_plugin", None) is not None:
-            from ..deepspeed.training import engine_state_dict
-
-            state = engine_state_dict(self, model)
-            if state is not None:
-                return state
         if unwrap:
             model = self.unwrap_model(model)  # type: ignore[attr-defined]
-        from ..fsdp.sharding import is_sharded_model
-
-        # gathered from every rank (call it on all): the full weights on the main process
-        if is_sharded_model(model):
-            from ..fsdp.state_dicts import full_model_state
-
-            return full_model_state(model)
+        # FSDP2 / tensor-parallel shards or a ZeRO-3 engine: gathered from every rank (call it on all), the full
+        # weights on the main process
+        state = self.backend.gathered_weights(model)  # type: ignore[attr-defined]
+        if state is not None:
+            return state
         return model.state_dict()
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:

@@ -53,19 +53,9 @@ def save_model(
     if os.path.isfile(save_directory):
         raise CheckpointError(f"save_model needs a folder, but {save_directory} is a file")
     inner = unwrapped(accelerator, model)
-    from ..fsdp.sharding import is_sharded_model
-
-    sharded = is_sharded_model(inner)  # FSDP: every rank takes part in gathering the full weights
-    if sharded:
-        from ..fsdp.state_dicts import full_model_state
-
-        state = full_model_state(inner)
-    if getattr(accelerator, "deepspeed_plugin", None) is not None:  # every rank: ZeRO-3 shards are gathered
-        from ..deepspeed.training import engine_state_dict
-
-        engine_state = engine_state_dict(accelerator, inner)
-        if engine_state is not None:
-            state, sharded = engine_state, True
+    # spread over the ranks (FSDP shards, a ZeRO-3 engine): every rank takes part in gathering the full weights
+    state = accelerator.backend.gathered_weights(inner)
+    sharded = state is not None
     if not getattr(accelerator, "is_main_process", True):
         return []
     if not sharded:

@@ -134,12 +134,8 @@ def save_accelerator_state(
     error = None
     try:
         weights = _weights_after_hooks(accelerator, tmp)
-        overrides = _fsdp_parts(accelerator, tmp, weights)
-        # engines write their sharded checkpoints
-        if getattr(accelerator, "deepspeed_plugin", None) is not None:
-            from ..deepspeed.checkpointing import save_engines
-
-            overrides.update(save_engines(accelerator, tmp, weights))
+        # what the training back-end writes itself: FSDP/tensor-parallel shards, DeepSpeed engines' checkpoints
+        overrides = accelerator.backend.save_parts(tmp, weights)
         if writer:
             counts = _write_shared(accelerator, tmp, safe_serialization, weights, overrides)
         _torch_save(
@@ -170,28 +166,13 @@ def save_accelerator_state(
     return final
 
 
-def _held_by_every_rank(accelerator: Any) -> str | None:
-    """What makes a checkpoint need every process (each holds a part of the state), or None."""
-    from ..fsdp.checkpointing import sharded_mode
-
-    if getattr(accelerator, "deepspeed_plugin", None) is not None:
-        return "DeepSpeed (each process holds its ZeRO partition)"
-    if getattr(accelerator, "fsdp_options", None) is not None:
-        return "FSDP (each process holds its shards)"
-    if sharded_mode(accelerator) is not None:
-        return "tensor parallelism (each process holds its slices)"
-    if str(getattr(accelerator, "distributed_type", "")).endswith("XLA"):
-        return "XLA (the state is written through collectives)"
-    return None
-
-
 def _save_alone(accelerator: Any, output_dir: str | None, safe_serialization: bool, guard: str) -> str:
     """``save_state`` run by one process only (under ``if accelerator.is_main_process:``): it writes the whole
     checkpoint itself, as atomically as ever, without waiting for the others (the reference's meaning).
 
     The other ranks' random states are not in it: on ``load_state`` they keep theirs (and take this
     process's data loader positions, the same on every rank of a data-parallel run)."""
-    held = _held_by_every_rank(accelerator)
+    held = accelerator.backend.needs_every_rank()  # each process holds a part of the state
     if held is not None:
         raise CheckpointError(
             f"save_state is called on one process only ({guard}), but with {held} it needs every process; "
@@ -307,20 +288,6 @@ def _weights_after_hooks(accelerator: Any, tmp: str) -> list[dict[str, Any]]:
     weights = [host_copy(model_weights(accelerator, module)) for module in plain]
     run_save_hooks(accelerator, plain, weights, tmp)
     return weights
-
-
-def _fsdp_parts(accelerator: Any, tmp: str, weights: list[Any]) -> dict[int, Any]:
-    """FSDP (every rank): sharded parts written with torch.distributed.checkpoint, full optimizer states gathered.
-
-    Returns the optimizer states the writer saves instead of ``state_dict()`` (accel_nb.fsdp.checkpointing).
-    """
-    from ..fsdp.checkpointing import save_sharded_parts, sharded_mode
-
-    if sharded_mode(accelerator) is None:  # neither FSDP nor tensor parallel
-        return {}
-
-    models = [unwrapped(accelerator, m) for m in getattr(accelerator, "_models", [])]
-    return save_sharded_parts(accelerator, tmp, weights, models)
 
 
 def _write_shared(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 
+from ..accelerator.backends import BACKENDS
 from .launch_config import LaunchConfig
 
 __all__ = ["PROG", "launch_command_line"]
@@ -49,18 +50,7 @@ def launch_command_line(cfg: LaunchConfig, script: str = "train.py", explicit: b
         parts += ["--gpu_ids", cfg.gpu_ids]
     if cfg.use_cpu or cfg.distributed_type == "MULTI_CPU":
         parts.append("--cpu")
-    if cfg.distributed_type == "DEEPSPEED":
-        parts.append("--use_deepspeed")
-        settings = cfg.extras.get("deepspeed_config") or {}
-        for key in DEEPSPEED_FLAG_KEYS:
-            value = settings.get(key)
-            if value is not None:
-                parts += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
-    layout = cfg.extras.get("parallelism_config") or {}
-    if layout:
-        parts.append("--use_parallelism_config")
-        for key, value in layout.items():
-            if value is not None:
-                parts += [f"--{key}", str(value)]
+    for backend in BACKENDS.values():  # --use_deepspeed and its settings, the layout's flags
+        parts += backend.launch_flags(cfg)
     parts.append(script)
     return " ".join(shlex.quote(p) for p in parts)

@@ -8,6 +8,7 @@ The wizard, ``accel-nb config`` and ``write_basic_config`` all start from ``defa
 
 from __future__ import annotations
 
+from ..accelerator.backends import launch_backend
 from ..hardware import HardwareInfo, detect
 from .launch_config import LaunchConfig
 
@@ -49,11 +50,10 @@ def derive_distributed_type(cfg: LaunchConfig, compute: str) -> str:
         raise ValueError(f"compute={compute!r} is not one of {', '.join(COMPUTE_KINDS)}")
     if compute == "xla":
         return "XLA"
-    if cfg.distributed_type == "DEEPSPEED":  # chosen earlier (its deepspeed_config stays with it)
-        return "DEEPSPEED"
     several = int(cfg.num_processes or 1) > 1 or int(cfg.num_machines) > 1
+    # a back-end chosen earlier keeps its type (its section stays with it): DeepSpeed always, FSDP while several
+    if launch_backend(cfg.distributed_type).keeps_distributed_type(several):
+        return cfg.distributed_type
     if not several:
         return "NO"
-    if cfg.distributed_type == "FSDP":  # sharding chosen earlier (its fsdp_config stays with it)
-        return "FSDP"
     return "MULTI_GPU" if compute == "gpu" else "MULTI_CPU"

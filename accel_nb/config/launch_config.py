@@ -11,30 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..accelerator.backends import BACKENDS, backend_named, launch_backend
 from ..compile.options import DYNAMO_MODES
 from ..counts import is_whole_number
 from ..env_names import (
     DYNAMO_ENV,
-    ENV_DEEPSPEED_CONFIG,
-    ENV_FSDP_CONFIG,
     ENV_GRADIENT_ACCUMULATION_STEPS,
     ENV_MIXED_PRECISION,
     ENV_USE_CPU,
     REFERENCE_NAMES,
     REFERENCE_USE_CPU,
-    REFERENCE_USE_DEEPSPEED,
-    REFERENCE_USE_FSDP,
 )
-from ..fsdp.options import options_from_config
 from ..hardware import HardwareInfo, cuda_device_count, detect
-from ..parallel.config import check_launch_settings, launch_env
 from ..precision.setting import bf16_gpu_problem
 from .files import default_config_path, find_config_file, read_config_mapping, write_config_mapping
 from .values import (
@@ -54,7 +47,6 @@ from .values import (
     check_host,
     check_int,
     check_mixed_precision,
-    warn_once,
 )
 
 __all__ = ["LaunchConfig", "load_config", "save_config"]
@@ -155,21 +147,8 @@ class LaunchConfig:
         self.dynamo_backend = check_choice(self, "dynamo_backend", DYNAMO_BACKENDS, path)
         self.dynamo_mode = check_choice(self, "dynamo_mode", DYNAMO_MODES, path)
         self._validate_consistency(path)
-        self._validate_fsdp(path)
-        self._validate_deepspeed(path)
-        if self.extras.get("parallelism_config"):  # sizes checked against num_processes (accel_nb.parallel)
-            try:
-                self.extras["parallelism_config"] = check_launch_settings(
-                    self.extras["parallelism_config"], self.num_processes
-                )
-            except ValueError as exc:
-                raise ConfigError(
-                    "parallelism_config",
-                    self.extras["parallelism_config"],
-                    "docs/parallelism.md",
-                    path,
-                    str(exc),
-                ) from None
+        for backend in BACKENDS.values():  # each training back-end checks its section (fsdp_config, ...)
+            backend.check_launch_config(self, path)
         if self.dynamo_backend not in ("no", "inductor") and self.dynamo_mode != "default":
             raise ConfigError(
                 "dynamo_mode",
@@ -179,58 +158,6 @@ class LaunchConfig:
                 f"a torch.compile mode is for the inductor backend; dynamo_backend={self.dynamo_backend!r} takes none",
             )
         return self
-
-    def _validate_fsdp(self, path: str | None) -> None:
-        """``fsdp_config`` is read (accel_nb.fsdp) with ``distributed_type: FSDP``; elsewhere it is inert: a warning."""
-        if self.distributed_type != "FSDP":
-            if self.extras.get("fsdp_config"):
-                warn_once(
-                    "fsdp_config",
-                    f"fsdp_config in {path or 'the config'} has no effect with distributed_type="
-                    f"{self.distributed_type}; set distributed_type: FSDP to shard the model",
-                )
-            return
-        if self.num_processes is not None and self.num_processes < 2:
-            raise ConfigError(
-                "num_processes",
-                self.num_processes,
-                "2 or more with distributed_type FSDP",
-                path,
-                "FSDP shards the model over several processes",
-            )
-        config = self.extras.get("fsdp_config") or {}
-        if not isinstance(config, dict):
-            raise ConfigError("fsdp_config", config, "a mapping of fsdp_* keys", path)
-        try:
-            options_from_config(config)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(
-                "fsdp_config", config, "the fsdp_* keys of docs/configuration.md", path, str(exc)
-            ) from None
-
-    def _validate_deepspeed(self, path: str | None) -> None:
-        """``deepspeed_config`` is read (accel_nb.deepspeed) with ``distributed_type: DEEPSPEED``; elsewhere: a warning."""
-        config = self.extras.get("deepspeed_config")
-        if self.distributed_type != "DEEPSPEED":
-            if config:
-                warn_once(
-                    "deepspeed_config",
-                    f"deepspeed_config in {path or 'the config'} has no effect with "
-                    f"distributed_type={self.distributed_type}; set distributed_type: DEEPSPEED to use it",
-                )
-            return
-        if config is not None and not isinstance(config, dict):
-            raise ConfigError("deepspeed_config", config, "a mapping such as {zero_stage: 2}", path)
-        from ..deepspeed.plugin import (
-            plugin_from_launch_settings,  # deferred: accel_nb.deepspeed imports torch
-        )
-
-        try:
-            plugin_from_launch_settings(config or {})
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(
-                "deepspeed_config", config, "the keys of docs/deepspeed.md", path, str(exc)
-            ) from None
 
     def _validate_consistency(self, path: str | None) -> None:
         n, dt = self.num_processes, self.distributed_type
@@ -331,26 +258,7 @@ class LaunchConfig:
             raise ConfigError("mixed_precision", "bf16", "fp16 or no on this GPU", path, problem)
         if self.mixed_precision == "fp16" and not uses_gpu:
             notes.append("mixed_precision='fp16' on CPU is slow and rarely helps; bf16 or no is usual on CPU")
-        if self.distributed_type == "DEEPSPEED":
-            if importlib.util.find_spec("deepspeed") is None:
-                raise ConfigError(
-                    "distributed_type",
-                    "DEEPSPEED",
-                    "a back-end installed here",
-                    path,
-                    "deepspeed is not installed; pip install 'accel_nb[deepspeed]' (DS_BUILD_OPS=0 "
-                    "skips compiling its ops)",
-                )
-            if self.mixed_precision == "fp16" and (self.use_cpu or hw.num_gpus == 0):
-                raise ConfigError(
-                    "mixed_precision",
-                    "fp16",
-                    "bf16 or no with DeepSpeed on CPU",
-                    path,
-                    "DeepSpeed's CPU accelerator has no fp16; fp16 with DeepSpeed needs GPUs",
-                )
-        if self.distributed_type == "XLA" and not hw.xla_available:
-            notes.append("distributed_type='XLA' but torch_xla is not installed in this environment")
+        notes += launch_backend(self.distributed_type).hardware_notes(self, hw, path)
         return notes
 
     # ---------------------------------------------------------------- files
@@ -491,44 +399,21 @@ class LaunchConfig:
             LaunchConfig(num_processes=2, use_cpu=True, extras={"parallelism_config": {"tp_size": 2}}).parallelism_env()
             # {'ACCEL_NB_USE_PARALLELISM_CONFIG': 'true', ..., 'PARALLELISM_CONFIG_TP_SIZE': '2'}
         """
-        layout = self.extras.get("parallelism_config")
-        if not layout:
-            return {}
-        n = num_processes if num_processes is not None else self.num_processes
-        try:
-            settings = check_launch_settings(layout, n)
-        except ValueError as exc:
-            raise ConfigError(
-                "parallelism_config", layout, "docs/parallelism.md", self.source, str(exc)
-            ) from None
-        return launch_env(settings)
+        return backend_named("layout").launch_env(self, num_processes)
 
     def deepspeed_env(self) -> dict[str, str]:
         """With ``distributed_type: DEEPSPEED``, the ``deepspeed_config`` each rank's Accelerator reads (as JSON).
 
         LaunchConfig(distributed_type="DEEPSPEED", use_cpu=True).deepspeed_env()["ACCEL_NB_DEEPSPEED_CONFIG"]   # '{}'
         """
-        if self.distributed_type != "DEEPSPEED":
-            return {}
-        env = {
-            ENV_DEEPSPEED_CONFIG: json.dumps(self.extras.get("deepspeed_config") or {}),
-            REFERENCE_USE_DEEPSPEED: "true",
-        }
-        if self.use_cpu:
-            env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator (gloo) in every rank
-        return env
+        return backend_named("deepspeed").launch_env(self)
 
     def fsdp_env(self) -> dict[str, str]:
         """With ``distributed_type: FSDP``, the ``fsdp_config`` each rank's Accelerator reads (as JSON).
 
         LaunchConfig(distributed_type="FSDP", num_processes=2).fsdp_env()["ACCEL_NB_FSDP_CONFIG"]   # '{}'
         """
-        if self.distributed_type != "FSDP":
-            return {}
-        return {
-            ENV_FSDP_CONFIG: json.dumps(self.extras.get("fsdp_config") or {}),
-            REFERENCE_USE_FSDP: "true",
-        }
+        return backend_named("fsdp").launch_env(self)
 
     def compile_env(self) -> dict[str, str]:
         """The ``dynamo_config`` as the environment each rank's Accelerator reads (accel_nb's and the reference's names).

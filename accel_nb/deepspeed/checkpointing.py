@@ -31,13 +31,11 @@ def engine_indices(accelerator: Any) -> tuple[list[int], list[int]]:
     """The indices of the prepared models that are engines, and of the optimizers the engines own."""
     if getattr(accelerator, "deepspeed_plugin", None) is None:
         return [], []
-    models = [i for i, m in enumerate(getattr(accelerator, "_models", [])) if _is_engine(m)]
+    models = [i for i, m in enumerate(accelerator.prepared("model")) if _is_engine(m)]
     from .wrappers import DeepSpeedOptimizerWrapper
 
     optimizers = [
-        i
-        for i, o in enumerate(getattr(accelerator, "_optimizers", []))
-        if isinstance(o, DeepSpeedOptimizerWrapper)
+        i for i, o in enumerate(accelerator.prepared("optimizer")) if isinstance(o, DeepSpeedOptimizerWrapper)
     ]
     return models, optimizers
 
@@ -47,7 +45,7 @@ def save_engines(accelerator: Any, folder: str, weights: list[Any]) -> dict[int,
     become None (not written again) and the returned overrides skip the engines' optimizers."""
     models, optimizers = engine_indices(accelerator)
     for i in models:
-        accelerator._models[i].save_checkpoint(folder, tag=engine_folder(i), save_latest=False)
+        accelerator.prepared("model")[i].save_checkpoint(folder, tag=engine_folder(i), save_latest=False)
         weights[i] = None
     return {i: None for i in optimizers}
 
@@ -59,7 +57,7 @@ def load_engines(accelerator: Any, plan: dict[str, Any]) -> None:
     if not models:
         return
     for i in models:
-        engine = accelerator._models[i]
+        engine = accelerator.prepared("model")[i]
         loaded, _ = engine.load_checkpoint(plan["path"], tag=engine_folder(i))
         if loaded is None:
             raise RuntimeError(f"DeepSpeed could not load {os.path.join(plan['path'], engine_folder(i))}")

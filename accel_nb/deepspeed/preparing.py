@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from ..accelerator.model_wrapping import adopt_prepared, mark_prepared
 from ..accelerator.optim import AcceleratedScheduler, is_lr_scheduler
 from ..logging import quiet_import_notes
 from .plugin import AUTO, EXTRA_HINT, DeepSpeedPlugin, get_value
@@ -305,7 +304,7 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
             result[i] = accelerator.prepare_data_loader(obj, device_placement=device_placement[i])
             new_loaders.append(obj)
         elif isinstance(obj, torch.nn.Module):
-            if adopt_prepared(obj, accelerator._models):
+            if accelerator.already_prepared(obj, "model"):
                 continue  # a rerun cell: the engine prepare() returned
             if model is not None:
                 raise ValueError(
@@ -313,11 +312,11 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
                 )
             model = obj
         elif isinstance(obj, (torch.optim.Optimizer, DummyOptim)):
-            if adopt_prepared(obj, accelerator._optimizers):
+            if accelerator.already_prepared(obj, "optimizer"):
                 continue
             optimizer = obj
         elif isinstance(obj, DummyScheduler) or is_lr_scheduler(obj):
-            if adopt_prepared(obj, accelerator._schedulers):
+            if accelerator.already_prepared(obj, "scheduler"):
                 continue
             scheduler = obj
     if model is None:
@@ -332,7 +331,7 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
             "this Accelerator already prepared a DeepSpeed model; create an Accelerator per model"
         )
     _check_pairing(plugin, optimizer, scheduler)
-    loaders = new_loaders or [dl for dl in accelerator._dataloaders]
+    loaders = new_loaders or list(accelerator.prepared("dataloader"))
     config = filled_config(accelerator, plugin, model, optimizer, scheduler, loaders)
     deepspeed = import_deepspeed(accelerator.device.type)
     _ensure_process_group(deepspeed, accelerator.device.type)
@@ -349,11 +348,10 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
         cast_inputs_to(engine.module, half)
     accelerator.deepspeed_config = config
     accelerator.deepspeed_engine_wrapped = DeepSpeedEngineWrapper(engine)
-    accelerator._models.append(engine)
+    accelerator.register_prepared(engine, "model")
     wrapped_opt = wrapped_sched = None
     if optimizer is not None:
-        wrapped_opt = mark_prepared(DeepSpeedOptimizerWrapper(ds_optimizer))
-        accelerator._optimizers.append(wrapped_opt)
+        wrapped_opt = accelerator.register_prepared(DeepSpeedOptimizerWrapper(ds_optimizer), "optimizer")
     if scheduler is not None:
         if ds_scheduler is not None:  # the config's scheduler (or the callable's): the engine steps it
             wrapped_sched = DeepSpeedSchedulerWrapper(ds_scheduler, [wrapped_opt])
@@ -365,10 +363,10 @@ def prepare_deepspeed(accelerator: Any, args: tuple[Any, ...], device_placement:
                 split_batches=accelerator.split_batches,
                 num_processes=accelerator.num_processes,
             )
-        accelerator._schedulers.append(mark_prepared(wrapped_sched))
+        accelerator.register_prepared(wrapped_sched, "scheduler")
     for i, obj in enumerate(args):
         if obj is model:
-            result[i] = mark_prepared(engine)
+            result[i] = engine
         elif obj is optimizer:
             result[i] = wrapped_opt
         elif obj is scheduler:

@@ -1,6 +1,6 @@
 """The Accelerator's calls under DeepSpeed: setup, backward, clipping and the state dict.
 
-``Accelerator`` keeps one short branch per call and hands the work to these functions.
+The DeepSpeed back-end (``accel_nb.accelerator.backends.deepspeed``) hands the work to these functions.
 
     mixed_precision = precision_for(plugin, mixed_precision)   # before the AcceleratorState exists
     configure(accelerator, explicit_steps=True)                 # after it
@@ -92,7 +92,7 @@ def clip_grad_norm(accelerator: Any, max_norm: float, norm_type: float) -> float
 
 def find_engine(accelerator: Any, model: Any) -> Any:
     """The prepared DeepSpeed engine that is ``model`` or holds it as ``.module``; None if there is none."""
-    for engine in getattr(accelerator, "_models", []):
+    for engine in accelerator.prepared("model"):
         if type(engine).__name__ == "DeepSpeedEngine" and (engine is model or engine.module is model):
             return engine
     return None
