@@ -5,8 +5,9 @@ supervisor hands it to a :class:`DebugDesk`, which at once connects to the rank'
 waits for that, and skips the breakpoint when nobody takes it), then, from the supervisor's loop,
 shows what pdb wrote and asks the line with ``input()``: in Jupyter the kernel's input box (stdin
 ``input_request``), in a terminal the terminal. While the person types, a thread keeps reading the
-other ranks' channels (they run on until they need the rank being debugged); their events are handled
-when the line is in.
+other ranks' channels (they run on until they need the rank being debugged) and hands their events
+to the supervisor, and redraws its view (the rows say who waits for the debugger): the supervisor's
+own thread is parked in ``input()`` meanwhile, so its state and its reporter have one user at a time.
 
 - One rank at a time: the rank being debugged keeps the prompt until it is released (``c``, ``q``)
   or ends; then the lowest rank waiting at a breakpoint gets it.
@@ -16,13 +17,13 @@ when the line is in.
 
     desk = DebugDesk(procs, report)
     desk.take(event)                    # from any thread: True when it was the debugger's event
-    for event in desk.serve():          # in the supervisor's loop: asks one line if a prompt is due
-        supervisor.handle(event)
+    desk.serve(handle, tick)            # in the supervisor's loop: asks one line if a prompt is due
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import selectors
 import socket
 import sys
@@ -71,14 +72,22 @@ def _answer(conn: socket.socket, line: str) -> None:
         conn.sendall(line.replace("\n", " ").encode() + b"\n")
 
 
-class _Reading:
-    """While the person types: a thread reads the ranks' channels; debugger events go to the desk at once."""
+REDRAW_S = 0.25  # while the person types, the view is redrawn this often
 
-    def __init__(self, desk: DebugDesk) -> None:
-        self.desk = desk
-        self.events: list[Event] = []
+
+class _Reading:
+    """While the person types: a thread reads the ranks' channels into ``handle`` and calls ``tick`` now and then.
+
+    It runs in the launching cell's context (a copy): what the view prints lands in that cell.
+    """
+
+    def __init__(self, desk: DebugDesk, handle: Callable[[Event], None], tick: Callable[[], None]) -> None:
+        self.desk, self.handle, self.tick = desk, handle, tick
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="accel_nb-debug-reader", daemon=True)
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=context.run, args=(self._run,), name="accel_nb-debug-reader", daemon=True
+        )
 
     def __enter__(self) -> _Reading:
         self._thread.start()
@@ -94,14 +103,16 @@ class _Reading:
             for proc in self.desk.procs:
                 if not proc.reader.eof:
                     sel.register(proc.reader.fd, selectors.EVENT_READ, proc)
-            while not self._stop.is_set() and sel.get_map():
-                for key, _ in sel.select(timeout=0.05):
+            while not self._stop.is_set():
+                for key, _ in sel.select(timeout=REDRAW_S) if sel.get_map() else []:
                     proc = key.data
                     for event in proc.reader.read_available():
-                        if not self.desk.take(event):
-                            self.events.append(event)
+                        self.handle(event)
                     if proc.reader.eof:
                         sel.unregister(key.fd)
+                if not sel.get_map():
+                    self._stop.wait(REDRAW_S)
+                self.tick()
         finally:
             sel.close()
 
@@ -172,24 +183,24 @@ class DebugDesk:
                 return self.current if self.current in self.waiting else None
             return min(self.waiting) if self.waiting else None
 
-    def serve(self) -> list[Event]:
-        """If a prompt is due, show it and send the person's line; the other ranks' events read meanwhile."""
+    def serve(self, handle: Callable[[Event], None], tick: Callable[[], None]) -> None:
+        """If a prompt is due, show it and send the person's line; meanwhile the ranks' events go to ``handle``."""
         rank = self._next()
         if rank is None:
-            return []
+            return
         with self._lock:
             event, conn = self.waiting.pop(rank)
         if not stdin_answerable():
             self._skip(event, conn)
-            return []
+            return
         if self.current != rank:
             self.current = rank
             self._announce(event)
         if event.output:
             sys.stdout.write(event.output if event.output.endswith("\n") else event.output + "\n")
-        reading = _Reading(self)
+        tick()  # the rows say who is in the debugger, before the prompt shows
         try:
-            with reading:
+            with _Reading(self, handle, tick):
                 line = input(event.prompt)
         except EOFError:  # end of input (Ctrl-D): the rank continues
             line = "c"
@@ -197,7 +208,6 @@ class DebugDesk:
             conn.close()
             raise
         _answer(conn, line)
-        return reading.events
 
     def _announce(self, event: DebugPrompt) -> None:
         rank = event.rank

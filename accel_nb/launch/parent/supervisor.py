@@ -407,8 +407,9 @@ class Supervisor:
                 self.on_rank_exit(proc)
             elif self._done_while_alive(rank):
                 del waiting[rank]
-        for event in self.debug.serve():  # a rank's pdb prompt: the person's line (the others read meanwhile)
-            self._handle(event)
+        self.debug.serve(
+            self._handle, self._tick
+        )  # a rank's pdb prompt: the person's line (the others read meanwhile)
         if self.debug.active:  # time in the debugger is not a hang
             self._last_progress = time.monotonic()
 
