@@ -13,6 +13,7 @@ import queue
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -42,17 +43,17 @@ def kernel():
 def run_typing(
     k: KernelSession,
     code: str,
-    answers: list[str],
+    answers: Any,
     allow_stdin: bool = True,
     timeout: float = 120,
     think: float = 0.0,
 ):
     """Run ``code``; answer each input_request with the next of ``answers`` (then with 'c'), as a person would,
-    ``think`` seconds after the first prompt shows."""
+    ``think`` seconds after the first prompt shows. ``answers`` may be a function of the prompts so far."""
     kc = k.kc
     msg_id = kc.execute(code, allow_stdin=allow_stdin)
     out = Answered()
-    left = list(answers)
+    left = [] if callable(answers) else list(answers)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -63,7 +64,9 @@ def run_typing(
             out.prompts.append(req["content"]["prompt"])
             if think and len(out.prompts) == 1:
                 time.sleep(think)
-            if left:
+            if callable(answers):
+                kc.input(answers(out.prompts))
+            elif left:
                 kc.input(left.pop(0))
             else:
                 out.unanswered.append(req["content"]["prompt"])
@@ -154,6 +157,34 @@ def g():
 
 notebook_launcher(g, num_processes=2, cpu=True, timeout=2)
 """
+
+
+def _rank_of(prompt: str) -> int:
+    return int(prompt.split()[1])  # "(rank 1 Pdb) "
+
+
+def test_rank_n_at_a_prompt_moves_it_to_another_rank(kernel):
+    def person(prompts: list[str]) -> str:
+        first, now = _rank_of(prompts[0]), _rank_of(prompts[-1])
+        other = 1 - first
+        if now == first and not any(_rank_of(p) == other for p in prompts):
+            return f"rank {other}"  # again until the other rank has reached its breakpoint
+        in_a_row = 0  # prompts of this rank since it got the prompt
+        for p in reversed(prompts):
+            if _rank_of(p) != now:
+                break
+            in_a_row += 1
+        return "p rank" if in_a_row == 1 else "c"
+
+    out = run_typing(kernel, LAUNCH.format(cond="True"), person)
+    assert out.error is None, out
+    assert out.results == ["[(10, 20), (11, 22)]"], out
+    ranks = [_rank_of(p) for p in out.prompts]
+    first = ranks[0]
+    switched = ranks.index(1 - first)
+    # the first rank's prompt until the move, the other rank's two (p rank, c), then the first's two again
+    assert ranks[:switched] == [first] * switched and ranks[switched:] == [1 - first] * 2 + [first] * 2, ranks
+    assert f"\n{1 - first}\n" in out.stdout and f"\n{first}\n" in out.stdout
 
 
 def test_the_hang_timeout_does_not_count_time_in_the_debugger(kernel):

@@ -10,7 +10,9 @@ to the supervisor, and redraws its view (the rows say who waits for the debugger
 own thread is parked in ``input()`` meanwhile, so its state and its reporter have one user at a time.
 
 - One rank at a time: the rank being debugged keeps the prompt until it is released (``c``, ``q``)
-  or ends; then the lowest rank waiting at a breakpoint gets it.
+  or ends; then the lowest rank waiting at a breakpoint gets it. ``rank N`` typed at a prompt (not
+  Python: pdb would call it a syntax error) moves the prompt to rank N if it waits at a breakpoint;
+  the rank left keeps its place at its prompt.
 - A front-end that sends no input (``allow_stdin`` off, a terminal that is not one) cannot answer:
   the breakpoint is skipped and said in the rank's output.
 - The hang watchdog does not count the time a rank spends in the debugger (``active``).
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import re
 import selectors
 import socket
 import sys
@@ -33,6 +37,7 @@ from typing import Any
 
 from ...events import SKIP_BREAKPOINT, DebugPrompt, DebugState, Event, Log, Phase
 
+_SWITCH = re.compile(r"rank\s+(\d+)")  # typed at a prompt: move the prompt to that rank
 CONNECT_WAIT_S = 10.0  # the rank listens before it sends its prompt: connecting is immediate
 IN_DEBUGGER = "in the debugger"  # the row of the rank being debugged; the others': "waiting for rank 1 (in the debugger)"
 AT_BREAKPOINT = "at a breakpoint"  # the row of a rank whose prompt waits for its turn
@@ -128,6 +133,7 @@ class DebugDesk:
         self.over: set[int] = set()  # ranks that ended (or answered their command)
         self.skipped: set[int] = set()  # ranks told once that their breakpoints are skipped
         self._marked: set[int] = set()  # ranks whose row says they wait for the rank being debugged
+        self._announced: int | None = None  # the rank whose prompt was last announced
         self._lock = threading.Lock()
 
     @property
@@ -171,7 +177,7 @@ class DebugDesk:
                 conn.close()
 
     def _release(self) -> None:
-        rank, self.current = self.current, None
+        rank, self.current, self._announced = self.current, None, None
         for other in sorted(self._marked | {rank}):
             if other not in self.over:
                 self.report(Phase(rank=other, phase="running"))
@@ -193,8 +199,8 @@ class DebugDesk:
         if not stdin_answerable():
             self._skip(event, conn)
             return
-        if self.current != rank:
-            self.current = rank
+        if self._announced != rank:
+            self.current = self._announced = rank
             self._announce(event)
         if event.output:
             sys.stdout.write(event.output if event.output.endswith("\n") else event.output + "\n")
@@ -207,7 +213,28 @@ class DebugDesk:
         except BaseException:  # an interrupt: the rank reads the end of its connection and leaves pdb
             conn.close()
             raise
+        switch = _SWITCH.fullmatch(line.strip())
+        if switch is not None:
+            self._switch(int(switch.group(1)), event, conn)
+            return
         _answer(conn, line)
+
+    def _switch(self, target: int, event: DebugPrompt, conn: socket.socket) -> None:
+        """``rank N`` typed at ``event``'s prompt: the prompt moves to rank N if it waits at a breakpoint."""
+        held = dataclasses.replace(event, output="")  # asked again later, without pdb's lines shown twice
+        with self._lock:
+            self.waiting[event.rank] = (held, conn)  # the rank still waits for its line
+            others = sorted(r for r in self.waiting if r != event.rank)
+            if target in others:
+                self.current = target
+        if self.current == target:
+            return
+        said = (
+            f"ranks at a breakpoint: {', '.join(map(str, others))}" if others else "no other rank is at one"
+        )
+        sys.stdout.write(
+            f"[accel_nb] rank {target} is not waiting at a breakpoint ({said}); still rank {event.rank}\n"
+        )
 
     def _announce(self, event: DebugPrompt) -> None:
         rank = event.rank
@@ -217,7 +244,8 @@ class DebugDesk:
         if others:
             who = f"rank {others[0]} runs" if len(others) == 1 else f"ranks {', '.join(map(str, others))} run"
             said = f"; {who} on until {'it needs' if len(others) == 1 else 'they need'} rank {rank}"
-        sys.stdout.write(f"[accel_nb] rank {rank} stopped in pdb{where}{said}. 'c' lets it go on.\n")
+        switch = " 'rank N' moves the prompt to another rank at a breakpoint." if others else ""
+        sys.stdout.write(f"[accel_nb] rank {rank} stopped in pdb{where}{said}. 'c' lets it go on.{switch}\n")
         sys.stdout.flush()
         self.report(Phase(rank=rank, phase=IN_DEBUGGER))
         for other in others:
