@@ -255,3 +255,17 @@ def test_a_file_accel_nb_config_wrote_reads_as_a_cluster_config(tmp_path):
     out = accel_nb("config", "default", "--config_file", saved, cfg=saved)
     assert out.returncode == 0, out.stderr
     assert isinstance(load_config_from_file(saved), ClusterConfig)
+
+
+def test_an_fsdp_config_with_one_process_launches_with_a_warning(tmp_path):
+    """The reference's own config files have FSDP on one process: accel-nb launch reads and runs them."""
+    config = write(
+        tmp_path / "fsdp1.yaml",
+        {"distributed_type": "FSDP", "num_processes": 1, "fsdp_config": {"fsdp_ignored_modules": None}},
+    )
+    script = tmp_path / "t.py"
+    script.write_text("import os\nprint('fsdp env:', os.environ['ACCELERATE_USE_FSDP'])\n")
+    out = accel_nb("launch", "--config_file", config, str(script), cfg=str(tmp_path / "none.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert "fsdp env: true" in out.stdout
+    assert "distributed_type: FSDP with num_processes=1" in out.stderr and "shards nothing" in out.stderr

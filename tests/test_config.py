@@ -243,7 +243,6 @@ BAD_VALUES = [
         "deepspeed_config",
         "docs/deepspeed.md",
     ),
-    ({"distributed_type": "FSDP"}, "num_processes", "2 or more with distributed_type FSDP"),
     (
         {"distributed_type": "FSDP", "num_processes": 2, "extras": {"fsdp_config": {"fsdp_bogus": 1}}},
         "fsdp_config",

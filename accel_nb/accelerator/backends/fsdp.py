@@ -42,20 +42,19 @@ class FsdpBackend(DdpBackend):
     # -- the launch config ----------------------------------------------------------------------------
     @classmethod
     def check_launch_config(cls, cfg: Any, path: str | None) -> None:
-        """``fsdp_config`` is read with ``distributed_type: FSDP`` (2 or more processes); elsewhere it warns."""
+        """``fsdp_config`` is read with ``distributed_type: FSDP``; elsewhere it warns, and so does FSDP on one process
+        (the reference's files have it: the file is read, the Accelerator says what one process cannot shard)."""
         super().check_launch_config(cfg, path)
         if cfg.distributed_type not in cls.launch_types:
             return
-        from ...config.values import ConfigError  # deferred: config imports this package
+        from ...config.values import ConfigError, warn_once  # deferred: config imports this package
         from ...fsdp.options import options_from_config
 
         if cfg.num_processes is not None and cfg.num_processes < 2:
-            raise ConfigError(
-                "num_processes",
-                cfg.num_processes,
-                "2 or more with distributed_type FSDP",
-                path,
-                "FSDP shards the model over several processes",
+            warn_once(
+                "fsdp_one_process",
+                f"distributed_type: FSDP with num_processes={cfg.num_processes} in {path or 'the config'} shards "
+                "nothing: FSDP shards the model over several processes; set num_processes to 2 or more",
             )
         config = cfg.extras.get("fsdp_config") or {}
         if not isinstance(config, dict):
