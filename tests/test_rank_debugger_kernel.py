@@ -40,6 +40,9 @@ def kernel():
         yield k
 
 
+STOP = object()  # an answer: interrupt the kernel (the ■ button)
+
+
 def run_typing(
     k: KernelSession,
     code: str,
@@ -66,6 +69,9 @@ def run_typing(
                 time.sleep(think)
             if callable(answers):
                 kc.input(answers(out.prompts))
+            elif left and left[0] is STOP:  # the person presses the ■ button instead of typing
+                left.pop(0)
+                k.interrupt()
             elif left:
                 kc.input(left.pop(0))
             else:
@@ -263,5 +269,21 @@ def test_session_breakpoint_and_post_mortem(kernel):
 
         out = run_typing(kernel, "%accelerate debug --rank 0", [])
         assert "UsageError" in out.stderr and "rank 0 did not raise in cell" in out.stderr, out
+    finally:
+        kernel.run("%accelerate stop")
+
+
+def test_stop_at_a_prompt_ends_a_one_shot_launch_and_leaves_a_session_usable(kernel):
+    out = run_typing(kernel, LAUNCH.format(cond="rank == 1"), ["p x", STOP])
+    assert out.error is not None and "interrupted" in out.error["evalue"], out
+    assert out.prompts == ["(rank 1 Pdb) "] * 2
+    assert run_typing(kernel, "%accelerate start -n 2 --cpu", []).error is None
+    try:
+        cell = "%%accelerate\nimport os\nrank = int(os.environ['RANK'])\nif rank == 1:\n    breakpoint()\n    pass\n"
+        out = run_typing(kernel, cell, [STOP])
+        assert out.error is not None and out.error["ename"] == "KeyboardInterrupt", out
+        out = run_typing(kernel, "%%accelerate\nprint('alive', rank)", [])
+        assert out.error is None, out
+        assert "alive 0" in out.stdout + out.stderr and "alive 1" in out.stdout + out.stderr, out
     finally:
         kernel.run("%accelerate stop")

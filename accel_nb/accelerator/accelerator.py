@@ -28,6 +28,7 @@ from ..data import skip_first_batches as _skip_first_batches
 from ..data.random_sync import check_rng_types
 from ..deepspeed.plugin import resolve_deepspeed_plugin
 from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS
+from ..megatron.plugin import resolve_megatron_plugin
 from ..precision.policy import PrecisionPolicy
 from ..state import AcceleratorState, GradientState
 from ..topology import env_value
@@ -73,6 +74,9 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
     ``--parallelism_config_*``) lays the processes out on a device mesh (``torch_device_mesh``):
     ``prepare`` splits models with their tensor-parallel plan and shards them with FSDP2, and
     loaders split the data over the data-parallel ranks only (docs/parallelism.md).
+    ``megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, pp_degree=2)`` (default: the launch's
+    ``megatron_lm_config``) builds a megatron-core GPT of the prepared model's size and returns an engine
+    whose forward is a whole training step (docs/megatron.md; GPUs only).
     """
 
     def __init__(
@@ -99,6 +103,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         fsdp_plugin: Any = None,
         deepspeed_plugin: Any = None,
         parallelism_config: Any = None,
+        megatron_lm_plugin: Any = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -109,6 +114,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         handlers = handler_options(kwargs_handlers, gradient_accumulation_plugin, gradient_accumulation_steps)
         # DeepSpeed ZeRO: deepspeed_plugin=, else the launch environment (accel_nb.deepspeed)
         self.deepspeed_plugin = resolve_deepspeed_plugin(deepspeed_plugin)
+        # Megatron-LM through megatron-core: megatron_lm_plugin=, else the launch environment (accel_nb.megatron)
+        self.megatron_lm_plugin = resolve_megatron_plugin(megatron_lm_plugin)
         self.deepspeed_engine_wrapped: Any = None
         explicit_steps = gradient_accumulation_steps != 1 or gradient_accumulation_plugin is not None
         mixed_precision = DeepSpeedBackend.agree_precision(self.deepspeed_plugin, mixed_precision)

@@ -16,7 +16,7 @@ launch parts (``launch_backend(cfg.distributed_type).launch_env(cfg)``).
 
 from __future__ import annotations
 
-from . import ddp, deepspeed, fsdp, layout, xla  # registration, in this order
+from . import ddp, deepspeed, fsdp, layout, megatron, xla  # registration, in this order
 from .base import (
     BACKENDS,
     CONVERSIONS,
@@ -41,6 +41,7 @@ __all__ = [
     "fsdp",
     "launch_backend",
     "layout",
+    "megatron",
     "register_backend",
     "register_conversion",
     "xla",
