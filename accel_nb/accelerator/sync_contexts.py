@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
+
+from .backends.ddp import sync_in_backward
 
 __all__ = ["SyncContexts", "shard_sampler"]
 
@@ -45,18 +46,8 @@ class SyncContexts:
 
         Nothing happens for a model that is not wrapped in DDP (one process).
         """
-        model = getattr(model, "_orig_mod", model)  # a compiled DDP model: the DDP wrapper inside
-        if not isinstance(model, DistributedDataParallel):
+        with sync_in_backward(model):  # the DDP back-end's (accel_nb.accelerator.backends.ddp)
             yield
-            return
-        saved = model.require_backward_grad_sync, model.require_forward_param_sync
-        model.require_backward_grad_sync = True
-        model.require_forward_param_sync = True
-        model.reducer.prepare_for_backward([])  # the reducer expects every parameter's gradient
-        try:
-            yield
-        finally:
-            model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> Iterator[Any]:

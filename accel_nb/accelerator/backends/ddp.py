@@ -10,6 +10,7 @@ back-end claims). DDP all-reduces gradients in ``backward``; ``no_sync`` skips t
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .base import TrainingBackend, register_backend
@@ -17,7 +18,7 @@ from .base import TrainingBackend, register_backend
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DdpBackend", "ddp_wrapper_of"]
+__all__ = ["DdpBackend", "ddp_wrapper_of", "sync_in_backward"]
 
 
 def ddp_wrapper_of(model: Any, prepared: list[Any]) -> Any:
@@ -34,6 +35,26 @@ def ddp_wrapper_of(model: Any, prepared: list[Any]) -> Any:
     # the user may hold the inner module: find the DDP wrapper prepare() made for it
     wrappers = (m._orig_mod if is_compiled_module(m) else m for m in prepared)
     return next((m for m in wrappers if isinstance(m, DistributedDataParallel) and m.module is model), None)
+
+
+@contextlib.contextmanager
+def sync_in_backward(model: Any) -> Iterator[None]:
+    """``Accelerator.trigger_sync_in_backward``: the next backward of a DDP model (compiled or not) all-reduces
+    its gradients, even after ``no_sync`` forwards; nothing for a model not wrapped in DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = getattr(model, "_orig_mod", model)  # a compiled DDP model: the DDP wrapper inside
+    if not isinstance(model, DistributedDataParallel):
+        yield
+        return
+    saved = model.require_backward_grad_sync, model.require_forward_param_sync
+    model.require_backward_grad_sync = True
+    model.require_forward_param_sync = True
+    model.reducer.prepare_for_backward([])  # the reducer expects every parameter's gradient
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync, model.require_forward_param_sync = saved
 
 
 @register_backend
