@@ -97,12 +97,17 @@ def test_set_budget_recomputes_the_map_and_reports_errors():
     new = view.set_budget("cpu", sizes[""] * 2)
     assert set(new.values()) == {"cpu"} and view.device_map == new
     assert view.budgets["cpu"] == sizes[""] * 2
-    # remove disk, shrink cpu: too small -> the error is shown, the last good map kept
+    # no disk budget, cpu too small: as the reference, what fits nowhere goes to disk
     view2 = DeviceMapView(net, max_memory={"cpu": sizes[""] * 2}, no_split_module_classes=["Block"])
-    good = view2.device_map
     view2.set_budget("cpu", "1KiB")
-    assert view2.error and "too small" in view2.error and "accel-nb-error" in view2.to_html()
+    assert view2.error is None and set(view2.device_map.values()) == {"disk"}
+    # a plan the planner refuses (here an unknown dtype): the error is shown, the last good map kept
+    good = view2.set_budget("cpu", "1GiB")
+    view2.dtype = "not_a_dtype"
+    view2.set_budget("cpu", "2GiB")
+    assert view2.error and "unknown dtype" in view2.error and "accel-nb-error" in view2.to_html()
     assert view2.device_map == good
+    view2.dtype = None
     view2.set_budget("cpu", "1GiB")
     assert view2.error is None
 

@@ -38,6 +38,7 @@ from ..counts import is_count
 from .headroom import EngineReservation
 from .map_errors import DeviceMapError
 from .offload import DEFAULT_NUM_BUFFERS
+from .reference_planning import LayerReserve, log_what_did_not_fit, main_devices, merge_entries
 from .sizes import (
     Device,
     as_dtype,
@@ -81,6 +82,7 @@ class DevicePlan:
     steps: list[PlanStep] = field(default_factory=list)
     classes: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # the headroom, explained
+    kept: dict[Device, int] = field(default_factory=dict)  # room kept free on each device when it was closed
 
     def explain(self) -> str:
         """Plain-text trace: the headroom, then one line per decision."""
@@ -158,6 +160,7 @@ class _Planner:
         self.no_split = no_split
         self.sizes = sizes
         self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.main = main_devices(self.devices)  # where the reference keeps a layer's room
         self.tied: dict[str, list[str]] = {}
         for group in tied_parameter_groups(model):
             for n in group:
@@ -167,6 +170,9 @@ class _Planner:
         """Place every unit; raise DeviceMapError when even the last device cannot take one."""
         self.headroom = headroom
         self.result = _Pass({}, {d: 0 for d in self.devices}, [])
+        self.reserve = LayerReserve(self.model, self.no_split, self.sizes)
+        self.left_empty: dict[Device, int] = {}  # device -> what the first unit it could not take needed
+        self.kept: dict[Device, int] = {}  # device -> room kept free on it when it was closed
         self.di = 0
         root_units = _children_units("", self.model) if self.model._modules else []
         pending = deque(root_units or [("", self.model)])
@@ -192,7 +198,8 @@ class _Planner:
         need = size + sum(self.sizes.get(p, 0) for p in partners)
         while True:
             dev = self.devices[self.di]
-            free = self.budgets[dev] - self.headroom.get(dev, 0) - self.result.used[dev]
+            room = self._room(dev, name)
+            free = self.budgets[dev] - room - self.result.used[dev]
             if dev == "disk" or need <= free:
                 self._commit(name, partners, dev, size, need, free)
                 return
@@ -205,10 +212,19 @@ class _Planner:
                 self.fallback
                 and dev != "disk"
                 and self.result.used[dev] == 0
-                and self._fill(name, pending, free)
+                # as the reference: the room a later unit may take keeps the larger of the reserve and this unit
+                and self._fill(name, pending, self.budgets[dev] - max(room, need))
             ):
                 continue  # the device holds the later unit now; this one moves on
-            self._move_on(name, obj, partners, need, free)
+            self._move_on(name, obj, partners, need, free, room)
+
+    def _room(self, dev: Device, name: str) -> int:
+        """What stays free on ``dev`` while placing ``name``: the offload engine's headroom, and on the
+        reference's main devices (first GPU, CPU) at least the largest layer still to place."""
+        room = self.headroom.get(dev, 0)
+        if dev in self.main:
+            room = max(room, self.reserve.room(name, self._placed))
+        return room
 
     def _fill(self, blocked: str, pending: deque, free: int) -> bool:
         """``fallback_allocation``: put on the empty current device the first later unit that fits it
@@ -239,15 +255,23 @@ class _Planner:
             self.result.device_map[p] = dev
             self._step(p, "tied", self.sizes.get(p, 0), free - need, f"shares weights with {name!r}", dev)
 
-    def _move_on(self, name: str, obj: Any, partners: list[str], need: int, free: int) -> None:
+    def _move_on(self, name: str, obj: Any, partners: list[str], need: int, free: int, room: int) -> None:
         dev = self.devices[self.di]
-        room = self.headroom.get(dev, 0)
+        engine = self.headroom.get(dev, 0)
+        if self.result.used[dev] == 0:
+            self.left_empty[dev] = need + room
+        self.kept[dev] = room  # the reference counts it as used when it warns about buffers
         kind = type(obj).__name__ if isinstance(obj, nn.Module) else "tensor"
         why = (
             f"{kind} {name!r} needs {human_bytes(need)}"
             + (f" (with tied {', '.join(partners)})" if partners else "")
             + f", {_dev_name(dev)} has {human_bytes(max(free, 0))} left"
-            + (f" (after {human_bytes(room)} headroom for the offload engine)" if room else "")
+            + (
+                f" (after {human_bytes(room)} headroom for the offload engine)"
+                if room and room == engine
+                else ""
+            )
+            + (f" (after a {human_bytes(room)} reserve)" if room and room != engine else "")
         )
         self._step(name, "moved_on", need, free, why)
         self.di += 1
@@ -364,15 +388,27 @@ def plan_device_map(
         raise DeviceMapError("max_memory is empty; give at least one device, e.g. {'cpu': '8GiB'}")
     no_split = list(no_split_module_classes or [])
     sizes = compute_module_sizes(model, dtype, special_dtypes)
+    unbudgeted_disk = "disk" not in budgets
+    if unbudgeted_disk:  # as the reference: what fits nowhere else goes to disk
+        budgets["disk"] = 0
     planner = _Planner(model, budgets, no_split, sizes, fallback_allocation)
     engine = EngineReservation(model, no_split, dtype, special_dtypes, offload_buffers, num_buffers)
     result, headroom, note = _settle_headroom(planner, engine)
+    log_what_did_not_fit(planner.left_empty, result.device_map, unbudgeted_disk)
     order = definition_order(model)
-    ordered = dict(sorted(result.device_map.items(), key=lambda kv: order.get(kv[0], len(order))))
+    merged = merge_entries(result.device_map)
+    ordered = dict(sorted(merged.items(), key=lambda kv: order.get(kv[0], len(order))))
     if len(set(ordered.values())) == 1:  # all on one device: one entry for the whole model
         ordered = {"": next(iter(ordered.values()))}
     classes = {n: type(planner.modules[n]).__name__ if n in planner.modules else "tensor" for n in ordered}
-    return DevicePlan(ordered, sizes, budgets, headroom, result.used, result.steps, classes, [note])
+    if unbudgeted_disk:  # the disk the reference adds shows only where something went there
+        headroom.pop("disk", None)
+        if "disk" not in ordered.values():
+            budgets.pop("disk")
+            result.used.pop("disk", None)
+    plan = DevicePlan(ordered, sizes, budgets, headroom, result.used, result.steps, classes, [note])
+    plan.kept = dict(planner.kept)
+    return plan
 
 
 def infer_auto_device_map(
@@ -454,7 +490,9 @@ def _warn_as_the_reference(
             prefix = f"{name}." if name else ""
             for bname, b in modules[name].named_buffers():
                 offloaded += tensor_bytes(b, dtype, special.get(prefix + bname))
-    if offloaded and not any(plan.budgets[g] >= offloaded + plan.used.get(g, 0) for g in gpus):
+    if offloaded and not any(
+        plan.budgets[g] >= offloaded + plan.used.get(g, 0) + plan.kept.get(g, 0) for g in gpus
+    ):
         warnings.warn(
             f"the offloaded modules hold {offloaded} bytes of buffers, which go to the GPU that runs them and "
             "seem not to fit next to what the map puts on any GPU; if the GPU runs out of memory, pass "
