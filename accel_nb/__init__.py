@@ -70,6 +70,11 @@ _EXPORTS: dict[str, str] = {
     "PipelineTrainer": ".parallel.pipeline_training",
     # the reference library's other top-level names (also under accel_nb.utils / accel_nb.hooks)
     "AutocastKwargs": ".kwargs_handlers",
+    # FP8 recipes (accel_nb.precision.fp8_recipes; the reference has them under accelerate.utils)
+    "AORecipeKwargs": ".precision.fp8_recipes",
+    "FP8RecipeKwargs": ".precision.fp8_recipes",
+    "MSAMPRecipeKwargs": ".precision.fp8_recipes",
+    "TERecipeKwargs": ".precision.fp8_recipes",
     "DDPCommunicationHookType": ".kwargs_handlers",
     "DistributedDataParallelKwargs": ".kwargs_handlers",
     "GradScalerKwargs": ".kwargs_handlers",

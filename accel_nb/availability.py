@@ -158,7 +158,26 @@ def is_torchao_available() -> bool:
     return _installed_at_least("torchao", "0.6.1")
 
 
-__all__ += ["is_bnb_available", "is_8bit_bnb_available", "is_4bit_bnb_available", "is_torchao_available"]
+def torchao_required(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: ``func`` raises ImportError naming torchao when torchao is not installed."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_torchao_available():
+            raise ImportError(f"{func.__name__} needs torchao, which is not installed: pip install torchao")
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+__all__ += [
+    "is_bnb_available",
+    "is_8bit_bnb_available",
+    "is_4bit_bnb_available",
+    "is_torchao_available",
+    "torchao_required",
+]
 
 
 def is_tensorboard_available() -> bool:
@@ -304,10 +323,26 @@ is_habana_gaudi1 = _never("is_habana_gaudi1", _NO_DEVICE)
 is_neuron_available = _never("is_neuron_available", _NO_DEVICE)
 is_xccl_available = _never("is_xccl_available", "accel_nb does not use XPU collectives (xccl)")
 is_megatron_lm_available = _never("is_megatron_lm_available", "accel_nb does not support Megatron-LM")
-_NO_FP8 = "accel_nb does not train in FP8 (Transformer Engine, MS-AMP, torchao)"
-is_fp8_available = _never("is_fp8_available", _NO_FP8)
-is_transformer_engine_available = _never("is_transformer_engine_available", _NO_FP8)
-is_transformer_engine_mxfp8_available = _never("is_transformer_engine_mxfp8_available", _NO_FP8)
+
+
+def is_transformer_engine_available() -> bool:
+    """True when NVIDIA's TransformerEngine is installed (it needs CUDA; accel_nb refuses it without a GPU)."""
+    return package_available("transformer_engine", "transformer-engine")
+
+
+def is_transformer_engine_mxfp8_available() -> bool:
+    """True when TransformerEngine is installed and says this GPU runs MXFP8 block scaling."""
+    if not is_transformer_engine_available():
+        return False
+    from transformer_engine.pytorch.fp8 import check_mxfp8_support  # deferred: imports CUDA libraries
+
+    return bool(check_mxfp8_support()[0])
+
+
+def is_fp8_available() -> bool:
+    """True when a library that trains in FP8 is installed: torchao (accel_nb runs it on CPU and GPU),
+    TransformerEngine or MS-AMP (both need an NVIDIA GPU), as the reference answers."""
+    return is_torchao_available() or is_transformer_engine_available() or is_msamp_available()  # noqa: F821
 
 
 __all__ += sorted(n for n in list(globals()) if n.startswith("is_") and n not in __all__)

@@ -25,6 +25,7 @@ __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
     "DistributedDataParallelKwargs",
+    "FP8_RECIPE_NAMES",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "HandlerArguments",
@@ -334,7 +335,11 @@ class HandlerArguments:
     ddp_handler: DistributedDataParallelKwargs | None = None  # for register_comm_hook after wrapping
     profile: ProfileKwargs | None = None
     gradient_accumulation: GradientAccumulationPlugin | None = None
+    fp8_recipe: Any = None  # an FP8 recipe (accel_nb.precision.fp8_recipes), read by accel_nb.precision.fp8
 
+
+# the FP8 recipes (defined in accel_nb.precision.fp8_recipes, which builds on KwargsHandler): one per run
+FP8_RECIPE_NAMES = ("AORecipeKwargs", "TERecipeKwargs", "MSAMPRecipeKwargs", "FP8RecipeKwargs")
 
 _SLOTS = {
     "DistributedDataParallelKwargs": ("ddp", DistributedDataParallelKwargs),
@@ -351,7 +356,7 @@ def _as_ours(handler: Any) -> tuple[str, KwargsHandler]:
     name = type(handler).__name__
     if name not in _SLOTS or not callable(getattr(handler, "to_dict", None)):
         raise ValueError(
-            f"kwargs_handlers got {name} ({handler!r}); accel_nb understands {', '.join(_SLOTS)} "
+            f"kwargs_handlers got {name} ({handler!r}); accel_nb understands {', '.join((*_SLOTS, *FP8_RECIPE_NAMES))} "
             "(from accel_nb.utils)"
         )
     slot, cls = _SLOTS[name]
@@ -374,6 +379,14 @@ def read_kwargs_handlers(handlers: Iterable[Any] | None) -> HandlerArguments:
     out = HandlerArguments()
     seen: set[str] = set()
     for handler in handlers or []:
+        if type(handler).__name__ in FP8_RECIPE_NAMES and callable(getattr(handler, "to_dict", None)):
+            if out.fp8_recipe is not None:
+                raise ValueError(
+                    f"kwargs_handlers holds two FP8 recipes ({type(out.fp8_recipe).__name__} and "
+                    f"{type(handler).__name__}); pass one"
+                )
+            out.fp8_recipe = handler
+            continue
         slot, ours = _as_ours(handler)
         if slot in seen:
             raise ValueError(

@@ -30,7 +30,7 @@ _HOMES: dict[str, str] = {
         "is_mlu_available is_mps_available is_msamp_available is_musa_available is_neuron_available "
         "is_npu_available is_numpy_available is_peft_available is_pippy_available is_rocm_available "
         "is_sdaa_available is_swanlab_available is_tensorboard_available is_torch_distributed_available "
-        "is_torch_version is_torch_xla_available is_torchao_available "
+        "is_torch_version is_torch_xla_available is_torchao_available torchao_required "
         "is_torchdata_stateful_dataloader_available is_tqdm_available is_trackio_available "
         "is_transformer_engine_available is_wandb_available is_weights_only_available is_xccl_available "
         "is_xpu_available"
@@ -74,6 +74,9 @@ _HOMES: dict[str, str] = {
         "InitProcessGroupKwargs KwargsHandler ProfileKwargs"
     ),
     "accel_nb.logging": "get_logger",
+    "accel_nb.precision.fp8": "convert_model_to_fp8_ao",
+    "accel_nb.precision.fp8_recipes": "AORecipeKwargs FP8BackendType FP8RecipeKwargs MSAMPRecipeKwargs TERecipeKwargs",
+    "accel_nb.precision.fp8_te": "apply_fp8_autowrap convert_model",
     "accel_nb.memory": "clear_device_cache release_memory",
     "accel_nb.misc": (
         "check_os_kernel clean_state_dict_for_safetensors convert_bytes get_free_port get_pretty_name "
@@ -107,6 +110,8 @@ _HOMES: dict[str, str] = {
 # the reference's module path (after "accelerate.") -> the names accel_nb's module at that path takes from _HOMES
 _PATHS: dict[str, str] = {
     "accelerator": (
+        "AORecipeKwargs apply_fp8_autowrap convert_model convert_model_to_fp8_ao FP8BackendType FP8RecipeKwargs "
+        "MSAMPRecipeKwargs TERecipeKwargs "
         "AutocastKwargs check_os_kernel clean_state_dict_for_safetensors compare_versions compile_regions "
         "convert_outputs_to_fp32 DataLoaderConfiguration DataLoaderDispatcher DeepSpeedEngineWrapper "
         "DeepSpeedOptimizerWrapper DeepSpeedPlugin DeepSpeedSchedulerWrapper "
@@ -177,6 +182,7 @@ _PATHS: dict[str, str] = {
         "is_dvclive_available is_mlflow_available is_swanlab_available is_tensorboard_available "
         "is_trackio_available is_wandb_available listify PartialState str_to_bool"
     ),
+    "utils.ao": "is_torchao_available torchao_required",
     "utils.bnb": (
         "BnbQuantizationConfig dispatch_model find_tied_parameters get_balanced_memory "
         "infer_auto_device_map init_empty_weights is_4bit_bnb_available is_8bit_bnb_available "
@@ -212,7 +218,7 @@ _PATHS: dict[str, str] = {
         "is_torch_version is_torch_xla_available PartialState TensorInformation"
     ),
     "utils.other": (
-        "DistributedType get_logger id_tensor_storage is_deepspeed_available is_numpy_available "
+        "convert_model DistributedType get_logger id_tensor_storage is_deepspeed_available is_numpy_available "
         "is_torch_distributed_available is_torch_version is_torch_xla_available is_weights_only_available "
         "PartialState write_basic_config"
     ),
@@ -222,6 +228,7 @@ _PATHS: dict[str, str] = {
         "RNGType"
     ),
     "utils.tqdm": "is_tqdm_available PartialState",
+    "utils.transformer_engine": "is_hpu_available is_transformer_engine_available",
     "utils.versions": "STR_OPERATION_TO_FUNC",
 }
 

@@ -77,8 +77,8 @@ def test_preparing_the_model_inside_a_prepared_ddp_is_a_clear_error():
 
 
 def test_unknown_mixed_precision_is_a_clear_error():
-    with pytest.raises(ValueError, match="mixed_precision='fp8'.*choose one of no, fp16, bf16"):
-        Accelerator(mixed_precision="fp8")
+    with pytest.raises(ValueError, match="mixed_precision='fp4'.*choose one of no, fp16, bf16, fp8"):
+        Accelerator(mixed_precision="fp4")
 
 
 def test_no_fp8_recipe_handler_as_no_fp8_run_is_possible():

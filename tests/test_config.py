@@ -261,7 +261,7 @@ BAD_VALUES = [
         "machine_rank",
         "0 to 1",
     ),
-    ({"mixed_precision": "fp8"}, "mixed_precision", "no, fp16, bf16"),
+    ({"mixed_precision": "fp4"}, "mixed_precision", "no, fp16, bf16, fp8"),
     ({"mixed_precision": "float16"}, "mixed_precision", "no, fp16, bf16"),
     ({"mixed_precision": 16}, "mixed_precision", "no, fp16, bf16"),
     ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps", ">= 1"),

@@ -289,8 +289,8 @@ def test_a_busy_port_is_a_clear_error_before_starting():
 
 def test_bad_options_are_one_clear_error_before_anything_starts(monkeypatch):
     before = len(psutil.Process().children())
-    with pytest.raises(LaunchSetupError, match="mixed_precision='fp8'"):
-        debug_launcher(_allreduce_rank, mixed_precision="fp8")
+    with pytest.raises(LaunchSetupError, match="mixed_precision='fp4'"):
+        debug_launcher(_allreduce_rank, mixed_precision="fp4")
     with pytest.raises(LaunchSetupError, match="start_method='thread'"):
         debug_launcher(_allreduce_rank, start_method="thread")
     with pytest.raises(ValueError, match="progress='fancy' is not a display mode"):

@@ -512,12 +512,8 @@ def test_availability_checks_agree_with_the_reference():
 
     import accel_nb.utils.imports as our_imports
 
-    # accel_nb has no FP8 training yet (issue 40): its check says False where the reference's says True
-    # once torchao is installed (docs/migration.md names it among the checks that are always False)
-    differs = {"is_fp8_available"}
     for name in our_imports.__all__:
-        if name in differs:
-            assert getattr(our_imports, name)() is False, name
+        if name == "torchao_required":  # a decorator, not a check
             continue
         assert bool(getattr(our_imports, name)()) == bool(getattr(ref_imports, name)()), name
     for op, version in ((">=", "2.0"), ("<", "1.0"), ("==", "2.13.0")):

@@ -456,7 +456,7 @@ def test_write_basic_config_writes_what_the_reference_writes_and_keeps_an_existi
     assert write_basic_config(mixed_precision="fp16", save_location=str(ours)) is False
     assert ours.read_text() == before and "already exists" in capsys.readouterr().out
     with pytest.raises(ValueError, match="mixed_precision"):
-        write_basic_config(mixed_precision="fp8", save_location=str(tmp_path / "bad.yaml"))
+        write_basic_config(mixed_precision="fp4", save_location=str(tmp_path / "bad.yaml"))
 
 
 # -- unwrapping -----------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from ..data.random_sync import check_rng_types
 from ..deepspeed.plugin import resolve_deepspeed_plugin
 from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS
 from ..megatron.plugin import resolve_megatron_plugin
+from ..precision.fp8 import configure_fp8
 from ..precision.policy import PrecisionPolicy
 from ..state import AcceleratorState, GradientState
 from ..topology import env_value
@@ -131,7 +132,6 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         self.gradient_state.sync_with_dataloader = plugin.sync_with_dataloader if plugin else True
         self.gradient_state.sync_each_batch = bool(plugin and plugin.sync_each_batch)
         self.profile_handler = handlers.profile  # accelerator.profile()'s settings
-        self.fp8_recipe_handler = None  # the reference's FP8 recipe: accel_nb trains no FP8
         self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device, handlers.autocast)
         self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler(**handlers.scaler)
 
@@ -154,6 +154,9 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         # layout, FSDP2, XLA or DDP; it sets fsdp_options, parallel_layout and state.distributed_type
         self.fsdp_options: Any = None
         self.parallel_layout: Any = None
+        # FP8 (accel_nb.precision.fp8): the recipe, its refusals and the reference's fp8_* attributes; prepare
+        # converts each model's linear layers through the registered conversion (backends/fp8.py)
+        self.fp8 = configure_fp8(self, handlers.fp8_recipe)
         self.backend = choose_backend(self, fsdp, fsdp_plugin, parallelism_config, explicit_steps)
 
         # everything prepare() produced, in order; the checkpoint module saves and restores these

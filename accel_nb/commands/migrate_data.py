@@ -20,7 +20,6 @@ __all__ = [
 ]
 
 _Q, _PAR = "not yet: issue 29 (quantization)", "not yet: issue 30 (TP/CP/PP)"
-_FP8 = "FP8 training (Transformer Engine, MS-AMP, torchao) is not supported by accel_nb"
 _MEGATRON = "Megatron-LM is not supported by accel_nb"
 _DEVICES = (
     "device kinds accel_nb does not run on (Ascend NPU, MLU, MUSA, SDAA, Gaudi/HPU, Neuron, XPU collectives)"
@@ -36,10 +35,8 @@ _INTERNAL = "internal to the reference's implementation; code written for it doe
 
 # "module" (every name of accelerate.utils.<module>) or "module.name" -> why it is not under accel_nb.utils;
 # "module.name" for a top-level module of the reference (accelerate.<module>.name). A name another module
-# imports from there (accelerate.accelerator.FP8RecipeKwargs) is left out for its home's reason.
+# imports from there (accelerate.accelerator.MegatronLMPlugin) is left out for its home's reason.
 LEFT_OUT: dict[str, str] = {
-    "ao": _FP8,
-    "transformer_engine": _FP8,
     "bnb.quantize_and_offload_8bit": _Q,
     "deepspeed.HfDeepSpeedConfig": "transformers' DeepSpeed config holder; accel_nb's DeepSpeedPlugin reads and fills the config itself",
     "deepspeed.get_active_deepspeed_plugin": "accel_nb takes one DeepSpeed plugin per Accelerator (accelerator.deepspeed_plugin)",
@@ -87,16 +84,6 @@ LEFT_OUT: dict[str, str] = {
     },
     "constants.RNG_STATE_NAME": "accel_nb keeps RNG states in rank_<i>.pt, not random_states_<i>.pkl",
     "constants.SAMPLER_NAME": "accel_nb keeps sampler states in rank_<i>.pt, not sampler.bin",
-    **{
-        f"dataclasses.{n}": _FP8
-        for n in [
-            "AORecipeKwargs",
-            "TERecipeKwargs",
-            "MSAMPRecipeKwargs",
-            "FP8RecipeKwargs",
-            "FP8BackendType",
-        ]
-    },
     "dataclasses.DeepSpeedSequenceParallelConfig": "DeepSpeed's sequence parallelism (Ulysses) is not supported",
     **{f"dataclasses.{n}": _PAR for n in ["TorchTensorParallelPlugin"]},
     **{
@@ -128,7 +115,6 @@ LEFT_OUT: dict[str, str] = {
             "set_numa_affinity",
         ]
     },
-    "imports.torchao_required": _FP8,
     "imports.is_bitsandbytes_multi_backend_available": "a bitsandbytes generation gate of the reference; accel_nb needs bitsandbytes >= 0.50",
     "imports.deepspeed_required": _INTERNAL,
     "modeling.fallback_allocate": _INTERNAL,
@@ -323,8 +309,8 @@ KEYWORD_RULES: tuple[KeywordRule, ...] = (
         "Accelerator",
         "mixed_precision",
         _literal("fp8"),
-        "error",
-        "FP8 training is not supported by accel_nb: use 'bf16' or 'fp16'",
+        "note",
+        "FP8 trains with torchao (AORecipeKwargs); TransformerEngine and MS-AMP recipes are refused (docs/fp8.md)",
         position=0,
     ),
     KeywordRule(

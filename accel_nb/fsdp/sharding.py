@@ -110,9 +110,9 @@ def _policies(options: FSDPOptions, mixed_precision: str, device: torch.device) 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision)
     if dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    elif mixed_precision not in ("no", None):
+    elif mixed_precision not in ("no", None, "fp8"):  # fp8: fp32 parameters, float8 layers, bf16 autocast
         raise ValueError(
-            f"FSDP with mixed_precision={mixed_precision!r} is not supported; use 'no', 'bf16' or 'fp16'"
+            f"FSDP with mixed_precision={mixed_precision!r} is not supported; use 'no', 'bf16', 'fp16' or 'fp8'"
         )
     if options.cpu_offload:
         if device.type == "cpu":
@@ -188,6 +188,17 @@ def _checkpoint_activations(model: torch.nn.Module, options: FSDPOptions) -> Non
         checkpoint(module)
 
 
+def _replacement(param: torch.Tensor, swap: ParamSwap) -> torch.Tensor:
+    """What ``param`` became, following replacements of replacements (FP8's new weight, then its shard)."""
+    for _ in range(len(swap) + 1):
+        entry = swap.get(id(param))
+        new = entry[1]() if entry is not None and entry[0]() is param else None
+        if new is None or new is param:
+            return param
+        param = new
+    return param
+
+
 def repoint_optimizer(optimizer: torch.optim.Optimizer, swap: ParamSwap) -> int:
     """Replace, in ``optimizer``'s param groups, each parameter the sharding replaced; returns how many.
 
@@ -198,9 +209,8 @@ def repoint_optimizer(optimizer: torch.optim.Optimizer, swap: ParamSwap) -> int:
     for group in optimizer.param_groups:
         params = list(group["params"])
         for i, p in enumerate(params):
-            entry = swap.get(id(p))
-            new = entry[1]() if entry is not None and entry[0]() is p else None
-            if new is not None:
+            new = _replacement(p, swap)
+            if new is not p:
                 params[i] = new
                 hits += 1
         group["params"] = params

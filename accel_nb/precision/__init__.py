@@ -3,6 +3,7 @@
 - ``setting``: which spellings are accepted and what they mean (no torch: the launch config, the
   launcher's plan and ``AcceleratorState`` read a user's setting through it)
 - ``policy``: ``PrecisionPolicy``, which autocast dtype and grad scaler a run uses, on which device
+- ``fp8_recipes`` / ``fp8``: the FP8 recipes (``AORecipeKwargs`` ...) and torchao's float8 training
 
 Names resolve lazily, so reading the setting rule does not import torch.
 
@@ -24,6 +25,7 @@ _EXPORTS: dict[str, str] = {
             "MIXED_PRECISION_CHOICES",
             "bf16_gpu_problem",
             "check_xla_mixed_precision",
+            "offered_mixed_precisions",
             "validate_mixed_precision",
         ],
         ".setting",
@@ -37,6 +39,7 @@ __all__ = [
     "check_mixed_precision_supported",
     "check_xla_mixed_precision",
     "convert_outputs_to_fp32",
+    "offered_mixed_precisions",
     "validate_mixed_precision",
 ]
 
@@ -49,5 +52,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         MIXED_PRECISION_CHOICES,
         bf16_gpu_problem,
         check_xla_mixed_precision,
+        offered_mixed_precisions,
         validate_mixed_precision,
     )

@@ -22,7 +22,8 @@ from .setting import validate_mixed_precision
 
 __all__ = ["PrecisionPolicy", "check_mixed_precision_supported"]
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# fp8: torchao's Float8Linear layers (accel_nb.precision.fp8), the rest of the forward under bf16 autocast
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 def check_mixed_precision_supported(mixed_precision: str, device: torch.device) -> None:
@@ -40,7 +41,8 @@ def check_mixed_precision_supported(mixed_precision: str, device: torch.device) 
 
 
 class PrecisionPolicy:
-    """Autocast and gradient scaling for one run: ``no``, ``fp16`` or ``bf16`` on one device type."""
+    """Autocast and gradient scaling for one run: ``no``, ``fp16``, ``bf16`` or ``fp8`` (bf16 autocast around
+    the float8 layers) on one device type."""
 
     def __init__(
         self, mixed_precision: Any, device: torch.device, autocast_kwargs: dict[str, Any] | None = None

@@ -12,19 +12,25 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16")
+MIXED_PRECISION_CHOICES = ("no", "fp16", "bf16", "fp8")
 
 # None and False are how "no" arrives from code defaults and from YAML's unquoted `no`
-_SPELLINGS: dict[Any, str] = {None: "no", False: "no", "no": "no", "fp16": "fp16", "bf16": "bf16"}
+_SPELLINGS: dict[Any, str] = {
+    None: "no",
+    False: "no",
+    "no": "no",
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "fp8": "fp8",
+}
 _WHY_NOT = {
-    "fp8": "accel_nb does not support fp8 yet; use 'bf16' or 'fp16'",
     "fp32": "full precision is spelled 'no'",
     "none": "no mixed precision is spelled 'no'",
 }
 
 
 def validate_mixed_precision(value: Any) -> str:
-    """Normalise a mixed-precision setting to 'no', 'fp16' or 'bf16'; ValueError naming the value otherwise.
+    """Normalise a mixed-precision setting to 'no', 'fp16', 'bf16' or 'fp8'; ValueError naming the value otherwise.
 
     validate_mixed_precision(" fp16 ")   # 'fp16'
     """
@@ -39,6 +45,17 @@ def validate_mixed_precision(value: Any) -> str:
         + (f" ({why})" if why else "")
         + f"; choose one of {', '.join(MIXED_PRECISION_CHOICES)}"
     )
+
+
+def offered_mixed_precisions() -> tuple[str, ...]:
+    """The settings a questionnaire offers on this machine: 'fp8' only where an FP8 library is installed
+    (torchao runs it; see docs/fp8.md).
+
+        offered_mixed_precisions()   # ('no', 'fp16', 'bf16', 'fp8') with torchao installed
+    """
+    from ..availability import is_fp8_available  # deferred: reads package metadata
+
+    return MIXED_PRECISION_CHOICES if is_fp8_available() else MIXED_PRECISION_CHOICES[:-1]
 
 
 def bf16_gpu_problem(gpus: Iterable[Any]) -> str | None:
@@ -63,6 +80,10 @@ def check_xla_mixed_precision(mixed_precision: str) -> None:
 
     check_xla_mixed_precision("bf16")    # fine: autocast to bf16 on the XLA device
     """
+    if mixed_precision == "fp8":
+        raise ValueError(
+            "mixed_precision='fp8' is not supported on XLA devices (TPU cores); use 'bf16' or 'no'"
+        )
     if mixed_precision == "fp16":
         raise ValueError(
             "mixed_precision='fp16' is not supported on XLA devices (TPUs compute in bf16, and accel_nb has "

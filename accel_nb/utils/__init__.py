@@ -93,6 +93,7 @@ _REFERENCE_PATHS: dict[str, str] = {
 # the reference's submodules of ``utils``: each a shim module here; their names resolve from this
 # package too (``accel_nb.utils.listify``), as in the reference
 _SHIMS = (
+    "ao",
     "bnb",
     "constants",
     "dataclasses",
@@ -107,6 +108,7 @@ _SHIMS = (
     "other",
     "random",
     "tqdm",
+    "transformer_engine",
     "versions",
 )
 for _shim in _SHIMS:

@@ -48,6 +48,7 @@ _EXPORTS = dict.fromkeys(
         "is_torch_distributed_available",
         "is_torch_xla_available",
         "is_torchao_available",
+        "torchao_required",
         "is_torchdata_available",
         "is_torchdata_stateful_dataloader_available",
         "is_torchvision_available",

@@ -16,7 +16,7 @@ launch parts (``launch_backend(cfg.distributed_type).launch_env(cfg)``).
 
 from __future__ import annotations
 
-from . import ddp, deepspeed, fsdp, layout, megatron, xla  # registration, in this order
+from . import ddp, deepspeed, fp8, fsdp, layout, megatron, xla  # registration, in this order
 from .base import (
     BACKENDS,
     CONVERSIONS,
@@ -38,6 +38,7 @@ __all__ = [
     "conversions_for",
     "ddp",
     "deepspeed",
+    "fp8",
     "fsdp",
     "launch_backend",
     "layout",
