@@ -5,6 +5,10 @@ line per rank (first to fail first), and the exit code is that rank's. With ``--
 shows every rank's Python stack and who waits for whom (``accel_nb.launch.elastic.watchdog``).
 
     accel-nb launch --num_processes 2 train.py --epochs 3
+
+It takes every flag of the reference's ``accelerate launch`` (``accel_nb.commands.launch_flags``: those accel_nb
+does not run are refused with the reason), and code written for the reference's internals runs on
+``launch_command_parser``, ``_validate_launch_command`` and ``launch_command``.
 """
 
 from __future__ import annotations
