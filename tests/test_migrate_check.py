@@ -44,7 +44,7 @@ from accelerate.utils.fsdp_utils import save_fsdp_model
 from accelerate.utils.operations import GatheredParameters
 import accelerate.utils as au
 
-accelerator = Accelerator(mixed_precision="fp8", megatron_lm_plugin=None)
+accelerator = Accelerator(mixed_precision="fp8", torch_tp_plugin=None)
 accelerator.frobnicate()
 model = accelerator.prepare(object(), evaluation_mode=True)
 infer_auto_device_map(model, clean_result=False)
@@ -131,7 +131,7 @@ def test_a_script_with_gaps_reports_each_at_its_line(tmp_path):
     # FP8 trains with torchao: a note (TransformerEngine / MS-AMP recipes are refused), not an error
     assert not has(7, "mixed_precision='fp8'")
     assert any(":7:" in str(f) and "mixed_precision='fp8'" in str(f) for f in findings)
-    assert has(7, "megatron_lm_plugin=", "does not take")
+    assert has(7, "torch_tp_plugin=", "does not take")
     assert has(8, "has no `frobnicate`")
     assert has(9, "Accelerator.prepare", "evaluation_mode=")
     assert has(10, "clean_result=False", "drop it")
@@ -452,7 +452,7 @@ from accelerate.utils import gather_object, reduce
 def main():
     accelerator = Accelerator(
         gradient_accumulation_steps=2,
-        megatron_lm_plugin=None,
+        torch_tp_plugin=None,
     )
     model = accelerator.prepare(
         object(),
@@ -471,7 +471,7 @@ def test_each_finding_carries_the_line_and_column_of_what_it_is_about(tmp_path):
     script = _write(tmp_path / "places.py", PLACES)
     found = {(f.line, f.column, f.severity): f for f in check_path(script).findings}
     expected = {
-        (8, 9, "error"): "megatron_lm_plugin=",  # the keyword, not the call's first line
+        (8, 9, "error"): "torch_tp_plugin=",  # the keyword, not the call's first line
         (12, 9, "error"): "evaluation_mode=",
         (14, 50, "error"): "has no `frobnicate`",  # the second call on the line
         (15, 27, "note"): "computes the real minimum",  # the positional argument

@@ -1,8 +1,9 @@
 """Which training back-end an Accelerator runs: decided once, in its constructor, from its arguments and the launch.
 
-The order: DeepSpeed (``deepspeed_plugin``), else the TP/CP/PP layout (``parallelism_config``), else FSDP2
-(``fsdp``/``fsdp_plugin``), else XLA devices, else DDP (one process included). Each setting also comes
-from the launch (the config's sections, through the environment) when the argument is not given.
+The order: Megatron-LM (``megatron_lm_plugin``), else DeepSpeed (``deepspeed_plugin``), else the TP/CP/PP layout
+(``parallelism_config``), else FSDP2 (``fsdp``/``fsdp_plugin``), else XLA devices, else DDP (one process
+included). Each setting also comes from the launch (the config's sections, through the environment) when the
+argument is not given.
 
     backend = choose_backend(accelerator, fsdp=None, fsdp_plugin=None, parallelism_config=None, explicit_steps=False)
 """
@@ -67,7 +68,9 @@ def choose_backend(
 
         configure(accelerator, explicit_steps)  # DEEPSPEED, the accumulation steps agreed, no GradScaler
     name = (
-        "deepspeed"
+        "megatron"
+        if getattr(accelerator, "megatron_lm_plugin", None) is not None
+        else "deepspeed"
         if deepspeed
         else "layout"
         if layout is not None

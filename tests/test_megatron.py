@@ -1,0 +1,285 @@
+"""Megatron-LM through megatron-core on real gloo ranks on CPU (issue 43), with the test-only CUDA stand-ins of
+tests/megatron_standins.py installed in each rank (never in accel_nb): TP=2, PP=2 and DP=2 give the losses and
+weights of one process over several steps, a Llama built from a small config splits its SwiGLU and grouped
+attention exactly, save_state/load_state resume exactly in a new launch, and the refusals name their cause."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
+
+VOCAB, SEQ = 100, 16
+
+
+def _hf_model(kind: str):
+    import transformers
+
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=SEQ, eos_token_id=0
+        )
+        return transformers.GPT2LMHeadModel(cfg)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        eos_token_id=0,
+    )
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _data(n: int = 64) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [{"input_ids": torch.randint(0, VOCAB, (SEQ,), generator=g)} for _ in range(n)]
+
+
+def _start_weights(names_shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """The same start in every layout: norms near 1, the rest small (keyed by the one-process names)."""
+    g = torch.Generator().manual_seed(5)
+    out = {}
+    for name in sorted(names_shapes):
+        noise = torch.randn(names_shapes[name], generator=g) * 0.2
+        out[name] = noise + (1.0 if "norm" in name and name.endswith("weight") else 0.0)
+    return out
+
+
+def _prepare(kind, tp, pp, micro_batches, batch_size, scheduler=False, lr=1e-2, seed=0):
+    from tests import megatron_standins
+
+    megatron_standins.install()  # test-only: megatron-core's CUDA calls on CPU, and the GPU check off
+    from accel_nb import Accelerator
+    from accel_nb.megatron import MegatronLMDummyScheduler, MegatronLMPlugin
+
+    plugin = MegatronLMPlugin(
+        tp_degree=tp, pp_degree=pp, num_micro_batches=micro_batches, gradient_clipping=0.0
+    )
+    acc = Accelerator(megatron_lm_plugin=plugin)
+
+    model = _hf_model(kind)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    loader = torch.utils.data.DataLoader(_data(), batch_size=batch_size)
+    objects = [model, opt, loader]
+    if scheduler:
+        objects.append(MegatronLMDummyScheduler(opt, total_num_steps=20, warmup_num_steps=2))
+    prepared = acc.prepare(*objects)
+    engine = prepared[0]
+    full = engine.full_weights()
+    engine.load_full_weights(_start_weights({k: tuple(v.shape) for k, v in full.items()}))
+    return acc, prepared
+
+
+def _train(kind, tp, pp, micro_batches, batch_size, steps=4):
+    acc, (engine, opt, loader) = _prepare(kind, tp, pp, micro_batches, batch_size)
+    engine.train()
+    losses = []
+    for step, batch in enumerate(loader):
+        if step == steps:
+            break
+        loss = engine(**batch)
+        acc.backward(loss)  # nothing: the forward stepped (the reference's meaning)
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss))
+    engine.eval()
+    eval_loss = float(engine(**next(iter(loader))))
+    weights = {k: v.numpy() for k, v in engine.full_weights().items()}
+    return {
+        "losses": losses,
+        "eval": eval_loss,
+        "weights": weights,
+        "distributed_type": acc.distributed_type.value,
+        "backend": acc.backend.name,
+    }
+
+
+def _train_many(runs):
+    return [_train(*run) for run in runs]
+
+
+def _launch(fn, args, n):
+    from accel_nb import notebook_launcher
+    from accel_nb.launch.parent.reporting import ListReporter
+
+    return notebook_launcher(fn, args=args, num_processes=n, cpu=True, reporter=ListReporter())
+
+
+def _comparable(name, value):
+    """The key rows of GPT-2's qkv bias are left out: a bias added to every key shifts each query's scores by a
+    constant, which softmax ignores, so its gradient is 0 up to rounding and Adam turns that rounding into
+    lr-sized steps that differ between layouts. (Megatron's layout: per head [query, key, value] rows.)"""
+    if name.endswith("linear_qkv.bias"):
+        head = 32 // 4
+        rows = np.arange(value.shape[0]) % (3 * head)
+        return value[(rows < head) | (rows >= 2 * head)]
+    return value
+
+
+def _assert_same(run, reference, what):
+    np.testing.assert_allclose(run["losses"], reference["losses"], rtol=2e-5, err_msg=f"{what}: losses")
+    assert run["eval"] == pytest.approx(reference["eval"], rel=2e-5), what
+    assert sorted(run["weights"]) == sorted(reference["weights"]), what
+    for name, value in reference["weights"].items():
+        np.testing.assert_allclose(
+            _comparable(name, run["weights"][name]),
+            _comparable(name, value),
+            rtol=1e-4,
+            atol=2e-6,
+            err_msg=f"{what}: {name}",
+        )
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    """The one-process runs every layout is compared with: GPT-2 (batches of 8) and Llama (batches of 8)."""
+    gpt, llama = _launch(_train_many, ([("gpt2", 1, 1, 1, 8), ("llama", 1, 1, 1, 8)],), 1)[0]
+    return {"gpt2": gpt, "llama": llama}
+
+
+@pytest.mark.multiproc
+def test_tensor_parallel_gpt2_and_llama_match_one_process(one_process):
+    out = _launch(_train_many, ([("gpt2", 2, 1, 1, 8), ("llama", 2, 1, 1, 8)],), 2)
+    for rank in out:
+        _assert_same(rank[0], one_process["gpt2"], "gpt2 tp=2")
+        _assert_same(rank[1], one_process["llama"], "llama tp=2 (SwiGLU and grouped query attention split)")
+        assert rank[0]["distributed_type"] == "MEGATRON_LM" and rank[0]["backend"] == "megatron"
+    losses = one_process["gpt2"]["losses"]
+    assert losses[-1] < losses[0] - 0.05, losses  # it trains
+
+
+@pytest.mark.multiproc
+def test_pipeline_parallel_with_micro_batches_matches_one_process(one_process):
+    # two stages of one layer each, 2 micro-batches of 4 per step: the same 8 samples a step
+    out = _launch(_train_many, ([("gpt2", 1, 2, 2, 4)],), 2)
+    for rank in out:
+        _assert_same(rank[0], one_process["gpt2"], "gpt2 pp=2")
+
+
+@pytest.mark.multiproc
+def test_data_parallel_matches_one_process(one_process):
+    out = _launch(_train_many, ([("gpt2", 1, 1, 1, 4)],), 2)  # 2 ranks x 4 samples
+    for rank in out:
+        _assert_same(rank[0], one_process["gpt2"], "gpt2 dp=2")
+
+
+@pytest.mark.multiproc
+def test_tensor_and_pipeline_parallel_on_four_processes(one_process):
+    out = _launch(_train_many, ([("llama", 2, 2, 2, 4)],), 4)
+    for rank in out:
+        _assert_same(rank[0], one_process["llama"], "llama tp=2 x pp=2")
+
+
+# ------------------------------------------------------------------ checkpoints, metrics
+
+
+def _resume(folder, phase):
+    acc, (engine, opt, loader, sched) = _prepare("gpt2", 2, 1, 1, 8, scheduler=True)
+    if phase == "load":
+        acc.load_state(os.path.join(folder, "ckpt"))
+    engine.train()
+    batches = iter(loader)
+    losses, lrs = [], []
+
+    def steps(k):
+        for _ in range(k):
+            losses.append(float(engine(**next(batches))))
+            lrs.append(sched.get_last_lr()[0])
+
+    if phase == "save":
+        steps(3)
+        acc.save_state(os.path.join(folder, "ckpt"))
+        steps(3)
+        return {
+            "losses": losses[3:],
+            "lrs": lrs[3:],
+            "files": sorted(os.listdir(os.path.join(folder, "ckpt"))),
+        }
+    steps(3)  # load_state put the loader where the first run saved it
+    # gather_for_metrics over the data-parallel ranks only: tp=2 ranks hold the same samples, none repeated
+    ids = acc.gather_for_metrics(next(batches)["input_ids"])
+    return {"losses": losses, "lrs": lrs, "gathered": ids.shape[0]}
+
+
+@pytest.mark.multiproc
+def test_save_state_then_load_state_in_a_new_launch_continues_identically(tmp_path):
+    first = _launch(_resume, (str(tmp_path), "save"), 2)
+    second = _launch(_resume, (str(tmp_path), "load"), 2)
+    assert second[0]["losses"] == first[0]["losses"] and len(first[0]["losses"]) == 3
+    assert second[0]["lrs"] == first[0]["lrs"]
+    assert "megatron" in first[0]["files"]
+    assert sorted(os.listdir(tmp_path / "ckpt" / "megatron")) == ["mp_rank_00_000.pt", "mp_rank_01_000.pt"]
+    assert (
+        second[0]["gathered"] == 8 and second[1]["gathered"] == 8
+    )  # one data-parallel rank: 8 samples, not 16
+
+
+# ------------------------------------------------------------------ refusals (no rank starts)
+
+
+def test_without_a_gpu_megatron_is_refused_before_anything_starts():
+    from accel_nb import Accelerator
+    from accel_nb.megatron import MegatronLMPlugin
+
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU: megatron-core calls CUDA directly"):
+        Accelerator(megatron_lm_plugin=MegatronLMPlugin(gradient_clipping=0.0))
+
+
+@pytest.mark.parametrize(
+    "settings, precision, message",
+    [
+        ({}, "bf16", "mixed_precision='bf16' with Megatron-LM runs on GPUs only"),
+        ({"use_distributed_optimizer": True}, "no", r"use_distributed_optimizer=True\) runs on GPUs only"),
+        ({"sequence_parallelism": True}, "no", r"sequence_parallelism=True\) runs on GPUs only"),
+        ({"gradient_clipping": 1.0}, "no", r"gradient_clipping=1.0\) runs on GPUs only"),
+        (
+            {"tp_degree": 2},
+            "no",
+            r"needs a number of processes divisible by 2 \(tp x pp\); this launch has 1",
+        ),
+        ({"tensorboard_dir": "tb"}, "no", "is not supported by accel_nb: megatron.training's logger"),
+        ({"context_parallel_size": 2}, "no", "context parallelism needs Transformer Engine"),
+    ],
+)
+def test_what_only_a_gpu_runs_and_what_is_not_built_are_refused(fresh_state, settings, precision, message):
+    import accel_nb.megatron.checks as checks
+    from accel_nb import Accelerator
+    from accel_nb.megatron import MegatronLMPlugin
+
+    fresh_state.setattr(
+        checks, "require_gpu", lambda what: None
+    )  # the test-only switch (no CUDA stand-ins needed)
+    settings = {"gradient_clipping": 0.0, **settings}
+    with pytest.raises(ValueError, match=message):
+        Accelerator(mixed_precision=precision, megatron_lm_plugin=MegatronLMPlugin(**settings))
+
+
+def test_the_plugin_reads_the_reference_environment(fresh_state):
+    from accel_nb.megatron import MegatronLMPlugin
+    from accel_nb.megatron.plugin import plugin_from_env
+
+    fresh_state.setenv("MEGATRON_LM_TP_DEGREE", "2")
+    fresh_state.setenv("MEGATRON_LM_NUM_MICRO_BATCHES", "4")
+    fresh_state.setenv("MEGATRON_LM_SEQUENCE_PARALLELISM", "true")
+    assert plugin_from_env() is None  # not asked for
+    fresh_state.setenv("ACCELERATE_USE_MEGATRON_LM", "true")
+    plugin = plugin_from_env()
+    assert (plugin.tp_degree, plugin.pp_degree, plugin.num_micro_batches) == (2, 1, 4)
+    assert plugin.sequence_parallelism is True and plugin.gradient_clipping == 1.0
+    assert MegatronLMPlugin(tp_degree=1).tp_degree == 1  # an argument wins over the environment
+    fresh_state.setenv("MEGATRON_LM_PP_DEGREE", "two")
+    with pytest.raises(ValueError, match="MEGATRON_LM_PP_DEGREE='two' is not a whole number"):
+        MegatronLMPlugin()
+    with pytest.raises(
+        ValueError, match=r"MegatronLMPlugin\(num_micro_batches=0\): a whole number of at least 1"
+    ):
+        MegatronLMPlugin(pp_degree=1, num_micro_batches=0)
