@@ -253,3 +253,69 @@ def test_two_ranks_train_fp8_like_one_fp32_process_and_resume_exactly(kind, tmp_
     plain = _load_plain(str(tmp_path))
     for name, value in plain.named_parameters():
         assert torch.equal(value, out[0]["weights"][name]), name
+
+
+# -- the launch config, accel-nb launch, the wizard ---------------------------------------------------------
+_SCRIPT = """
+import logging
+logging.getLogger("torchao").setLevel(logging.ERROR)
+import torch
+from accel_nb import Accelerator
+accelerator = Accelerator()
+model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 32), torch.nn.Linear(32, 16)))
+layers = [type(m).__name__ for m in accelerator.unwrap_model(model)]
+recipe = accelerator.ao_recipe_handler
+print("RESULT", accelerator.mixed_precision, accelerator.fp8_backend.value, recipe.config.pad_inner_dim, layers)
+"""
+
+
+def _cli(*args, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "accel_nb.commands", "launch", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def test_a_config_files_fp8_config_reaches_the_ranks_and_a_te_backend_is_refused_before_they_start(tmp_path):
+    from accel_nb.config import LaunchConfig
+    from accel_nb.precision.fp8_recipes import fp8_launch_env
+
+    # the reference questionnaire's key names are read as its recipes' fields
+    env = fp8_launch_env(
+        "fp8", {"backend": "ao", "amax_history_length": 16, "override_linear_precision": "1,0,0"}
+    )
+    assert env["ACCELERATE_FP8_BACKEND"] == env["ACCEL_NB_FP8_BACKEND"] == "AO"
+    assert env["ACCELERATE_FP8_AMAX_HISTORY_LEN"] == "16" and env["ACCELERATE_FP8_OVERRIDE_FPROP"] == "1"
+    assert fp8_launch_env("bf16", {"backend": "AO"}) == {}
+    (tmp_path / "train.py").write_text(_SCRIPT)
+    config = tmp_path / "fp8.yaml"
+    config.write_text(
+        "distributed_type: 'NO'\nnum_processes: 1\nuse_cpu: true\nmixed_precision: fp8\n"
+        "fp8_config:\n  backend: AO\n  pad_inner_dim: false\n"
+    )
+    assert LaunchConfig.load(str(config)).to_env()["ACCELERATE_FP8_PAD_INNER_DIM"] == "False"
+    done = _cli("--config_file", str(config), "train.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "RESULT fp8 AO False ['Linear', 'Float8Linear', 'Linear']" in done.stdout
+    refused = _cli("--config_file", str(config), "--fp8_backend", "te", "train.py", cwd=tmp_path)
+    assert refused.returncode != 0 and "fp8_config backend=TE: its library is not installed" in refused.stderr
+    assert "RESULT" not in refused.stdout and "Traceback" not in refused.stderr
+
+
+def test_the_wizard_and_accel_nb_config_offer_fp8_only_where_torchao_is_installed(tmp_path, monkeypatch):
+    pytest.importorskip("ipywidgets")
+    import accel_nb.availability
+    from accel_nb.notebook.wizard import ConfigWizard
+    from accel_nb.precision.setting import offered_mixed_precisions
+
+    assert offered_mixed_precisions() == ("no", "fp16", "bf16", "fp8")
+    assert "fp8" in ConfigWizard(str(tmp_path / "a.yaml")).controls["mixed_precision"].options
+    monkeypatch.setattr(accel_nb.availability, "is_fp8_available", lambda: False)  # a machine without torchao
+    assert offered_mixed_precisions() == ("no", "fp16", "bf16")
+    assert "fp8" not in ConfigWizard(str(tmp_path / "b.yaml")).controls["mixed_precision"].options

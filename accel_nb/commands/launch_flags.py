@@ -33,7 +33,6 @@ __all__ = [
 ]
 
 _MIGRATION = "docs/migration.md"
-_FP8 = "FP8 training is not supported by accel_nb"
 # dest -> why accel_nb refuses the flag (it is parsed, hidden from --help, an error when given)
 UNBUILT: dict[str, str] = {
     "no_python": "accel-nb launch runs Python scripts (or modules with -m)",
@@ -227,7 +226,7 @@ def refuse_unbuilt(ns: argparse.Namespace) -> None:
     """``ConfigError`` for the first flag given on the command line that accel_nb does not run (with the reason)."""
     given = given_flags(ns)
     for dest in sorted(given):
-        reason = UNBUILT.get(dest) or (_FP8 if dest.startswith("fp8_") else None)
+        reason = UNBUILT.get(dest)
         if reason is not None:
             raise ConfigError(f"--{dest}", getattr(ns, dest, None), "leave it out", None, reason)
 
@@ -249,6 +248,14 @@ def reference_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[s
         changes["dynamo_mode"] = getattr(ns, "dynamo_mode", None) or "default"
         for name in ("dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation"):
             changes[name] = _bool(getattr(ns, name, False))
+    # FP8: --fp8_backend, --fp8_pad_inner_dim, ... join the config's fp8_config (ACCELERATE_FP8_* for the ranks)
+    fp8 = {
+        k.removeprefix("fp8_"): v
+        for k, v in vars(ns).items()
+        if k.startswith("fp8_") and v not in (None, False)
+    }
+    if fp8:
+        cfg.extras = {**cfg.extras, "fp8_config": {**(cfg.extras.get("fp8_config") or {}), **fp8}}
     if getattr(ns, "use_fsdp", False):
         changes["distributed_type"] = "FSDP"
         given = {k: getattr(ns, k) for k in FSDP_FLAGS if getattr(ns, k, None) is not None}

@@ -28,6 +28,7 @@ from ..env_names import (
     REFERENCE_USE_CPU,
 )
 from ..hardware import HardwareInfo, cuda_device_count, detect
+from ..precision.fp8_recipes import fp8_launch_env
 from ..precision.setting import bf16_gpu_problem
 from .files import default_config_path, find_config_file, read_config_mapping, write_config_mapping
 from .values import (
@@ -387,6 +388,17 @@ class LaunchConfig:
         env.update(self.fsdp_env())
         env.update(self.deepspeed_env())
         env.update(self.parallelism_env())
+        # FP8: the config's fp8_config as ACCELERATE_FP8_* (accel_nb.precision.fp8_recipes); {} without fp8
+        try:
+            env.update(fp8_launch_env(self.mixed_precision, self.extras.get("fp8_config")))
+        except ValueError as exc:  # before any rank starts
+            raise ConfigError(
+                "fp8_config",
+                self.extras.get("fp8_config"),
+                "backend AO (torchao installed)",
+                self.source,
+                str(exc),
+            ) from None
         return env
 
     def parallelism_env(self, num_processes: int | None = None) -> dict[str, str]:

@@ -17,7 +17,6 @@ import html
 from typing import Any
 
 from ..config import (
-    MIXED_PRECISION_CHOICES,
     RDZV_BACKENDS,
     START_METHODS,
     ConfigError,
@@ -32,6 +31,7 @@ from ..config import (
 from ..config.command_line import DEEPSPEED_FLAG_KEYS
 from ..hardware import HardwareInfo, detect
 from ..parallel.config import LAYOUT_CHOICES, LayoutError, layout_settings, proposed_tp_size
+from ..precision.setting import offered_mixed_precisions
 from .wizard_text import (
     commands_html,
     deepspeed_installed,
@@ -140,7 +140,10 @@ class ConfigWizard:
                 **text,
             ),
             "mixed_precision": w.Dropdown(
-                options=list(MIXED_PRECISION_CHOICES), value=b.mixed_precision, description="Mixed precision"
+                # fp8 only where an FP8 library (torchao) is installed (docs/fp8.md)
+                options=list(offered_mixed_precisions()),
+                value=b.mixed_precision,
+                description="Mixed precision",
             ),
             "gradient_accumulation_steps": w.IntSlider(
                 value=min(b.gradient_accumulation_steps, 64),

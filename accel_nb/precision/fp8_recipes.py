@@ -31,6 +31,7 @@ __all__ = [
     "MSAMPRecipeKwargs",
     "TERecipeKwargs",
     "fp8_env",
+    "fp8_launch_env",
 ]
 
 _FORMATS = ("HYBRID", "E4M3", "E5M2")
@@ -52,6 +53,62 @@ def fp8_env(name: str, default: Any = None) -> Any:
     """The launch's value of FP8 setting ``name`` (``ACCEL_NB_FP8_<NAME>``, else ``ACCELERATE_FP8_<NAME>``)."""
     key = name.upper()
     return os.environ.get(f"ACCEL_NB_FP8_{key}", os.environ.get(f"ACCELERATE_FP8_{key}", default))
+
+
+# the reference's config questionnaire writes these fp8_config keys; its recipes read the shorter names
+_KEY_ALIASES = {
+    "amax_history_length": "amax_history_len",
+    "amax_compute_algorithm": "amax_compute_algo",
+    "optimization_level": "opt_level",
+    "fp8_format": "format",
+}
+
+
+def fp8_launch_env(mixed_precision: str, fp8_config: dict[str, Any] | None) -> dict[str, str]:
+    """The environment a launch gives each rank for the config's ``fp8_config`` (with ``mixed_precision: fp8``):
+    ``ACCELERATE_FP8_<KEY>`` and ``ACCEL_NB_FP8_<KEY>``, which the recipes read. A backend no rank can run
+    here (an unknown name, TransformerEngine or MS-AMP not installed) is a ValueError before any rank starts.
+
+        fp8_launch_env("fp8", {"backend": "AO", "pad_inner_dim": False})["ACCELERATE_FP8_BACKEND"]   # 'AO'
+    """
+    if mixed_precision != "fp8":
+        return {}
+    values: dict[str, Any] = {}
+    for key, value in (fp8_config or {}).items():
+        if value is None:
+            continue
+        key = str(key).removeprefix("fp8_") if str(key) != "fp8_format" else str(key)
+        key = _KEY_ALIASES.get(key, key)
+        if key == "override_linear_precision":
+            parts = value.split(",") if isinstance(value, str) else list(value)
+            for part, flag in zip(("fprop", "dgrad", "wgrad"), parts):
+                values[f"override_{part}"] = str(flag).strip()
+            continue
+        values[key] = str(getattr(value, "value", value))
+    backend = values.get("backend")
+    if backend is not None:
+        backend = values["backend"] = str(backend).strip().upper()
+        known = {
+            "AO": is_torchao_available,
+            "TE": is_transformer_engine_available,
+            "MSAMP": is_msamp_available,
+        }
+        if backend not in known:
+            raise ValueError(f"fp8_config backend={backend!r}: use AO (torchao), TE or MSAMP")
+        if not known[backend]():
+            raise ValueError(
+                f"fp8_config backend={backend}: its library is not installed on this machine"
+                + ("" if backend == "AO" else " (it needs an NVIDIA GPU and CUDA)")
+                + "; use backend: AO with torchao (pip install torchao)"
+            )
+    elif not (is_torchao_available() or is_transformer_engine_available() or is_msamp_available()):
+        raise ValueError(
+            "mixed_precision: fp8 needs torchao on this machine (pip install torchao), or use bf16"
+        )
+    env: dict[str, str] = {}
+    for key, value in values.items():
+        env[f"ACCELERATE_FP8_{key.upper()}"] = env[f"ACCEL_NB_FP8_{key.upper()}"] = value
+    return env
 
 
 def _flag(name: str, default: bool) -> bool:

@@ -34,6 +34,7 @@ from ...config import (
 from ...config.command_line import PROG
 from ...hardware import detect
 from ...lazy_exports import lazy_exports
+from ...precision.setting import offered_mixed_precisions
 
 __all__ = ["add_parser", "run", "questionnaire", "describe", "parallelism_questions"]
 
@@ -199,11 +200,12 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     if compute == "gpu":
         field("gpu_ids", "Which GPUs (all, or ids like 0,1)", cfg.gpu_ids)
     mp_default = "no" if compute == "cpu" and cfg.mixed_precision == "fp16" else cfg.mixed_precision
+    offered = offered_mixed_precisions()  # fp8 only where an FP8 library (torchao) is installed
     field(
         "mixed_precision",
-        f"Mixed precision ({'/'.join(MIXED_PRECISION_CHOICES)})",
+        f"Mixed precision ({'/'.join(offered)})",
         mp_default,
-        _one_of(MIXED_PRECISION_CHOICES, "mixed_precision"),
+        _one_of(offered, "mixed_precision"),
     )
     field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
     if compute != "xla" and deepspeed_installed():
