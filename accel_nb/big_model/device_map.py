@@ -532,7 +532,7 @@ def resolve_device_map(
         )
     normalized = {name: normalize_device(dev) for name, dev in device_map.items()}
     check_device_map(model, normalized)
-    return normalized
+    return known_entries(model, normalized)
 
 
 def device_for(device_map: Mapping[str, Device], name: str) -> Device | None:
@@ -545,21 +545,35 @@ def device_for(device_map: Mapping[str, Device], name: str) -> Device | None:
     return None
 
 
-def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
-    """Raise DeviceMapError naming the modules no entry covers, or entries naming nothing (where the
-    reference only warns: a misspelt key would otherwise leave its module where another entry puts it)."""
-    names = (
+def _tensor_and_module_names(model: nn.Module) -> set[str]:
+    return (
         set(dict(model.named_modules()))
         | {n for n, _ in model.named_parameters()}
         | {n for n, _ in model.named_buffers()}
     )
+
+
+def known_entries(model: nn.Module, device_map: Mapping[str, Device]) -> dict[str, Device]:
+    """``device_map`` without the entries that name nothing in ``model`` (check_device_map warned about them).
+
+    known_entries(model, {"": 0, "lm_haed": "cpu"})   # {"": 0}
+    """
+    names = _tensor_and_module_names(model)
+    return {k: v for k, v in device_map.items() if k in names}
+
+
+def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
+    """Raise DeviceMapError naming the modules no entry covers; warn (as the reference) about entries
+    naming nothing: a misspelt key leaves its module where another entry puts it."""
+    names = _tensor_and_module_names(model)
     unknown = [k for k in device_map if k not in names]
     if unknown:
-        # the reference only warns with these first words; a misspelt key is refused here (docs/migration.md)
-        raise DeviceMapError(
-            f"The following device_map keys do not match any submodules in the model: {unknown[:8]}: they are "
-            f"not modules or tensors of {type(model).__name__}; check the spelling (module paths look like "
-            "'transformer.h.0') or drop them from the map"
+        warnings.warn(  # the reference's words first: code and tests match on them
+            f"The following device_map keys do not match any submodules in the model: {unknown}; they are not "
+            f"modules or tensors of {type(model).__name__} and are ignored, so a misspelt key leaves its module "
+            "where another entry puts it (module paths look like 'transformer.h.0')",
+            UserWarning,
+            stacklevel=2,
         )
     uncovered = [n for n, _ in named_tensors(model) if device_for(device_map, n) is None]
     if uncovered:

@@ -15,7 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .device_map import DeviceMapError, check_device_map, check_devices_exist, resolve_device_map
+from .device_map import (
+    DeviceMapError,
+    check_device_map,
+    check_devices_exist,
+    known_entries,
+    resolve_device_map,
+)
 from .dispatch_hooks import attach_device_hook, remove_device_hooks
 from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit, TensorSlot
 from .rollback import restore, snapshot
@@ -204,6 +210,7 @@ def dispatch_model(
         device_map = resolve_device_map(model, device_map)
     device_map = {name: normalize_device(dev) for name, dev in device_map.items()}
     check_device_map(model, device_map)
+    device_map = known_entries(model, device_map)  # keys naming nothing are ignored, as by the reference
     check_devices_exist(
         list(device_map.values()) + ([main_device] if main_device is not None else []), "device_map"
     )

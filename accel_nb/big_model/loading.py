@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ..serialization import CheckpointError, CheckpointIndex, index_checkpoint, tensor_info
-from .device_map import check_device_map, check_devices_exist, device_for
+from .device_map import check_device_map, check_devices_exist, device_for, known_entries
 from .rollback import restore, snapshot
 from .sizes import Device, as_dtype, normalize_device, torch_device
 
@@ -265,7 +265,7 @@ def _checked_device_map(model: nn.Module, device_map: Mapping[str, Any] | None) 
     except ValueError as exc:
         raise CheckpointLoadError(str(exc)) from None
     check_devices_exist(normalized.values(), "device_map")
-    return normalized
+    return known_entries(model, normalized)  # keys naming nothing are ignored, as by the reference
 
 
 # -- reading --------------------------------------------------------------------------------------------

@@ -185,14 +185,6 @@ DIFFERENCES: tuple[Difference, ...] = (
         )
         for n in ("load_checkpoint_in_model", "load_checkpoint_and_dispatch", "load_state_dict")
     ),
-    *(
-        Difference(
-            n,
-            "a device_map key that names no module raises DeviceMapError (the reference ignores it): fix the key",
-            "Unknown `device_map` keys raise",
-        )
-        for n in ("check_device_map", "dispatch_model")
-    ),
     Difference(
         "infer_auto_device_map",
         "accel_nb's planner may place modules differently from the reference's (map.plan.explain() says why)",
