@@ -58,16 +58,16 @@ def test_parser_takes_hyphens_and_underscores_and_lists_underscores_only():
     assert "--num_processes" in text and "--config_file" in text and "--multi_gpu" in text
     assert "--config-file" not in text and "--main-process-ip" not in text
     # what accel_nb does not run is parsed but not listed
-    assert parser.parse_args(["--use_megatron_lm", "t.py"]).use_megatron_lm is True
-    assert "megatron" not in text and "--tpu_cluster" not in text and "--fp8_backend" not in text
+    assert parser.parse_args(["--downcast_bf16", "t.py"]).downcast_bf16 is True
+    assert "downcast" not in text and "--tpu_cluster" not in text and "--fp8_backend" not in text
 
 
 def test_a_flag_accel_nb_does_not_run_is_refused_with_the_reason(tmp_path):
     script = tmp_path / "t.py"
     script.write_text("print('ran')\n")
-    out = accel_nb("launch", "--use_megatron_lm", str(script), cfg=str(tmp_path / "none.yaml"))
+    out = accel_nb("launch", "--downcast_bf16", str(script), cfg=str(tmp_path / "none.yaml"))
     assert out.returncode == 2 and "ran" not in out.stdout
-    assert "--use_megatron_lm" in out.stderr and "Megatron-LM is not supported by accel_nb" in out.stderr
+    assert "--downcast_bf16" in out.stderr and "XLA_DOWNCAST_BF16) is not supported by accel_nb" in out.stderr
 
 
 def test_validate_fills_from_the_config_file_and_given_flags_win(tmp_path, no_saved_config):

@@ -237,7 +237,12 @@ def test_invalid_value_in_file_names_key_value_allowed_and_file(tmp_path):
 BAD_VALUES = [
     # (changes, key, fragment of the allowed text)
     ({"compute_environment": "AMAZON_SAGEMAKER"}, "compute_environment", "LOCAL_MACHINE"),
-    ({"distributed_type": "MEGATRON_LM"}, "distributed_type", "does not run Megatron-LM"),
+    ({"distributed_type": "MULTI_NPU"}, "distributed_type", "does not run Ascend NPUs"),
+    (
+        {"distributed_type": "MEGATRON_LM", "extras": {"megatron_lm_config": {"megatron_lm_bogus": 1}}},
+        "megatron_lm_config",
+        "megatron_lm_* keys",
+    ),
     (
         {"distributed_type": "DEEPSPEED", "extras": {"deepspeed_config": {"zero_stage": 5}}},
         "deepspeed_config",

@@ -283,3 +283,58 @@ def test_the_plugin_reads_the_reference_environment(fresh_state):
         ValueError, match=r"MegatronLMPlugin\(num_micro_batches=0\): a whole number of at least 1"
     ):
         MegatronLMPlugin(pp_degree=1, num_micro_batches=0)
+
+
+# ------------------------------------------------------------------ the launch: config file and flags
+
+
+def test_a_megatron_lm_config_becomes_the_reference_environment_and_flags():
+    from accel_nb.accelerator.backends.megatron import MegatronBackend
+    from accel_nb.config import ConfigError, LaunchConfig
+
+    settings = {
+        "megatron_lm_tp_degree": 2,
+        "megatron_lm_num_micro_batches": 4,
+        "megatron_lm_eod_mask_loss": True,
+    }
+    cfg = LaunchConfig(
+        distributed_type="MEGATRON_LM", num_processes=4, extras={"megatron_lm_config": settings}
+    )
+    env = cfg.to_env()
+    assert env["ACCELERATE_USE_MEGATRON_LM"] == "true"
+    assert (env["MEGATRON_LM_TP_DEGREE"], env["MEGATRON_LM_NUM_MICRO_BATCHES"]) == ("2", "4")
+    assert env["MEGATRON_LM_EOD_MASK_LOSS"] == "true"
+    flags = MegatronBackend.launch_flags(cfg)
+    assert flags[0] == "--use_megatron_lm" and flags[flags.index("--megatron_lm_tp_degree") + 1] == "2"
+    assert (
+        "ACCELERATE_USE_MEGATRON_LM"
+        not in LaunchConfig(distributed_type="MULTI_CPU", num_processes=2).to_env()
+    )
+    with pytest.raises(
+        ConfigError, match="megatron_lm_config has 'megatron_lm_tp_size'.*megatron_lm_ \\+ one of"
+    ):
+        LaunchConfig(
+            distributed_type="MEGATRON_LM",
+            num_processes=2,
+            extras={"megatron_lm_config": {"megatron_lm_tp_size": 2}},
+        ).validate()
+
+
+@pytest.mark.multiproc
+def test_accel_nb_launch_use_megatron_lm_on_a_machine_without_gpus_starts_no_rank(tmp_path):
+    from tests.test_cli import accel_nb
+
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    out = accel_nb(
+        "launch",
+        "--use_megatron_lm",
+        "--megatron_lm_tp_degree",
+        "2",
+        "--num_processes",
+        "2",
+        str(script),
+        cfg=str(tmp_path / "none.yaml"),
+    )
+    assert out.returncode != 0 and "ran" not in out.stdout
+    assert "Megatron-LM needs CUDA GPUs" in out.stderr, out.stderr

@@ -16,11 +16,13 @@ import argparse
 from typing import Any
 
 from ..config import DYNAMO_BACKENDS, ConfigError, LaunchConfig, default_config, find_config_file
+from ..megatron.plugin import LAUNCH_FIELDS as MEGATRON_FIELDS
 
 __all__ = [
     "FSDP_FLAGS",
     "UnderscoreHelpFormatter",
     "add_deepspeed_flags",
+    "add_megatron_flags",
     "add_parallelism_flags",
     "add_reference_flags",
     "deepspeed_changes",
@@ -43,7 +45,6 @@ UNBUILT: dict[str, str] = {
     "env": "TPU pod launches are not supported",
     "downcast_bf16": "downcast_bf16 (XLA_DOWNCAST_BF16) is not supported by accel_nb",
     "enable_cpu_affinity": "CPU (NUMA) affinity is not set by accel_nb",
-    "use_megatron_lm": "Megatron-LM is not supported by accel_nb",
     "aws_access_key_id": "SageMaker launches are not supported by accel_nb",
     "aws_secret_access_key": "SageMaker launches are not supported by accel_nb",
     "mpirun_hostfile": "accel_nb launches CPU processes across machines with torchrun (--num_machines, "
@@ -191,7 +192,7 @@ def add_reference_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(*_flag("main_training_function"), default=None, help=hidden)
     parser.add_argument(*_flag("downcast_bf16"), action="store_true", help=hidden)
     parser.add_argument(*_flag("enable_cpu_affinity"), action="store_true", help=hidden)
-    parser.add_argument(*_flag("use_megatron_lm"), action="store_true", help=hidden)
+    add_megatron_flags(parser)
     for name in ("aws_access_key_id", "aws_secret_access_key", "mpirun_hostfile"):
         parser.add_argument(*_flag(name), default=None, help=hidden)
     parser.add_argument("-t", "--tee", default="0", help=hidden)
@@ -220,6 +221,16 @@ def add_reference_flags(parser: argparse.ArgumentParser) -> None:
     for name in ("opt_level", "enable_fsdp_float8_all_gather", "pad_inner_dim"):
         parser.add_argument(*_flag(f"fp8_{name}"), default=None, help=hidden)
     parser.add_argument(*_flag("fp8_use_autocast_during_eval"), action="store_true", help=hidden)
+
+
+def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
+    """``--use_megatron_lm`` and the reference's ``--megatron_lm_*`` flags (they fill the config's megatron_lm_config)."""
+    group = parser.add_argument_group(
+        "Megatron-LM (distributed_type MEGATRON_LM; GPUs only; docs/megatron.md)"
+    )
+    group.add_argument(*_flag("use_megatron_lm"), action="store_true", help="train with Megatron-LM")
+    for name in MEGATRON_FIELDS:
+        group.add_argument(*_flag(f"megatron_lm_{name}"), default=None, help=f"MegatronLMPlugin({name}=...)")
 
 
 def refuse_unbuilt(ns: argparse.Namespace) -> None:
@@ -256,6 +267,14 @@ def reference_changes(ns: argparse.Namespace, cfg: LaunchConfig, changes: dict[s
     }
     if fp8:
         cfg.extras = {**cfg.extras, "fp8_config": {**(cfg.extras.get("fp8_config") or {}), **fp8}}
+    if getattr(ns, "use_megatron_lm", False):
+        changes["distributed_type"] = "MEGATRON_LM"
+        given = {f"megatron_lm_{n}": getattr(ns, f"megatron_lm_{n}", None) for n in MEGATRON_FIELDS}
+        given = {k: v for k, v in given.items() if v is not None}
+        cfg.extras = {
+            **cfg.extras,
+            "megatron_lm_config": {**(cfg.extras.get("megatron_lm_config") or {}), **given},
+        }
     if getattr(ns, "use_fsdp", False):
         changes["distributed_type"] = "FSDP"
         given = {k: getattr(ns, k) for k in FSDP_FLAGS if getattr(ns, k, None) is not None}

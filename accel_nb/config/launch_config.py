@@ -388,6 +388,7 @@ class LaunchConfig:
         env.update(self.fsdp_env())
         env.update(self.deepspeed_env())
         env.update(self.parallelism_env())
+        env.update(backend_named("megatron").launch_env(self))  # MEGATRON_LM: MEGATRON_LM_*
         # FP8: the config's fp8_config as ACCELERATE_FP8_* (accel_nb.precision.fp8_recipes); {} without fp8
         try:
             env.update(fp8_launch_env(self.mixed_precision, self.extras.get("fp8_config")))

@@ -22,7 +22,7 @@ CONFIG_FILE_ENV = "ACCEL_NB_CONFIG_FILE"
 CONFIG_FILE_NAME = "default_config.yaml"
 
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
-DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP", "DEEPSPEED")
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "XLA", "FSDP", "DEEPSPEED", "MEGATRON_LM")
 START_METHODS = ("auto", "fork", "spawn")
 # The rendezvous accel_nb sets up itself (no server to run): the choices of the launch flags
 # (accel-nb launch, %%accelerate) and of notebook launches across machines.
@@ -78,7 +78,6 @@ REFERENCE_KEYS_KEPT = (
 )
 # distributed_type values of the reference library that accel_nb cannot run (a clear error).
 UNSUPPORTED_DISTRIBUTED = {
-    "MEGATRON_LM": "Megatron-LM",
     "MULTI_NPU": "Ascend NPUs",
     "MULTI_MLU": "Cambricon MLUs",
     "MULTI_SDAA": "SDAA devices",
