@@ -1,12 +1,14 @@
-"""pdb in a rank on a terminal (issue 42): a script calls ``notebook_launcher``; the rank's prompt is the terminal's.
+"""pdb in a rank on a terminal (issue 42): a script that calls ``notebook_launcher``, and ``accel-nb launch``.
 
-Driven through a pty, as a person at a terminal: each ``(rank 1 Pdb)`` prompt is answered by writing a line.
+Driven through a pty, as a person at a terminal: each ``(rank N Pdb)`` prompt is answered by writing a line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
+import subprocess
 import sys
 import textwrap
 import time
@@ -37,7 +39,7 @@ SCRIPT = textwrap.dedent(
 def drive(
     argv: list[str], prompt: bytes, answers: list[bytes], env: dict[str, str], timeout: float = 120
 ) -> bytes:
-    """Run ``argv`` on a pty; write the next answer each time ``prompt`` appears; everything it wrote."""
+    """Run ``argv`` on a pty; write the next answer each time ``prompt`` (a regular expression) appears; all it wrote."""
     import pty
 
     pid, fd = pty.fork()
@@ -57,7 +59,7 @@ def drive(
             if not chunk:
                 break
             seen += chunk
-            if left and seen.count(prompt) > len(answers) - len(left):
+            if left and len(re.findall(prompt, seen)) > len(answers) - len(left):
                 os.write(fd, left.pop(0))
         else:
             raise AssertionError(
@@ -75,8 +77,60 @@ def test_notebook_launcher_from_a_script_asks_on_the_terminal(tmp_path):
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     env.pop("PYTHONBREAKPOINT", None)
-    out = drive([sys.executable, str(script)], b"(rank 1 Pdb) ", [b"p x\n", b"c\n"], env).decode()
+    out = drive([sys.executable, str(script)], rb"\(rank 1 Pdb\) ", [b"p x\n", b"c\n"], env).decode()
     out = out.replace("\r\n", "\n")
     assert "[accel_nb] rank 1 stopped in pdb at " in out, out
     assert "(rank 1 Pdb) p x\n11\n(rank 1 Pdb) c\n" in out, out
     assert "results: [10, 11]" in out, out
+
+
+SCRIPT_FOR_TORCHRUN = """
+import os
+rank = int(os.environ["RANK"])
+x = 10 + rank
+breakpoint()
+print("rank", rank, "done", x)
+"""
+
+
+def _accel_nb_launch(script) -> list[str]:
+    return [sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", "2", "--cpu", str(script)]
+
+
+def test_accel_nb_launch_one_rank_at_a_time_on_the_terminal(tmp_path):
+    script = tmp_path / "bp.py"
+    script.write_text(SCRIPT_FOR_TORCHRUN)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env.pop("PYTHONBREAKPOINT", None)
+    answers = [b"p x\n", b"c\n"] * 2
+    out = drive(_accel_nb_launch(script), rb"\(rank \d Pdb\) ", answers, env).decode().replace("\r\n", "\n")
+    ranks = [int(r) for r in re.findall(r"\(rank (\d) Pdb\) ", out)]
+    # one rank holds the terminal from its stop to its 'c': two prompts of one rank, then two of the other
+    assert (
+        len(ranks) == 4 and ranks[0] == ranks[1] and ranks[2] == ranks[3] and {ranks[0], ranks[2]} == {0, 1}
+    ), out
+    for rank in (0, 1):
+        assert f"[accel_nb] rank {rank} stopped in pdb at {script}:" in out, out
+        # the answer to 'p x' (another rank's lines may come between: it runs on)
+        assert re.search(rf"\(rank {rank} Pdb\) p x\n(.*\n)*?\[default{rank}\]:{10 + rank}\n", out), out
+        assert f"rank {rank} done {10 + rank}" in out, out
+
+
+def test_accel_nb_launch_without_a_terminal_says_and_skips(tmp_path):
+    script = tmp_path / "bp.py"
+    script.write_text(SCRIPT_FOR_TORCHRUN)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env.pop("PYTHONBREAKPOINT", None)
+    res = subprocess.run(
+        _accel_nb_launch(script),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    for rank in (0, 1):
+        assert f"rank {rank}: breakpoint at {script}:5 skipped: stdin is not a terminal" in out, out
+        assert f"rank {rank} done {10 + rank}" in out, out

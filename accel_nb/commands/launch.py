@@ -316,6 +316,11 @@ def run(ns: argparse.Namespace) -> int:
         watchdog = HangWatchdog(timeout, log_dir, tempfile.mkdtemp(prefix="stacks_", dir=log_dir), nproc)
     device = "CPU" if cfg.use_cpu or not hw.num_gpus else "GPU"
     os.environ.update(rank_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
+    # breakpoint() in a rank: pdb on this terminal, named after the rank, one rank at a time (deferred
+    # import: it imports pdb, which the launch itself never needs)
+    from ..launch.rank.terminal_pdb import HOOK
+
+    os.environ.setdefault("PYTHONBREAKPOINT", HOOK)
     if getattr(ns, "num_cpu_threads_per_process", None) is not None:
         os.environ["OMP_NUM_THREADS"] = str(ns.num_cpu_threads_per_process)
     if getattr(ns, "debug", False):
