@@ -20,7 +20,10 @@ __all__ = [
 ]
 
 _Q, _PAR = "not yet: issue 29 (quantization)", "not yet: issue 30 (TP/CP/PP)"
-_MEGATRON = "Megatron-LM is not supported by accel_nb"
+_MEGATRON = (
+    "accel_nb runs Megatron-LM on megatron-core with its own names, under accel_nb.megatron (MegatronLMPlugin, "
+    "MegatronLMDummyScheduler; docs/megatron.md); the reference's megatron.training parts are not built"
+)
 _DEVICES = (
     "device kinds accel_nb does not run on (Ascend NPU, MLU, MUSA, SDAA, Gaudi/HPU, Neuron, XPU collectives)"
 )
