@@ -282,7 +282,9 @@ def _cli(*args, cwd):
     )
 
 
-def test_a_config_files_fp8_config_reaches_the_ranks_and_a_te_backend_is_refused_before_they_start(tmp_path):
+def test_a_config_files_fp8_config_reaches_the_ranks_and_a_te_backend_is_refused_before_they_start(
+    tmp_path, monkeypatch
+):
     from accel_nb.config import LaunchConfig
     from accel_nb.precision.fp8_recipes import fp8_launch_env
 
@@ -299,10 +301,16 @@ def test_a_config_files_fp8_config_reaches_the_ranks_and_a_te_backend_is_refused
         "distributed_type: 'NO'\nnum_processes: 1\nuse_cpu: true\nmixed_precision: fp8\n"
         "fp8_config:\n  backend: AO\n  pad_inner_dim: false\n"
     )
-    assert LaunchConfig.load(str(config)).to_env()["ACCELERATE_FP8_PAD_INNER_DIM"] == "False"
-    done = _cli("--config_file", str(config), "train.py", cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "RESULT fp8 AO False ['Linear', 'Float8Linear', 'Linear']" in done.stdout
+    env = LaunchConfig.load(str(config)).to_env()  # what accel-nb launch gives each rank
+    assert env["ACCELERATE_FP8_PAD_INNER_DIM"] == "False" and env["ACCELERATE_MIXED_PRECISION"] == "fp8"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    accelerator = Accelerator()  # as a rank builds it: everything from the environment
+    model = accelerator.prepare(torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(3))))
+    assert [type(m).__name__ for m in model] == ["Linear", "Float8Linear", "Linear"]
+    assert (
+        accelerator.fp8_backend.value == "AO" and accelerator.ao_recipe_handler.config.pad_inner_dim is False
+    )
     refused = _cli("--config_file", str(config), "--fp8_backend", "te", "train.py", cwd=tmp_path)
     assert refused.returncode != 0 and "fp8_config backend=TE: its library is not installed" in refused.stderr
     assert "RESULT" not in refused.stdout and "Traceback" not in refused.stderr

@@ -65,6 +65,7 @@ def test_every_notebook_is_covered_here():
         "big_model_inference.ipynb",
         "config_wizard.ipynb",
         "deepspeed_zero3.ipynb",
+        "fp8_training.ipynb",
         "interactive_session.ipynb",
         "parallelism.ipynb",
         "quickstart.ipynb",
@@ -215,6 +216,17 @@ def test_deepspeed_zero3_notebook_trains_and_saves_a_model_the_plain_model_loads
     assert "the plain model computes what the trained engine computed: True; trained weights: True" in results
     text = all_text(nb)
     assert all(f"step {i}: loss" in text for i in range(8)) and "is deprecated" not in text
+
+
+@pytest.mark.notebooks
+def test_fp8_notebook_trains_every_parameter_within_3_percent_of_fp32():
+    pytest.importorskip("torchao")
+    nb = runner.execute_notebook(os.path.join(NOTEBOOKS, "fp8_training.ipynb"), timeout=600)
+    assert error_outputs(nb) == []
+    results = "\n".join(runner.key_results(nb))
+    assert "layers: ['Linear', 'Float8Linear', 'Float8Linear', 'Linear']" in results
+    assert "parameters trained: ['8 of 8', '8 of 8']" in results
+    assert "(under 3%: True)" in results
 
 
 @pytest.mark.notebooks
