@@ -338,3 +338,53 @@ def test_accel_nb_launch_use_megatron_lm_on_a_machine_without_gpus_starts_no_ran
     )
     assert out.returncode != 0 and "ran" not in out.stdout
     assert "Megatron-LM needs CUDA GPUs" in out.stderr, out.stderr
+
+
+def test_accel_nb_config_offers_megatron_on_a_gpu_machine(fresh_state, tmp_path):
+    """The questionnaire as a person with 4 GPUs answers it (the hardware and the keyboard stood in for)."""
+    import io
+
+    import accel_nb.commands.config as config_command
+    from accel_nb.config.command_line import launch_command_line
+    from accel_nb.hardware import GPUInfo, HardwareInfo
+
+    gpus = [
+        GPUInfo(index=i, name="NVIDIA H100", total_memory=80 * 2**30, compute_capability=(9, 0), bf16=True)
+        for i in range(4)
+    ]
+    hw = HardwareInfo(
+        cpu_physical_cores=8,
+        cpu_logical_cores=16,
+        ram_total=2**36,
+        ram_available=2**35,
+        gpus=gpus,
+        nvml_available=True,
+    )
+    fresh_state.setattr(config_command, "detect", lambda: hw)
+
+    def answer(replies):
+        it = iter(replies)
+        fresh_state.setattr("builtins.input", lambda prompt="": next(it))
+        out = io.StringIO()
+        return config_command.questionnaire(str(tmp_path / "none.yaml"), out=out), out.getvalue()
+
+    deepspeed = ["no"] if config_command.deepspeed_installed() else []
+    first = ["gpu", "", "", "", "", ""] + deepspeed
+    cfg, text = answer([*first, "maybe", "yes", "3", "2", "", "2", "4", "", "", "", ""])
+    assert "! use_megatron_lm='maybe' is not valid" in text
+    assert "! megatron_lm_tp_degree='3' is not valid" in text and "dividing the 4 processes" in text
+    assert "FullyShardedDataParallel" not in text and "torch.compile" not in text  # not with Megatron-LM
+    assert (cfg.distributed_type, cfg.num_processes, cfg.use_cpu) == ("MEGATRON_LM", 4, False)
+    assert cfg.extras["megatron_lm_config"] == {
+        "megatron_lm_tp_degree": 2,
+        "megatron_lm_sequence_parallelism": False,
+        "megatron_lm_pp_degree": 2,
+        "megatron_lm_num_micro_batches": 4,
+        "megatron_lm_recompute_activations": False,
+        "megatron_lm_use_distributed_optimizer": False,
+        "megatron_lm_gradient_clipping": 1.0,
+    }
+    assert "--use_megatron_lm --megatron_lm_tp_degree 2" in launch_command_line(cfg)
+    # on CPU it is not offered (a CPU machine cannot run it)
+    cfg, text = answer(["cpu", "", "2", "", ""] + deepspeed + ["", "", "", ""])
+    assert "Megatron" not in text and cfg.distributed_type == "MULTI_CPU"

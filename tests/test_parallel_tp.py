@@ -433,3 +433,48 @@ def test_the_config_questionnaire_asks_for_the_layout_with_fsdp(monkeypatch):
     assert new.to_env()["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "2"
     answers = iter(["no"])  # no: the layout is dropped
     assert "parallelism_config" not in parallelism_questions(new, io.StringIO()).extras
+
+
+def test_the_mesh_is_built_as_the_references_build_device_mesh(monkeypatch):
+    """The reference's _get_mesh and the joint dimensions build_device_mesh flattens, with the same keys
+    (its test suite patches init_device_mesh and compares them); accel_nb's own extra flattening for
+    clipping happens where accel_nb builds its mesh (get_device_mesh)."""
+    import torch.distributed.device_mesh as device_mesh
+
+    reference = pytest.importorskip("accelerate.parallelism_config")
+    flattened: list = []
+
+    class FakeMesh:
+        def __init__(self, shape, names):
+            self.shape, self.mesh_dim_names, self.device_type = shape, names, "cpu"
+
+        def __getitem__(self, key):
+            mesh = self
+
+            class Sub:
+                def _flatten(self, name):
+                    flattened.append((key, name))
+                    return mesh
+
+            return Sub()
+
+    monkeypatch.setattr(
+        device_mesh, "init_device_mesh", lambda device, shape, mesh_dim_names: FakeMesh(shape, mesh_dim_names)
+    )
+    for sizes in (
+        {"dp_replicate_size": 2, "dp_shard_size": 2},
+        {"dp_shard_size": 2, "tp_size": 2},
+        {"cp_size": 2},
+    ):
+        ours, theirs = ParallelismConfig(**sizes), reference.ParallelismConfig(**sizes)
+        assert ours._get_mesh() == theirs._get_mesh()
+        flattened.clear()
+        ours.build_device_mesh("cpu")
+        mine = list(flattened)
+        flattened.clear()
+        theirs.build_device_mesh("cpu")
+        assert mine == flattened
+    assert ParallelismConfig()._get_mesh() == reference.ParallelismConfig()._get_mesh() == ()
+    flattened.clear()
+    ParallelismConfig(dp_shard_size=2, tp_size=2).get_device_mesh("cpu")
+    assert flattened[-1] == (("dp_shard", "tp"), "dp_shard_tp")  # one all_reduce for a TP gradient norm

@@ -302,10 +302,9 @@ def load_accelerator_state(
             )
     elif failure is not None:
         raise failure
-    _read_fsdp_shards(accelerator, plan)
-    from ..deepspeed.checkpointing import load_engines
-
-    load_engines(accelerator, plan)  # DeepSpeed engines restore their models and optimizers (every rank)
+    # every rank: the training back-end restores what it saved itself (FSDP/tensor-parallel shards, DeepSpeed
+    # engines) and takes those entries out of the plan; a collective, so only after every rank's checks passed
+    accelerator.backend.read_parts(plan)
     path, manifest = plan["path"], plan["manifest"]
     model_sources = plan["models"]
     scaler, scaler_state = plan["scaler"]
@@ -369,27 +368,6 @@ def load_accelerator_state(
             stacklevel=3,
         )
     return path
-
-
-def _read_fsdp_shards(accelerator: Any, plan: dict[str, Any]) -> None:
-    """FSDP: every rank reads its shards (a collective, so only after every rank's checks passed); all or nothing."""
-    from ..fsdp.checkpointing import read_sharded_parts, sharded_mode
-
-    if sharded_mode(accelerator) is None:  # neither FSDP nor tensor parallel
-        return
-    from ..ops import gather_object
-
-    error = None
-    try:
-        read_sharded_parts(plan, [module for module, _ in plan["models"]])
-    except Exception as exc:  # noqa: BLE001 - shared with the other ranks below
-        error = f"{type(exc).__name__}: {exc}"
-    bad = [(r, e) for r, e in enumerate(gather_object([error])) if e]
-    if bad:
-        raise CheckpointError(
-            "load_state changed nothing: "
-            + "; ".join(f"rank {r} could not read its FSDP shards: {e}" for r, e in bad)
-        )
 
 
 def _apply(load: Any, state: Any, file: str, what: str) -> None:

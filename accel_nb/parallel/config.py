@@ -244,6 +244,11 @@ class ParallelismConfig:
         names = tuple(self.active_mesh_dims)
         return names, tuple(getattr(self, f"{d}_size") for d in names)
 
+    def _get_mesh(self) -> tuple[tuple[Any, ...], ...]:
+        """The reference's private spelling of :meth:`mesh_shape`: ``(names, sizes)``, or ``()`` for one process."""
+        names, shape = self.mesh_shape()
+        return (names, shape) if names else ()
+
     def build_device_mesh(self, device_type: str) -> Any:
         """The torch ``DeviceMesh`` of this layout (None when every size is 1).
 
@@ -262,14 +267,18 @@ class ParallelismConfig:
             ("dp_shard_cp", self.dp_shard_cp_dim_names),
             ("dp_cp", self.dp_cp_dim_names),
         ):
+            # sliced by the list itself, as the reference does (code patching the mesh sees its keys)
             if dims:
-                self.joint_meshes[joint] = mesh[tuple(dims)]._flatten(joint)
+                self.joint_meshes[joint] = mesh[dims]._flatten(joint)
+        return mesh
+
+    def _flatten_for_clipping(self, mesh: Any) -> None:
         if self.tp_enabled and self.dp_shard_enabled and not self.cp_enabled:
             # a tensor-parallel weight's gradient norm is partial over dp_shard x tp: with the two
             # flattened DTensor reduces it in one all_reduce (it warned on every rank, once per launch,
-            # "2 sequential all_reduce operations ... flatten mesh dimensions", at clip_grad_norm_)
+            # "2 sequential all_reduce operations ... flatten mesh dimensions", at clip_grad_norm_).
+            # Done where accel_nb builds its mesh, so that build_device_mesh flattens what the reference's does.
             self.joint_meshes["dp_shard_tp"] = mesh[("dp_shard", "tp")]._flatten("dp_shard_tp")
-        return mesh
 
     def submesh(self, *names: str) -> Any:
         """The mesh of the named dimensions (``"tp"``, or ``"dp_replicate", "dp_shard_cp"``), joint ones included.
@@ -296,6 +305,8 @@ class ParallelismConfig:
             if device_type is None:
                 raise ValueError("the device mesh is not built yet: pass device_type (e.g. 'cpu', 'cuda')")
             self.device_mesh = self.build_device_mesh(device_type)
+            if self.device_mesh is not None:
+                self._flatten_for_clipping(self.device_mesh)
         elif device_type is not None and self.device_mesh.device_type != device_type:
             raise ValueError(
                 f"this ParallelismConfig's mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}; "

@@ -15,7 +15,7 @@ What a back-end decides:
 - the step: ``backward``, ``no_sync`` (the accumulation boundary), ``partial_gradients`` (clipping only on
   sync steps), ``gather_for_metrics``, ``clip_grad_norm_`` / ``clip_grad_value_`` (``before_clipping`` for XLA's reduce);
 - checkpoints: whether every rank must take part (``needs_every_rank``), what it writes itself
-  (``save_parts``), the full weights of a spread-out model (``gathered_weights``);
+  (``save_parts``) and reads back (``read_parts``), the full weights of a spread-out model (``gathered_weights``);
 - the launch config: the ``distributed_type`` values it answers to (``launch_types``), its section
   (``config_key``), ``check_launch_config``, ``hardware_notes``, ``launch_env``, ``launch_flags``,
   ``keeps_distributed_type``.
@@ -288,6 +288,11 @@ class TrainingBackend:
         optimizer's index to the state the main process writes instead (None: not written at all).
         """
         return {}
+
+    def read_parts(self, plan: dict[str, Any]) -> None:
+        """Every rank, in ``load_state`` once every rank's checks passed (so it may run collectives): restore
+        what ``save_parts`` wrote, taking those entries out of ``plan`` (``plan["models"]`` holds
+        ``(module, source)`` pairs, ``plan["optimizers"]`` ``(optimizer, state)``; the rest is loaded as usual)."""
 
     def gathered_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         """The full weights of ``model`` when its parameters are spread over the ranks (call it on every rank;

@@ -155,6 +155,12 @@ class DeepSpeedBackend(TrainingBackend):
 
         return save_engines(self.accelerator, folder, weights)
 
+    def read_parts(self, plan: dict[str, Any]) -> None:
+        """Every rank (a collective): each engine loads its checkpoint (weights, optimizer partitions, scheduler)."""
+        from ...deepspeed.checkpointing import load_engines
+
+        load_engines(self.accelerator, plan)
+
     def gathered_weights(self, model: torch.nn.Module) -> dict[str, Any] | None:
         """A prepared engine's full weights (ZeRO-3 shards gathered on the main process: every rank calls it)."""
         from ...deepspeed.training import engine_state_dict

@@ -150,3 +150,23 @@ class FsdpBackend(DdpBackend):
             return {}
         models = [acc.unwrap_model(m, keep_torch_compile=False) for m in acc.prepared("model")]
         return save_sharded_parts(acc, folder, weights, models)
+
+    def read_parts(self, plan: dict[str, Any]) -> None:
+        """Every rank reads its shards (torch.distributed.checkpoint); all or nothing over the ranks."""
+        from ...fsdp.checkpointing import read_sharded_parts, sharded_mode
+        from ...ops import gather_object
+        from ...serialization import CheckpointError
+
+        if sharded_mode(self.accelerator) is None:  # neither FSDP nor tensor parallel
+            return
+        error = None
+        try:
+            read_sharded_parts(plan, [module for module, _ in plan["models"]])
+        except Exception as exc:  # noqa: BLE001 - shared with the other ranks below
+            error = f"{type(exc).__name__}: {exc}"
+        bad = [(r, e) for r, e in enumerate(gather_object([error])) if e]
+        if bad:
+            raise CheckpointError(
+                "load_state changed nothing: "
+                + "; ".join(f"rank {r} could not read its FSDP shards: {e}" for r, e in bad)
+            )

@@ -42,6 +42,14 @@ class MegatronBackend(TrainingBackend):
         from ...megatron.plugin import MegatronLMPlugin, settings_from_launch
 
         config = cfg.extras.get("megatron_lm_config") or {}
+        if int(cfg.gradient_accumulation_steps or 1) > 1:
+            raise ConfigError(
+                "gradient_accumulation_steps",
+                cfg.gradient_accumulation_steps,
+                "1 with Megatron-LM",
+                path,
+                "Megatron-LM accumulates over megatron_lm_num_micro_batches instead",
+            )
         try:
             MegatronLMPlugin(**settings_from_launch(config))
         except (ValueError, TypeError) as exc:

@@ -35,6 +35,7 @@ from ...config.command_line import PROG
 from ...hardware import detect
 from ...lazy_exports import lazy_exports
 from ...precision.setting import offered_mixed_precisions
+from .megatron_questions import megatron_installed, megatron_questions, without_megatron
 
 __all__ = ["add_parser", "run", "questionnaire", "describe", "parallelism_questions"]
 
@@ -216,7 +217,16 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
             out,
         )
         cfg = _deepspeed_questions(cfg, compute, out) if use_deepspeed else _without_deepspeed(cfg, compute)
-    if compute != "xla" and cfg.distributed_type != "DEEPSPEED" and int(cfg.num_processes or 1) > 1:
+    offer_megatron = compute == "gpu" and cfg.distributed_type != "DEEPSPEED" and megatron_installed()
+    if offer_megatron or cfg.distributed_type == "MEGATRON_LM":  # only GPUs run it (docs/megatron.md)
+        cfg = _checked(
+            megatron_questions(cfg, compute, out, _ask) if offer_megatron else without_megatron(cfg), compute
+        )
+    if (
+        compute != "xla"
+        and cfg.distributed_type not in ("DEEPSPEED", "MEGATRON_LM")
+        and int(cfg.num_processes or 1) > 1
+    ):
         use_fsdp = _ask(
             "Do you want to use FullyShardedDataParallel (FSDP2) (yes/no)",
             cfg.distributed_type == "FSDP",
@@ -232,8 +242,8 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
         cfg.start_method,
         _one_of(START_METHODS, "start_method"),
     )
-    if cfg.distributed_type == "DEEPSPEED":
-        cfg = _checked(cfg, compute, dynamo_backend="no")  # DeepSpeed's engine is not compiled by accel_nb
+    if cfg.distributed_type in ("DEEPSPEED", "MEGATRON_LM"):
+        cfg = _checked(cfg, compute, dynamo_backend="no")  # their engines are not compiled by accel_nb
     else:
         field(
             "dynamo_backend",
