@@ -1,0 +1,88 @@
+"""The training back-end registry (accel_nb/accelerator/backends/): chosen once, found by name, asked by the
+launch config without torch, and a model conversion registered in one place is applied by ``prepare``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from accel_nb import Accelerator
+from accel_nb.accelerator.backends import (
+    BACKENDS,
+    CONVERSIONS,
+    ModelConversion,
+    TrainingBackend,
+    backend_named,
+    launch_backend,
+    register_conversion,
+)
+from accel_nb.config import LaunchConfig
+
+
+def test_the_five_backends_are_registered_by_name():
+    assert {"ddp", "fsdp", "deepspeed", "layout", "xla"} <= set(BACKENDS)
+    for name, cls in BACKENDS.items():
+        assert issubclass(cls, TrainingBackend) and cls.name == name
+    assert backend_named("fsdp") is BACKENDS["fsdp"]
+
+
+def test_launch_types_map_to_their_backend():
+    assert launch_backend("FSDP").name == "fsdp"
+    assert launch_backend("DEEPSPEED").name == "deepspeed"
+    assert launch_backend("XLA").name == "xla"
+    for plain in ("NO", "MULTI_CPU", "MULTI_GPU"):
+        assert launch_backend(plain).name == "ddp"
+
+
+def test_a_plain_run_gets_the_ddp_backend_once():
+    accelerator = Accelerator(cpu=True)
+    backend = accelerator.backend
+    assert backend.name == "ddp" and backend.accelerator is accelerator
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    assert accelerator.backend is backend  # chosen in the constructor, not per call
+    assert accelerator.prepared("model") == [model]
+
+
+def test_the_launch_config_asks_the_backends_without_torch():
+    code = (
+        "import sys\n"
+        "from accel_nb.config import LaunchConfig\n"
+        "cfg = LaunchConfig(distributed_type='FSDP', num_processes=2).validate()\n"
+        "assert 'ACCEL_NB_FSDP_CONFIG' in cfg.to_env()\n"
+        "assert 'torch' not in sys.modules, 'accel_nb.config imported torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    env = LaunchConfig(distributed_type="DEEPSPEED", use_cpu=True).validate().to_env()
+    assert env["DS_ACCELERATOR"] == "cpu"
+
+
+def test_a_registered_conversion_is_applied_before_the_backend_wraps():
+    seen = []
+
+    @register_conversion
+    class Marked(ModelConversion):  # what FP8 does with torchao's layers, here a mark
+        name = "test-mark"
+
+        @classmethod
+        def applies(cls, accelerator):
+            return getattr(accelerator, "mark_models", False)
+
+        def convert(self, accelerator, model):
+            seen.append(type(model).__name__)
+            model.marked = True
+            return model
+
+    try:
+        plain = Accelerator(cpu=True)
+        assert not any(isinstance(c, Marked) for c in plain.conversions)
+        Accelerator.mark_models = True  # the setting a precision reads (FP8: the recipe)
+        try:
+            accelerator = Accelerator(cpu=True)
+        finally:
+            del Accelerator.mark_models
+        model = accelerator.prepare(torch.nn.Linear(2, 2))
+        assert seen == ["Linear"] and model.marked
+    finally:
+        CONVERSIONS.pop("test-mark", None)
