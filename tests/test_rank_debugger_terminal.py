@@ -37,7 +37,12 @@ SCRIPT = textwrap.dedent(
 
 
 def drive(
-    argv: list[str], prompt: bytes, answers: list[bytes], env: dict[str, str], timeout: float = 120
+    argv: list[str],
+    prompt: bytes,
+    answers: list[bytes],
+    env: dict[str, str],
+    timeout: float = 120,
+    think: float = 0.0,
 ) -> bytes:
     """Run ``argv`` on a pty; write the next answer each time ``prompt`` (a regular expression) appears; all it wrote."""
     import pty
@@ -60,6 +65,8 @@ def drive(
                 break
             seen += chunk
             if left and len(re.findall(prompt, seen)) > len(answers) - len(left):
+                if think and len(left) == len(answers):
+                    time.sleep(think)  # the person looks at the first prompt for a while
                 os.write(fd, left.pop(0))
         else:
             raise AssertionError(
@@ -93,8 +100,18 @@ print("rank", rank, "done", x)
 """
 
 
-def _accel_nb_launch(script) -> list[str]:
-    return [sys.executable, "-m", "accel_nb.commands", "launch", "--num_processes", "2", "--cpu", str(script)]
+def _accel_nb_launch(script, *flags: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "accel_nb.commands",
+        "launch",
+        "--num_processes",
+        "2",
+        "--cpu",
+        *flags,
+        str(script),
+    ]
 
 
 def test_accel_nb_launch_one_rank_at_a_time_on_the_terminal(tmp_path):
@@ -103,7 +120,9 @@ def test_accel_nb_launch_one_rank_at_a_time_on_the_terminal(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     env.pop("PYTHONBREAKPOINT", None)
     answers = [b"p x\n", b"c\n"] * 2
-    out = drive(_accel_nb_launch(script), rb"\(rank \d Pdb\) ", answers, env).decode().replace("\r\n", "\n")
+    # --timeout 2 while the person looks at the first prompt for 4 s: time in pdb is not a hang
+    argv = _accel_nb_launch(script, "--timeout", "2")
+    out = drive(argv, rb"\(rank \d Pdb\) ", answers, env, think=4.0).decode().replace("\r\n", "\n")
     ranks = [int(r) for r in re.findall(r"\(rank (\d) Pdb\) ", out)]
     # one rank holds the terminal from its stop to its 'c': two prompts of one rank, then two of the other
     assert (
@@ -112,7 +131,9 @@ def test_accel_nb_launch_one_rank_at_a_time_on_the_terminal(tmp_path):
     for rank in (0, 1):
         assert f"[accel_nb] rank {rank} stopped in pdb at {script}:" in out, out
         # the answer to 'p x' (another rank's lines may come between: it runs on)
-        assert re.search(rf"\(rank {rank} Pdb\) p x\n(.*\n)*?\[default{rank}\]:{10 + rank}\n", out), out
+        assert re.search(rf"\(rank {rank} Pdb\) (.|\n)*?p x\n(.|\n)*?\[default{rank}\]:{10 + rank}\n", out), (
+            out
+        )
         assert f"rank {rank} done {10 + rank}" in out, out
 
 

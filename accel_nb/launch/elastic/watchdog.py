@@ -33,6 +33,7 @@ import psutil
 from ...env_names import ENV_LAUNCH_TIMEOUT
 from ..errors import LaunchError
 from ..parent.supervisor import STACKS_WAIT_S, STARTUP_GRACE_S, clean_stacks, hang_failures, hang_headline
+from ..rank.terminal_pdb import rank_in_pdb
 from ..rank.worker import STACKS_SIGNAL
 
 __all__ = [
@@ -162,6 +163,8 @@ class HangWatchdog:
             now = time.monotonic()
             if sizes != seen:
                 seen, last_output = sizes, now
+            if rank_in_pdb():  # a person at a rank's breakpoint (terminal_pdb): not a hang
+                last_output = now
             starting = not _every_rank_spoke(sizes, self.nproc)
             if starting:
                 # a cold start is not a hang: until every rank has written something, ranks that work

@@ -7,7 +7,8 @@ user's). torchrun leaves each rank's stdin on the launching terminal and prefixe
 holds a lock (``flock`` on a file named after the agent, the ranks' common parent) from the moment it
 stops until ``c`` or ``q``: the others wait at their breakpoint, then get the terminal one after the
 other. A rank whose stdin is not a terminal says so on its stderr and goes on (plain pdb would read
-end-of-file and stop the rank with ``BdbQuit``).
+end-of-file and stop the rank with ``BdbQuit``). While a rank holds the lock, ``--timeout``'s hang
+watchdog does not count the time (``rank_in_pdb``).
 
     PYTHONBREAKPOINT=accel_nb.launch.rank.terminal_pdb.set_trace   # set by accel-nb launch
 """
@@ -27,6 +28,24 @@ HOOK = "accel_nb.launch.rank.terminal_pdb.set_trace"  # the PYTHONBREAKPOINT val
 def lock_path(agent_pid: int | None = None) -> str:
     """The lock every rank of one agent (torchrun's process on this machine) takes while in pdb."""
     return os.path.join(tempfile.gettempdir(), f"accel_nb-pdb-{agent_pid or os.getppid()}.lock")
+
+
+def rank_in_pdb(agent_pid: int | None = None) -> bool:
+    """Whether a rank of the agent ``agent_pid`` (default: this process) holds the terminal: it is in pdb, and
+    the time a person spends there is not a hang (``accel-nb launch --timeout``'s watchdog asks)."""
+    try:
+        fd = os.open(lock_path(agent_pid or os.getpid()), os.O_RDWR)
+    except OSError:  # no rank of this launch ever stopped
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
 
 
 class TerminalPdb(pdb.Pdb):
