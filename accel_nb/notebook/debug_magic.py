@@ -21,7 +21,7 @@ from .magic_flags import UsageParser
 
 DEBUG_USAGE = "%accelerate debug [--rank R]"
 # flags of %%accelerate that are not start flags (they belong to one cell); with how many values each takes
-_CELL_ONLY = {"--rank": 1, "--return": 1, "--timeout": 1}
+_CELL_ONLY = {"--rank": 1, "--return": 1}
 
 
 class _LastOneShot:
@@ -34,8 +34,8 @@ def remember_failed_one_shot(line: str | None) -> None:
 
 
 def start_line(cell_line: str) -> str:
-    """``%accelerate start`` with the launch flags of a ``%%accelerate`` line (``--rank``, ``--return``,
-    ``--timeout`` dropped: they are a cell's).
+    """``%accelerate start`` with the launch flags of a ``%%accelerate`` line (``--rank`` and ``--return``
+    dropped: they are a cell's).
 
         start_line("-n 2 --cpu --return model")   # '%accelerate start -n 2 --cpu'
     """
