@@ -27,7 +27,6 @@ import torch
 
 from ..availability import is_msamp_available, is_torchao_available, is_transformer_engine_available
 from .fp8_recipes import (
-    FP8_RECIPE_NAMES,
     AORecipeKwargs,
     FP8BackendType,
     FP8RecipeKwargs,
@@ -285,8 +284,3 @@ def configure_fp8(accelerator: Any, handler: Any) -> Fp8Setup | None:
         accelerator.ao_recipe_handler = recipe
         accelerator.has_fp8_handler = True
     return Fp8Setup(backend, recipe)
-
-
-def is_fp8_recipe(handler: Any) -> bool:
-    """True when ``handler`` is one of the FP8 recipes (accel_nb's or the reference's class names)."""
-    return type(handler).__name__ in FP8_RECIPE_NAMES
