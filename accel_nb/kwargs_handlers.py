@@ -121,12 +121,12 @@ class DistributedDataParallelKwargs(KwargsHandler):
                 "comm_state_option configures a PowerSGD hook; set comm_hook='power_sgd' or 'batched_power_sgd'"
             )
 
-    def to_kwargs(self) -> dict[str, Any]:
-        """The DDP constructor arguments that differ from the defaults (the hook fields are not among them)."""
-        kwargs = super().to_kwargs()
-        for name in ("comm_hook", "comm_wrapper", "comm_state_option"):
-            kwargs.pop(name, None)
-        return kwargs
+    def to_dict(
+        self, ignore_keys: tuple[str, ...] = ("comm_hook", "comm_wrapper", "comm_state_option")
+    ) -> dict[str, Any]:
+        """The fields, less ``ignore_keys`` (by default the hook fields, as in the reference: what is left,
+        and so ``to_kwargs()``, are ``DistributedDataParallel``'s arguments)."""
+        return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
     def register_comm_hook(self, model: Any) -> None:
         """Install the configured gradient compression on a ``DistributedDataParallel`` model.
@@ -335,6 +335,7 @@ class HandlerArguments:
     ddp_handler: DistributedDataParallelKwargs | None = None  # for register_comm_hook after wrapping
     profile: ProfileKwargs | None = None
     gradient_accumulation: GradientAccumulationPlugin | None = None
+    given: dict[str, KwargsHandler] = dataclasses.field(default_factory=dict)  # each handler, by slot
     fp8_recipe: Any = None  # an FP8 recipe (accel_nb.precision.fp8_recipes), read by accel_nb.precision.fp8
 
 
@@ -363,7 +364,8 @@ def _as_ours(handler: Any) -> tuple[str, KwargsHandler]:
     if isinstance(handler, cls):
         return slot, handler
     fields = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in handler.to_dict().items() if k in fields}
+    # every field, read off the object (the reference's DDP to_dict() leaves out the hook fields)
+    values = {k: getattr(handler, k) for k in fields if hasattr(handler, k)}
     for key in ("comm_hook", "comm_wrapper"):
         if key in values and isinstance(values[key], enum.Enum):
             values[key] = values[key].value
@@ -393,6 +395,7 @@ def read_kwargs_handlers(handlers: Iterable[Any] | None) -> HandlerArguments:
                 f"kwargs_handlers holds two {type(ours).__name__}; pass one and merge their settings"
             )
         seen.add(slot)
+        out.given[slot] = ours
         if slot in ("profile", "gradient_accumulation"):
             setattr(out, slot, ours)
             continue

@@ -194,8 +194,10 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
     return auto_tqdm(*args, **kwargs, disable=disable)
 
 
-def set_seed(seed: int, device_specific: bool = False) -> None:
-    """Seed python, numpy and torch (all devices). ``device_specific`` adds the process index.
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch (all devices). ``device_specific`` adds the process index;
+    ``deterministic`` also makes torch use deterministic algorithms (``torch.use_deterministic_algorithms``;
+    slower, and an operation without one raises).
 
     set_seed(42)
     """
@@ -211,6 +213,8 @@ def set_seed(seed: int, device_specific: bool = False) -> None:
     torch.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
 
 
 def wait_for_everyone() -> None:

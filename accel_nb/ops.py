@@ -258,12 +258,13 @@ def gather(tensor: Any) -> Any:
     return recursively_apply(_one, tensor)
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(object: Any) -> list[Any]:  # the reference's parameter name, for keyword callers
     """Gather picklable objects from every process.
 
     A list or tuple from each rank is concatenated in rank order; any other object gives a
     list with one entry per rank.
     """
+    obj = object
     if world_size() == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
     out: list[Any] = [None] * world_size()
@@ -464,9 +465,10 @@ def pad_across_processes(tensor: Any, dim: int = 0, pad_index: int = 0, pad_firs
 
 # -- devices ----------------------------------------------------------------------------------------
 def send_to_device(
-    obj: Any, device: torch.device | str, non_blocking: bool = False, skip_keys: Any = None
+    tensor: Any, device: torch.device | str, non_blocking: bool = False, skip_keys: Any = None
 ) -> Any:
-    """Move every tensor (or object with ``.to``) in ``obj`` to ``device``; keep the structure."""
+    """Move every tensor (or object with ``.to``) in ``tensor`` (any nesting) to ``device``; keep the structure."""
+    obj = tensor
     if isinstance(skip_keys, str):
         skip_keys = [skip_keys]
     if isinstance(obj, (list, tuple)):

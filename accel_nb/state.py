@@ -495,7 +495,11 @@ class GradientState:
     _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
     initialized: bool = False  # read through an instance whose shared state was reset: not initialized
 
-    def __init__(self, gradient_accumulation_steps: int | None = None) -> None:
+    def __init__(
+        self, gradient_accumulation_plugin: Any = None, gradient_accumulation_steps: int | None = None
+    ) -> None:
+        """``gradient_accumulation_plugin`` (the reference's argument, a ``GradientAccumulationPlugin``)
+        sets the accumulation settings as there; ``gradient_accumulation_steps`` the number of steps."""
         self.__dict__ = self._shared_state
         if not self._shared_state.get("initialized"):
             self.sync_gradients = True
@@ -503,7 +507,18 @@ class GradientState:
             self.active_dataloader = None
             self.dataloader_references: list[Any] = [None]
             self.sync_with_dataloader = True
+            self.sync_each_batch = False
+            self.adjust_scheduler = False
             self.initialized = True
+        plugin = gradient_accumulation_plugin
+        if isinstance(plugin, int):  # accel_nb's earlier first argument: the number of steps
+            plugin, gradient_accumulation_steps = None, plugin
+        if plugin is not None:
+            if plugin.num_steps is not None:
+                self.num_steps = int(plugin.num_steps)
+            self.adjust_scheduler = bool(plugin.adjust_scheduler)
+            self.sync_with_dataloader = bool(plugin.sync_with_dataloader)
+            self.sync_each_batch = bool(plugin.sync_each_batch)
         if gradient_accumulation_steps is not None:
             self.num_steps = int(gradient_accumulation_steps)
 

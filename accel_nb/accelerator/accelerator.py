@@ -36,6 +36,7 @@ from ..topology import env_value
 from ..tracking import resolve_log_with
 from .backends.deepspeed import DeepSpeedBackend
 from .backends.selection import choose_backend
+from .device_maps import quantized_model_stays
 from .model_wrapping import adopt_prepared, autocast_forward, mark_prepared
 from .optim import AcceleratedOptimizer, AcceleratedScheduler
 from .options import handler_options, project_configuration
@@ -132,6 +133,10 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         self.gradient_state.sync_with_dataloader = plugin.sync_with_dataloader if plugin else True
         self.gradient_state.sync_each_batch = bool(plugin and plugin.sync_each_batch)
         self.profile_handler = handlers.profile  # accelerator.profile()'s settings
+        # the other handlers given, under the reference's attribute names (None when not given)
+        self.scaler_handler = handlers.given.get("scaler")
+        self.init_handler = handlers.given.get("init_process_group")
+        self.autocast_handler = handlers.given.get("autocast")
         self.precision = PrecisionPolicy(self.state.mixed_precision, self.state.device, handlers.autocast)
         self.scaler: torch.amp.GradScaler | None = self.precision.make_grad_scaler(**handlers.scaler)
 
@@ -232,6 +237,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
                     f"{self.num_processes} processes; load it on one device per process, or use one process"
                 )
             device_placement = False  # its layers already sit where the device map put them
+        if quantized_model_stays(model, self.device):
+            device_placement = False  # bitsandbytes layers stay where loading put them, as in the reference
         if device_placement:
             model = backend.place(model)
         for conversion in self.conversions:  # precisions that change layers (FP8), before any wrapper
@@ -255,10 +262,8 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         if device_placement is None:
             device_placement = self.device_placement
         self.backend.adopt_optimizer(optimizer)  # the parameters prepare made of the models prepared before
-        if device_placement and optimizer.state:
-            # reloading the state moves it onto the devices of the (already moved) parameters
-            optimizer.load_state_dict(optimizer.state_dict())
-        return self.register_prepared(AcceleratedOptimizer(optimizer, scaler=self.scaler), "optimizer")
+        prepared = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler)
+        return self.register_prepared(prepared, "optimizer")
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap an LR scheduler so it follows the real optimizer steps."""
@@ -278,9 +283,10 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         return self.register_prepared(accelerated, "scheduler")
 
     def prepare_data_loader(
-        self, data_loader: DataLoader, device_placement: bool | None = None
+        self, data_loader: DataLoader, device_placement: bool | None = None, slice_fn_for_dispatch: Any = None
     ) -> DataLoader:
-        """Shard ``data_loader`` over the processes and place its batches on the device."""
+        """Shard ``data_loader`` over the processes and place its batches on the device
+        (``slice_fn_for_dispatch``: how a dispatched round is cut, as in the reference)."""
         if self.already_prepared(data_loader, "dataloader"):
             return data_loader
         if device_placement is None:
@@ -304,6 +310,7 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
             rng_types=self.rng_types,
             dispatch_batches=cfg.dispatch_batches,
             use_stateful_dataloader=cfg.use_stateful_dataloader,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
         )
         return self.register_prepared(prepared, "dataloader")
 

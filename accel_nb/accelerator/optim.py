@@ -26,8 +26,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     ``zero_grad`` is a no-op while gradients are being accumulated.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None = None) -> None:
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler: torch.amp.GradScaler | None = None,
+    ) -> None:
+        """``device_placement`` (the reference's second argument) moves the optimizer's state, if it has
+        any, onto the devices of its parameters (reloading it does that)."""
         # not calling super().__init__: this object forwards everything to ``optimizer``
+        if device_placement and optimizer.state:
+            optimizer.load_state_dict(optimizer.state_dict())
         self.optimizer = optimizer
         self.scaler = scaler
         self.gradient_state = GradientState()

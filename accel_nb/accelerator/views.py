@@ -14,6 +14,21 @@ from typing import Any
 
 import torch
 
+from ..state import DistributedType
+from .device_maps import verify_device_map
+
+# the reference's multi_device: one process per accelerator of these kinds
+_MULTI_DEVICE_TYPES = (
+    DistributedType.MULTI_GPU,
+    DistributedType.MULTI_MLU,
+    DistributedType.MULTI_SDAA,
+    DistributedType.MULTI_MUSA,
+    DistributedType.MULTI_NPU,
+    DistributedType.MULTI_XPU,
+    DistributedType.MULTI_HPU,
+    DistributedType.MULTI_NEURON,
+)
+
 
 class StateViews:
     """Properties and helpers that read ``self.state`` (AcceleratorState) and ``self.gradient_state``."""
@@ -22,6 +37,7 @@ class StateViews:
     gradient_state: Any
     dataloader_config: Any
     project_configuration: Any
+    precision: Any
     _optimizers: list[Any]
 
     @property
@@ -100,6 +116,21 @@ class StateViews:
         return self.state.num_processes > 1
 
     @property
+    def multi_device(self) -> bool:
+        """Several processes, each on its own accelerator (GPU, XPU, ...): False on CPUs, XLA, FSDP, DeepSpeed."""
+        return self.use_distributed and self.distributed_type in _MULTI_DEVICE_TYPES
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        return self.is_fsdp2
+
+    @property
+    def should_save_model(self) -> bool:
+        """The reference's answer: every process with a ParallelismConfig (all take part in the save),
+        else the local main process."""
+        return True if self.parallelism_config is not None else self.state.is_local_main_process
+
+    @property
     def is_main_process(self) -> bool:
         return self.state.is_main_process
 
@@ -116,6 +147,15 @@ class StateViews:
         return self.state.mixed_precision
 
     @property
+    def native_amp(self) -> bool:
+        """True when prepared models run under torch's autocast (fp16 or bf16; DeepSpeed casts by itself)."""
+        return self.precision.enabled and self.distributed_type != DistributedType.DEEPSPEED
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """True when ``model`` (or a module in it) was dispatched by a device map of more than one entry."""
+        return verify_device_map(model)
+
+    @property
     def project_dir(self) -> str | None:
         return getattr(self.project_configuration, "project_dir", None)
 
@@ -126,6 +166,36 @@ class StateViews:
     @property
     def even_batches(self) -> bool:
         return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    # the reference's older spellings of the DataLoaderConfiguration and ProjectConfiguration fields
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        return getattr(self.dataloader_config, "use_stateful_dataloader", False)
+
+    @property
+    def logging_dir(self) -> str | None:
+        return getattr(self.project_configuration, "logging_dir", None)
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next ``save_state`` under ``automatic_checkpoint_naming`` gives its folder."""
+        return self.project_configuration.iteration
 
     @property
     def gradient_accumulation_steps(self) -> int:

@@ -117,17 +117,19 @@ def compute_module_sizes(
     model: nn.Module,
     dtype: torch.dtype | str | None = None,
     special_dtypes: Mapping[str, torch.dtype | str] | None = None,
+    buffers_only: bool = False,
 ) -> dict[str, int]:
     """Bytes held by every module and tensor path ('' is the whole model); tied tensors count once.
 
     compute_module_sizes(model)["transformer.h.0"]   # bytes of block 0
     ``dtype`` counts floating tensors as if they were converted to it (e.g. torch.float16);
-    ``special_dtypes`` overrides that per tensor name ({"lm_head.weight": torch.float32}).
+    ``special_dtypes`` overrides that per tensor name ({"lm_head.weight": torch.float32});
+    ``buffers_only`` counts the buffers alone (as the reference's argument of that name).
     """
     dtype = as_dtype(dtype)
     special = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
     sizes: dict[str, int] = defaultdict(int)
-    for name, t in named_tensors(model):
+    for name, t in model.named_buffers() if buffers_only else named_tensors(model):
         n = tensor_bytes(t, dtype, special.get(name))
         parts = name.split(".")
         for i in range(len(parts) + 1):

@@ -141,15 +141,16 @@ def find_repeated_blocks(model: nn.Module, block_class: type | str | None = None
     return [m for m in model.modules() if type(m) is largest]
 
 
-def has_compiled_regions(model: nn.Module) -> bool:
-    """True when regional compilation compiled blocks of ``model`` (or a module inside it) in place."""
-    return any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+def has_compiled_regions(module: nn.Module) -> bool:
+    """True when regional compilation compiled blocks of ``module`` (or a module inside it) in place."""
+    return any(getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())
 
 
 def compile_regions(
-    model: nn.Module, options: CompileOptions | None = None, **compile_kwargs: Any
+    module: nn.Module, options: CompileOptions | None = None, **compile_kwargs: Any
 ) -> nn.Module:
-    """Compile each repeated block of ``model`` in place (as ``block.compile()`` does) and return ``model``.
+    """Compile each repeated block of ``module`` in place (as ``block.compile()`` does) and return ``module``
+    (the reference's parameter name, for keyword callers).
 
     Every block runs the same code, so torch compiles it once and reuses it for the others.
     Parameter names do not change (checkpoints stay plain). ``compile_kwargs`` (the reference's
@@ -157,6 +158,7 @@ def compile_regions(
 
         model = compile_regions(model, backend="aot_eager")
     """
+    model = module
     options = options if options is not None else CompileOptions(regional=True, **compile_kwargs)
     options.check_backend()
     inner = strip_parallel(model._orig_mod if is_compiled_module(model) else model)

@@ -104,12 +104,15 @@ class DataLoaderDispatcher(DataLoaderShard):
         num_processes: int = 1,
         process_index: int = 0,
         split_batches: bool = False,
+        slice_fn: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.num_processes = num_processes
         self.process_index = process_index
         self.split_batches = split_batches
+        # the reference's slice_fn_for_dispatch: slice_fn(batch, slice(lo, hi), process_index=, num_processes=)
+        self.slice_fn = slice_fn
         self._last_round_real: int | None = None
 
     @property
@@ -171,8 +174,15 @@ class DataLoaderDispatcher(DataLoaderShard):
                     copies.append(_slice(pool, 0, need - sum(_batch_size(c) for c in copies)))
                 batch = _join([current, *copies])
             last = upcoming is None
-            yield [(_slice(batch, r * per, (r + 1) * per), last, real) for r in range(self.num_processes)]
+            yield [(self._share(batch, r, per), last, real) for r in range(self.num_processes)]
             current = upcoming
+
+    def _share(self, batch: Any, rank: int, per: int) -> Any:
+        """Process ``rank``'s ``per`` samples of a round: ``slice_fn``'s choice when one was given."""
+        if self.slice_fn is None:
+            return _slice(batch, rank * per, (rank + 1) * per)
+        part = slice(rank * per, (rank + 1) * per)
+        return self.slice_fn(batch, part, process_index=rank, num_processes=self.num_processes)
 
     def _receive(self, plans: Iterator[list[Any]] | None) -> Any:
         """This process's ``(slice, is_last, real)`` of the next round, or None when the pass is over."""
@@ -227,8 +237,10 @@ def prepare_dispatcher(
     non_blocking: bool = False,
     rng_types: list[str] | None = None,
     use_stateful_dataloader: bool = False,
+    slice_fn: Any = None,
 ) -> DataLoaderDispatcher:
-    """``dataloader`` read by process 0 only, each process getting its slice of every round.
+    """``dataloader`` read by process 0 only, each process getting its slice of every round
+    (``slice_fn(batch, slice, process_index=, num_processes=)`` cuts it, when given).
 
     Example:
         loader = prepare_dispatcher(DataLoader(stream, batch_size=8), device, 2, rank)
@@ -269,6 +281,7 @@ def prepare_dispatcher(
         process_index=process_index,
         split_batches=split_batches,
         use_stateful_dataloader=use_stateful_dataloader,
+        slice_fn=slice_fn,
         **batching,
         **kwargs,
     )

@@ -53,6 +53,18 @@ class DataLoaderConfiguration:
     use_stateful_dataloader: bool = False
 
 
+def _data_shard_of(mesh: Any) -> tuple[int, int]:
+    """(data shards, this process's shard) of a device mesh, as the reference reads them: the ``tp`` and
+    ``cp`` groups of a rank share its batches, ``dp_replicate`` x ``dp_shard`` count the shards."""
+    names = tuple(mesh.mesh_dim_names or ())
+
+    def size(name: str) -> int:
+        return mesh[name].size() if name in names else 1
+
+    rank = PartialState().process_index
+    return size("dp_replicate") * size("dp_shard"), rank // (size("tp") * size("cp"))
+
+
 def prepare_data_loader(
     dataloader: DataLoader,
     device: torch.device | None = None,
@@ -67,6 +79,8 @@ def prepare_data_loader(
     rng_types: list[str] | None = None,
     dispatch_batches: bool | None = None,
     use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+    slice_fn_for_dispatch: Any = None,
 ) -> DataLoader:
     """Shard ``dataloader`` for this process, and place its batches on ``device`` when ``put_on_device``
     (off by default, as in the reference; ``Accelerator.prepare`` turns it on).
@@ -81,8 +95,14 @@ def prepare_data_loader(
     ``use_stateful_dataloader=True`` (needs ``torchdata``) reads through a torchdata
     ``StatefulDataLoader`` (``loader.base_dataloader``); batches and resumption are unchanged.
 
+    As in the reference, ``torch_device_mesh`` (a mesh with ``dp_replicate``/``dp_shard``/``cp``/``tp``
+    dimensions) gives every tensor- and context-parallel group the same batches, and
+    ``slice_fn_for_dispatch(batch, slice, process_index=, num_processes=)`` cuts each dispatched round.
+
         loader = prepare_data_loader(DataLoader(ds, batch_size=16, shuffle=True))
     """
+    if torch_device_mesh is not None:
+        num_processes, process_index = _data_shard_of(torch_device_mesh)
     if num_processes is None or process_index is None:
         state = PartialState()
         num_processes = state.num_processes if num_processes is None else num_processes
@@ -111,6 +131,7 @@ def prepare_data_loader(
             non_blocking,
             rng_types,
             use_stateful_dataloader,
+            slice_fn_for_dispatch,
         )
     if not put_on_device:
         device = None

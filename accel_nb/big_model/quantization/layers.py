@@ -139,12 +139,12 @@ def has_4bit_bnb_layers(model: nn.Module) -> bool:
     )
 
 
-def get_parameter_device(module: nn.Module) -> torch.device:
-    """The device of ``module``'s first parameter.
+def get_parameter_device(parameter: nn.Module) -> torch.device:
+    """The device of the first parameter of the module ``parameter`` (the reference's argument name).
 
     get_parameter_device(model)   # device(type='cpu')
     """
-    return next(module.parameters()).device
+    return next(parameter.parameters()).device
 
 
 get_keys_to_not_convert = default_skip_modules  # the reference's name
