@@ -14,7 +14,7 @@ from accel_nb.notebook.debug_magic import start_line
         ("-n 2 --cpu --return model,history --rank 1", "%accelerate start -n 2 --cpu"),
         (
             "--rank=all --timeout 30 --mixed_precision bf16 -n 4",
-            "%accelerate start --mixed_precision bf16 -n 4",
+            "%accelerate start --timeout 30 --mixed_precision bf16 -n 4",
         ),
         ("--start_method spawn --use_port 29600", "%accelerate start --start_method spawn --use_port 29600"),
         ("", "%accelerate start"),
