@@ -378,3 +378,29 @@ def test_an_iterable_loader_without_batch_size_yields_its_items_in_one_process_l
     assert (
         len(mine) == 5 and prepared.end_of_dataloader and prepared.remainder == (1 if kind == "1-d" else -1)
     )
+
+
+def test_base_dataloader_is_the_loader_that_iterates_as_in_the_reference():
+    from torch.utils.data import DataLoader
+
+    from accel_nb.data_loader import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
+
+    loaders = [
+        SkipDataLoader(range(16), batch_size=4, skip_batches=2),
+        DataLoaderShard(range(16), batch_size=4),
+        DataLoaderDispatcher(range(16), batch_size=4),
+    ]
+    for loader in loaders:
+        assert loader.base_dataloader is loader and isinstance(loader.base_dataloader, DataLoader)
+        assert "base_dataloader" not in vars(loader)  # no reference cycle: freed as soon as it is dropped
+    assert [b.tolist() for b in loaders[0]] == [[8, 9, 10, 11], [12, 13, 14, 15]]
+    with pytest.raises(AttributeError):
+        DataLoaderShard.base_dataloader  # noqa: B018  (an instance attribute, as the reference's)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing_here'"):
+        loaders[1].nothing_here  # noqa: B018
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    stateful = SkipDataLoader(range(16), batch_size=4, skip_batches=2, use_stateful_dataloader=True)
+    assert isinstance(stateful.base_dataloader, StatefulDataLoader)
+    assert [b.tolist() for b in stateful] == [[8, 9, 10, 11], [12, 13, 14, 15]]

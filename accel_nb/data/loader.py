@@ -108,6 +108,17 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         """Pickled by its real class (``__class__`` may name torchdata's)."""
         return (_new_instance, (type(self),), dict(self.__dict__))
 
+    def __getattr__(self, name: str) -> Any:
+        # the reference's base_dataloader, the DataLoader that iterates: torchdata's twin when
+        # use_stateful_dataloader (an instance attribute), else this loader itself (no reference cycle)
+        if name == "base_dataloader":
+            return self
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _twin(self) -> Any:
+        """torchdata's StatefulDataLoader this loader reads through, or None."""
+        return self.__dict__.get("base_dataloader")
+
     def __init__(
         self,
         dataset: Any,
@@ -135,7 +146,8 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
             own = _own_skipper and isinstance(bs, SkipBatchSampler)
             self._index_skipper = bs if own else SkipBatchSampler(bs, 0)
         self.use_stateful_dataloader = bool(use_stateful_dataloader)
-        self.base_dataloader = _stateful_twin(self) if use_stateful_dataloader else None
+        if use_stateful_dataloader:  # without it, base_dataloader is the loader itself (__getattr__)
+            self.base_dataloader = _stateful_twin(self)
         self.rng_types = rng_types  # synchronised from process 0 at the start of every pass
         self.synchronized_generator = synchronized_generator  # the shuffle's, copied from process 0 per pass
         self._shuffle = PassShuffle()
@@ -236,7 +248,7 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
             if shuffle is not None:
                 state["shuffle"] = shuffle
         else:  # between passes (an epoch's end): what the next pass will draw from
-            reused = self.persistent_workers and (self.base_dataloader or self)._iterator is not None
+            reused = self.persistent_workers and (self._twin() or self)._iterator is not None
             state["next_pass"] = self._shuffle.between_passes(random_sampler(self.batch_sampler), not reused)
         return state
 
@@ -307,7 +319,7 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         if self.rng_types or self.synchronized_generator is not None:
             self._synchronize_rngs()
         shuffler = random_sampler(self.batch_sampler)
-        reused = self.persistent_workers and (self.base_dataloader or self)._iterator is not None
+        reused = self.persistent_workers and (self._twin() or self)._iterator is not None
         self._shuffle.begin(shuffler, self.generator, new_iterator=not reused)
         self._apply_epoch()
         resume = self._resume_skip
@@ -323,14 +335,14 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
             if self._shuffle.keeps_rng_on_new_iterator:
                 # resumed at an epoch's end where the saved run's persistent workers kept their
                 # iterator (no base seed drawn): a throwaway generator gives this new iterator's
-                with self._shuffle.loader_generator_hidden(self.base_dataloader or self):
+                with self._shuffle.loader_generator_hidden(self._twin() or self):
                     it = self._base_iter()
             elif resume:
                 # the interrupted run drew the iterator's base seed from torch's global RNG when this
                 # epoch began, before its RNG state was saved: the resumed pass must not draw again
                 rng = torch.get_rng_state()
                 try:
-                    with self._shuffle.loader_generator_hidden(self.base_dataloader or self):
+                    with self._shuffle.loader_generator_hidden(self._twin() or self):
                         it = self._base_iter()
                 finally:
                     torch.set_rng_state(rng)
@@ -369,7 +381,7 @@ class DataLoaderShard(DataLoader, DataLoaderStateMixin):
         On an XLA device the pass goes through torch_xla's parallel loader (``accel_nb.xla.loader``),
         which uploads the next batches in the background.
         """
-        it = iter(self.base_dataloader) if self.base_dataloader is not None else DataLoader.__iter__(self)
+        it = iter(self._twin()) if self._twin() is not None else DataLoader.__iter__(self)
         if self.device is not None and self.device.type == "xla":
             from ..xla.loader import device_feed
 
