@@ -113,6 +113,18 @@ def test_debugger_full_log_interrupt_and_chart_in_jupyterlab(tmp_path):
             180,
             "both ranks waiting",
         )
+        # item 4, live: before the launch ends the chart has drawn all three epochs (it did lag, showing
+        # epoch 0 while epoch 2 ran), its line at step 24 for both ranks
+        wait_until(
+            lambda: (
+                node.locator(".jupyter-widgets img").first.is_visible()
+                and len(re.findall(r"rank \d: \d+ pts, last 0\.04\d* at step 24", node.inner_text())) == 2
+            ),
+            60,
+            "the live chart to reach step 24",
+        )
+        assert not cell_done(page, INTERRUPTED)  # still running
+        _shot(page, node, "4-live-chart")
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
         wait_until(lambda: cell_done(page, INTERRUPTED), 120, "the interrupted cell to end")
         errors = [o for o in cell_outputs(page, INTERRUPTED) if o["output_type"] == "error"]

@@ -114,3 +114,25 @@ def test_the_chart_text_line_shows_the_same_latest_value_as_the_row():
     assert "step 34: loss=0.02941" in r.infos[0].value, r.infos[0].value
     assert "last 0.02941" in r.chart.text.value, r.chart.text.value
     r.finish(True)
+
+
+def test_a_slow_matplotlib_import_does_not_hold_the_next_picture_back(monkeypatch):
+    """Issue 41, item 4: the live curves lagged (epoch 0 drawn while epoch 2 trained). The next redraw
+    waits the interval plus 4x the drawing time, and the first picture's matplotlib import (seconds in a
+    fresh kernel) was counted as drawing time, holding the picture back for ten seconds and more."""
+    import time
+
+    from accel_nb.notebook import metric_chart
+
+    slow_import = 2.0
+    monkeypatch.setattr(metric_chart, "_import_matplotlib", lambda: time.sleep(slow_import))
+    chart = metric_chart.MetricChart(interval=1.0)
+    history = MetricHistory()
+    history.add(0, {"loss": 1.0}, x=1)
+    history.add(0, {"loss": 0.5}, x=2)
+    start = time.monotonic()
+    assert chart.update(history, now=start)  # the first picture
+    drawing = time.monotonic() - start - slow_import  # what rendering took, at most
+    history.add(0, {"loss": 0.25}, x=3)
+    # due once the interval and 4x the drawing time have passed, whatever the import took
+    assert chart.update(history, now=start + chart.interval + 4 * drawing + 0.01)

@@ -80,6 +80,15 @@ def render_png(history: MetricHistory, max_panels: int = MAX_PANELS) -> bytes | 
     return buffer.getvalue()
 
 
+def _import_matplotlib() -> None:
+    """Import what :func:`render_png` draws with, once (nothing without matplotlib: it says so itself)."""
+    try:
+        import matplotlib.backends.backend_agg  # noqa: F401 - the import is the point
+        import matplotlib.figure  # noqa: F401
+    except ImportError:
+        pass
+
+
 def curve_names(history: MetricHistory) -> list[str]:
     """The metrics with a curve to draw: at least one rank reported them at two positions or more.
 
@@ -145,7 +154,12 @@ class MetricChart:
             return False
         self._drawn_version = history.version
         png = None
+        took = 0.0
         if self.note is None and curve_names(history):
+            # importing matplotlib (seconds in a fresh kernel on a busy machine) is no drawing time: counted
+            # in, the first picture's back-off kept the curves at epoch 0 while epoch 2 trained
+            _import_matplotlib()
+            started = time.monotonic()
             try:
                 png = render_png(history)
             except Exception as exc:  # noqa: BLE001 - a drawing problem must never break the launch
@@ -153,14 +167,14 @@ class MetricChart:
             else:
                 if png is None and history:
                     self.note = "text only: pip install matplotlib for live curves"
+            took = time.monotonic() - started
         if png is not None:
             self.png = png
             self.image.value = png
             self.image.layout.display = None
         self._update_text(history)
         self.renders += 1
-        took = time.monotonic() - now
-        self._last = now + max(0.0, 4 * took)  # the next redraw waits interval + 4x the drawing time
+        self._last = now + 4 * took  # the next redraw waits interval + 4x the drawing time
         return True
 
     def _update_text(self, history: MetricHistory) -> None:
