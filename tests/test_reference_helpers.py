@@ -92,3 +92,16 @@ def test_skipped_environment_entries_are_logged_on_the_references_logger_path():
     assert [r.getMessage() for r in records] == [
         "WARNING: Skipping B=<x as it contains forbidden characters or missing values."
     ]
+
+
+def test_a_wrong_shape_is_refused_in_the_references_words_with_the_path_in_a_note():
+    from accel_nb.utils import set_module_tensor_to_device
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4))
+    with pytest.raises(ValueError) as ours:
+        set_module_tensor_to_device(model, "0.weight", "cpu", value=torch.zeros(2, 2))
+    assert "'0.weight': pass a tensor of the module's shape" in ours.value.__notes__[0]
+    reference = pytest.importorskip("accelerate.utils")
+    with pytest.raises(ValueError) as theirs:
+        reference.set_module_tensor_to_device(model, "0.weight", "cpu", value=torch.zeros(2, 2))
+    assert str(ours.value) == str(theirs.value)

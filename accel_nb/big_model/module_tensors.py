@@ -86,11 +86,15 @@ def set_module_tensor_to_device(
     if value is not None:
         value = torch.as_tensor(value)
         if value.shape != old.shape:
-            raise ValueError(
-                f'Trying to set a tensor of shape {value.shape} in "{tensor_name}" (which has shape {old.shape}), '
-                "this looks incorrect. Pass a tensor of the module's shape (a checkpoint for another "
-                "configuration of the model gives such shapes)."
+            error = ValueError(  # the reference's words, with the attribute's name (code matches on them)
+                f'Trying to set a tensor of shape {value.shape} in "{attr}" (which has shape {old.shape}), '
+                "this looks incorrect."
             )
+            error.add_note(
+                f"{tensor_name!r}: pass a tensor of the module's shape (a checkpoint for another configuration "
+                "of the model gives such shapes)"
+            )
+            raise error
         if dtype is not None:
             from .sizes import as_dtype
 
