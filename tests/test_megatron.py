@@ -6,12 +6,22 @@ attention exactly, save_state/load_state resume exactly in a new launch, and the
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("megatron.core")
+# imported once here, so the forked ranks of every launch start with them (seconds per launch on 2 cores);
+# megatron-core warns at import that Apex and Transformer Engine are absent (they are GPU libraries)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)
+    import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.optimizer  # noqa: F401
+    import megatron.core.pipeline_parallel  # noqa: F401
+    import transformers
 
 pytestmark = pytest.mark.usefixtures("fresh_state")  # tests/conftest.py: one process, fresh state
 
@@ -19,8 +29,6 @@ VOCAB, SEQ = 100, 16
 
 
 def _hf_model(kind: str):
-    import transformers
-
     if kind == "gpt2":
         cfg = transformers.GPT2Config(
             n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=SEQ, eos_token_id=0
@@ -238,6 +246,7 @@ def test_without_a_gpu_megatron_is_refused_before_anything_starts():
     "settings, precision, message",
     [
         ({}, "bf16", "mixed_precision='bf16' with Megatron-LM runs on GPUs only"),
+        ({}, "fp8", "mixed_precision='fp8' with Megatron-LM needs Transformer Engine"),
         ({"use_distributed_optimizer": True}, "no", r"use_distributed_optimizer=True\) runs on GPUs only"),
         ({"sequence_parallelism": True}, "no", r"sequence_parallelism=True\) runs on GPUs only"),
         ({"gradient_clipping": 1.0}, "no", r"gradient_clipping=1.0\) runs on GPUs only"),

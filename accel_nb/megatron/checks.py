@@ -114,9 +114,14 @@ def check_plugin(plugin: Any, mixed_precision: str, device: Any, num_processes: 
             f"MegatronLMPlugin(tp_degree={plugin.tp_degree}, pp_degree={plugin.pp_degree}) needs a number of "
             f"processes divisible by {model_parallel} (tp x pp); this launch has {num_processes}"
         )
+    if mixed_precision == "fp8":
+        raise ValueError(
+            "mixed_precision='fp8' with Megatron-LM needs Transformer Engine's layers, which accel_nb does not wire; "
+            "use bf16 (GPUs) or no"
+        )
     if getattr(device, "type", str(device)) == "cuda":
         return
-    if mixed_precision in ("fp16", "bf16", "fp8"):
+    if mixed_precision in ("fp16", "bf16"):
         raise ValueError(
             f"mixed_precision={mixed_precision!r} with Megatron-LM runs on GPUs only (megatron-core's mixed-precision "
             "optimizer keeps fp32 main parameters on the GPU); use mixed_precision='no' on CPU"

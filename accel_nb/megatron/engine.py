@@ -194,11 +194,13 @@ class MegatronEngine(torch.nn.Module):
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        total = torch.zeros(2, dtype=torch.float64)
+        # on the GPU for NCCL (which has no CPU tensors); on the CPU with gloo
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        total = torch.zeros(2, dtype=torch.float64, device=device)
         for item in reports:
             value = item.get("lm loss") if isinstance(item, dict) else None
             if value is not None:
-                total += value.detach().double().cpu().reshape(-1)[:2]
+                total += value.detach().double().reshape(-1)[:2].to(total.device)
         if ps.is_pipeline_last_stage(ignore_virtual=True):
             dist.all_reduce(total, group=ps.get_data_parallel_group())
         if ps.get_pipeline_model_parallel_world_size() > 1:
@@ -207,7 +209,7 @@ class MegatronEngine(torch.nn.Module):
                 ps.get_pipeline_model_parallel_last_rank(),
                 group=ps.get_pipeline_model_parallel_group(),
             )
-        return (total[0] / total[1].clamp(min=1)).float()
+        return (total[0] / total[1].clamp(min=1)).float().cpu()
 
     def train_step(self, **batch: Any) -> torch.Tensor:
         """One optimizer step on ``batch``; the mean loss."""

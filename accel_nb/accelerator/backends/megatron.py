@@ -137,7 +137,6 @@ class MegatronBackend(TrainingBackend):
                 ("deepspeed_plugin", getattr(accelerator, "deepspeed_plugin", None)),
                 ("fsdp", getattr(accelerator, "fsdp_options", None)),
                 ("parallelism_config", getattr(accelerator, "parallel_layout", None)),
-                ("the FP8 recipe", getattr(accelerator, "conversions", None) or None),
             )
             if value is not None
         ]
@@ -145,6 +144,11 @@ class MegatronBackend(TrainingBackend):
             raise ValueError(
                 f"Megatron-LM spreads the model itself; drop {others[0]} (Megatron-LM runs alone: tp_degree, pp_degree "
                 "and the data-parallel rest are its layout)"
+            )
+        if getattr(accelerator, "conversions", None) or str(accelerator.state.mixed_precision) == "fp8":
+            raise ValueError(
+                "mixed_precision='fp8' with Megatron-LM needs Transformer Engine's layers, which accel_nb does not "
+                "wire; use bf16 (GPUs) or no"
             )
         require_megatron_core()
         require_gpu("Megatron-LM (MegatronLMPlugin)")
