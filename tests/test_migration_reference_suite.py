@@ -365,3 +365,23 @@ def test_a_tensor_parallel_group_reads_the_same_batches_like_the_reference():
     ours, reference = (run_ranks(_on_a_tp_mesh, world_size=2, args=(lib,)) for lib in LIBRARIES)
     assert ours == reference
     assert ours[0] == ours[1] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+# -- test_utils/scripts/test_distributed_data_loop.py: join_uneven_inputs of what is not a DDP model ---
+def _join_a_stranger(library):
+    import warnings
+    from unittest.mock import Mock
+
+    accelerator = importlib.import_module(library).Accelerator(cpu=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([Mock()]):
+            pass
+    return [str(w.message) for w in caught if "uneven" in str(w.message)]
+
+
+@pytest.mark.multiproc
+def test_joining_what_is_not_a_ddp_model_warns_and_does_nothing_like_the_reference():
+    ours, reference = (run_ranks(_join_a_stranger, world_size=2, args=(lib,)) for lib in LIBRARIES)
+    for warned in (*ours, *reference):
+        assert len(warned) == 1 and "only supported for multi-GPU" in warned[0]
