@@ -120,13 +120,30 @@ class TrainingBackend:
     launch_types: ClassVar[tuple[str, ...]] = ()  # the launch config's distributed_type values meaning it
     config_key: ClassVar[str | None] = None  # its section of the launch config (fsdp_config, ...)
     shards_with_fsdp: bool = False  # prepared models are sharded with FSDP2 (``Accelerator.is_fsdp2``)
-    joins_uneven_inputs: bool = False  # DDP models torch's Join can drive (``join_uneven_inputs``)
 
     def __init__(self, accelerator: Any) -> None:
         self.accelerator = accelerator
         # id(original parameter) -> weakrefs to it and to what prepare made of it (sharded, moved); optimizers
         # prepared before their model are re-pointed through it (accel_nb.fsdp.sharding.repoint_optimizer)
         self.parameter_swap: dict[int, Any] = {}
+
+    @property
+    def joins_uneven_inputs(self) -> bool:
+        """Whether ``join_uneven_inputs`` applies torch's Join: DDP over several processes, as the run's
+        ``distributed_type`` says now (the reference's multi-device types and MULTI_CPU, where gloo DDP joins)."""
+        from ...state import DistributedType as T
+
+        ddp = (
+            T.MULTI_CPU,
+            T.MULTI_GPU,
+            T.MULTI_MLU,
+            T.MULTI_SDAA,
+            T.MULTI_MUSA,
+            T.MULTI_NPU,
+            T.MULTI_XPU,
+            T.MULTI_HPU,
+        )
+        return self.accelerator.distributed_type in (*ddp, T.MULTI_NEURON)
 
     @property
     def partial_gradients(self) -> bool:

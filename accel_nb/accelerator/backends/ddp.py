@@ -63,7 +63,6 @@ class DdpBackend(TrainingBackend):
 
     name = "ddp"
     launch_types = ("NO", "MULTI_CPU", "MULTI_GPU")
-    joins_uneven_inputs = True  # torch's Join drives DDP over several processes (gloo on CPU as well)
 
     def refuse_rewrap(self, model: torch.nn.Module) -> None:
         from torch.nn.parallel import DistributedDataParallel

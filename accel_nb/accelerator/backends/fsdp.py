@@ -35,10 +35,6 @@ class FsdpBackend(DdpBackend):
     def shards_with_fsdp(self) -> bool:  # type: ignore[override]
         return self.accelerator.fsdp_options is not None
 
-    @property
-    def joins_uneven_inputs(self) -> bool:  # type: ignore[override]
-        return not self.shards_with_fsdp  # a layout without sharding trains with DDP
-
     # -- the launch config ----------------------------------------------------------------------------
     @classmethod
     def check_launch_config(cls, cfg: Any, path: str | None) -> None:
