@@ -62,17 +62,18 @@ def _start_weights(names_shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _prepare(kind, tp, pp, micro_batches, batch_size, scheduler=False, lr=1e-2, seed=0):
-    from tests import megatron_standins
-
-    megatron_standins.install()  # test-only: megatron-core's CUDA calls on CPU, and the GPU check off
+def _prepare(kind, tp, pp, micro_batches, batch_size, scheduler=False, lr=1e-2, precision=None, clipping=0.0):
     from accel_nb import Accelerator
     from accel_nb.megatron import MegatronLMDummyScheduler, MegatronLMPlugin
 
+    if not torch.cuda.is_available():
+        from tests import megatron_standins
+
+        megatron_standins.install()  # test-only: megatron-core's CUDA calls on CPU, and the GPU check off
     plugin = MegatronLMPlugin(
-        tp_degree=tp, pp_degree=pp, num_micro_batches=micro_batches, gradient_clipping=0.0
+        tp_degree=tp, pp_degree=pp, num_micro_batches=micro_batches, gradient_clipping=clipping
     )
-    acc = Accelerator(megatron_lm_plugin=plugin)
+    acc = Accelerator(mixed_precision=precision, megatron_lm_plugin=plugin)
 
     model = _hf_model(kind)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -115,11 +116,11 @@ def _train_many(runs):
     return [_train(*run) for run in runs]
 
 
-def _launch(fn, args, n):
+def _launch(fn, args, n, cpu=True):
     from accel_nb import notebook_launcher
     from accel_nb.launch.parent.reporting import ListReporter
 
-    return notebook_launcher(fn, args=args, num_processes=n, cpu=True, reporter=ListReporter())
+    return notebook_launcher(fn, args=args, num_processes=n, cpu=cpu, reporter=ListReporter())
 
 
 def _comparable(name, value):
@@ -185,6 +186,21 @@ def test_tensor_and_pipeline_parallel_on_four_processes(one_process):
     out = _launch(_train_many, ([("llama", 2, 2, 2, 4)],), 4)
     for rank in out:
         _assert_same(rank[0], one_process["llama"], "llama tp=2 x pp=2")
+
+
+def _gpu_losses(precision):
+    acc, (engine, _opt, loader) = _prepare("gpt2", 1, 1, 1, 8, precision=precision, clipping=1.0)
+    engine.train()
+    return [float(engine(**batch)) for _, batch in zip(range(6), loader)]
+
+
+@pytest.mark.gpu
+def test_one_gpu_trains_in_bf16_close_to_fp32():
+    """On a GPU, without the stand-ins: bf16 (megatron-core's mixed-precision optimizer) and clipping."""
+    fp32 = _launch(_gpu_losses, ("no",), 1, cpu=False)[0]
+    bf16 = _launch(_gpu_losses, ("bf16",), 1, cpu=False)[0]
+    assert fp32[-1] < fp32[0] - 0.05 and bf16[-1] < bf16[0] - 0.05, (fp32, bf16)
+    np.testing.assert_allclose(bf16, fp32, rtol=0.03)
 
 
 # ------------------------------------------------------------------ checkpoints, metrics
