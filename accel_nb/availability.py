@@ -153,6 +153,16 @@ def is_4bit_bnb_available() -> bool:
     return _installed_at_least("bitsandbytes", "0.39.0")
 
 
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """True when the installed bitsandbytes says it has its multi-backend preview (``bnb.features``), as the
+    reference asks; current bitsandbytes releases run on CPU without it (and answer False)."""
+    if not is_bnb_available():
+        return False
+    import bitsandbytes  # deferred: heavy, and only asked for here
+
+    return "multi_backend" in getattr(bitsandbytes, "features", set())
+
+
 def is_torchao_available() -> bool:
     """True when torchao 0.6.1 or newer is installed (accel_nb's torchao quantization path)."""
     return _installed_at_least("torchao", "0.6.1")

@@ -24,6 +24,7 @@ _HOMES: dict[str, str] = {
     "accel_nb.accelerator.unwrap": "extract_model_from_parallel is_compiled_module",
     "accel_nb.availability": (
         "compare_versions is_4bit_bnb_available is_8bit_bnb_available is_aim_available is_bf16_available "
+        "is_bitsandbytes_multi_backend_available "
         "is_bnb_available is_clearml_available is_comet_ml_available is_cuda_available "
         "is_datasets_available is_deepspeed_available is_dvclive_available is_fp8_available "
         "is_habana_gaudi1 is_hpu_available is_lomo_available is_megatron_lm_available is_mlflow_available "
@@ -119,7 +120,8 @@ _PATHS: dict[str, str] = {
         "extract_model_from_parallel FullyShardedDataParallelPlugin gather gather_object GeneralTracker "
         "get_logger get_pretty_name get_state_dict_offloaded_model GradientAccumulationPlugin "
         "GradScalerKwargs has_offloaded_params InitProcessGroupKwargs is_bf16_available "
-        "is_compiled_module get_model_tp_size LOGGER_TYPE_TO_CLASS is_deepspeed_available is_lomo_available "
+        "is_compiled_module get_model_tp_size LOGGER_TYPE_TO_CLASS is_bitsandbytes_multi_backend_available "
+        "is_deepspeed_available is_lomo_available "
         "is_megatron_lm_available "
         "is_mlu_available is_msamp_available is_musa_available is_npu_available is_torch_version "
         "is_torch_xla_available is_torchao_available is_transformer_engine_available is_xpu_available "

@@ -105,3 +105,16 @@ def test_a_wrong_shape_is_refused_in_the_references_words_with_the_path_in_a_not
     with pytest.raises(ValueError) as theirs:
         reference.set_module_tensor_to_device(model, "0.weight", "cpu", value=torch.zeros(2, 2))
     assert str(ours.value) == str(theirs.value)
+
+
+def test_the_bitsandbytes_multi_backend_gate_answers_as_the_reference():
+    from unittest import mock
+
+    import accel_nb.accelerator
+    from accel_nb.utils.imports import is_bitsandbytes_multi_backend_available
+
+    reference = pytest.importorskip("accelerate.utils.imports")
+    assert is_bitsandbytes_multi_backend_available() == reference.is_bitsandbytes_multi_backend_available()
+    # code written for the reference patches it where the reference's Accelerator module imports it
+    with mock.patch("accel_nb.accelerator.is_bitsandbytes_multi_backend_available", return_value=False):
+        assert accel_nb.accelerator.is_bitsandbytes_multi_backend_available() is False

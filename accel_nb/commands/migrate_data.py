@@ -118,7 +118,6 @@ LEFT_OUT: dict[str, str] = {
             "set_numa_affinity",
         ]
     },
-    "imports.is_bitsandbytes_multi_backend_available": "a bitsandbytes generation gate of the reference; accel_nb needs bitsandbytes >= 0.50",
     "imports.deepspeed_required": _INTERNAL,
     "modeling.fallback_allocate": _INTERNAL,
     "modeling.get_mixed_precision_context_manager": "accel_nb applies autocast inside the prepared model (accel_nb.precision)",

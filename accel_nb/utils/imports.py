@@ -18,6 +18,7 @@ _EXPORTS = dict.fromkeys(
         "is_8bit_bnb_available",
         "is_bf16_available",
         "is_bnb_available",
+        "is_bitsandbytes_multi_backend_available",
         "is_boto3_available",
         "is_clearml_available",
         "is_comet_ml_available",
