@@ -231,12 +231,16 @@ def test_transformer_engine_ms_amp_and_bad_recipes_are_refused_before_anything_r
 def _ranks(kind: str, folder: str) -> dict:
     from accel_nb.fsdp import FSDPOptions
 
-    kwargs = {"fsdp": FSDPOptions()} if kind == "fsdp" else {}
+    kwargs: dict = {"fsdp": FSDPOptions()} if kind.startswith("fsdp") else {}
+    if kind.endswith("+compile"):
+        from accel_nb.compile import CompileOptions
+
+        kwargs["compile"] = CompileOptions(backend="aot_eager")
     return _train_mlp("fp8", folder=folder, **kwargs)
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp+compile", "fsdp", "fsdp+compile"])
 def test_two_ranks_train_fp8_like_one_fp32_process_and_resume_exactly(kind, tmp_path):
     fp32 = _train_mlp("no")  # one process with the whole batch
     _fresh_state()
@@ -246,7 +250,9 @@ def test_two_ranks_train_fp8_like_one_fp32_process_and_resume_exactly(kind, tmp_
     for rank in out:
         assert rank["moved"] == rank["names"]
         assert rank["resumed"] == rank["losses"][STEPS // 2 :]
-    if kind == "fsdp":  # the float8 layers' shards all-gather in float8 (torchao's FSDP2 weight wrapper)
+    if kind.startswith(
+        "fsdp"
+    ):  # the float8 layers' shards all-gather in float8 (torchao's FSDP2 weight wrapper)
         assert out[0]["float8_weight_types"] == ["WeightWithDynamicFloat8CastTensor"]
     else:
         assert out[0]["float8_weight_types"] == ["Parameter"]
