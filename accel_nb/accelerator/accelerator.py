@@ -1,8 +1,10 @@
 """Accelerator: the few calls that make a PyTorch training loop run on any number of devices.
 
 A thin facade over ``state`` (topology), ``data`` (sharded loaders), ``precision`` (autocast and
-grad scaling), ``ops`` (collectives) and ``checkpoint`` (save/load). Everything heavy is torch's:
-``DistributedDataParallel``, ``torch.autocast``, ``torch.amp.GradScaler``.
+grad scaling), ``ops`` (collectives), ``checkpoint`` (save/load) and the training back-end chosen once in
+the constructor (``self.backend``: DDP, FSDP2, DeepSpeed, the TP/CP/PP layout, XLA, ...; see
+``accel_nb.accelerator.backends`` and docs/backends.md), which ``prepare``, ``backward``, ``no_sync`` and the
+clipping calls ask. Everything heavy is torch's (or the back-end library's).
 
     accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=4)
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
