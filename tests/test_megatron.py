@@ -101,14 +101,29 @@ def _train(kind, tp, pp, micro_batches, batch_size, steps=4):
         opt.zero_grad()
         losses.append(float(loss))
     engine.eval()
-    eval_loss = float(engine(**next(iter(loader))))
+    batch = next(iter(loader))
+    eval_loss = float(engine(**batch))
     weights = {k: v.numpy() for k, v in engine.full_weights().items()}
+    # the reference's Megatron helpers and gather_for_metrics: over the data-parallel ranks only
+    from megatron.core import parallel_state as ps
+
+    from accel_nb.megatron.helpers import (
+        avg_losses_across_data_parallel_group,
+        gather_across_data_parallel_groups,
+    )
+
+    dp_rank = torch.tensor(float(ps.get_data_parallel_rank()))
     return {
         "losses": losses,
         "eval": eval_loss,
         "weights": weights,
         "distributed_type": acc.distributed_type.value,
         "backend": acc.backend.name,
+        "gathered": (
+            acc.gather_for_metrics(batch["input_ids"]).shape[0],
+            gather_across_data_parallel_groups({"ids": batch["input_ids"]})["ids"].shape[0],
+        ),
+        "mean_dp_rank": float(avg_losses_across_data_parallel_group([dp_rank])[0]),
     }
 
 
@@ -162,6 +177,8 @@ def test_tensor_parallel_gpt2_and_llama_match_one_process(one_process):
         _assert_same(rank[0], one_process["gpt2"], "gpt2 tp=2")
         _assert_same(rank[1], one_process["llama"], "llama tp=2 (SwiGLU and grouped query attention split)")
         assert rank[0]["distributed_type"] == "MEGATRON_LM" and rank[0]["backend"] == "megatron"
+        # one data-parallel rank holding 8 samples: gathered once, not once per tensor-parallel rank
+        assert rank[0]["gathered"] == (8, 8) and rank[0]["mean_dp_rank"] == 0.0
     losses = one_process["gpt2"]["losses"]
     assert losses[-1] < losses[0] - 0.05, losses  # it trains
 
@@ -179,6 +196,7 @@ def test_data_parallel_matches_one_process(one_process):
     out = _launch(_train_many, ([("gpt2", 1, 1, 1, 4)],), 2)  # 2 ranks x 4 samples
     for rank in out:
         _assert_same(rank[0], one_process["gpt2"], "gpt2 dp=2")
+        assert rank[0]["gathered"] == (8, 8) and rank[0]["mean_dp_rank"] == 0.5  # both ranks' samples
 
 
 @pytest.mark.multiproc

@@ -22,7 +22,7 @@ import torch
 # what save_state writes for the optimizer and scheduler: their state is in each slice's file (megatron/)
 SAVED_WITH_ENGINE = {"megatron_lm": "saved with the model's tensor/pipeline slices under megatron/"}
 
-__all__ = ["GptTrainStep", "MegatronEngine", "MegatronOptimizerWrapper", "MegatronSchedulerWrapper"]
+__all__ = ["GptTrainStep", "MegatronEngine", "MegatronLMOptimizerWrapper", "MegatronLMSchedulerWrapper"]
 
 
 class GptTrainStep:
@@ -65,7 +65,7 @@ class GptTrainStep:
         return output, partial(self.loss_func, loss_mask)
 
 
-class MegatronOptimizerWrapper(torch.optim.Optimizer):
+class MegatronLMOptimizerWrapper(torch.optim.Optimizer):
     """What ``prepare`` returns for the optimizer: the engine's forward steps it, so ``step``/``zero_grad`` do nothing."""
 
     def __init__(self, optimizer: Any) -> None:  # noqa: D107 - no torch.optim.Optimizer.__init__: no own params
@@ -111,7 +111,7 @@ class MegatronOptimizerWrapper(torch.optim.Optimizer):
             self.optimizer.load_state_dict(state)
 
 
-class MegatronSchedulerWrapper:
+class MegatronLMSchedulerWrapper:
     """What ``prepare`` returns for a ``MegatronLMDummyScheduler``: the engine steps Megatron's scheduler."""
 
     def __init__(self, scheduler: Any, optimizer: Any) -> None:

@@ -181,7 +181,7 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import get_megatron_optimizer
 
-    from .engine import GptTrainStep, MegatronEngine, MegatronOptimizerWrapper, MegatronSchedulerWrapper
+    from .engine import GptTrainStep, MegatronEngine, MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper
     from .model import gpt_shape, provide_model, transformer_config
 
     kinds = _classify(args)
@@ -240,12 +240,12 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
             else GptTrainStep(plugin, eos)
         )
         model_engine = MegatronEngine(plugin, [ddp], megatron_optimizer, scheduler, step, shape)
-        optimizer_wrapper = MegatronOptimizerWrapper(megatron_optimizer)
+        optimizer_wrapper = MegatronLMOptimizerWrapper(megatron_optimizer)
         result[kinds["model"][0]] = accelerator.register_prepared(model_engine, "model")
         if kinds["optimizer"]:
             result[kinds["optimizer"][0]] = accelerator.register_prepared(optimizer_wrapper, "optimizer")
         if kinds["scheduler"]:
-            wrapper = MegatronSchedulerWrapper(scheduler, megatron_optimizer)
+            wrapper = MegatronLMSchedulerWrapper(scheduler, megatron_optimizer)
             result[kinds["scheduler"][0]] = accelerator.register_prepared(wrapper, "scheduler")
     elif kinds["optimizer"] or kinds["scheduler"]:
         raise ValueError(
