@@ -5,11 +5,13 @@ Driven through a pty, as a person at a terminal: each ``(rank N Pdb)`` prompt is
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import select
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -128,6 +130,7 @@ def test_accel_nb_launch_one_rank_at_a_time_on_the_terminal(tmp_path):
     assert (
         len(ranks) == 4 and ranks[0] == ranks[1] and ranks[2] == ranks[3] and {ranks[0], ranks[2]} == {0, 1}
     ), out
+    assert not glob.glob(os.path.join(tempfile.gettempdir(), "accel_nb-pdb-*.lock")), "the pdb lock was left"
     for rank in (0, 1):
         assert f"[accel_nb] rank {rank} stopped in pdb at {script}:" in out, out
         # the answer to 'p x' (another rank's lines may come between: it runs on)

@@ -14,6 +14,7 @@ does not run are refused with the reason), and code written for the reference's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -318,7 +319,7 @@ def run(ns: argparse.Namespace) -> int:
     os.environ.update(rank_environment(cfg, endpoint[0], device, ns.log_line_prefix_template))
     # breakpoint() in a rank: pdb on this terminal, named after the rank, one rank at a time (deferred
     # import: it imports pdb, which the launch itself never needs)
-    from ..launch.rank.terminal_pdb import HOOK
+    from ..launch.rank.terminal_pdb import HOOK, lock_path
 
     os.environ.setdefault("PYTHONBREAKPOINT", HOOK)
     if getattr(ns, "num_cpu_threads_per_process", None) is not None:
@@ -358,6 +359,8 @@ def run(ns: argparse.Namespace) -> int:
         lambda exc: rendezvous_failure(exc, cfg.num_machines, cfg.machine_rank, *endpoint, ns.rdzv_timeout),
         watchdog,
     )
+    with contextlib.suppress(OSError):  # the ranks' pdb lock, left when a rank stopped at a breakpoint
+        os.remove(lock_path(os.getpid()))
     if code == 0 and own_log_dir:
         shutil.rmtree(log_dir, ignore_errors=True)
     return code
