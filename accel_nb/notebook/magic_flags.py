@@ -24,7 +24,7 @@ from ..launch.options import LaunchOptions
 from ..precision.setting import MIXED_PRECISION_CHOICES
 
 USAGE = (
-    "%%accelerate [-n/--num_processes N] [--mixed_precision no|fp16|bf16] [--gradient_accumulation_steps K] "
+    "%%accelerate [-n/--num_processes N] [--mixed_precision no|fp16|bf16|fp8] [--gradient_accumulation_steps K] "
     "[--start_method auto|fork|spawn] [--timeout S] [--rank R|all] [--return NAME[,NAME...]] [--use_port P] [--cpu] "
     f"[--num_nodes M --node_rank R --master_addr IP [--rdzv_backend {'|'.join(LAUNCHER_RDZV_BACKENDS)}] [--rdzv_timeout S]]"
 )

@@ -37,7 +37,7 @@ from .magic_flags import (
 from .session_view import Session, show_status
 
 VERBS_USAGE = (
-    "%accelerate start [-n N] [--mixed_precision no|fp16|bf16] [--gpu_ids 0,1] [--start_method auto|fork|spawn] "
+    "%accelerate start [-n N] [--mixed_precision no|fp16|bf16|fp8] [--gpu_ids 0,1] [--start_method auto|fork|spawn] "
     "[--cpu] [--use_port P] [--timeout S] | status | stop | restart | push NAME... | pull NAME [--rank R] | "
     "debug [--rank R]"
 )
