@@ -149,7 +149,7 @@ class StateViews:
     @property
     def native_amp(self) -> bool:
         """True when prepared models run under torch's autocast (fp16 or bf16; DeepSpeed casts by itself)."""
-        return self.precision.enabled and self.distributed_type != DistributedType.DEEPSPEED
+        return self.precision.enabled and not self.backend.casts_by_itself  # type: ignore[attr-defined]
 
     def verify_device_map(self, model: torch.nn.Module) -> bool:
         """True when ``model`` (or a module in it) was dispatched by a device map of more than one entry."""

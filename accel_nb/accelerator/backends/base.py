@@ -120,6 +120,7 @@ class TrainingBackend:
     launch_types: ClassVar[tuple[str, ...]] = ()  # the launch config's distributed_type values meaning it
     config_key: ClassVar[str | None] = None  # its section of the launch config (fsdp_config, ...)
     shards_with_fsdp: bool = False  # prepared models are sharded with FSDP2 (``Accelerator.is_fsdp2``)
+    casts_by_itself: bool = False  # casts to the mixed precision itself: no autocast forward (native_amp)
 
     def __init__(self, accelerator: Any) -> None:
         self.accelerator = accelerator

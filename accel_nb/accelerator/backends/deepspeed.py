@@ -29,6 +29,7 @@ class DeepSpeedBackend(TrainingBackend):
     launch_types = ("DEEPSPEED",)
     config_key = "deepspeed_config"
     inert_advice = "set distributed_type: DEEPSPEED to use it"
+    casts_by_itself = True  # the config's fp16/bf16 sections: the engine holds half-precision weights
 
     # -- the launch config ----------------------------------------------------------------------------
     @classmethod
