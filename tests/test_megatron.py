@@ -249,7 +249,14 @@ def _resume(folder, phase):
     steps(3)  # load_state put the loader where the first run saved it
     # gather_for_metrics over the data-parallel ranks only: tp=2 ranks hold the same samples, none repeated
     ids = acc.gather_for_metrics(next(batches)["input_ids"])
-    return {"losses": losses, "lrs": lrs, "gathered": ids.shape[0]}
+    # a loader prepared later gets the engine's batches (micro-batch 8 x 1), whatever its own batch size
+    later = acc.prepare(torch.utils.data.DataLoader(_data(16), batch_size=4))
+    return {
+        "losses": losses,
+        "lrs": lrs,
+        "gathered": ids.shape[0],
+        "later": len(next(iter(later))["input_ids"]),
+    }
 
 
 @pytest.mark.multiproc
@@ -260,9 +267,9 @@ def test_save_state_then_load_state_in_a_new_launch_continues_identically(tmp_pa
     assert second[0]["lrs"] == first[0]["lrs"]
     assert "megatron" in first[0]["files"]
     assert sorted(os.listdir(tmp_path / "ckpt" / "megatron")) == ["mp_rank_00_000.pt", "mp_rank_01_000.pt"]
-    assert (
-        second[0]["gathered"] == 8 and second[1]["gathered"] == 8
-    )  # one data-parallel rank: 8 samples, not 16
+    # one data-parallel rank: 8 samples, not 16
+    assert second[0]["gathered"] == 8 and second[1]["gathered"] == 8
+    assert second[0]["later"] == 8
 
 
 # ------------------------------------------------------------------ refusals (no rank starts)

@@ -187,11 +187,14 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
     kinds = _classify(args)
     loaders = [args[i] for i in kinds["dataloader"]]
     sizes = [dl.batch_size for dl in loaders if dl.batch_size is not None]
-    if not sizes:
+    if plugin.micro_batch_size is not None and not kinds["model"]:
+        micro = plugin.micro_batch_size  # a loader prepared later follows the engine's micro-batch size
+    elif not sizes:
         raise ValueError(
             "Megatron-LM needs a training or evaluation DataLoader with a batch_size in prepare()"
         )
-    micro = min(sizes) if plugin.is_train_batch_min else max(sizes)
+    else:
+        micro = min(sizes) if plugin.is_train_batch_min else max(sizes)
     start_model_parallel(plugin, accelerator.device)
     dp = ps.get_data_parallel_world_size()
     plugin.set_training_args(micro, dp)
