@@ -136,3 +136,29 @@ def test_a_slow_matplotlib_import_does_not_hold_the_next_picture_back(monkeypatc
     history.add(0, {"loss": 0.25}, x=3)
     # due once the interval and 4x the drawing time have passed, whatever the import took
     assert chart.update(history, now=start + chart.interval + 4 * drawing + 0.01)
+
+
+def test_an_interrupt_while_drawing_leaves_the_points_for_the_final_picture(monkeypatch):
+    """The kernel's main thread draws the curves, so an interrupt (KeyboardInterrupt) can land inside
+    matplotlib. The points it was drawing must stay pending: the final picture and line show them
+    (seen on Colab's stack: an interrupted launch's line stayed at step 6 of 24)."""
+    from accel_nb.notebook import metric_chart
+
+    r = _reporter(1)
+    for n in range(1, 4):
+        r.handle(Progress(0, "train", n, 10, {"loss": 1.0 / n}, "train", 10.0, False))
+    real = metric_chart.render_png
+    interrupted = []
+
+    def render(history, *args, **kwargs):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt  # the ■ button while matplotlib draws
+        return real(history, *args, **kwargs)
+
+    monkeypatch.setattr(metric_chart, "render_png", render)
+    with pytest.raises(KeyboardInterrupt):
+        r.chart.update(r.state.history, force=True)
+    r.finish(False, "interrupted")
+    assert interrupted and bytes(r.chart.image.value).startswith(PNG)
+    assert "rank 0: 3 pts, last 0.3333 at step 3" in r.chart.text.value, r.chart.text.value

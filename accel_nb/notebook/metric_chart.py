@@ -152,7 +152,6 @@ class MetricChart:
         if not force and now - self._last < self.interval:
             self._update_text(history)  # the latest values now, the picture on its own clock
             return False
-        self._drawn_version = history.version
         png = None
         took = 0.0
         if self.note is None and curve_names(history):
@@ -168,6 +167,9 @@ class MetricChart:
                 if png is None and history:
                     self.note = "text only: pip install matplotlib for live curves"
             took = time.monotonic() - started
+        # only now: an interrupt while drawing (a KeyboardInterrupt lands in the kernel's main thread,
+        # which draws) leaves the points pending, so the final picture and line still come
+        self._drawn_version = history.version
         if png is not None:
             self.png = png
             self.image.value = png

@@ -35,8 +35,9 @@ from tests.test_blame_flood_browser import HANG_CELL
 from tests.test_device_map_browser import CELL as DEVICE_MAP_CELL
 from tests.test_notebook_face_browser import ANSI, INTERNALS
 from tests.test_notebook_face_browser import CELLS as ISSUE41_CELLS
+from tests.test_notebook_face_browser import INTERRUPTED as ISSUE41_INTERRUPTED
 
-INTERRUPTED_CELL = ISSUE41_CELLS[2]
+INTERRUPTED_CELL = ISSUE41_CELLS[ISSUE41_INTERRUPTED]
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
