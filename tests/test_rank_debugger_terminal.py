@@ -93,6 +93,25 @@ def test_notebook_launcher_from_a_script_asks_on_the_terminal(tmp_path):
     assert "results: [10, 11]" in out, out
 
 
+def test_notebook_launcher_from_a_script_without_a_terminal_says_and_skips(tmp_path):
+    script = tmp_path / "bp.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env.pop("PYTHONBREAKPOINT", None)
+    res = subprocess.run(
+        [sys.executable, str(script)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "rank 1: breakpoint at" in out and "skipped: stdin is not a terminal" in out, out
+    assert "results: [10, 11]" in out, out
+
+
 SCRIPT_FOR_TORCHRUN = """
 import os
 rank = int(os.environ["RANK"])

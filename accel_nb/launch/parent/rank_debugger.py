@@ -48,11 +48,15 @@ def debugger_phase(phase: str) -> bool:
     return IN_DEBUGGER in phase or phase.startswith(AT_BREAKPOINT)
 
 
-def stdin_answerable() -> bool:
-    """Whether ``input()`` here reaches a person: the kernel's front-end allows stdin, or stdin is a terminal."""
+def _kernel() -> Any:
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
-    kernel = getattr(shell, "kernel", None)
+    return getattr(shell, "kernel", None)
+
+
+def stdin_answerable() -> bool:
+    """Whether ``input()`` here reaches a person: the kernel's front-end allows stdin, or stdin is a terminal."""
+    kernel = _kernel()
     if kernel is not None:
         return bool(getattr(kernel, "_allow_stdin", False))
     try:
@@ -261,11 +265,16 @@ class DebugDesk:
             return
         self.skipped.add(event.rank)
         where = f" at {event.where}" if event.where else ""
+        why = (
+            "this front-end sends no input to the kernel (stdin is off)"
+            if _kernel() is not None
+            else "stdin is not a terminal"
+        )
         self.report(
             Log(
                 rank=event.rank,
                 stream="stderr",
-                text=f"[accel_nb] rank {event.rank}: breakpoint{where} skipped: this front-end sends no input to "
-                "the kernel (stdin is off), so nobody can answer pdb; later breakpoints of this rank are skipped too\n",
+                text=f"[accel_nb] rank {event.rank}: breakpoint{where} skipped: {why}, so nobody can answer pdb; "
+                "later breakpoints of this rank are skipped too\n",
             )
         )
