@@ -62,6 +62,7 @@ _HOMES: dict[str, str] = {
     "accel_nb.data.prepare": "DataLoaderConfiguration prepare_data_loader",
     "accel_nb.data.random_sync": "RNGType synchronize_rng_states",
     "accel_nb.deepspeed.plugin": "DeepSpeedPlugin",
+    "accel_nb.megatron.plugin": "MegatronLMPlugin",
     "accel_nb.deepspeed.wrappers": (
         "DeepSpeedEngineWrapper DeepSpeedOptimizerWrapper DeepSpeedSchedulerWrapper DummyOptim DummyScheduler"
     ),
@@ -115,7 +116,7 @@ _PATHS: dict[str, str] = {
         "MSAMPRecipeKwargs TERecipeKwargs "
         "AutocastKwargs check_os_kernel clean_state_dict_for_safetensors compare_versions compile_regions "
         "convert_outputs_to_fp32 DataLoaderConfiguration DataLoaderDispatcher DeepSpeedEngineWrapper "
-        "DeepSpeedOptimizerWrapper DeepSpeedPlugin DeepSpeedSchedulerWrapper "
+        "DeepSpeedOptimizerWrapper DeepSpeedPlugin DeepSpeedSchedulerWrapper MegatronLMPlugin "
         "DistributedDataParallelKwargs DummyOptim DummyScheduler DynamoBackend "
         "extract_model_from_parallel FullyShardedDataParallelPlugin gather gather_object GeneralTracker "
         "get_logger get_pretty_name get_state_dict_offloaded_model GradientAccumulationPlugin "

@@ -39,7 +39,7 @@ notebook_launcher(train, num_processes=2, mixed_precision="no")
 
 GAPS = """\
 from accelerate import Accelerator, infer_auto_device_map
-from accelerate.utils import MegatronLMPlugin, gather, helper_nobody_wrote
+from accelerate.utils import add_model_config_to_megatron_parser, gather, helper_nobody_wrote
 from accelerate.utils.fsdp_utils import save_fsdp_model
 from accelerate.utils.operations import GatheredParameters
 import accelerate.utils as au
@@ -120,9 +120,9 @@ def test_a_script_with_gaps_reports_each_at_its_line(tmp_path):
 
     assert has(
         2,
-        "`accelerate.utils.MegatronLMPlugin` is left out",
+        "`accelerate.utils.add_model_config_to_megatron_parser` is left out",
         "on purpose",
-        LEFT_OUT["dataclasses.MegatronLMPlugin"],
+        LEFT_OUT["dataclasses.add_model_config_to_megatron_parser"],
     )
     assert has(2, "`helper_nobody_wrote` in `accel_nb.utils`", "has no")
     assert not any("gather`" in s for s in lines)  # gather exists
@@ -420,7 +420,9 @@ def test_a_renamed_file_is_checked_against_accel_nb(tmp_path):
     errors = [str(f) for f in _errors(report.findings)]
     assert report.unchecked == [] and report.renamed and len(errors) == 10, errors
     assert any(
-        e.startswith(f"{script}:2:") and "`accel_nb.utils.MegatronLMPlugin` is left out" in e for e in errors
+        e.startswith(f"{script}:2:")
+        and "`accel_nb.utils.add_model_config_to_megatron_parser` is left out" in e
+        for e in errors
     )
     assert any(e.startswith(f"{script}:8:") and "has no `frobnicate`" in e for e in errors)
     done = _cli("--check", script)

@@ -21,8 +21,9 @@ __all__ = [
 
 _Q, _PAR = "not yet: issue 29 (quantization)", "not yet: issue 30 (TP/CP/PP)"
 _MEGATRON = (
-    "accel_nb runs Megatron-LM on megatron-core with its own names, under accel_nb.megatron (MegatronLMPlugin, "
-    "MegatronLMDummyScheduler; docs/megatron.md); the reference's megatron.training parts are not built"
+    "accel_nb runs Megatron-LM on megatron-core (MegatronLMPlugin, MegatronLMDummyScheduler and the Megatron "
+    "helpers are in accel_nb.utils; docs/megatron.md); the reference's megatron.training parts (its model-config "
+    "parsers, its dataset loader, its train-step classes) are not built"
 )
 _DEVICES = (
     "device kinds accel_nb does not run on (Ascend NPU, MLU, MUSA, SDAA, Gaudi/HPU, Neuron, XPU collectives)"
@@ -92,7 +93,6 @@ LEFT_OUT: dict[str, str] = {
     **{
         f"dataclasses.{n}": _MEGATRON
         for n in [
-            "MegatronLMPlugin",
             "add_model_config_to_megatron_parser",
             "parse_bert_config",
             "parse_gpt2_config",

@@ -76,6 +76,14 @@ _REFERENCE_PATHS: dict[str, str] = {
         "..big_model.module_tensors",
     ),
     "get_state_dict_offloaded_model": "..big_model.module_helpers",
+    # Megatron-LM on megatron-core (docs/megatron.md); the reference's other Megatron names are left out
+    **dict.fromkeys(["MegatronLMPlugin", "MegatronLMDummyScheduler"], "..megatron.plugin"),
+    **dict.fromkeys(
+        ["avg_losses_across_data_parallel_group", "gather_across_data_parallel_groups"], "..megatron.helpers"
+    ),
+    **dict.fromkeys(
+        ["MegatronEngine", "MegatronLMOptimizerWrapper", "MegatronLMSchedulerWrapper"], "..megatron.engine"
+    ),
     **dict.fromkeys(
         [
             "check_device_map",

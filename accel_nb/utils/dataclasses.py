@@ -39,6 +39,7 @@ _EXPORTS = {
     **dict.fromkeys(["TensorInformation"], "accel_nb.nested"),
     **dict.fromkeys(["BnbQuantizationConfig"], "accel_nb.big_model.quantization.config"),
     **dict.fromkeys(["DeepSpeedPlugin"], "accel_nb.deepspeed"),
+    **dict.fromkeys(["MegatronLMPlugin"], "accel_nb.megatron.plugin"),
     **dict.fromkeys(["TorchContextParallelConfig", "TorchTensorParallelConfig"], "accel_nb.parallel"),
     **dict.fromkeys(["CustomDtype"], "accel_nb.big_model.sizes"),
     "get_module_class_from_name": "accel_nb.big_model.module_helpers",
