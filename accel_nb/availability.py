@@ -332,7 +332,18 @@ is_hpu_available = _never("is_hpu_available", _NO_DEVICE)
 is_habana_gaudi1 = _never("is_habana_gaudi1", _NO_DEVICE)
 is_neuron_available = _never("is_neuron_available", _NO_DEVICE)
 is_xccl_available = _never("is_xccl_available", "accel_nb does not use XPU collectives (xccl)")
-is_megatron_lm_available = _never("is_megatron_lm_available", "accel_nb does not support Megatron-LM")
+
+
+def is_megatron_lm_available() -> bool:
+    """True when the launch asks for Megatron-LM (``ACCELERATE_USE_MEGATRON_LM=true``) and megatron-core is
+    installed: the reference's answer, except that it looks for Megatron-LM's ``megatron.training`` (accel_nb runs
+    on megatron-core; docs/megatron.md)."""
+    if os.environ.get("ACCELERATE_USE_MEGATRON_LM", "").strip().lower() not in ("1", "true", "yes"):
+        return False
+    return (
+        package_available("megatron", "megatron-core")
+        and importlib.util.find_spec("megatron.core") is not None
+    )
 
 
 def is_transformer_engine_available() -> bool:

@@ -316,12 +316,14 @@ def test_what_only_a_gpu_runs_and_what_is_not_built_are_refused(fresh_state, set
 def test_the_plugin_reads_the_reference_environment(fresh_state):
     from accel_nb.megatron import MegatronLMPlugin
     from accel_nb.megatron.plugin import plugin_from_env
+    from accel_nb.utils import is_megatron_lm_available
 
     fresh_state.setenv("MEGATRON_LM_TP_DEGREE", "2")
     fresh_state.setenv("MEGATRON_LM_NUM_MICRO_BATCHES", "4")
     fresh_state.setenv("MEGATRON_LM_SEQUENCE_PARALLELISM", "true")
-    assert plugin_from_env() is None  # not asked for
+    assert plugin_from_env() is None and not is_megatron_lm_available()  # not asked for
     fresh_state.setenv("ACCELERATE_USE_MEGATRON_LM", "true")
+    assert is_megatron_lm_available()  # asked for, and megatron-core is installed
     plugin = plugin_from_env()
     assert (plugin.tp_degree, plugin.pp_degree, plugin.num_micro_batches) == (2, 1, 4)
     assert plugin.sequence_parallelism is True and plugin.gradient_clipping == 1.0
