@@ -193,6 +193,36 @@ def test_rank_n_at_a_prompt_moves_it_to_another_rank(kernel):
     assert f"\n{1 - first}\n" in out.stdout and f"\n{first}\n" in out.stdout
 
 
+STEP_INTO_A_COLLECTIVE = """
+from accel_nb import notebook_launcher
+
+def h():
+    import torch, torch.distributed as dist
+    from accel_nb import PartialState
+    rank = PartialState().process_index
+    t = torch.tensor([1.0 + rank])
+    breakpoint()
+    dist.all_reduce(t)
+    return t.item()
+
+notebook_launcher(h, num_processes=2, cpu=True)
+"""
+
+
+def test_a_step_into_a_collective_passes_the_prompt_to_the_rank_it_waits_for(kernel):
+    # the first rank steps over all_reduce: it waits for the other rank, at its breakpoint; the prompt
+    # goes there ('c'), the all_reduce completes, and the first rank stops after it ('c')
+    def person(prompts: list[str]) -> str:
+        return "n" if len(prompts) == 1 else "c"
+
+    out = run_typing(kernel, STEP_INTO_A_COLLECTIVE, person)
+    assert out.error is None, out
+    ranks = [_rank_of(p) for p in out.prompts]
+    assert len(ranks) == 3 and ranks[0] == ranks[2] != ranks[1], ranks
+    assert f"rank {ranks[0]} is still in its step" in out.stdout, out.stdout
+    assert out.results == ["[3.0, 3.0]"], out
+
+
 def test_the_hang_timeout_does_not_count_time_in_the_debugger(kernel):
     # the person looks at the prompt for longer than the launch's timeout while rank 0 waits in all_reduce
     out = run_typing(kernel, COLLECTIVE, ["p t", "c"], think=4.0)

@@ -12,7 +12,9 @@ own thread is parked in ``input()`` meanwhile, so its state and its reporter hav
 - One rank at a time: the rank being debugged keeps the prompt until it is released (``c``, ``q``)
   or ends; then the lowest rank waiting at a breakpoint gets it. ``rank N`` typed at a prompt (not
   Python: pdb would call it a syntax error) moves the prompt to rank N if it waits at a breakpoint;
-  the rank left keeps its place at its prompt.
+  the rank left keeps its place at its prompt. A rank whose step (``n`` over an ``all_reduce``) does
+  not stop again within ``STEP_GRACE_S`` while another rank waits at a breakpoint passes the prompt
+  on: its step may be waiting for that rank.
 - A front-end that sends no input (``allow_stdin`` off, a terminal that is not one) cannot answer:
   the breakpoint is skipped and said in the rank's output.
 - The hang watchdog does not count the time a rank spends in the debugger (``active``).
@@ -32,12 +34,16 @@ import selectors
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ...events import SKIP_BREAKPOINT, DebugPrompt, DebugState, Event, Log, Phase
 
 _SWITCH = re.compile(r"rank\s+(\d+)")  # typed at a prompt: move the prompt to that rank
+# a rank that steps (n, s, r) and has not stopped again after this long while another rank waits at a
+# breakpoint gives that rank the prompt: its step may wait in a collective for that very rank
+STEP_GRACE_S = 1.0
 CONNECT_WAIT_S = 10.0  # the rank listens before it sends its prompt: connecting is immediate
 IN_DEBUGGER = "in the debugger"  # the row of the rank being debugged; the others': "waiting for rank 1 (in the debugger)"
 AT_BREAKPOINT = "at a breakpoint"  # the row of a rank whose prompt waits for its turn
@@ -138,6 +144,7 @@ class DebugDesk:
         self.skipped: set[int] = set()  # ranks told once that their breakpoints are skipped
         self._marked: set[int] = set()  # ranks whose row says they wait for the rank being debugged
         self._announced: int | None = None  # the rank whose prompt was last announced
+        self._stepping_since: float | None = None  # when the rank being debugged last ran a step
         self._lock = threading.Lock()
 
     @property
@@ -152,12 +159,16 @@ class DebugDesk:
             if conn is not None:
                 with self._lock:
                     self.waiting[event.rank] = (event, conn)
+                    if event.rank == self.current:
+                        self._stepping_since = None
             return True
         if isinstance(event, DebugState):
-            if event.state == "released":
-                with self._lock:
-                    if self.current == event.rank:
+            with self._lock:
+                if self.current == event.rank:
+                    if event.state == "released":
                         self._release()
+                    else:
+                        self._stepping_since = time.monotonic()
             return True
         return False
 
@@ -181,7 +192,7 @@ class DebugDesk:
                 conn.close()
 
     def _release(self) -> None:
-        rank, self.current, self._announced = self.current, None, None
+        rank, self.current, self._announced, self._stepping_since = self.current, None, None, None
         for other in sorted(self._marked | {rank}):
             if other not in self.over:
                 self.report(Phase(rank=other, phase="running"))
@@ -189,9 +200,19 @@ class DebugDesk:
 
     def _next(self) -> int | None:
         with self._lock:
-            if self.current is not None:  # stays with the person until it is released
-                return self.current if self.current in self.waiting else None
-            return min(self.waiting) if self.waiting else None
+            if self.current is None:
+                return min(self.waiting) if self.waiting else None
+            if self.current in self.waiting:  # stays with the person until it is released
+                return self.current
+            since = self._stepping_since
+            if since is None or not self.waiting or time.monotonic() - since < STEP_GRACE_S:
+                return None
+            stepping, self.current, self._stepping_since = self.current, min(self.waiting), None
+        sys.stdout.write(
+            f"[accel_nb] rank {stepping} is still in its step (waiting for another rank?); "
+            f"the prompt goes to rank {self.current}, and back to rank {stepping} when it stops\n"
+        )
+        return self.current
 
     def serve(self, handle: Callable[[Event], None], tick: Callable[[], None]) -> None:
         """If a prompt is due, show it and send the person's line; meanwhile the ranks' events go to ``handle``."""
