@@ -118,3 +118,20 @@ def test_the_bitsandbytes_multi_backend_gate_answers_as_the_reference():
     # code written for the reference patches it where the reference's Accelerator module imports it
     with mock.patch("accel_nb.accelerator.is_bitsandbytes_multi_backend_available", return_value=False):
         assert accel_nb.accelerator.is_bitsandbytes_multi_backend_available() is False
+
+
+def test_a_quantized_model_on_the_cpu_needs_the_references_gate():
+    from unittest import mock
+
+    from accel_nb.accelerator.device_maps import quantized_model_stays
+
+    model = torch.nn.Linear(2, 2)
+    model.is_loaded_in_8bit = True
+    model.hf_device_map = {"": "cpu"}
+    with mock.patch("accel_nb.accelerator.is_bitsandbytes_multi_backend_available", return_value=True):
+        assert quantized_model_stays(model, torch.device("cpu"))  # bitsandbytes runs on the CPU: it stays
+    with mock.patch("accel_nb.accelerator.is_bitsandbytes_multi_backend_available", return_value=False):
+        with pytest.raises(
+            ValueError, match="CPU or disk offload"
+        ):  # the reference's refusal, where it refuses
+            quantized_model_stays(model, torch.device("cpu"))
