@@ -6,6 +6,7 @@ attention exactly, save_state/load_state resume exactly in a new launch, and the
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 
 import numpy as np
@@ -226,7 +227,21 @@ def test_one_gpu_trains_in_bf16_close_to_fp32():
 
 def _resume(folder, phase):
     acc, (engine, opt, loader, sched) = _prepare("gpt2", 2, 1, 1, 8, scheduler=True)
+    refused = None
     if phase == "load":
+        # first a copy that lacks rank 1's slice: refused on every rank, nothing loaded anywhere
+        broken = os.path.join(folder, "broken")
+        if acc.is_main_process:
+            shutil.copytree(os.path.join(folder, "ckpt"), broken)
+            os.remove(os.path.join(broken, "megatron", "mp_rank_01_000.pt"))
+        acc.wait_for_everyone()
+        before = engine.full_weights()
+        try:
+            acc.load_state(broken)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            refused = f"{type(exc).__name__}: {exc}"
+        after = engine.full_weights()
+        refused = (refused, all(torch.equal(before[k], after[k]) for k in before))
         acc.load_state(os.path.join(folder, "ckpt"))
     engine.train()
     batches = iter(loader)
@@ -256,6 +271,7 @@ def _resume(folder, phase):
         "lrs": lrs,
         "gathered": ids.shape[0],
         "later": len(next(iter(later))["input_ids"]),
+        "refused": refused,
     }
 
 
@@ -270,6 +286,9 @@ def test_save_state_then_load_state_in_a_new_launch_continues_identically(tmp_pa
     # one data-parallel rank: 8 samples, not 16
     assert second[0]["gathered"] == 8 and second[1]["gathered"] == 8
     assert second[0]["later"] == 8
+    for rank in second:  # the copy without rank 1's slice: an error on both ranks, the weights untouched
+        message, untouched = rank["refused"]
+        assert "mp_rank_01_000.pt" in message and untouched, rank["refused"]
 
 
 # ------------------------------------------------------------------ refusals (no rank starts)

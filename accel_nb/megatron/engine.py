@@ -71,6 +71,8 @@ class MegatronLMOptimizerWrapper(torch.optim.Optimizer):
     def __init__(self, optimizer: Any) -> None:  # noqa: D107 - no torch.optim.Optimizer.__init__: no own params
         self.optimizer = optimizer
         self.skipped_iter = False
+        self.engine: Any = None  # the engine it steps with (set by prepare)
+        self.pending: Any = None  # a slice's state load_state read, applied with this optimizer's turn
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__
@@ -106,9 +108,13 @@ class MegatronLMOptimizerWrapper(torch.optim.Optimizer):
         return dict(SAVED_WITH_ENGINE)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing for the marker (the engine restored the state); a state of this rank's optimizer otherwise."""
+        """For the marker: the engine's slice state that load_state read is loaded now (weights, optimizer,
+        scheduler), once every part of the checkpoint was read; a state of this rank's optimizer otherwise."""
         if state.get("megatron_lm") != SAVED_WITH_ENGINE["megatron_lm"]:
             self.optimizer.load_state_dict(state)
+        elif self.pending is not None and self.engine is not None:
+            pending, self.pending = self.pending, None
+            self.engine.apply_checkpoint(pending)
 
 
 class MegatronLMSchedulerWrapper:
@@ -270,7 +276,11 @@ class MegatronEngine(torch.nn.Module):
         dist.barrier()
 
     def load_checkpoint(self, folder: str) -> None:
-        """Every rank reads its slice's part (written with the same tp/pp degrees)."""
+        """Every rank reads its slice's part (written with the same tp/pp degrees) and loads it."""
+        self.apply_checkpoint(self.read_checkpoint(folder))
+
+    def read_checkpoint(self, folder: str) -> dict[str, Any]:
+        """This slice's saved state, read (nothing changed yet); a clear error when the file is missing."""
         from megatron.core import parallel_state as ps
 
         path = self.checkpoint_name(folder)
@@ -280,7 +290,10 @@ class MegatronEngine(torch.nn.Module):
                 f"(this run: tp={ps.get_tensor_model_parallel_world_size()}, "
                 f"pp={ps.get_pipeline_model_parallel_world_size()})"
             )
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+    def apply_checkpoint(self, state: dict[str, Any]) -> None:
+        """Load what ``read_checkpoint`` read: the weights, the iteration, the optimizer and scheduler states."""
         self.base_model.load_state_dict(state["model"])
         self.iteration = int(state["iteration"])
         if "optimizer" in state and not self.plugin.no_load_optim:

@@ -244,6 +244,7 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
         )
         model_engine = MegatronEngine(plugin, [ddp], megatron_optimizer, scheduler, step, shape)
         optimizer_wrapper = MegatronLMOptimizerWrapper(megatron_optimizer)
+        optimizer_wrapper.engine = model_engine
         result[kinds["model"][0]] = accelerator.register_prepared(model_engine, "model")
         if kinds["optimizer"]:
             result[kinds["optimizer"][0]] = accelerator.register_prepared(optimizer_wrapper, "optimizer")

@@ -234,7 +234,14 @@ class MegatronBackend(TrainingBackend):
             weights.pop(i)
 
         def load(models: list[Any], folder: str) -> None:
-            engine.load_checkpoint(folder)
+            state = engine.read_checkpoint(
+                folder
+            )  # a missing slice file fails here, before anything is loaded
+            wrappers = [o for o in acc.prepared("optimizer") if getattr(o, "engine", None) is engine]
+            if wrappers:  # loaded in load_state's apply phase, with the optimizer's (marker) state
+                wrappers[0].pending = state
+            else:
+                engine.apply_checkpoint(state)
             models.pop(index())
 
         acc.register_save_state_pre_hook(save)
