@@ -385,3 +385,26 @@ def test_joining_what_is_not_a_ddp_model_warns_and_does_nothing_like_the_referen
     ours, reference = (run_ranks(_join_a_stranger, world_size=2, args=(lib,)) for lib in LIBRARIES)
     for warned in (*ours, *reference):
         assert len(warned) == 1 and "only supported for multi-GPU" in warned[0]
+
+
+# -- tests/test_data_loader.py: an Accelerator goes away with the last reference to it -----------------
+def _collected_at_once(library):
+    import gc
+    import weakref
+
+    gc.disable()  # freed by reference counting alone, as the reference's test asserts right after `del`
+    try:
+        accelerator = importlib.import_module(library).Accelerator(cpu=True)
+        loader = accelerator.prepare_data_loader(torch.utils.data.DataLoader(list(range(16)), batch_size=4))
+        first = next(iter(loader)).tolist()
+        refs = [weakref.ref(accelerator), weakref.ref(loader), weakref.ref(loader.gradient_state)]
+        del accelerator, loader
+        return first, [ref() is None for ref in refs[:2]]
+    finally:
+        gc.enable()
+
+
+@pytest.mark.multiproc
+def test_an_accelerator_and_its_loader_are_freed_with_the_last_reference_like_the_reference():
+    ours, reference = (run_ranks(_collected_at_once, world_size=1, args=(lib,))[0] for lib in LIBRARIES)
+    assert ours == reference == ([0, 1, 2, 3], [True, True])

@@ -41,6 +41,7 @@ after placing it and before ``wrap`` (so DDP/FSDP see the converted layers), in 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -123,10 +124,17 @@ class TrainingBackend:
     casts_by_itself: bool = False  # casts to the mixed precision itself: no autocast forward (native_amp)
 
     def __init__(self, accelerator: Any) -> None:
-        self.accelerator = accelerator
+        # weakly: the Accelerator holds its back-end, and a cycle would keep both (and the prepared loaders)
+        # alive after the last reference to the Accelerator goes, until the garbage collector runs
+        self._accelerator = weakref.ref(accelerator)
         # id(original parameter) -> weakrefs to it and to what prepare made of it (sharded, moved); optimizers
         # prepared before their model are re-pointed through it (accel_nb.fsdp.sharding.repoint_optimizer)
         self.parameter_swap: dict[int, Any] = {}
+
+    @property
+    def accelerator(self) -> Any:
+        """The Accelerator this back-end serves."""
+        return self._accelerator()
 
     @property
     def joins_uneven_inputs(self) -> bool:
