@@ -113,11 +113,14 @@ def test_notebook_launcher_from_a_script_without_a_terminal_says_and_skips(tmp_p
 
 
 SCRIPT_FOR_TORCHRUN = """
-import os
-rank = int(os.environ["RANK"])
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
 x = 10 + rank
 breakpoint()
-print("rank", rank, "done", x)
+t = torch.tensor([x * 1.0])
+dist.all_reduce(t)
+print("rank", rank, "done", x, t.item())
 """
 
 
@@ -140,15 +143,14 @@ def test_accel_nb_launch_one_rank_at_a_time_on_the_terminal(tmp_path):
     script.write_text(SCRIPT_FOR_TORCHRUN)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
     env.pop("PYTHONBREAKPOINT", None)
-    answers = [b"p x\n", b"c\n"] * 2
-    # --timeout 2 while the person looks at the first prompt for 4 s: time in pdb is not a hang
-    argv = _accel_nb_launch(script, "--timeout", "2")
-    out = drive(argv, rb"\(rank \d Pdb\) ", answers, env, think=4.0).decode().replace("\r\n", "\n")
+    # the first rank: p x, then n twice (the second steps into all_reduce, which waits for the other rank,
+    # at its breakpoint: after a second the terminal goes there); the other rank: p x, c; the first again: c
+    answers = [b"p x\n", b"n\n", b"n\n", b"p x\n", b"c\n", b"c\n"]
+    out = drive(_accel_nb_launch(script), rb"\(rank \d Pdb\) ", answers, env).decode().replace("\r\n", "\n")
     ranks = [int(r) for r in re.findall(r"\(rank (\d) Pdb\) ", out)]
-    # one rank holds the terminal from its stop to its 'c': two prompts of one rank, then two of the other
-    assert (
-        len(ranks) == 4 and ranks[0] == ranks[1] and ranks[2] == ranks[3] and {ranks[0], ranks[2]} == {0, 1}
-    ), out
+    first, other = ranks[0], 1 - ranks[0]
+    # one rank holds the terminal from its stop to its 'c', or until a step of it waits (for the other)
+    assert ranks == [first] * 3 + [other] * 2 + [first], out
     assert not glob.glob(os.path.join(tempfile.gettempdir(), "accel_nb-pdb-*.lock")), "the pdb lock was left"
     for rank in (0, 1):
         assert f"[accel_nb] rank {rank} stopped in pdb at {script}:" in out, out
@@ -156,7 +158,19 @@ def test_accel_nb_launch_one_rank_at_a_time_on_the_terminal(tmp_path):
         assert re.search(rf"\(rank {rank} Pdb\) (.|\n)*?p x\n(.|\n)*?\[default{rank}\]:{10 + rank}\n", out), (
             out
         )
-        assert f"rank {rank} done {10 + rank}" in out, out
+        assert f"rank {rank} done {10 + rank} 21.0" in out, out
+
+
+def test_accel_nb_launch_timeout_does_not_count_time_in_pdb(tmp_path):
+    script = tmp_path / "bp.py"
+    # no process group: the ranks end at once after their last line (the watchdog's own end is not at stake)
+    script.write_text('import os\nx = 10 + int(os.environ["RANK"])\nbreakpoint()\nprint("done", x)\n')
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    env.pop("PYTHONBREAKPOINT", None)
+    # --timeout 2 while the person looks at the first prompt for 4 s (and the other rank waits its turn)
+    argv = _accel_nb_launch(script, "--timeout", "2")
+    out = drive(argv, rb"\(rank \d Pdb\) ", [b"c\n", b"c\n"], env, think=4.0).decode()
+    assert "done 10" in out and "done 11" in out and "hung" not in out, out
 
 
 def test_accel_nb_launch_without_a_terminal_says_and_skips(tmp_path):
@@ -175,5 +189,5 @@ def test_accel_nb_launch_without_a_terminal_says_and_skips(tmp_path):
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     for rank in (0, 1):
-        assert f"rank {rank}: breakpoint at {script}:5 skipped: stdin is not a terminal" in out, out
-        assert f"rank {rank} done {10 + rank}" in out, out
+        assert f"rank {rank}: breakpoint at {script}:6 skipped: stdin is not a terminal" in out, out
+        assert f"rank {rank} done {10 + rank} 21.0" in out, out

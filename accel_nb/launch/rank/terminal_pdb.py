@@ -8,7 +8,9 @@ holds a lock (``flock`` on a file named after the agent, the ranks' common paren
 stops until ``c`` or ``q``: the others wait at their breakpoint, then get the terminal one after the
 other. A rank whose stdin is not a terminal says so on its stderr and goes on (plain pdb would read
 end-of-file and stop the rank with ``BdbQuit``). While a rank holds the lock, ``--timeout``'s hang
-watchdog does not count the time (``rank_in_pdb``).
+watchdog does not count the time (``rank_in_pdb``). A step still running after ``STEP_GRACE_S`` lets go
+of the terminal (it may wait in a collective for a rank waiting at its breakpoint) and takes it back
+when it stops.
 
     PYTHONBREAKPOINT=accel_nb.launch.rank.terminal_pdb.set_trace   # set by accel-nb launch
 """
@@ -20,9 +22,13 @@ import os
 import pdb
 import sys
 import tempfile
+import threading
 from typing import Any
 
 HOOK = "accel_nb.launch.rank.terminal_pdb.set_trace"  # the PYTHONBREAKPOINT value accel-nb launch sets
+# a step (n, s, r) that has not stopped again after this long lets go of the terminal: it may wait in a
+# collective for a rank that waits for the terminal at its breakpoint
+STEP_GRACE_S = 1.0
 
 
 def lock_path(agent_pid: int | None = None) -> str:
@@ -56,10 +62,17 @@ class TerminalPdb(pdb.Pdb):
         self.rank = os.environ.get("RANK", "?")
         self.prompt = f"(rank {self.rank} Pdb) "
         self._lock_fd: int | None = None
+        self._guard = threading.Lock()  # the terminal lock's fd: this thread and the step timer
+        self._step_timer: threading.Timer | None = None
 
     def _hold(self, frame: Any) -> None:
-        if self._lock_fd is not None:
-            return
+        if self._step_timer is not None:
+            self._step_timer.cancel()
+            self._step_timer.join()  # a release already under way is over before the lock is looked at
+            self._step_timer = None
+        with self._guard:
+            if self._lock_fd is not None:
+                return
         fd = os.open(lock_path(), os.O_CREAT | os.O_RDWR, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)  # waits while another rank of this launch is in its pdb
         self._lock_fd = fd
@@ -67,13 +80,18 @@ class TerminalPdb(pdb.Pdb):
         self.message(f"[accel_nb] rank {self.rank} stopped in pdb{where}; 'c' lets it go on")
 
     def _release(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the file releases the lock
-            self._lock_fd = None
+        with self._guard:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # closing the file releases the lock
+                self._lock_fd = None
 
     def interaction(self, frame: Any, traceback: Any) -> None:
         self._hold(frame)
         super().interaction(frame, traceback)
+        if self._lock_fd is not None:  # a step: the terminal is let go if it does not stop again soon
+            self._step_timer = threading.Timer(STEP_GRACE_S, self._release)
+            self._step_timer.daemon = True
+            self._step_timer.start()
 
     def set_continue(self) -> None:
         super().set_continue()
