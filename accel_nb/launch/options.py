@@ -15,10 +15,12 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..config import START_METHODS
-from ..counts import whole_number
+from ..config import LAUNCHER_RDZV_BACKENDS, START_METHODS
+from ..counts import is_count, whole_number
 from ..precision.setting import validate_mixed_precision
 from .errors import LaunchSetupError
+
+RDZV_BACKENDS_SAID = ", ".join(repr(b) for b in LAUNCHER_RDZV_BACKENDS)  # 'static', 'c10d'
 
 
 def parse_show_ranks(show_ranks: Any) -> set[int] | None:
@@ -133,8 +135,6 @@ class LaunchOptions:
             raise LaunchSetupError(
                 f"xla={self.xla!r} must be True, False or None (None: XLA when an XLA runtime is present)"
             )
-        from .elastic.multinode import check_machine_options
-
         check_machine_options(self)
 
     @property
@@ -146,3 +146,26 @@ class LaunchOptions:
     def names(cls) -> tuple[str, ...]:
         """The option names, in order (what ``notebook_launcher`` accepts besides the function and its arguments)."""
         return tuple(f.name for f in fields(cls))
+
+
+def check_machine_options(options: Any) -> None:
+    """``LaunchOptions``' machine fields: ``LaunchSetupError`` naming the option and the fix.
+
+    num_nodes >= 1, 0 <= node_rank < num_nodes, rdzv_backend static or c10d, rdzv_timeout > 0.
+    """
+    for name, low in (("num_nodes", 1), ("node_rank", 0)):
+        value = getattr(options, name)
+        if not is_count(value, low):
+            raise LaunchSetupError(f"{name}={value!r} must be a whole number of at least {low}")
+    if options.node_rank >= options.num_nodes:
+        raise LaunchSetupError(
+            f"node_rank={options.node_rank} must be smaller than num_nodes={options.num_nodes} "
+            f"(machines are numbered 0 to {options.num_nodes - 1}; 0 is the one at master_addr)"
+        )
+    if options.rdzv_backend not in LAUNCHER_RDZV_BACKENDS:
+        raise LaunchSetupError(f"rdzv_backend={options.rdzv_backend!r} is not one of {RDZV_BACKENDS_SAID}")
+    timeout = options.rdzv_timeout
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
+    ):
+        raise LaunchSetupError(f"rdzv_timeout={timeout!r} must be a number of seconds above 0 (None: 600)")

@@ -15,8 +15,9 @@ from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS, ENV_MIXED_PRECISION, RE
 from ..precision.setting import bf16_gpu_problem
 from . import cuda_guard
 from .errors import LaunchSetupError
-from .launcher import Launcher, ProcessLauncher
+from .launcher import Launcher
 from .options import LaunchOptions
+from .parent.process_launcher import ProcessLauncher
 from .ports import ensure_port_free, pick_free_port
 
 

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...config import LAUNCHER_RDZV_BACKENDS
-from ...counts import is_count
 from ..errors import LaunchSetupError
-from ..launcher import ProcessLauncher
+from ..options import RDZV_BACKENDS_SAID, check_machine_options
+from ..parent.process_launcher import ProcessLauncher
 from .rendezvous import RUN_ID, agent_arguments, gloo_interface_env, rendezvous_failure
 
 __all__ = ["MachineSeat", "NOTEBOOK_NAMES", "check_machine_options", "take_reference_options", "plan_seat"]
@@ -39,7 +39,6 @@ NOTEBOOK_NAMES = {
     "rank": "node_rank",
     "timeout": "rdzv_conf={'timeout': seconds}",
 }
-_BACKENDS_SAID = ", ".join(repr(b) for b in LAUNCHER_RDZV_BACKENDS)  # 'static', 'c10d'
 
 
 class MachineSeat:
@@ -56,7 +55,7 @@ class MachineSeat:
         timeout: float | None = None,
     ) -> None:
         if backend not in LAUNCHER_RDZV_BACKENDS:
-            raise LaunchSetupError(f"rdzv_backend={backend!r} is not one of {_BACKENDS_SAID}")
+            raise LaunchSetupError(f"rdzv_backend={backend!r} is not one of {RDZV_BACKENDS_SAID}")
         self.num_machines, self.machine_rank, self.nproc = num_machines, machine_rank, nproc
         self.addr, self.port, self.backend, self.timeout = addr, port, backend, timeout
         self._agent: Any = None
@@ -192,29 +191,6 @@ class MultiNodeLauncher(ProcessLauncher):
             "several machines: launch each cell with %%accelerate or notebook_launcher on every machine, or "
             "hold a session here with num_nodes=1"
         )
-
-
-def check_machine_options(options: Any) -> None:
-    """``LaunchOptions``' machine fields: ``LaunchSetupError`` naming the option and the fix.
-
-    num_nodes >= 1, 0 <= node_rank < num_nodes, rdzv_backend static or c10d, rdzv_timeout > 0.
-    """
-    for name, low in (("num_nodes", 1), ("node_rank", 0)):
-        value = getattr(options, name)
-        if not is_count(value, low):
-            raise LaunchSetupError(f"{name}={value!r} must be a whole number of at least {low}")
-    if options.node_rank >= options.num_nodes:
-        raise LaunchSetupError(
-            f"node_rank={options.node_rank} must be smaller than num_nodes={options.num_nodes} "
-            f"(machines are numbered 0 to {options.num_nodes - 1}; 0 is the one at master_addr)"
-        )
-    if options.rdzv_backend not in LAUNCHER_RDZV_BACKENDS:
-        raise LaunchSetupError(f"rdzv_backend={options.rdzv_backend!r} is not one of {_BACKENDS_SAID}")
-    timeout = options.rdzv_timeout
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0
-    ):
-        raise LaunchSetupError(f"rdzv_timeout={timeout!r} must be a number of seconds above 0 (None: 600)")
 
 
 def take_reference_options(options: dict[str, Any]) -> None:
