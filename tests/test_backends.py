@@ -86,3 +86,20 @@ def test_a_registered_conversion_is_applied_before_the_backend_wraps():
         assert seen == ["Linear"] and model.marked
     finally:
         CONVERSIONS.pop("test-mark", None)
+
+
+def test_a_pickled_accelerator_serves_its_back_end_again_when_loaded():
+    # the reference's users pickle an Accelerator with its prepared loaders (its test_can_pickle_dataloader);
+    # the back-end holds its Accelerator weakly, and weak references do not pickle
+    import pickle
+
+    import torch
+
+    from accel_nb import Accelerator
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(10)))
+    accelerator = Accelerator()
+    prepared = accelerator.prepare(loader)
+    loaded = pickle.loads(pickle.dumps(accelerator))
+    assert loaded.backend.accelerator is loaded and accelerator.backend.accelerator is accelerator
+    assert [b[0].tolist() for b in loaded._dataloaders[0]] == [b[0].tolist() for b in prepared]

@@ -229,3 +229,34 @@ def test_the_rank_file_runs_a_script_as_python_does(tmp_path, how, module):
     else:
         assert wrapped.stderr == plain.stderr
     assert (stacks / "rank_3.pid").read_text().isdigit() and (stacks / "rank_3.stacks").exists()
+
+
+LATE_SIGNAL = """
+import atexit, faulthandler, os, signal, sys
+
+def shutting_down():
+    # what interpreter shutdown does after atexit (faulthandler switched off), then the watchdog's late
+    # stacks request to a rank that was slow to leave (its process group, say)
+    faulthandler.unregister(int(sys.argv[1]))
+    os.kill(os.getpid(), int(sys.argv[1]))
+    print("still here", flush=True)
+
+atexit.register(shutting_down)
+print("done", flush=True)
+"""
+
+
+def test_a_rank_that_finished_is_not_killed_by_a_late_stacks_request(tmp_path):
+    (tmp_path / "late.py").write_text(LATE_SIGNAL)
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    env = dict(os.environ, RANK="0", PYTHONPATH=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-u", RANK_MAIN, str(stacks), SIG, "file", "late.py", SIG],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr)  # was -SIGUSR1: killed after its work
+    assert done.stdout == "done\nstill here\n"

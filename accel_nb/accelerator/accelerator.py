@@ -183,6 +183,10 @@ class Accelerator(StateViews, ModelWeights, SyncContexts, Resources, Reporting):
         self._tracking_started = False  # init_trackers ran (on every process)
 
     # -- prepare -------------------------------------------------------------------------------------
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.backend.relink(self)  # it holds this Accelerator weakly, and weak references do not pickle
+
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, data loaders and schedulers; returns them in the same order.
 

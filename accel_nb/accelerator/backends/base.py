@@ -136,6 +136,18 @@ class TrainingBackend:
         """The Accelerator this back-end serves."""
         return self._accelerator()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # weak references do not pickle: a pickled Accelerator (the reference's users pickle one with its
+        # prepared loaders) links its back-end again when it is loaded (``relink``)
+        state = dict(self.__dict__)
+        state["_accelerator"] = None
+        state["parameter_swap"] = {}
+        return state
+
+    def relink(self, accelerator: Any) -> None:
+        """Serve ``accelerator`` (an Accelerator loaded from a pickle holds its back-end unlinked)."""
+        self._accelerator = weakref.ref(accelerator)
+
     @property
     def joins_uneven_inputs(self) -> bool:
         """Whether ``join_uneven_inputs`` applies torch's Join: DDP over several processes, as the run's

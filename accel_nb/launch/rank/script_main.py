@@ -20,6 +20,7 @@ import faulthandler
 import io
 import os
 import runpy
+import signal
 import sys
 import types
 from importlib.machinery import SourceFileLoader
@@ -89,6 +90,12 @@ def main(argv: list[str]) -> NoReturn | None:
             tb = tb.tb_next
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # Python prints the exception's own
         raise SystemExit(1) from None
+    finally:
+        # The script is done: a stacks request that comes while the interpreter shuts down (a rank slow
+        # to leave its process group) is ignored. faulthandler is switched off during shutdown, and the
+        # signal's default action would kill a rank that finished its work.
+        faulthandler.unregister(int(signum))
+        signal.signal(int(signum), signal.SIG_IGN)
     return None
 
 
