@@ -269,3 +269,13 @@ def test_an_fsdp_config_with_one_process_launches_with_a_warning(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "fsdp env: true" in out.stdout
     assert "distributed_type: FSDP with num_processes=1" in out.stderr and "shards nothing" in out.stderr
+
+
+def test_quiet_is_taken_and_says_once_that_it_changes_nothing(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("print('ran')\n")
+    out = accel_nb(
+        "launch", "--quiet", "--cpu", "--num_processes", "1", str(script), cfg=str(tmp_path / "none.yaml")
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ran" in out.stdout and out.stderr.count("--quiet changes nothing here") == 1

@@ -293,6 +293,12 @@ def run(ns: argparse.Namespace) -> int:
             return 2
     for note in cfg.check_hardware(hw):
         print(f"{PROG} launch: note: {note}", file=sys.stderr)
+    if getattr(ns, "quiet", False):  # the reference's flag: taken, and said once that it changes nothing
+        print(
+            f"{PROG} launch: note: --quiet changes nothing here: a failed launch is already summarised "
+            "(the first rank to fail, its traceback, where every rank's full log is)",
+            file=sys.stderr,
+        )
     if not ns.module and not os.path.isfile(ns.training_script):
         print(
             f"{PROG} launch: error: script {ns.training_script!r} not found (from {os.getcwd()})",
