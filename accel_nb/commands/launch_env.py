@@ -18,6 +18,7 @@ from typing import Any
 from ..config import LaunchConfig
 from ..launch.elastic.rendezvous import main_endpoint
 from .launch import config_for_launch, rank_environment
+from .launch_flags import FSDP_FLAGS
 
 __all__ = ["prepare_multi_gpu_env", "prepare_simple_launcher_cmd_env"]
 
@@ -38,18 +39,6 @@ _LAUNCH_FLAGS = (
     "use_deepspeed",
 )
 _DYNAMO = ("dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic", "dynamo_use_regional_compilation")
-# the reference's --fsdp_* flags that mean something to accel_nb's fsdp_config (docs/configuration.md)
-_FSDP_KEYS = (
-    "fsdp_version",
-    "fsdp_sharding_strategy",
-    "fsdp_reshard_after_forward",
-    "fsdp_auto_wrap_policy",
-    "fsdp_transformer_layer_cls_to_wrap",
-    "fsdp_min_num_params",
-    "fsdp_offload_params",
-    "fsdp_activation_checkpointing",
-    "fsdp_state_dict_type",
-)
 
 
 # the reference's FSDP_* variables (what transformers and the reference's ranks read): flag -> variable
@@ -133,7 +122,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
                 "--fsdp_cpu_ram_efficient_loading needs --fsdp_sync_module_states true (the other processes "
                 "receive the weights process 0 loaded)"
             )
-        fsdp = {k: given[k] for k in _FSDP_KEYS if given.get(k) is not None}
+        fsdp = {k: given[k] for k in FSDP_FLAGS if given.get(k) is not None}
         changes["distributed_type"] = "FSDP"
         cfg.extras = {**cfg.extras, "fsdp_config": {**(cfg.extras.get("fsdp_config") or {}), **fsdp}}
     if changes:
