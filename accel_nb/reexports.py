@@ -58,7 +58,7 @@ _HOMES: dict[str, str] = {
     "accel_nb.compile.options": "DynamoBackend TorchDynamoPlugin",
     "accel_nb.config.basic": "write_basic_config",
     "accel_nb.data.dispatch": "DataLoaderDispatcher",
-    "accel_nb.data.loader": "skip_first_batches",
+    "accel_nb.data.skipping": "skip_first_batches",
     "accel_nb.data.prepare": "DataLoaderConfiguration prepare_data_loader",
     "accel_nb.data.random_sync": "RNGType synchronize_rng_states",
     "accel_nb.deepspeed.plugin": "DeepSpeedPlugin",

@@ -13,9 +13,10 @@ and restored), ``random_sync`` (generators copied from process 0), ``loader_stat
 reference's ``DataLoaderStateMixin`` for custom loaders).
 """
 
-from .loader import DataLoaderShard, SkipDataLoader, skip_first_batches
+from .loader import DataLoaderShard
 from .prepare import DataLoaderConfiguration, prepare_data_loader
 from .samplers import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
+from .skipping import SkipDataLoader, skip_first_batches
 
 __all__ = [
     "DataLoaderConfiguration",
