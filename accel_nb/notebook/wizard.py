@@ -17,8 +17,6 @@ import html
 from typing import Any
 
 from ..config import (
-    RDZV_BACKENDS,
-    START_METHODS,
     ConfigError,
     LaunchConfig,
     default_config,
@@ -29,12 +27,11 @@ from ..config import (
     save_config,
 )
 from ..config.command_line import DEEPSPEED_FLAG_KEYS
+from ..config.questions import QUESTIONS, Question, question
 from ..hardware import HardwareInfo, detect
 from ..parallel.config import LAYOUT_CHOICES, LayoutError, layout_settings, proposed_tp_size
-from ..precision.setting import offered_mixed_precisions
 from .wizard_text import (
     commands_html,
-    deepspeed_installed,
     deepspeed_settings,
     hardware_summary,
     layout_summary,
@@ -42,32 +39,13 @@ from .wizard_text import (
     notebook_launcher_call,
 )
 
-_CONTROL_ORDER = (
-    "compute",
-    "num_processes",
-    "mixed_precision",
-    "gradient_accumulation_steps",
-    "gpu_ids",
-    "start_method",
-    "num_machines",
-    "machine_rank",
-    "main_process_ip",
-    "main_process_port",
-    "rdzv_backend",
-    "dynamo_backend",
+# the controls that are the config's own fields (the others make a section: deepspeed_config, parallelism_config)
+_FIELDS = tuple(
+    q.key for q in QUESTIONS if q.wizard and q.key in {f.name for f in dataclasses.fields(LaunchConfig)}
 )
-# torch.compile backends the wizard offers (a config's other valid backend is kept in the list)
-_COMPILE_BACKENDS = ("no", "inductor", "aot_eager", "eager")
 # the DeepSpeed controls: the deepspeed_config keys, as `accel-nb launch` takes them
 _DEEPSPEED_KEYS = DEEPSPEED_FLAG_KEYS
-_TEXT_KEYS = (
-    "main_process_port",
-    "main_process_ip",
-    "gpu_ids",
-    "deepspeed_config_file",
-    "offload_optimizer_nvme_path",
-    "offload_param_nvme_path",
-)
+_TEXT_KEYS = tuple(q.key for q in QUESTIONS if q.kind == "text")  # set_values takes None for ""
 
 
 class ConfigWizard:
@@ -127,118 +105,42 @@ class ConfigWizard:
         return options, compute
 
     def _make_controls(self, b: LaunchConfig) -> dict[str, Any]:
-        """One widget per config key, showing ``b``'s values."""
+        """One widget per question of the table that the wizard renders (``config.questions``), showing ``b``."""
         import ipywidgets as w
 
         options, compute = self._compute_choice(b)
-        text = {"continuous_update": True}
-        c: dict[str, Any] = {
-            "compute": w.Dropdown(options=options, value=compute, description="Compute on"),
-            "num_processes": w.IntText(
-                value=b.num_processes or max(self.hw.num_gpus, 1),
-                description="Processes (all machines)",
-                **text,
-            ),
-            "mixed_precision": w.Dropdown(
-                # fp8 only where an FP8 library (torchao) is installed (docs/fp8.md)
-                options=list(offered_mixed_precisions()),
-                value=b.mixed_precision,
-                description="Mixed precision",
-            ),
-            "gradient_accumulation_steps": w.IntSlider(
-                value=min(b.gradient_accumulation_steps, 64),
-                min=1,
-                max=64,
-                description="Gradient accumulation",
-            ),
-            "gpu_ids": w.Text(value=b.gpu_ids, description="GPU ids", placeholder="all, or 0,1", **text),
-            "start_method": w.Dropdown(
-                options=list(START_METHODS), value=b.start_method, description="Notebook start method"
-            ),
-            "num_machines": w.IntText(value=b.num_machines, description="Machines", **text),
-            "machine_rank": w.IntText(value=b.machine_rank, description="This machine's rank", **text),
-            "main_process_ip": w.Text(
-                value=b.main_process_ip or "",
-                description="Main machine address",
-                placeholder="IP or host name of machine 0",
-                **text,
-            ),
-            "main_process_port": w.Text(
-                value=str(b.main_process_port or ""),
-                description="Main machine port",
-                placeholder="empty: a free port",
-                **text,
-            ),
-            "rdzv_backend": w.Dropdown(
-                options=list(RDZV_BACKENDS), value=b.rdzv_backend, description="Rendezvous backend"
-            ),
-            "dynamo_backend": w.Dropdown(
-                options=list(dict.fromkeys([*_COMPILE_BACKENDS, b.dynamo_backend])),
-                value=b.dynamo_backend,
-                description="torch.compile backend",
-            ),
-        }
         ds = dict(b.extras.get("deepspeed_config") or {}) if b.distributed_type == "DEEPSPEED" else {}
-        devices = ["none", "cpu", "nvme"]
-        c["use_deepspeed"] = w.Checkbox(
-            value=b.distributed_type == "DEEPSPEED", description="DeepSpeed ZeRO", indent=True
-        )
-        c["deepspeed_config_file"] = w.Text(
-            value=str(ds.get("deepspeed_config_file") or ""),
-            description="DeepSpeed JSON file",
-            placeholder="empty: the settings below",
-            **text,
-        )
-        c["zero_stage"] = w.Dropdown(
-            options=[0, 1, 2, 3], value=int(ds.get("zero_stage", 2)), description="ZeRO stage"
-        )
-        for kind, label in (("optimizer", "Offload optimizer state"), ("param", "Offload parameters")):
-            c[f"offload_{kind}_device"] = w.Dropdown(
-                options=devices, value=str(ds.get(f"offload_{kind}_device", "none")), description=label
-            )
-            c[f"offload_{kind}_nvme_path"] = w.Text(
-                value=str(ds.get(f"offload_{kind}_nvme_path") or ""),
-                description=f"NVMe folder ({kind})",
-                placeholder="a folder on an NVMe drive",
-                **text,
-            )
-        c["gradient_clipping"] = w.BoundedFloatText(
-            value=float(ds.get("gradient_clipping", 1.0)),
-            min=0.0,
-            max=1e9,
-            description="Clip grad norm (0: off)",
-        )
-        c["zero3_save_16bit_model"] = w.Checkbox(
-            value=_as_bool(ds.get("zero3_save_16bit_model", True)),
-            description="save_model gathers the shards",
-        )
-        c["zero3_init_flag"] = w.Checkbox(
-            value=_as_bool(ds.get("zero3_init_flag", True)),
-            description="Partition while building (zero3_init)",
-        )
-        # FSDP2, and with it the layout `accel-nb config` asks for: tp × cp × replicas, FSDP over the rest
         # a saved layout is kept with FSDP, or with plain data parallel where the file has one (any type may)
         kinds = ("FSDP", "MULTI_CPU", "MULTI_GPU")
         layout = dict(b.extras.get("parallelism_config") or {}) if b.distributed_type in kinds else {}
         self._saved_layout_without_fsdp = bool(layout) and b.distributed_type != "FSDP"
-        c["use_fsdp"] = w.Checkbox(
-            value=b.distributed_type == "FSDP", description="Shard with FSDP2", indent=True
-        )
-        c["use_parallelism_config"] = w.Checkbox(
-            value=bool(layout), description="Parallel layout", indent=True
-        )
-        defaults = {"tp_size": proposed_tp_size(b.num_processes), "cp_size": 1, "dp_replicate_size": 1}
-        labels = {
-            "tp_size": "Tensor-parallel size",
-            "cp_size": "Context-parallel size",
-            "dp_replicate_size": "Replicas (dp_replicate)",
+        values: dict[str, Any] = {
+            "compute": compute,
+            "num_processes": b.num_processes or max(self.hw.num_gpus, 1),
+            "gradient_accumulation_steps": min(b.gradient_accumulation_steps, 64),
+            "main_process_ip": b.main_process_ip or "",
+            "main_process_port": str(b.main_process_port or ""),
+            "deepspeed_config_file": str(ds.get("deepspeed_config_file") or ""),  # empty: the settings below
+            "use_deepspeed": b.distributed_type == "DEEPSPEED",
+            "use_fsdp": b.distributed_type == "FSDP",
+            "use_parallelism_config": bool(layout),
+            "tp_size": int(layout.get("parallelism_config_tp_size", proposed_tp_size(b.num_processes))),
         }
-        for key in LAYOUT_CHOICES:
-            c[key] = w.IntText(
-                value=int(layout.get(f"parallelism_config_{key}", defaults[key])),
-                description=labels[key],
-                **text,
-            )
+        choices = {
+            "compute": options,
+            "dynamo_backend": [*question("dynamo_backend").options(), b.dynamo_backend],
+        }
+        c: dict[str, Any] = {}
+        for q in (q for q in QUESTIONS if q.wizard):
+            if q.key in values:
+                value = values[q.key]
+            elif q.section == "deepspeed":
+                value = ds.get(q.key, q.default)
+            elif q.section == "layout":
+                value = layout.get(f"parallelism_config_{q.key}", q.default)
+            else:
+                value = getattr(b, q.key)
+            c[q.key] = _control(w, q, value, choices.get(q.key))
         for control in c.values():
             control.style = {"description_width": "170px"}
             # one layout each (hiding gpu_ids must not hide the rest); as wide as the cell allows, up to 480 px:
@@ -416,7 +318,7 @@ class ConfigWizard:
     def _read(self) -> LaunchConfig:
         c = self.controls
         compute = c["compute"].value
-        values = {key: c[key].value for key in _CONTROL_ORDER if key != "compute"}
+        values = {key: c[key].value for key in _FIELDS}
         values["main_process_ip"] = values["main_process_ip"].strip() or None
         values["main_process_port"] = values["main_process_port"].strip() or None
         cfg = dataclasses.replace(self._base, use_cpu=compute == "cpu", **values)
@@ -454,9 +356,9 @@ class ConfigWizard:
 
     def _refresh(self) -> None:
         c = self.controls
-        gpu = c["compute"].value == "gpu"
-        c["gpu_ids"].layout.display = None if gpu else "none"
-        self._multi.layout.display = None if (c["num_machines"].value or 1) > 1 else "none"
+        answers = self._answers()
+        c["gpu_ids"].layout.display = None if question("gpu_ids").asked(answers) else "none"
+        self._multi.layout.display = None if question("machine_rank").asked(answers) else "none"
         self._show_deepspeed_controls()
         self._show_layout_controls()
         try:
@@ -518,50 +420,38 @@ class ConfigWizard:
             fix = "" if self._config is not None else "; fix the value above to save again"
             self._set_status(f"Changed since the last save{fix}.")
 
+    def _answers(self) -> dict[str, Any]:
+        """The controls' values by question key, as the table's rules read them (a hidden control is no answer)."""
+        answers = {key: control.value for key, control in self.controls.items()}
+        answers["use_deepspeed"] = self._deepspeed_offered() and answers["use_deepspeed"]
+        answers["saved_layout"] = self._saved_layout_without_fsdp
+        return answers
+
+    def _deepspeed_offered(self) -> bool:
+        """The table's rule (installed, not on XLA); a saved DeepSpeed config is offered too, to be turned off."""
+        answers = {"compute": self.controls["compute"].value}
+        saved = self._base.distributed_type == "DEEPSPEED" and answers["compute"] != "xla"
+        return question("use_deepspeed").asked(answers) or saved
+
+    def _show(self, keys: Any, answers: dict[str, Any]) -> None:
+        for key in keys:
+            self.controls[key].layout.display = None if question(key).asked(answers) else "none"
+
     def _show_deepspeed_controls(self) -> None:
-        """DeepSpeed is offered where it is installed (or the saved config asks for it), never on XLA;
-        each of its controls shows only where it applies."""
-        c = self.controls
-        offered = (deepspeed_installed() or self._base.distributed_type == "DEEPSPEED") and (
-            c["compute"].value != "xla"
-        )
-        on = offered and c["use_deepspeed"].value
-        c["use_deepspeed"].layout.display = None if offered else "none"
-        self._deepspeed_box.layout.display = None if on else "none"
-        c["dynamo_backend"].layout.display = "none" if on else None
-        from_file = bool(c["deepspeed_config_file"].value.strip())
-        stage = c["zero_stage"].value
-        shown = {
-            "deepspeed_config_file": True,
-            "zero_stage": not from_file,
-            "offload_optimizer_device": not from_file and stage >= 1,
-            "offload_optimizer_nvme_path": not from_file
-            and stage >= 1
-            and c["offload_optimizer_device"].value == "nvme",
-            "offload_param_device": not from_file and stage == 3,
-            "offload_param_nvme_path": not from_file
-            and stage == 3
-            and c["offload_param_device"].value == "nvme",
-            "gradient_clipping": not from_file,
-            "zero3_save_16bit_model": not from_file and stage == 3,
-            "zero3_init_flag": not from_file and stage == 3,
-        }
-        for key, show in shown.items():
-            c[key].layout.display = None if show else "none"
+        """DeepSpeed where the table offers it; each of its controls only where its rule holds."""
+        c, answers = self.controls, self._answers()
+        c["use_deepspeed"].layout.display = None if self._deepspeed_offered() else "none"
+        self._deepspeed_box.layout.display = None if answers["use_deepspeed"] else "none"
+        self._show(["dynamo_backend"], answers)
+        self._show(_DEEPSPEED_KEYS, {**answers, "use_deepspeed": True})  # inside the box: shown with it
 
     def _show_layout_controls(self) -> None:
-        """FSDP is offered with several processes (never on XLA, nor with DeepSpeed); the layout with FSDP."""
-        c = self.controls
-        try:
-            several = int(c["num_processes"].value or 1) > 1 or int(c["num_machines"].value or 1) > 1
-        except (TypeError, ValueError):
-            several = False
-        deepspeed = c["use_deepspeed"].value and c["use_deepspeed"].layout.display != "none"
-        offered = several and c["compute"].value != "xla" and not deepspeed
-        c["use_fsdp"].layout.display = None if offered else "none"
-        with_layout = c["use_fsdp"].value or self._saved_layout_without_fsdp
-        self._layout_box.layout.display = None if offered and with_layout else "none"
-        self._sizes_box.layout.display = None if c["use_parallelism_config"].value else "none"
+        """FSDP where the table offers it (several processes, not XLA, not DeepSpeed); the layout with FSDP."""
+        answers = self._answers()
+        self._show(["use_fsdp"], answers)
+        offered = question("use_fsdp").asked(answers) and question("use_parallelism_config").asked(answers)
+        self._layout_box.layout.display = None if offered else "none"
+        self._sizes_box.layout.display = None if question("tp_size").asked(answers) else "none"
 
     def _set_status(self, text: str) -> None:
         self._status = text
@@ -571,6 +461,24 @@ class ConfigWizard:
         # a long path wraps inside the cell (a narrow window cut it off)
         style = f"color:{color};line-height:1.4;overflow-wrap:anywhere"
         self.status_label.value = f"<div style='{style}'>{html.escape(text)}</div>"
+
+
+def _control(w: Any, q: Question, value: Any, options: Any = None) -> Any:
+    """The widget for the question ``q`` (by its kind), showing ``value``."""
+    text = {"continuous_update": True}
+    if q.kind == "choice":
+        options = list(dict.fromkeys(options if options is not None else q.options()))
+        kind = type(options[0]) if not isinstance(options[0], tuple) else None
+        return w.Dropdown(options=options, value=kind(value) if kind else value, description=q.label)
+    if q.kind == "bool":
+        return w.Checkbox(value=_as_bool(value), description=q.label, indent=True)
+    if q.kind == "float":
+        return w.BoundedFloatText(value=float(value), min=0.0, max=1e9, description=q.label)
+    if q.kind == "int" and q.slider:
+        return w.IntSlider(value=value, min=q.slider[0], max=q.slider[1], description=q.label)
+    if q.kind == "int":
+        return w.IntText(value=int(value), description=q.label, **text)
+    return w.Text(value=str(value or ""), description=q.label, placeholder=q.placeholder, **text)
 
 
 def _as_bool(value: Any) -> bool:

@@ -6,40 +6,36 @@ and a few lines of what this machine has. Plain functions: no widget is built he
 from __future__ import annotations
 
 import html
-import importlib.util
 import re
 from typing import Any
 
 from ..byte_sizes import human_bytes
 from ..config import LaunchConfig
+from ..config.questions import QUESTIONS
 from ..hardware import HardwareInfo
 
 
-def deepspeed_installed() -> bool:
-    """Whether ``deepspeed`` can be imported here (checked without importing it)."""
-    return importlib.util.find_spec("deepspeed") is not None
-
-
 def deepspeed_settings(values: dict[str, Any]) -> dict[str, Any]:
-    """The ``deepspeed_config`` mapping the DeepSpeed controls' ``values`` stand for (only what applies).
+    """The ``deepspeed_config`` mapping the DeepSpeed controls' ``values`` stand for: the table's DeepSpeed questions
+    whose rule holds (``accel_nb.config.questions``), in its order, an empty text left out.
 
     deepspeed_settings({"zero_stage": 1, "offload_param_device": "cpu", ...})   # no parameter offload below stage 3
     """
-    path = (values.get("deepspeed_config_file") or "").strip()
-    if path:
-        return {"deepspeed_config_file": path}
-    stage = int(values.get("zero_stage", 2))
-    out: dict[str, Any] = {"zero_stage": stage}
-    kinds = ["optimizer"] * (stage >= 1) + ["param"] * (stage == 3)
-    for kind in kinds:
-        device = values.get(f"offload_{kind}_device") or "none"
-        out[f"offload_{kind}_device"] = device
-        if device == "nvme":
-            out[f"offload_{kind}_nvme_path"] = (values.get(f"offload_{kind}_nvme_path") or "").strip() or None
-    out["gradient_clipping"] = float(values.get("gradient_clipping", 1.0))
-    if stage == 3:
-        out["zero3_save_16bit_model"] = bool(values.get("zero3_save_16bit_model", True))
-        out["zero3_init_flag"] = bool(values.get("zero3_init_flag", True))
+    answers = {"use_deepspeed": True, **values}
+    out: dict[str, Any] = {}
+    for q in QUESTIONS:
+        if q.section != "deepspeed" or q.key == "use_deepspeed" or not q.asked(answers):
+            continue
+        value = values.get(q.key, q.default)
+        if q.kind == "text":
+            value = (value or "").strip() or None
+            if value is None and q.key == "deepspeed_config_file":
+                continue  # empty: the settings below
+        elif q.kind == "choice":
+            value = type(q.options()[0])(q.default if value in (None, "") else value)
+        else:
+            value = {"float": float, "bool": bool}[q.kind](value)
+        out[q.key] = value
     return out
 
 

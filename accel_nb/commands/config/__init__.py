@@ -5,24 +5,21 @@ The reference's config-file dataclasses are :mod:`accel_nb.commands.config.confi
     accel-nb config                          # questions; Enter keeps the value in [brackets]
     accel-nb config default --mixed_precision bf16
 
-The notebook's twin is ``config_wizard()``; both validate through ``LaunchConfig``.
+The notebook's twin is ``config_wizard()``; both render the question table ``accel_nb.config.questions`` (its
+prompts, choices, defaults and when each question is asked) and validate through ``LaunchConfig``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from ...config import (
-    DYNAMO_BACKENDS,
-    LAUNCHER_RDZV_BACKENDS,
     MIXED_PRECISION_CHOICES,
-    START_METHODS,
     ConfigError,
     LaunchConfig,
     default_config,
@@ -32,12 +29,12 @@ from ...config import (
     save_config,
 )
 from ...config.command_line import PROG
+from ...config.questions import QUESTIONS, answers_of, deepspeed_installed, question
 from ...hardware import detect
 from ...lazy_exports import lazy_exports
-from ...precision.setting import offered_mixed_precisions
-from .megatron_questions import megatron_installed, megatron_questions, without_megatron
+from .megatron_questions import megatron_questions, without_megatron
 
-__all__ = ["add_parser", "run", "questionnaire", "describe", "parallelism_questions"]
+__all__ = ["add_parser", "run", "questionnaire", "describe", "parallelism_questions", "deepspeed_installed"]
 
 # the reference's accelerate.commands.config names (config_args imports torch: on first use only)
 __getattr__, __dir__ = lazy_exports(
@@ -146,6 +143,22 @@ def _yes_no(key: str) -> Callable[[str], bool]:
     return parse
 
 
+def _parser(key: str) -> Callable[[str], Any]:
+    """How the terminal reads an answer to the question ``key``: by its kind in the table (numbers and text are
+    read by ``LaunchConfig``, which names the key when it refuses one)."""
+    q = question(key)
+    if q.kind == "bool":
+        return _yes_no(key)
+    if q.kind == "choice":
+        return _one_of(tuple(str(c) for c in q.accepted()), key)
+    return str
+
+
+def _ask_question(key: str, default: Any, out: Any, parse: Callable[[str], Any] | None = None) -> Any:
+    """Ask the table's question ``key`` (its prompt, its parser unless ``parse`` is given)."""
+    return _ask(question(key).cli_prompt(), default, parse or _parser(key), out)
+
+
 def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     """Ask for each setting in the terminal (``input()``), validating every answer; return the config."""
     out = out or sys.stdout
@@ -165,31 +178,35 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     )
     print("Press Enter to keep the value in [brackets].", file=out, flush=True)
 
-    choices = ["cpu"] + (["gpu"] if hw.num_gpus else []) + (["xla"] if hw.xla_available else [])
+    available = {"cpu": True, "gpu": bool(hw.num_gpus), "xla": hw.xla_available}
+    choices = [c for c in question("compute").options() if available[c]]
     current = {"XLA": "xla", "MULTI_GPU": "gpu", "MULTI_CPU": "cpu"}.get(base.distributed_type)
     if current is None:
         current = "cpu" if base.use_cpu or not hw.num_gpus else "gpu"
     if current not in choices:
         current = "gpu" if hw.num_gpus else "cpu"
-    compute = _ask(f"Compute on ({'/'.join(choices)})", current, _one_of(choices, "compute"), out)
+    prompt = f"Compute on ({'/'.join(choices)})"  # the choices this machine has
+    compute = _ask(prompt, current, _one_of(choices, "compute"), out)
     cfg = _checked(base, compute)
 
-    def field(key: str, prompt: str, default: Any, convert: Callable[[str], Any] = str) -> None:
-        nonlocal cfg
-        cfg = _ask(prompt, default, lambda raw: _checked(cfg, compute, **{key: convert(raw)}), out)
+    def asked(key: str) -> bool:  # the table's rule for ``key``, on the answers so far
+        return question(key).asked(answers_of(cfg, compute))
 
-    field("num_machines", "How many machines", cfg.num_machines)
-    if cfg.num_machines > 1:
-        field("machine_rank", "Rank of this machine (0 = the main one)", cfg.machine_rank)
-        field("main_process_ip", "IP address or host name of machine 0", cfg.main_process_ip)
-        field("main_process_port", "Port on machine 0", cfg.main_process_port or 29500)
-        field("rdzv_backend", f"Rendezvous backend ({'/'.join(LAUNCHER_RDZV_BACKENDS)})", cfg.rdzv_backend)
-        field(
-            "same_network",
-            "Are all machines on the same network (yes/no)",
-            cfg.same_network,
-            _yes_no("same_network"),
+    def field(key: str, default: Any, convert: Callable[[str], Any] | None = None) -> None:
+        nonlocal cfg
+        parse = convert or _parser(key)
+        cfg = _ask(
+            question(key).cli_prompt(), default, lambda r: _checked(cfg, compute, **{key: parse(r)}), out
         )
+
+    field("num_machines", cfg.num_machines)
+    if asked("machine_rank"):
+        field("machine_rank", cfg.machine_rank)
+        field("main_process_ip", cfg.main_process_ip)
+        field("main_process_port", cfg.main_process_port or question("main_process_port").default)
+        # any backend a config file may name is taken (a saved etcd one is kept): LaunchConfig validates it
+        field("rdzv_backend", cfg.rdzv_backend, str)
+        field("same_network", cfg.same_network)
     else:
         cfg = _checked(cfg, compute, machine_rank=0)
     xla_devices = hw.xla_runtime.num_devices if hw.xla_runtime is not None else 1
@@ -197,67 +214,33 @@ def questionnaire(path: str | None = None, out: Any = None) -> LaunchConfig:
     default_n = cfg.num_processes if cfg.num_processes is not None else per_machine * cfg.num_machines
     if compute == "gpu" and base.use_cpu:
         default_n = per_machine * cfg.num_machines
-    field("num_processes", "How many processes in total (all machines)", default_n)
-    if compute == "gpu":
-        field("gpu_ids", "Which GPUs (all, or ids like 0,1)", cfg.gpu_ids)
-    mp_default = "no" if compute == "cpu" and cfg.mixed_precision == "fp16" else cfg.mixed_precision
-    offered = offered_mixed_precisions()  # fp8 only where an FP8 library (torchao) is installed
+    field("num_processes", default_n)
+    if asked("gpu_ids"):
+        field("gpu_ids", cfg.gpu_ids)
     field(
-        "mixed_precision",
-        f"Mixed precision ({'/'.join(offered)})",
-        mp_default,
-        _one_of(offered, "mixed_precision"),
+        "mixed_precision", "no" if compute == "cpu" and cfg.mixed_precision == "fp16" else cfg.mixed_precision
     )
-    field("gradient_accumulation_steps", "Gradient accumulation steps", cfg.gradient_accumulation_steps)
-    if compute != "xla" and deepspeed_installed():
-        use_deepspeed = _ask(
-            "Train with DeepSpeed ZeRO (yes/no)",
-            cfg.distributed_type == "DEEPSPEED",
-            _yes_no("use_deepspeed"),
-            out,
-        )
+    field("gradient_accumulation_steps", cfg.gradient_accumulation_steps)
+    if asked("use_deepspeed"):
+        use_deepspeed = _ask_question("use_deepspeed", cfg.distributed_type == "DEEPSPEED", out)
         cfg = _deepspeed_questions(cfg, compute, out) if use_deepspeed else _without_deepspeed(cfg, compute)
-    offer_megatron = compute == "gpu" and cfg.distributed_type != "DEEPSPEED" and megatron_installed()
+    offer_megatron = asked("use_megatron_lm")
     if offer_megatron or cfg.distributed_type == "MEGATRON_LM":  # only GPUs run it (docs/megatron.md)
         cfg = _checked(
             megatron_questions(cfg, compute, out, _ask) if offer_megatron else without_megatron(cfg), compute
         )
-    if (
-        compute != "xla"
-        and cfg.distributed_type not in ("DEEPSPEED", "MEGATRON_LM")
-        and int(cfg.num_processes or 1) > 1
-    ):
-        use_fsdp = _ask(
-            "Do you want to use FullyShardedDataParallel (FSDP2) (yes/no)",
-            cfg.distributed_type == "FSDP",
-            _yes_no("use_fsdp"),
-            out,
-        )
+    if asked("use_fsdp"):
+        use_fsdp = _ask_question("use_fsdp", cfg.distributed_type == "FSDP", out)
         cfg = _with_fsdp(cfg, compute) if use_fsdp else _without_fsdp(cfg, compute)
-    if compute != "xla" and (cfg.distributed_type == "FSDP" or cfg.extras.get("parallelism_config")):
+    if asked("use_parallelism_config"):
         cfg = parallelism_questions(cfg, out)  # as the reference asks it: with FSDP2
-    field(
-        "start_method",
-        f"Start method for notebook launches ({'/'.join(START_METHODS)})",
-        cfg.start_method,
-        _one_of(START_METHODS, "start_method"),
-    )
-    if cfg.distributed_type in ("DEEPSPEED", "MEGATRON_LM"):
-        cfg = _checked(cfg, compute, dynamo_backend="no")  # their engines are not compiled by accel_nb
+    field("start_method", cfg.start_method)
+    if asked("dynamo_backend"):
+        field("dynamo_backend", cfg.dynamo_backend)
     else:
-        field(
-            "dynamo_backend",
-            "torch.compile backend (no/inductor/aot_eager/eager)",
-            cfg.dynamo_backend,
-            _one_of(DYNAMO_BACKENDS, "dynamo_backend"),
-        )
-    if cfg.dynamo_backend != "no":
-        field(
-            "dynamo_use_regional_compilation",
-            "Compile only the repeated blocks (regional) (yes/no)",
-            cfg.dynamo_use_regional_compilation,
-            _yes_no("dynamo_use_regional_compilation"),
-        )
+        cfg = _checked(cfg, compute, dynamo_backend="no")  # their engines are not compiled by accel_nb
+    if asked("dynamo_use_regional_compilation"):
+        field("dynamo_use_regional_compilation", cfg.dynamo_use_regional_compilation)
     cfg.validate()
     try:
         for note in cfg.check_hardware(hw):
@@ -280,12 +263,7 @@ def parallelism_questions(cfg: LaunchConfig, out: Any) -> LaunchConfig:
     current = dict(cfg.extras.get("parallelism_config") or {})
     new = dataclasses.replace(cfg)
     new.extras = {k: v for k, v in cfg.extras.items() if k != "parallelism_config"}
-    use = _ask(
-        "Lay the processes out as FSDP x tensor/context parallel (ParallelismConfig) (yes/no)",
-        bool(current),
-        _yes_no("use_parallelism_config"),
-        out,
-    )
+    use = _ask_question("use_parallelism_config", bool(current), out)
     if not use:
         return new
     n = cfg.num_processes or 1
@@ -300,15 +278,15 @@ def parallelism_questions(cfg: LaunchConfig, out: Any) -> LaunchConfig:
 
         return parse
 
-    questions = (
-        ("tp_size", "Tensor-parallel size (processes that split each layer)", proposed_tp_size(n)),
-        ("cp_size", "Context-parallel size (processes that split each sequence)", 1),
-        ("dp_replicate_size", "Replicas (dp_replicate_size; 1 = FSDP over all the others)", 1),
-    )
+    # the table's defaults; tp's is computed from the processes
+    defaults = {
+        "tp_size": proposed_tp_size(n),
+        **{k: question(k).default for k in ("cp_size", "dp_replicate_size")},
+    }
     while True:
         sizes = {
-            key: _ask(prompt, current.get(f"parallelism_config_{key}", default), size(key), out)
-            for key, prompt, default in questions
+            key: _ask_question(key, current.get(f"parallelism_config_{key}", default), out, size(key))
+            for key, default in defaults.items()
         }
         try:
             new.extras["parallelism_config"] = layout_settings(
@@ -326,11 +304,6 @@ def parallelism_questions(cfg: LaunchConfig, out: Any) -> LaunchConfig:
         file=out,
     )
     return new
-
-
-def deepspeed_installed() -> bool:
-    """Whether ``deepspeed`` can be imported here (checked without importing it)."""
-    return importlib.util.find_spec("deepspeed") is not None
 
 
 def _without_deepspeed(cfg: LaunchConfig, compute: str) -> LaunchConfig:
@@ -384,11 +357,12 @@ def _number_at_least_zero(key: str) -> Callable[[str], float]:
 
 
 def _deepspeed_questions(cfg: LaunchConfig, compute: str, out: Any) -> LaunchConfig:
-    """The DeepSpeed questions; every answer is checked by ``DeepSpeedPlugin`` as a launch would check it."""
+    """The table's DeepSpeed questions, each where its rule holds; every answer is checked by ``DeepSpeedPlugin``
+    as a launch would check it."""
     old = dict(cfg.extras.get("deepspeed_config") or {}) if cfg.distributed_type == "DEEPSPEED" else {}
     settings: dict[str, Any] = {}
 
-    def ask(key: str, prompt: str, default: Any, parse: Callable[[str], Any]) -> None:
+    def checked(key: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
         def check(raw: str) -> Any:
             value = parse(raw)
             trial = {**settings, key: value}
@@ -400,7 +374,7 @@ def _deepspeed_questions(cfg: LaunchConfig, compute: str, out: Any) -> LaunchCon
                 raise ConfigError(key, value, exc.allowed, None, exc.reason or str(exc)) from None
             return value
 
-        settings[key] = _ask(prompt, default, check, out)
+        return check
 
     def path_or_none(raw: str) -> str | None:
         return (
@@ -409,71 +383,27 @@ def _deepspeed_questions(cfg: LaunchConfig, compute: str, out: Any) -> LaunchCon
             else os.path.abspath(os.path.expanduser(raw.strip()))
         )
 
-    file_default = old.get("deepspeed_config_file") or "none"
-    ask(
-        "deepspeed_config_file",
-        "A DeepSpeed JSON config file (none: answer the questions instead)",
-        file_default,
-        path_or_none,
-    )
-    if settings["deepspeed_config_file"] is None:
-        del settings["deepspeed_config_file"]
-        stages = ("0", "1", "2", "3")
-        ask(
-            "zero_stage",
-            "ZeRO stage (0/1/2/3)",
-            old.get("zero_stage", 2),
-            lambda r: int(_one_of(stages, "zero_stage")(r)),
+    parsers = {
+        "deepspeed_config_file": path_or_none,
+        "offload_optimizer_nvme_path": path_or_none,
+        "offload_param_nvme_path": path_or_none,
+        "zero_stage": lambda r: int(_parser("zero_stage")(r)),
+        "gradient_clipping": _number_at_least_zero("gradient_clipping"),
+    }
+    for q in QUESTIONS:
+        if (
+            q.section != "deepspeed"
+            or q.key == "use_deepspeed"
+            or not q.asked({"use_deepspeed": True, **settings})
+        ):
+            continue
+        default = old.get(q.key, q.default)
+        default = q.default if default is None else _as_bool(default) if q.kind == "bool" else default
+        settings[q.key] = _ask(
+            q.cli_prompt(), default, checked(q.key, parsers.get(q.key) or _parser(q.key)), out
         )
-        stage = settings["zero_stage"]
-        devices = ("none", "cpu", "nvme")
-        if stage >= 1:
-            ask(
-                "offload_optimizer_device",
-                "Offload the optimizer state to (none/cpu/nvme)",
-                old.get("offload_optimizer_device", "none"),
-                _one_of(devices, "offload_optimizer_device"),
-            )
-            if settings["offload_optimizer_device"] == "nvme":
-                ask(
-                    "offload_optimizer_nvme_path",
-                    "Folder on the NVMe drive for the optimizer state",
-                    old.get("offload_optimizer_nvme_path"),
-                    path_or_none,
-                )
-        if stage == 3:
-            ask(
-                "offload_param_device",
-                "Offload the parameters to (none/cpu/nvme)",
-                old.get("offload_param_device", "none"),
-                _one_of(devices, "offload_param_device"),
-            )
-            if settings["offload_param_device"] == "nvme":
-                ask(
-                    "offload_param_nvme_path",
-                    "Folder on the NVMe drive for the parameters",
-                    old.get("offload_param_nvme_path"),
-                    path_or_none,
-                )
-        ask(
-            "gradient_clipping",
-            "Clip the gradient norm at (0: no clipping)",
-            old.get("gradient_clipping", 1.0),
-            _number_at_least_zero("gradient_clipping"),
-        )
-        if stage == 3:
-            ask(
-                "zero3_save_16bit_model",
-                "Gather the shards into one model file in save_model (yes/no)",
-                _as_bool(old.get("zero3_save_16bit_model", True)),
-                _yes_no("zero3_save_16bit_model"),
-            )
-            ask(
-                "zero3_init_flag",
-                "Partition big models as they are built, inside zero3_init(accelerator) (yes/no)",
-                _as_bool(old.get("zero3_init_flag", True)),
-                _yes_no("zero3_init_flag"),
-            )
+        if q.key == "deepspeed_config_file" and settings[q.key] is None:
+            del settings[q.key]  # none: the questions instead
     kept = {k: v for k, v in old.items() if k in ("deepspeed_multinode_launcher", "deepspeed_hostfile")}
     return _with_deepspeed(cfg, compute, {**kept, **settings})
 

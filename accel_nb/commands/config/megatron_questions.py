@@ -7,21 +7,13 @@ run computes on GPUs); every answer is checked as a launch would check it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
 from ...config import ConfigError, LaunchConfig
+from ...config.questions import QUESTIONS, megatron_installed, question
 
 __all__ = ["megatron_installed", "megatron_questions", "with_megatron", "without_megatron"]
-
-
-def megatron_installed() -> bool:
-    """Whether megatron-core can be imported here (checked without importing it)."""
-    return (
-        importlib.util.find_spec("megatron") is not None
-        and importlib.util.find_spec("megatron.core") is not None
-    )
 
 
 def with_megatron(cfg: LaunchConfig, settings: dict[str, Any]) -> LaunchConfig:
@@ -58,18 +50,15 @@ def megatron_questions(cfg: LaunchConfig, compute: str, out: Any, ask: Callable[
             raise ConfigError("use_megatron_lm", raw, "yes or no") from None
 
     if not ask(
-        "Train with Megatron-LM (megatron-core) (yes/no)",
-        cfg.distributed_type == "MEGATRON_LM",
-        parse_use,
-        out,
+        question("use_megatron_lm").cli_prompt(), cfg.distributed_type == "MEGATRON_LM", parse_use, out
     ):
         return without_megatron(cfg)
     old = dict(cfg.extras.get("megatron_lm_config") or {}) if cfg.distributed_type == "MEGATRON_LM" else {}
     settings: dict[str, Any] = {}
     processes = int(cfg.num_processes or 1)
 
-    def question(name: str, prompt: str, default: Any) -> Any:
-        key = f"megatron_lm_{name}"
+    def ask_checked(key: str, prompt: str, default: Any) -> None:
+        name = key.removeprefix("megatron_lm_")
 
         def check(raw: str) -> Any:
             try:
@@ -84,14 +73,12 @@ def megatron_questions(cfg: LaunchConfig, compute: str, out: Any, ask: Callable[
             return value
 
         settings[key] = ask(prompt, old.get(key, default), check, out)
-        return settings[key]
 
-    tp = question("tp_degree", "Megatron-LM tensor parallel degree", 1)
-    if tp > 1:
-        question("sequence_parallelism", "Sequence parallelism (yes/no)", False)
-    if question("pp_degree", "Megatron-LM pipeline parallel degree", 1) > 1:
-        question("num_micro_batches", "Micro-batches per step (pipeline)", 1)
-    question("recompute_activations", "Selective activation recomputation (yes/no)", False)
-    question("use_distributed_optimizer", "Megatron's distributed optimizer (yes/no)", False)
-    question("gradient_clipping", "Gradient clipping by the global norm (0: off)", 1.0)
+    for q in QUESTIONS:  # the table's Megatron-LM questions, each where its rule holds (tp > 1, pp > 1)
+        if (
+            q.section == "megatron"
+            and q.key != "use_megatron_lm"
+            and q.asked({"use_megatron_lm": True, **settings})
+        ):
+            ask_checked(q.key, q.cli_prompt(), q.default)
     return with_megatron(cfg, settings)
