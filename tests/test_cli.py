@@ -427,8 +427,8 @@ def test_gpu_machine_defaults_through_the_driver(cfg, fake_nvml_dir):  # noqa: F
     env = accel_nb("env", cfg=cfg, env=gpus).stdout
     assert "- GPUs: 2" in env and "GPU 1: NVIDIA A100, 80.0 GiB, compute capability 8.0, bf16 yes" in env
     out = accel_nb(
-        "config", cfg=cfg, env=gpus, stdin="\n" * 10
-    )  # 9 questions (FSDP with 2 processes), and DeepSpeed where it is installed
+        "config", cfg=cfg, env=gpus, stdin="\n" * 11
+    )  # 9 questions (FSDP with 2 processes), and DeepSpeed and Megatron-LM where they are installed
     assert out.returncode == 0, out.stdout + out.stderr
     assert (
         "Compute on (cpu/gpu) [gpu]" in out.stdout and "Detected: " in out.stdout and "2 GPU(s)" in out.stdout
