@@ -8,7 +8,6 @@ model.hf_device_map         # {'model.embed_tokens': 0, ..., 'model.layers.30': 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,15 +22,15 @@ from .device_map import (
     resolve_device_map,
 )
 from .dispatch_hooks import attach_device_hook, remove_device_hooks
-from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit, TensorSlot
+from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit
 from .rollback import restore, snapshot
 from .sizes import get_max_memory, normalize_device, torch_device
+from .units import DISK_INDEX, build_unit, move_tensor, save_for_disk
 from .units import hook_targets as _hook_targets
 from .units import is_container as _is_container
 from .units import offload_targets as _offload_targets
 from .units import tensor_slots as _tensor_slots
 
-_DISK_INDEX = "_accel_nb_disk_index"  # set by load_checkpoint_in_model: {tensor name: (file, key)}
 _ENGINE = "_accel_nb_engine"
 
 
@@ -48,120 +47,6 @@ def _resolve(
     if owner is None or (attr not in owner._parameters and attr not in owner._buffers):
         raise DeviceMapError(f"device_map entry {name!r} is neither a module nor a tensor of the model")
     return None, owner, attr
-
-
-def _not_loaded(name: str) -> DeviceMapError:
-    return DeviceMapError(
-        f"{name!r} is still on the meta device (no weights). Load them first: "
-        "load_checkpoint_and_dispatch(model, checkpoint, device_map=...) or load_checkpoint_in_model(...)"
-    )
-
-
-def _move(owner: nn.Module, attr: str, is_param: bool, name: str, device: torch.device) -> None:
-    t = owner._parameters[attr] if is_param else owner._buffers[attr]
-    if t.device == device:
-        return
-    if t.device.type == "meta":
-        raise _not_loaded(name)
-    if is_param:
-        try:
-            t.data = t.data.to(device)  # keeps the Parameter object (and so any tie) intact
-        except RuntimeError:
-            owner._parameters[attr] = nn.Parameter(t.data.to(device), requires_grad=t.requires_grad)
-    else:
-        owner._buffers[attr] = t.to(device)
-
-
-def _save_for_disk(tensors: dict[str, torch.Tensor], offload_dir: str | None, tag: str) -> str:
-    """Write in-memory weights that must live on disk as one safetensors file; return its path."""
-    if offload_dir is None:
-        raise DeviceMapError(
-            "the device map sends modules to 'disk' but no offload folder was given; "
-            "pass offload_dir=... (dispatch_model) or offload_folder=... (load_checkpoint_and_dispatch)"
-        )
-    from safetensors.torch import save_file
-
-    os.makedirs(offload_dir, exist_ok=True)
-    path = os.path.join(
-        offload_dir, "accel_nb_offload_" + re.sub(r"[^A-Za-z0-9_.-]", "_", tag or "model") + ".safetensors"
-    )
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, path)
-    return path
-
-
-def _build_unit(
-    model: nn.Module,
-    name: str,
-    module: nn.Module,
-    owner_attr: str | None,
-    source: str,
-    exec_device: torch.device,
-    offload_buffers: bool,
-    offload_dir: str | None,
-    placeholders: dict[int, tuple[torch.Tensor, torch.Tensor]],
-    direct_only: bool = False,
-) -> OffloadUnit | None:
-    """Take a module's (or one tensor's) weights off the module into an OffloadUnit."""
-    disk_index: dict[str, tuple[str, str]] = getattr(model, _DISK_INDEX, {})
-    unit = OffloadUnit(name, module, source)
-    if owner_attr is None and direct_only:
-        prefix = f"{name}." if name else ""
-        entries = [(prefix + a, module, a, True, p) for a, p in module._parameters.items() if p is not None]
-        entries += [(prefix + a, module, a, False, b) for a, b in module._buffers.items() if b is not None]
-    elif owner_attr is None:
-        entries = list(_tensor_slots(module, name))
-    else:
-        is_param = owner_attr in module._parameters
-        t = module._parameters[owner_attr] if is_param else module._buffers[owner_attr]
-        entries = [(name, module, owner_attr, is_param, t)]
-    to_write: dict[str, torch.Tensor] = {}
-    first_name: dict[int, str] = {}
-    for full, owner, attr, is_param, t in entries:
-        if not is_param and not offload_buffers:
-            if t.device.type == "meta" and full in disk_index:
-                path, key = disk_index[full]
-                from safetensors import safe_open
-
-                with safe_open(path, framework="pt", device="cpu") as f:
-                    owner._buffers[attr] = f.get_tensor(key).to(t.dtype).to(exec_device)
-            else:
-                _move(owner, attr, False, full, exec_device)
-            continue
-        key = first_name.setdefault(id(t), full)
-        if source == "disk" and key in disk_index:
-            unit.disk[key] = disk_index[key]
-        elif t.device.type != "meta":
-            if source == "cpu":
-                unit.host[key] = t.detach().to("cpu")
-            else:
-                to_write[key] = t.detach()
-        elif key in disk_index:  # cpu source, weights were sent to disk by the loader: read them in
-            from safetensors import safe_open
-
-            path, k = disk_index[key]
-            with safe_open(path, framework="pt", device="cpu") as f:
-                unit.host[key] = f.get_tensor(k).to(t.dtype)
-        else:
-            raise _not_loaded(full)
-        # keyed by id: the original tensor is kept in the value so no id is reused during a dispatch
-        holder = placeholders[id(t)][1] if id(t) in placeholders else None
-        if holder is None:
-            meta = t.detach().to("meta")
-            holder = nn.Parameter(meta, requires_grad=t.requires_grad) if is_param else meta
-            placeholders[id(t)] = (t, holder)
-        unit.slots.append(TensorSlot(owner, attr, is_param, key, t.dtype, t.shape, holder))
-    if to_write:
-        path = _save_for_disk(to_write, offload_dir, name)
-        for key in to_write:
-            unit.disk[key] = (path, key)
-    if not unit.slots:
-        return None
-    for s in unit.slots:
-        if s.is_param:
-            s.owner._parameters[s.attr] = s.placeholder  # type: ignore[assignment]
-        else:
-            s.owner._buffers[s.attr] = s.placeholder
-    return unit
 
 
 def remove_dispatch(model: nn.Module) -> None:
@@ -276,15 +161,15 @@ class _Placer:
 
     def _in_place(self, name, module, owner, attr, device: torch.device) -> None:
         if attr is not None:
-            _move(owner, attr, attr in owner._parameters, name, device)
+            move_tensor(owner, attr, attr in owner._parameters, name, device)
             return
         for full, o, a, is_param, _ in _tensor_slots(module, name):
-            _move(o, a, is_param, full, device)
+            move_tensor(o, a, is_param, full, device)
         for _, target in _hook_targets(name, module):
             attach_device_hook(target, device, skip_keys=self.skip_keys)
 
     def _offload(self, name, module, attr, dev, hook_on, direct_only: bool = False) -> None:
-        unit = _build_unit(
+        unit = build_unit(
             self.model,
             name,
             module,
@@ -393,7 +278,7 @@ def _offload_all(
 
 def _write_model_for_disk(model: nn.Module, offload_dir: str | None, offload_buffers: bool) -> None:
     """One safetensors file for every in-memory weight not already in a safetensors file."""
-    disk_index: dict[str, tuple[str, str]] = dict(getattr(model, _DISK_INDEX, {}))
+    disk_index: dict[str, tuple[str, str]] = dict(getattr(model, DISK_INDEX, {}))
     pending: dict[str, torch.Tensor] = {}
     first: dict[int, str] = {}
     tied: dict[str, str] = {}
@@ -409,7 +294,7 @@ def _write_model_for_disk(model: nn.Module, offload_dir: str | None, offload_buf
         first[id(t)] = full
         pending[full] = t
     if pending:
-        path = _save_for_disk(pending, offload_dir, "model")
+        path = save_for_disk(pending, offload_dir, "model")
         disk_index.update({k: (path, k) for k in pending})
         disk_index.update({k: (path, v) for k, v in tied.items()})
     model._accel_nb_disk_index = disk_index
@@ -433,7 +318,7 @@ def _offload_every_module(
             continue  # inside a preloaded module: its weights come with the parent's unit
         if type(module).__name__ in preload:
             preloaded.append(name)
-            whole = _build_unit(
+            whole = build_unit(
                 model, name, module, None, source, engine.device, offload_buffers, offload_dir, placeholders
             )
             if whole is not None:
@@ -448,7 +333,7 @@ def _offload_every_module(
         unit = OffloadUnit(name, module, source)
         for attr in direct:
             full = f"{name}.{attr}" if name else attr
-            part = _build_unit(
+            part = build_unit(
                 model, full, module, attr, source, engine.device, offload_buffers, offload_dir, placeholders
             )
             if part is not None:
