@@ -273,20 +273,7 @@ def _one_loop(start: str, members: set[str], edges: dict[str, dict[str, Import]]
 
 # Import circles left on purpose, each named by its modules (a circle that differs, by one module, fails):
 # the reason, and what would break it.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset(
-        {
-            "accel_nb.launch.launcher",
-            "accel_nb.launch.plan",
-            "accel_nb.launch.parent.process_launcher",
-            "accel_nb.launch.parent.start",
-        }
-    ): "type-only on the interface's side: the plan holds its launch kind (LaunchPlan.launcher, ProcessLauncher "
-    "by default) and every Launcher method takes the plan and the RankProcess list that parent/start.py fills. "
-    "To break it: RankProcess and its kinds into parent/rank_process.py (start.py leaves the circle), and "
-    "LaunchPlan next to the Launcher interface with make_plan choosing the default kind (LaunchPlan() without "
-    "a launcher then has none: the one behaviour change it needs)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def _import_edges() -> dict[str, dict[str, Import]]:

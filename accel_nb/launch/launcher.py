@@ -16,16 +16,22 @@ session (``Session``, ``%accelerate start``) starts its ranks through the same `
 
     plan.launcher.headline(plan)              # "Launching 2 CPU processes (gloo) with fork..."
     plan.launcher.start(plan, payload, log_dir, procs)
+
+``LaunchPlan``, the plan's decisions that every launcher reads, is here too (the plan holds its
+launcher, the launcher's methods take the plan); ``make_plan`` (``launch/plan.py``) makes one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS, ENV_MIXED_PRECISION, REFERENCE_NAMES
+from .options import LaunchOptions
+
 if TYPE_CHECKING:
-    from .parent.start import RankProcess
-    from .plan import LaunchPlan
+    from .parent.rank_process import RankProcess
 
 
 class Launcher:
@@ -56,3 +62,52 @@ class Launcher:
     def session_problem(self, plan: LaunchPlan) -> str | None:
         """Why this kind cannot hold a session (ranks kept alive between cells), said to the user; None when it can."""
         return None
+
+
+@dataclass
+class LaunchPlan:
+    """The decisions of the plan step; everything the start step needs (``options``: what the user asked)."""
+
+    options: LaunchOptions
+    num_processes: int
+    use_gpu: bool
+    start_method: str  # "fork" or "spawn"
+    spawn_reason: str | None  # why "auto" chose spawn (None when it chose fork or the user asked)
+    master_port: int
+    fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
+    # the launch kind: how the ranks start (make_plan chooses it: ProcessLauncher, MultiNodeLauncher, XlaLauncher)
+    launcher: Launcher = field(kw_only=True)
+
+    @property
+    def master_addr(self) -> str:
+        return self.options.master_addr
+
+    @property
+    def mixed_precision(self) -> str | None:
+        return self.options.mixed_precision
+
+    @property
+    def gradient_accumulation_steps(self) -> int | None:
+        return self.options.gradient_accumulation_steps
+
+    @property
+    def backend(self) -> str:
+        return self.launcher.backend(self)
+
+    def headline(self) -> str:
+        return self.launcher.headline(self)
+
+    def training_env(self) -> dict[str, str]:
+        """The launch's training settings as the environment every rank's Accelerator reads (both names)."""
+        env = {}
+        if self.mixed_precision is not None:
+            env[ENV_MIXED_PRECISION] = self.mixed_precision
+            env[REFERENCE_NAMES[ENV_MIXED_PRECISION]] = self.mixed_precision
+        if self.gradient_accumulation_steps is not None:
+            env[ENV_GRADIENT_ACCUMULATION_STEPS] = str(self.gradient_accumulation_steps)
+            env[REFERENCE_NAMES[ENV_GRADIENT_ACCUMULATION_STEPS]] = str(self.gradient_accumulation_steps)
+        return env
+
+    def rank_env(self, rank: int) -> dict[str, str]:
+        """The environment of ``rank``'s process (the launcher's: torchrun's variables for rank processes)."""
+        return self.launcher.rank_env(self, rank)

@@ -3,70 +3,22 @@
 plan = make_plan(LaunchOptions(num_processes=2, cpu=True))
 plan.headline()            # "Launching 2 CPU processes (gloo) with fork..."
 plan.rank_env(1)           # RANK=1, WORLD_SIZE=2, LOCAL_RANK=1, MASTER_PORT=..., ...
+
+``LaunchPlan`` (the decisions) lives in ``launcher.py`` beside the ``Launcher`` interface that reads it.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 
 from .. import hardware
-from ..env_names import ENV_GRADIENT_ACCUMULATION_STEPS, ENV_MIXED_PRECISION, REFERENCE_NAMES
 from ..precision.setting import bf16_gpu_problem
 from . import cuda_guard
 from .errors import LaunchSetupError
-from .launcher import Launcher
+from .launcher import Launcher, LaunchPlan
 from .options import LaunchOptions
 from .parent.process_launcher import ProcessLauncher
 from .ports import ensure_port_free, pick_free_port
-
-
-@dataclass
-class LaunchPlan:
-    """The decisions of the plan step; everything the start step needs (``options``: what the user asked)."""
-
-    options: LaunchOptions
-    num_processes: int
-    use_gpu: bool
-    start_method: str  # "fork" or "spawn"
-    spawn_reason: str | None  # why "auto" chose spawn (None when it chose fork or the user asked)
-    master_port: int
-    fork_threads: int | None = None  # torch threads of a forked rank (1 when the notebook's OpenMP pool ran)
-    launcher: Launcher = field(default_factory=ProcessLauncher)  # the launch kind: how the ranks start
-
-    @property
-    def master_addr(self) -> str:
-        return self.options.master_addr
-
-    @property
-    def mixed_precision(self) -> str | None:
-        return self.options.mixed_precision
-
-    @property
-    def gradient_accumulation_steps(self) -> int | None:
-        return self.options.gradient_accumulation_steps
-
-    @property
-    def backend(self) -> str:
-        return self.launcher.backend(self)
-
-    def headline(self) -> str:
-        return self.launcher.headline(self)
-
-    def training_env(self) -> dict[str, str]:
-        """The launch's training settings as the environment every rank's Accelerator reads (both names)."""
-        env = {}
-        if self.mixed_precision is not None:
-            env[ENV_MIXED_PRECISION] = self.mixed_precision
-            env[REFERENCE_NAMES[ENV_MIXED_PRECISION]] = self.mixed_precision
-        if self.gradient_accumulation_steps is not None:
-            env[ENV_GRADIENT_ACCUMULATION_STEPS] = str(self.gradient_accumulation_steps)
-            env[REFERENCE_NAMES[ENV_GRADIENT_ACCUMULATION_STEPS]] = str(self.gradient_accumulation_steps)
-        return env
-
-    def rank_env(self, rank: int) -> dict[str, str]:
-        """The environment of ``rank``'s process (the launcher's: torchrun's variables for rank processes)."""
-        return self.launcher.rank_env(self, rank)
 
 
 def _check_bf16_hardware(num_gpus: int) -> None:

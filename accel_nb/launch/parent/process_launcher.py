@@ -16,8 +16,8 @@ from ...env_names import ENV_FORKED, ENV_USE_CPU, REFERENCE_USE_CPU
 from ..launcher import Launcher
 
 if TYPE_CHECKING:
-    from ..plan import LaunchPlan
-    from .start import RankProcess
+    from ..launcher import LaunchPlan
+    from .rank_process import RankProcess
 
 
 class ProcessLauncher(Launcher):
