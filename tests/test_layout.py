@@ -565,7 +565,6 @@ MAX_MODULES = 15  # DESIGN.md: "a folder that passes ~15 modules is asking for s
 LINE_CAPS: dict[str, tuple[int, str]] = {
     "accel_nb/big_model/device_map.py": (620, "split pending: its compat work was under way (issue 40)"),
     "accel_nb/launch/session/warm_session.py": (546, "split pending: the rank debugger's work was under way"),
-    "accel_nb/notebook/device_map_view.py": (592, "split pending (issue 40)"),
     "accel_nb/notebook/progress_widget.py": (565, "split pending: the progress work was under way"),
     "accel_nb/state.py": (565, "split pending (issue 40)"),
 }
@@ -593,9 +592,10 @@ FOLDER_CAPS: dict[str, tuple[int, str]] = {
         ".sizes, .model_hooks, ...), so the move updates them in one step, when device_map.py is not being edited",
     ),
     os.path.join(PACKAGE, "notebook"): (
-        17,
+        18,
         "sub-packages pending (issue 40): the live launch view (progress_widget, progress_html, metric_chart, "
-        "full_log, kernel_restart) and the magics (magics, magic_flags, session_magics, debug_magic); tests "
+        "full_log, kernel_restart), the device map view (device_map_view, device_map_html) and the magics "
+        "(magics, magic_flags, session_magics, debug_magic); tests "
         "import them by path (accel_nb.notebook.progress_widget 11 times), and the progress and wizard "
         "modules were being edited",
     ),

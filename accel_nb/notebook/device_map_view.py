@@ -13,51 +13,14 @@ browser tests: ``.accel-nb-device-bar[data-device="cpu"]``, ``.accel-nb-module[d
 
 from __future__ import annotations
 
-import hashlib
-import html
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..byte_sizes import human_bytes
-
-_CSS = """
-<style>
-.accel-nb-device-map{font-family:var(--jp-ui-font-family,sans-serif);font-size:12px;max-width:900px}
-.accel-nb-device-row{display:flex;align-items:center;margin:3px 0}
-.accel-nb-device-label{width:64px;font-weight:600}
-.accel-nb-device-bar{position:relative;flex:1;height:22px;background:#eee;border:1px solid #bbb;display:flex;overflow:hidden}
-.accel-nb-module{height:100%;box-sizing:border-box;border-right:1px solid #fff;min-width:1px}
-.accel-nb-headroom{height:100%;background:repeating-linear-gradient(45deg,#ccc,#ccc 4px,#eee 4px,#eee 8px);margin-left:auto}
-.accel-nb-budget-line{position:absolute;top:0;bottom:0;width:2px;background:#c00}
-.accel-nb-device-info{width:300px;padding-left:8px;color:#444}
-.accel-nb-device-table{border-collapse:collapse;margin-top:6px}
-.accel-nb-device-table td,.accel-nb-device-table th{padding:1px 8px;text-align:left;border-bottom:1px solid #eee}
-.accel-nb-moves{margin-top:6px;color:#333}
-.accel-nb-error{color:#b00;font-weight:600}
-.accel-nb-quantization{margin-top:6px;color:#333;font-weight:600}
-</style>
-"""
-
-
-def _dev_name(device: Any) -> str:
-    return f"GPU {device}" if isinstance(device, int) else str(device)
-
-
-def _scale(d: dict[str, Any]) -> int:
-    """Bytes a full bar stands for: the budget, except for a disk far larger than what it holds."""
-    filled = d["used"] + d["headroom"]
-    if _scaled_to_contents(d):
-        return max(filled, 1)
-    return max(d["budget"] or 0, filled, 1)
-
-
-def _scaled_to_contents(d: dict[str, Any]) -> bool:
-    """A disk budget (often a terabyte) would make its bar an invisible sliver: draw what it holds."""
-    filled = d["used"] + d["headroom"]
-    return d["device"] == "disk" and filled > 0 and (d["budget"] is None or d["budget"] > 4 * filled)
-
-
-_CONTENTS_NOTE = "bar drawn to what it holds, not to its budget"
+from .device_map_html import PALETTE, device_map_html
+from .device_map_html import bar_scale as _scale
+from .device_map_html import device_name as _dev_name
+from .device_map_html import scaled_to_contents as _scaled_to_contents
 
 
 def _unit_of(nbytes: float) -> tuple[int, str]:
@@ -66,28 +29,6 @@ def _unit_of(nbytes: float) -> tuple[int, str]:
         if abs(nbytes) >= 1024**power:
             return 1024**power, name
     return 1, "B"
-
-
-# well-apart hues, light enough for the hatching and the budget line to show over them
-PALETTE = (
-    "#7aa6d8",
-    "#f2a65a",
-    "#7cc47f",
-    "#e07b7b",
-    "#b39ddb",
-    "#c9a27e",
-    "#f09cc8",
-    "#a8a8a8",
-    "#d4cf6a",
-    "#6fcad1",
-    "#9fb86b",
-    "#d98e5f",
-)
-
-
-def _colour(name: str) -> str:
-    """A module's colour outside a map (stable per name)."""
-    return PALETTE[int(hashlib.md5(name.encode()).hexdigest()[:4], 16) % len(PALETTE)]
 
 
 def _order(device: Any) -> tuple[int, int]:
@@ -335,14 +276,14 @@ class DeviceMapView:
             reserved = round(width * d["headroom"] / scale)
             bar = "#" * filled + "." * max(width - filled - reserved, 0) + "/" * reserved
             budget = (
-                f" of {self._fmt(d, d['budget'])}, {self._fmt(d, max(d['free'], 0))} free"
+                f" of {self.format_bytes(d, d['budget'])}, {self.format_bytes(d, max(d['free'], 0))} free"
                 if d["budget"] is not None
                 else ""
             )
-            head = f", headroom {self._fmt(d, d['headroom'])}" if d["headroom"] else ""
+            head = f", headroom {self.format_bytes(d, d['headroom'])}" if d["headroom"] else ""
             scale_note = " (bar: contents)" if _scaled_to_contents(d) and d["budget"] is not None else ""
             lines.append(
-                f"  {d['name']:>7s} [{bar[:width]}] {self._fmt(d, d['used'])} used{budget}{head}{scale_note}"
+                f"  {d['name']:>7s} [{bar[:width]}] {self.format_bytes(d, d['used'])} used{budget}{head}{scale_note}"
             )
         moves = self.moves()
         if moves:
@@ -364,102 +305,17 @@ class DeviceMapView:
         devs = ", ".join(f"{d['name']}: {len(d['rows'])}" for d in self.devices())
         return f"<DeviceMapView {len(self.device_map)} entries ({devs})>"
 
-    # -- HTML -----------------------------------------------------------------------------------
+    # -- HTML (notebook/device_map_html.py) -----------------------------------------------------
     def to_html(self, include_style: bool = True) -> str:
         """Static HTML: bars (modules coloured, headroom hatched, budget line), moves and the table."""
-        esc = html.escape
-        colours = self.colours()
+        return device_map_html(self, include_style)
 
-        def colour(module: str) -> str:
-            return colours.get(module) or _colour(module)
-
-        parts = [_CSS if include_style else "", '<div class="accel-nb-device-map">']
-        if self.error:
-            parts.append(f'<div class="accel-nb-error">{esc(self.error)}</div>')
-        for d in self.devices():
-            scale = _scale(d)
-            title = f"{d['name']}: {self._fmt(d, d['used'])} used"
-            if d["budget"] is not None:
-                title += f" of {self._fmt(d, d['budget'])}"
-            parts.append(
-                f'<div class="accel-nb-device-row" data-device="{esc(str(d["device"]))}">'
-                f'<div class="accel-nb-device-label">{esc(d["name"])}</div>'
-                f'<div class="accel-nb-device-bar" data-device="{esc(str(d["device"]))}" '
-                f'data-used="{d["used"]}" data-budget="{d["budget"] if d["budget"] is not None else ""}" '
-                f'data-headroom="{d["headroom"]}" data-scale="{"contents" if _scaled_to_contents(d) else "budget"}" '
-                f'title="{esc(title)}">'
-            )
-            for r in d["rows"]:
-                size = r["size"] or 0
-                pct = 100.0 * size / scale if d["used"] else 100.0 / max(len(d["rows"]), 1)
-                label = f"{r['module'] or '(model)'} ({r['class']}) {human_bytes(size) if r['size'] is not None else ''}"
-                if self.quantized:
-                    label += f" {r['dtype']}, unquantized {human_bytes(r['unquantized'])}"
-                parts.append(
-                    f'<div class="accel-nb-module" data-module="{esc(r["module"])}" '
-                    f'style="width:{pct:.3f}%;background:{colour(r["module"])}" title="{esc(label.strip())}"></div>'
-                )
-            if d["headroom"]:
-                parts.append(
-                    f'<div class="accel-nb-headroom" style="width:{100.0 * d["headroom"] / scale:.3f}%" '
-                    f'title="{esc(self._headroom_title(d))}"></div>'
-                )
-            if d["budget"] is not None and d["budget"] <= scale:
-                parts.append(
-                    f'<div class="accel-nb-budget-line" style="left:calc({100.0 * d["budget"] / scale:.3f}% - 2px)" '
-                    f'title="{esc("budget " + self._fmt(d, d["budget"]))}"></div>'
-                )
-            info = f"{self._fmt(d, d['used'])} used"
-            if d["budget"] is not None:
-                info += f" / {self._fmt(d, d['budget'])} budget, {self._fmt(d, max(d['free'], 0))} free"
-            if d["headroom"]:
-                info += f", {self._fmt(d, d['headroom'])} headroom"
-            if _scaled_to_contents(d) and d["budget"] is not None:
-                info += f" ({_CONTENTS_NOTE})"
-            parts.append(f'</div><div class="accel-nb-device-info">{esc(info)}</div></div>')
-        moves = self.moves()
-        if moves:
-            # display:list-item: classic Notebook 6's stylesheet makes summaries blocks, hiding the fold marker
-            parts.append(
-                '<details class="accel-nb-moves"><summary style="display:list-item;cursor:pointer">'
-                "Why blocks moved on</summary><ul>"
-            )
-            parts += [f"<li>{esc(m)}</li>" for m in moves]
-            parts.append("</ul></details>")
-        if self.quantized:
-            parts.append(f'<div class="accel-nb-quantization">{esc(self.quantization_summary())}</div>')
-        quant_heads = "<th>dtype</th><th>unquantized</th>" if self.quantized else ""
-        parts.append(
-            '<table class="accel-nb-device-table"><tr><th>module</th><th>device</th><th>size</th>'
-            f"{quant_heads}</tr>"
-        )
-        for r in self.rows():
-            size = human_bytes(r["size"]) if r["size"] is not None else "?"
-            quant_cells = (
-                f'<td class="accel-nb-dtype">{esc(r["dtype"])}</td><td>{human_bytes(r["unquantized"])}</td>'
-                if self.quantized
-                else ""
-            )
-            parts.append(
-                f'<tr data-module="{esc(r["module"])}" data-device="{esc(str(r["device"]))}" title="{esc(r["module"])}">'
-                f'<td><span style="color:{colour(r["module"])}">&#9632;</span> {esc(r["module"] or "(model)")}</td>'
-                f"<td>{esc(_dev_name(r['device']))}</td><td>{size}</td>{quant_cells}</tr>"
-            )
-        parts.append("</table></div>")
-        return "".join(parts)
-
-    def _fmt(self, d: dict[str, Any], nbytes: int) -> str:
+    def format_bytes(self, d: dict[str, Any], nbytes: int) -> str:
         """Bytes in a device row: in its slider's unit once it has one, so slider and row agree."""
         unit = self._units.get(d["device"])
         if unit is None:
             return human_bytes(nbytes)
         return f"{nbytes / unit[0]:.1f} {unit[1]}" if unit[0] > 1 else f"{nbytes} B"
-
-    def _headroom_title(self, d: dict[str, Any]) -> str:
-        notes = self.plan.notes if self.plan is not None else []
-        return f"headroom {self._fmt(d, d['headroom'])}: " + (
-            notes[0] if notes else "kept free on this device"
-        )
 
     def _repr_html_(self) -> str | None:
         if self._already_shown():
