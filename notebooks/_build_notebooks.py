@@ -1065,8 +1065,15 @@ several GPUs). Docs: `docs/parallelism.md`, `docs/pipeline.md`.
 """),
     md("## 1. A small Llama built from a config, and its data"),
     code("""
+import logging
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+
+# transformers imports torchao if installed; on a torch without CUDA its import logs harmless lines
+# ("Failed to load ..._C_mxfp8...so", pytree notes) that ask nothing of you (docs/troubleshooting.md)
+for noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(noisy).setLevel(logging.ERROR)
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from accel_nb import Accelerator, ParallelismConfig, PipelineTrainer, notebook_launcher, prepare_pippy
