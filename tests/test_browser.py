@@ -137,13 +137,14 @@ def test_device_map_view_has_a_bar_per_device_and_follows_the_budget_slider(lab,
     before = modules_per_device()
     assert set(before) == {"cpu", "disk"}  # one bar per device, named separately
     assert before["cpu"] > 0 and before["disk"] > 0  # the 1.2 MB CPU budget sent blocks to disk
-    # hovering a block names its module path; the table lists module -> device
+    # hovering a block names its module path; the table lists module -> device. With 1.2 MB the CPU keeps
+    # room for the largest block (the reference's rule), so every GPT2Block goes to disk, as one entry
     block = node.locator(
-        '.accel-nb-device-bar[data-device="disk"] .accel-nb-module[data-module="transformer.h.1"]'
+        '.accel-nb-device-bar[data-device="disk"] .accel-nb-module[data-module="transformer.h"]'
     )
-    assert "transformer.h.1" in block.get_attribute("title")
+    assert "transformer.h" in block.get_attribute("title")
     assert (
-        node.locator('.accel-nb-device-table tr[data-module="transformer.h.1"][data-device="disk"]').count()
+        node.locator('.accel-nb-device-table tr[data-module="transformer.h"][data-device="disk"]').count()
         == 1
     )
     node.screenshot(path=os.path.join(SHOTS, "device_map_before.png"))
