@@ -1,7 +1,8 @@
 """Forming the process group: a TCP store with a bounded connect time, then torch's group on it.
 
 ``PartialState`` calls :func:`join_process_group` once per process; the backend and the collective
-timeout it may be given are checked here too, with errors that name the cause and the fix.
+timeout it may be given are checked here too (and that it is given no other keyword), with errors that
+name the cause and the fix.
 
     join_process_group(read_topology(), "gloo", collective_timeout=60.0)
 """
@@ -34,6 +35,8 @@ __all__ = [
     "set_group_timeout",
     "check_backend",
     "timeout_seconds",
+    "PROCESS_GROUP_KEYWORDS",
+    "check_state_keywords",
 ]
 
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 60.0
@@ -218,6 +221,21 @@ def _drop_group_defaults(values: Any, group_type: type) -> list[Any]:
 def set_group_timeout(seconds: float) -> None:
     """Give the formed group its collective timeout (torch's private setter; present since 2.2)."""
     dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=seconds))
+
+
+# keywords of PartialState beyond ``cpu``: the process-group options it honours
+PROCESS_GROUP_KEYWORDS = ("backend", "timeout")
+
+
+def check_state_keywords(owner: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
+    """``TypeError`` for a keyword ``owner()`` (``PartialState``, ``AcceleratorState``) does not take."""
+    if kwargs:
+        name = sorted(kwargs)[0]
+        raise TypeError(
+            f"{owner}() got an unexpected keyword argument {name!r}; it accepts {', '.join(accepted)}. "
+            "The rank, world size and address come from the launch environment (RANK, WORLD_SIZE, "
+            "MASTER_ADDR, MASTER_PORT), not from keywords."
+        )
 
 
 def check_backend(backend: Any, use_cuda: bool) -> str | None:

@@ -9,6 +9,8 @@ shares one state, so it is cheap to create anywhere:
     with state.main_process_first():
         dataset = build_dataset()          # rank 0 first (downloads, caches), then the others
     state.print(f"{state.num_processes} processes on {state.device}")
+
+``GradientState`` is defined in ``accel_nb.accelerator.gradient_state`` and imported here, its reference path.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .accelerator.gradient_state import GradientState  # the reference's path: accelerate.state.GradientState
 from .env_names import (  # the launcher's variables (the reference's spellings are read too)
     ENV_DEEPSPEED_CONFIG,
     ENV_FORKED,
@@ -34,8 +37,10 @@ from .env_names import (  # the launcher's variables (the reference's spellings 
 from .lazy_exports import lazy_exports
 from .precision.setting import MIXED_PRECISION_CHOICES, check_xla_mixed_precision, validate_mixed_precision
 from .process_group import (
+    PROCESS_GROUP_KEYWORDS,
     RendezvousError,
     check_backend,
+    check_state_keywords,
     join_process_group,
     set_group_timeout,
     timeout_seconds,
@@ -44,9 +49,6 @@ from .reexports import reexports
 from .splitting import split_for_process
 from .topology import TopologyError, env_flag, env_value, read_topology, requested_device
 from .xla import runtime as xla_runtime
-
-# keywords of PartialState beyond ``cpu``: the process-group options it honours
-PROCESS_GROUP_KEYWORDS = ("backend", "timeout")
 
 __all__ = [
     "PartialState",
@@ -97,16 +99,6 @@ def _choose_state_scope(owner: Any, cpu: bool) -> bool:
     return xla_runtime.use_xla(cpu or env_flag(ENV_USE_CPU))
 
 
-def _reject_unknown_keywords(owner: str, kwargs: dict[str, Any], accepted: tuple[str, ...]) -> None:
-    if kwargs:
-        name = sorted(kwargs)[0]
-        raise TypeError(
-            f"{owner}() got an unexpected keyword argument {name!r}; it accepts {', '.join(accepted)}. "
-            "The rank, world size and address come from the launch environment (RANK, WORLD_SIZE, "
-            "MASTER_ADDR, MASTER_PORT), not from keywords."
-        )
-
-
 class PartialState:
     """Topology of this run: which process this is, how many there are, which device it uses.
 
@@ -148,7 +140,7 @@ class PartialState:
     def __init__(
         self, cpu: bool = False, *, backend: str | None = None, timeout: Any = None, **kwargs: Any
     ) -> None:
-        _reject_unknown_keywords("PartialState", kwargs, ("cpu",) + PROCESS_GROUP_KEYWORDS)
+        check_state_keywords("PartialState", kwargs, ("cpu",) + PROCESS_GROUP_KEYWORDS)
         use_xla = _choose_state_scope(PartialState, cpu)
         self.__dict__ = self._shared_state
         if self._shared_state.get("initialized"):
@@ -407,7 +399,7 @@ class AcceleratorState(PartialState):
     _state_attrs = PartialState._state_attrs + ("mixed_precision",)
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> None:
-        _reject_unknown_keywords(
+        check_state_keywords(
             "AcceleratorState",
             {k: v for k, v in kwargs.items() if k not in PROCESS_GROUP_KEYWORDS},
             ("mixed_precision", "cpu") + PROCESS_GROUP_KEYWORDS,
@@ -487,73 +479,6 @@ class AcceleratorState(PartialState):
     def __repr__(self) -> str:
         """PartialState's report and the mixed precision, as the reference prints them."""
         return f"{PartialState().__repr__()}\nMixed precision type: {self.mixed_precision}\n"
-
-
-class GradientState:
-    """Shared state of gradient accumulation: whether this step syncs, where the loader is."""
-
-    _shared_state: dict[str, Any] = xla_runtime.StateStore()  # type: ignore[assignment]
-    initialized: bool = False  # read through an instance whose shared state was reset: not initialized
-
-    def __init__(
-        self, gradient_accumulation_plugin: Any = None, gradient_accumulation_steps: int | None = None
-    ) -> None:
-        """``gradient_accumulation_plugin`` (the reference's argument, a ``GradientAccumulationPlugin``)
-        sets the accumulation settings as there; ``gradient_accumulation_steps`` the number of steps."""
-        self.__dict__ = self._shared_state
-        if not self._shared_state.get("initialized"):
-            self.sync_gradients = True
-            self.num_steps = 1
-            self.active_dataloader = None
-            self.dataloader_references: list[Any] = [None]
-            self.sync_with_dataloader = True
-            self.sync_each_batch = False
-            self.adjust_scheduler = False
-            self.initialized = True
-        plugin = gradient_accumulation_plugin
-        if isinstance(plugin, int):  # accel_nb's earlier first argument: the number of steps
-            plugin, gradient_accumulation_steps = None, plugin
-        if plugin is not None:
-            if plugin.num_steps is not None:
-                self.num_steps = int(plugin.num_steps)
-            self.adjust_scheduler = bool(plugin.adjust_scheduler)
-            self.sync_with_dataloader = bool(plugin.sync_with_dataloader)
-            self.sync_each_batch = bool(plugin.sync_each_batch)
-        if gradient_accumulation_steps is not None:
-            self.num_steps = int(gradient_accumulation_steps)
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        """True while the active data loader is yielding its last batch."""
-        dl = self.active_dataloader
-        return bool(dl is not None and getattr(dl, "end_of_dataloader", False))
-
-    @property
-    def in_dataloader(self) -> bool:
-        return self.active_dataloader is not None
-
-    @property
-    def remainder(self) -> int:
-        """The active data loader's ``remainder`` (samples of its short last round), -1 outside a loader."""
-        dl = self.active_dataloader
-        return -1 if dl is None else getattr(dl, "remainder", -1)
-
-    def _set_sync_gradients(self, value: bool) -> None:
-        self.sync_gradients = value
-
-    def _add_dataloader(self, dataloader: Any) -> None:
-        self.active_dataloader = dataloader
-        self.dataloader_references.append(dataloader)
-
-    def _remove_dataloader(self, dataloader: Any) -> None:
-        if dataloader in self.dataloader_references:
-            self.dataloader_references.remove(dataloader)
-        self.active_dataloader = self.dataloader_references[-1] if self.dataloader_references else None
-
-    @staticmethod
-    def _reset_state() -> None:
-        """Forget the accumulation and loader bookkeeping (the reference's private helper, same meaning)."""
-        GradientState._shared_state.clear()
 
 
 def _reset_all_states() -> None:

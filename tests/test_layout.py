@@ -566,7 +566,6 @@ LINE_CAPS: dict[str, tuple[int, str]] = {
     "accel_nb/big_model/device_map.py": (620, "split pending: its compat work was under way (issue 40)"),
     "accel_nb/launch/session/warm_session.py": (546, "split pending: the rank debugger's work was under way"),
     "accel_nb/notebook/progress_widget.py": (565, "split pending: the progress work was under way"),
-    "accel_nb/state.py": (565, "split pending (issue 40)"),
 }
 
 # folders allowed over MAX_MODULES: folder -> (cap, reason)

@@ -15,6 +15,7 @@ Accelerator and all it needs. Mixed precision is ``accel_nb.precision``, torch.c
   chosen once per Accelerator (``accelerator.backend``); docs/backends.md says how one is added
 - ``model_wrapping`` / ``unwrap``: the "prepared" mark and the autocast forward, and how ``unwrap_model`` undoes prepare
 - ``optim``: prepared optimizers and LR schedulers
+- ``gradient_state``: ``GradientState``, the shared state of gradient accumulation (``accel_nb.state`` exports it)
 
     from accel_nb.accelerator import Accelerator
 """
