@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...env_names import ENV_KEEP_LOGS
-from ...events import Failure, FailureKind, Heartbeat, Phase, Reporter, Result, Role
+from ...events import Failure, Heartbeat, Phase, Reporter, Result, Role
 from .. import cuda_guard, preimport
 from ..errors import LaunchError, LaunchSetupError, UserFramesOnly
 from ..options import LaunchOptions
@@ -37,15 +37,13 @@ from ..parent.run import finish_reporter, start_reporter
 from ..parent.start import RankProcess
 from ..parent.supervisor import STARTUP_GRACE_S, Supervisor
 from ..plan import LaunchPlan, make_plan
-from ..ports import pick_free_port
-from .cell_report import cell_error, interrupted_note, per_object, stale_sentence, stuck_sentence
-from .cell_supervisor import CellOutcome, CellSupervisor
+from .cell_report import cell_error, interrupted_note, per_object, stale_sentence
+from .cell_supervisor import CellSupervisor
+from .health import SessionHealth
 from .loop import (
-    BreakGroup,
     FormGroup,
     Pull,
     Push,
-    Regroup,
     RunCode,
     RunFunction,
     SessionCommand,
@@ -57,10 +55,6 @@ from .loop import (
 from .post_mortem import PostMortemVerb
 
 STOP_GRACE_S = 3.0  # after Stop, how long ranks may take to leave before they are killed
-# fresh groups tried after a broken one (a new port each: another program may take the one picked)
-REGROUP_TRIES = 3
-# the failures that leave a rank's process gone: the session is broken then
-_DEATHS = (FailureKind.SIGNAL, FailureKind.EXIT_CODE, FailureKind.STUCK)
 
 
 class SessionError(RuntimeError):
@@ -79,9 +73,10 @@ def _default_reporter(num_processes: int, show_ranks: Any, title: str) -> Report
     return TextReporter(show_ranks=show_ranks)
 
 
-class WarmSession(PostMortemVerb):
+class WarmSession(PostMortemVerb, SessionHealth):
     """Warm ranks and the verbs to use them: ``start``, ``run``, ``push``, ``pull``, ``status``, ``stop``, ``restart``,
-    ``debug`` (post-mortem of a failed cell, see ``post_mortem``).
+    ``debug`` (post-mortem of a failed cell, see ``post_mortem``). What a command did to the ranks and the
+    re-forming of a broken process group are ``SessionHealth``'s (``health``).
 
     ``reporter_factory(num_processes, show_ranks, title)`` makes the display of one command.
     """
@@ -295,15 +290,6 @@ class WarmSession(PostMortemVerb):
             for p in self.procs
         ]
 
-    def _health(self) -> dict[str, Any]:
-        """What the words about a cell's end depend on: a broken session or group, re-bound and stale objects."""
-        return {
-            "broken": self.broken,
-            "group_broken": self.group_broken,
-            "rebound": self.rebound,
-            "stale": self.stale,
-        }
-
     def describe(self, cells: bool = True) -> str:
         """A one-line state of the whole session (running, broken, group broken); ``cells``: with the count of
         cells run (not in a line that stays in a cell's output: it would go stale)."""
@@ -323,16 +309,6 @@ class WarmSession(PostMortemVerb):
         return f"{said}; {stale_sentence(self.stale)}" if self.stale else said
 
     # -- one command --------------------------------------------------------------------------------
-    def _notice_deaths(self) -> None:
-        for p in self.procs:
-            if p.poll() is not None and self.states.get(p.rank) != "dead":
-                self.states[p.rank] = "dead"
-                if not self.broken:
-                    failure = Supervisor(self.procs, ListReporter(), self.log_dir or "").death_failure(
-                        p.rank, p.returncode
-                    )
-                    self.broken = failure.summary()
-
     def _check_usable(self, command: SessionCommand, ranks: list[int]) -> None:
         if not self.running:
             raise SessionError("no session is running; start it with Session.start() or %accelerate start")
@@ -442,100 +418,6 @@ class WarmSession(PostMortemVerb):
                 if not isinstance(event, (Heartbeat, Phase, Result, Failure)):
                     with contextlib.suppress(Exception):
                         reporter.handle(event)
-
-    def show_roles(self, roles: dict[int, Role]) -> None:
-        """A command gave ranks a (new) parallel role: a front end with a live view of the ranks shows it there."""
-        return None
-
-    def _free_stuck(self, stuck: list[int]) -> None:
-        """Close the process group on the ranks that are not stuck: a peer waiting on them in a collective is freed."""
-        pids = [p.pid for p in self.procs]
-        for rank, conn in self._conns.items():
-            if rank not in stuck:
-                with contextlib.suppress(OSError):
-                    send_message(conn, BreakGroup(pids))
-
-    def _after(self, outcome: CellOutcome, cell: str) -> None:
-        """Record what the command did to the ranks and to the session."""
-        told = {r: role for r, role in outcome.roles.items() if self.roles.get(r) != role}
-        self.roles.update(outcome.roles)
-        if told:
-            self.show_roles(told)
-        for p in self.procs:
-            if p.poll() is not None:
-                self.states[p.rank] = "dead"
-            elif p.rank in outcome.failures and outcome.failures[p.rank].kind is not FailureKind.HANG:
-                self.states[p.rank] = f"failed in {cell}"
-            elif p.rank in outcome.stopped or p.rank in outcome.failures:
-                # stopped by the user, a peer or the watchdog
-                why = (
-                    "interrupted"
-                    if outcome.interrupted
-                    else "hung"
-                    if outcome.hung_after is not None
-                    else "stopped"
-                )
-                self.states[p.rank] = f"{why} in {cell}"
-            elif self.states.get(p.rank, "").startswith("running"):
-                self.states[p.rank] = "idle"
-        dead = [f for f in outcome.failures.values() if f.kind in _DEATHS]
-        if dead and not self.broken:
-            self.broken = dead[0].summary()
-        if outcome.group_broken and not self.group_broken:
-            self.group_broken = f"in {cell}, " + stuck_sentence(outcome)
-        self.note_failures(outcome, cell)
-
-    def _recover_group(self) -> str | None:
-        """A group broken under live ranks is replaced (a new store on a new port, a new group; namespaces kept).
-
-        Returns why the old group was broken when a fresh one was formed, else None (``group_broken``
-        then says why it could not be).
-        """
-        if not self.group_broken or self.broken or self.plan is None:
-            return None
-        self._notice_deaths()
-        if self.broken:
-            return None
-        why = self.group_broken
-        failure = None
-        for _ in range(REGROUP_TRIES):
-            port = pick_free_port(self.plan.options.master_addr)
-            reporter = start_reporter(
-                ListReporter(),
-                self.num_processes,
-                {"title": "re-form the process group", "log_dir": self.log_dir},
-            )
-            for p in self.procs:
-                with contextlib.suppress(OSError):  # its end is closed: the supervisor reads how it died
-                    send_message(self._conns[p.rank], Regroup(port))
-            supervisor = CellSupervisor(self.procs, reporter, self.log_dir or "")
-            try:
-                outcome = supervisor.run()
-            except KeyboardInterrupt:
-                self.group_broken = f"{why}; forming a fresh group was interrupted"
-                self._notice_deaths()
-                return None
-            self._notice_deaths()
-            if self.broken:
-                return None
-            if not outcome.failures:
-                self.group_broken = None
-                self.stale = {
-                    r: list(answer["value"]["stale"])
-                    for r, answer in outcome.results.items()
-                    if answer["value"]["stale"]
-                }
-                self.rebound = {
-                    r: list(answer["value"]["rebound"])
-                    for r, answer in outcome.results.items()
-                    if answer["value"]["rebound"]
-                }
-                return why
-            failure = next(iter(outcome.failures.values()))
-        self.group_broken = (
-            f"{why}; a fresh group could not be formed ({failure.summary() if failure else '?'})"
-        )
-        return None
 
 
 class CellInterrupt(UserFramesOnly, KeyboardInterrupt):
