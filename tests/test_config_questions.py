@@ -19,18 +19,7 @@ from accel_nb.config.questions import (
 from accel_nb.hardware import GPUInfo, HardwareInfo
 
 # the questions only the terminal asks (the wizard has no control for them yet): a new one is added here on purpose
-TERMINAL_ONLY = {
-    "same_network",
-    "dynamo_use_regional_compilation",
-    "use_megatron_lm",
-    "megatron_lm_tp_degree",
-    "megatron_lm_sequence_parallelism",
-    "megatron_lm_pp_degree",
-    "megatron_lm_num_micro_batches",
-    "megatron_lm_recompute_activations",
-    "megatron_lm_use_distributed_optimizer",
-    "megatron_lm_gradient_clipping",
-}
+TERMINAL_ONLY = {"same_network", "dynamo_use_regional_compilation"}
 
 
 def _hw(gpus: int = 0) -> HardwareInfo:
@@ -165,17 +154,26 @@ def test_the_wizard_builds_a_control_for_every_question_and_shows_it_where_its_r
             "use_parallelism_config": True,
         },
         {"compute": "cpu", "num_processes": 2, "use_deepspeed": deepspeed_installed(), "zero_stage": 3},
+        # Megatron-LM on GPUs with DeepSpeed off (where megatron-core is installed): tp > 1 shows sequence parallel
+        {"compute": "gpu", "use_deepspeed": False, "use_megatron_lm": True, "megatron_lm_tp_degree": 2},
+        {"use_deepspeed": deepspeed_installed()},  # DeepSpeed on: Megatron-LM is not offered
     ):
         w.set_values(**values)
         answers = {key: control.value for key, control in w.controls.items()}
         answers["use_deepspeed"] = answers["use_deepspeed"] and deepspeed_installed()
-        for key in ("gpu_ids", "use_deepspeed", "use_fsdp", "dynamo_backend"):
+        answers["use_megatron_lm"] = answers["use_megatron_lm"] and question("use_megatron_lm").asked(answers)
+        for key in ("gpu_ids", "use_deepspeed", "use_megatron_lm", "use_fsdp", "dynamo_backend"):
             assert (w.controls[key].layout.display != "none") == question(key).asked(answers), (key, values)
         for key in ("zero_stage", "offload_param_device", "zero3_init_flag"):  # inside DeepSpeed's box
             assert (w.controls[key].layout.display != "none") == question(key).asked(
                 {**answers, "use_deepspeed": 1}
             )
-        assert (w._deepspeed_box.layout.display != "none") == answers["use_deepspeed"]
+        for key in ("megatron_lm_sequence_parallelism", "megatron_lm_num_micro_batches"):  # Megatron-LM's box
+            assert (w.controls[key].layout.display != "none") == question(key).asked(
+                {**answers, "use_megatron_lm": 1}
+            )
+        assert (w._engine_boxes["deepspeed"].layout.display != "none") == answers["use_deepspeed"]
+        assert (w._engine_boxes["megatron"].layout.display != "none") == answers["use_megatron_lm"]
         assert (w._multi.layout.display != "none") == question("machine_rank").asked(answers)
         layout = question("use_fsdp").asked(answers) and question("use_parallelism_config").asked(answers)
         assert (w._layout_box.layout.display != "none") == layout

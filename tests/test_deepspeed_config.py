@@ -139,9 +139,11 @@ def test_wizard_offers_deepspeed_and_shows_only_what_applies(tmp_path):
     path = str(tmp_path / "w.yaml")
     w = ConfigWizard(path, hw=_hw(0))
     c = w.controls
-    assert c["use_deepspeed"].layout.display is None and w._deepspeed_box.layout.display == "none"
+    assert c["use_deepspeed"].layout.display is None and w._engine_boxes["deepspeed"].layout.display == "none"
     w.set_values(num_processes=2, use_deepspeed=True, zero_stage=1, gradient_clipping=0.5)
-    assert w._deepspeed_box.layout.display is None and c["dynamo_backend"].layout.display == "none"
+    assert (
+        w._engine_boxes["deepspeed"].layout.display is None and c["dynamo_backend"].layout.display == "none"
+    )
     assert c["offload_optimizer_device"].layout.display is None
     assert c["offload_param_device"].layout.display == "none"  # stage 3 only
     assert c["zero3_init_flag"].layout.display == "none"

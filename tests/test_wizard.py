@@ -322,3 +322,134 @@ def test_wizard_offers_the_parallel_layout_with_fsdp_and_writes_what_the_cli_wri
     fresh.set_values(num_processes=4, use_fsdp=True)
     fresh.controls["use_parallelism_config"].value = True
     assert fresh.controls["tp_size"].value == 2 and "FSDP shards over 2 processes" in fresh.layout_label.value
+
+
+def test_wizard_offers_megatron_lm_only_where_the_table_does(tmp_path, monkeypatch):
+    """Issue 43: the Megatron-LM switch shows only with GPU compute, DeepSpeed off and megatron-core installed
+    (the table's rule); a hidden switch is no answer. A saved Megatron-LM config shows while ticked, to be turned off."""
+    import accel_nb.config.questions as questions
+    from accel_nb.notebook.wizard import ConfigWizard
+
+    cpu = ConfigWizard(str(tmp_path / "cpu.yaml"), hw=_hw(0))  # no GPU: CPU compute only
+    assert cpu.controls["use_megatron_lm"].layout.display == "none"
+    cpu.set_values(num_processes=2, use_megatron_lm=True)
+    assert cpu.config.distributed_type == "MULTI_CPU" and "megatron_lm_config" not in cpu.config.extras
+    assert cpu._engine_boxes["megatron"].layout.display == "none"
+    monkeypatch.setattr(questions, "megatron_installed", lambda: False)
+    gpu = ConfigWizard(str(tmp_path / "gpu.yaml"), hw=_hw(4))
+    assert gpu.controls["compute"].value == "gpu" and gpu.controls["use_megatron_lm"].layout.display == "none"
+    gpu.set_values(use_megatron_lm=True)
+    assert (
+        gpu.config.distributed_type == "MULTI_GPU" and gpu._engine_boxes["megatron"].layout.display == "none"
+    )
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(
+        "distributed_type: MEGATRON_LM\nnum_processes: 4\nmegatron_lm_config:\n  megatron_lm_tp_degree: 2\n"
+    )
+    kept = ConfigWizard(str(saved), hw=_hw(4))
+    assert kept.controls["use_megatron_lm"].value and kept.controls["use_megatron_lm"].layout.display is None
+    assert kept.controls["megatron_lm_tp_degree"].value == 2
+    kept.set_values(
+        use_megatron_lm=False
+    )  # turned off: gone, as the table says where megatron-core is missing
+    assert kept.controls["use_megatron_lm"].layout.display == "none"
+    assert kept.config.distributed_type == "MULTI_GPU" and "megatron_lm_config" not in kept.config.extras
+
+
+def test_wizard_writes_the_megatron_lm_config_accel_nb_config_writes(tmp_path, monkeypatch):
+    """Issue 43: the Megatron-LM box (GPUs, megatron-core installed) writes the file `accel-nb config` writes for
+    the same answers, checked by the loader's rules, reloads it, and excludes DeepSpeed as the table does."""
+    import shlex
+
+    import accel_nb.commands.config as config_command
+    from accel_nb.commands.launch import config_for_launch
+    from accel_nb.commands.main import build_parser
+    from accel_nb.config.questions import QUESTIONS, deepspeed_installed, megatron_installed
+    from accel_nb.notebook.wizard import ConfigWizard
+
+    if not megatron_installed():
+        pytest.skip("megatron-core is not installed (pip install 'accel_nb[megatron]')")
+    path = tmp_path / "wizard.yaml"
+    w = ConfigWizard(str(path), hw=_hw(4))
+    c = w.controls
+    assert (
+        c["use_megatron_lm"].layout.display is None and w._engine_boxes["megatron"].layout.display == "none"
+    )
+    w.set_values(use_megatron_lm=True)
+    assert w._engine_boxes["megatron"].layout.display is None and w.config.distributed_type == "MEGATRON_LM"
+    # tp > 1 asks sequence parallelism, pp > 1 the micro-batches; no FSDP, no compile with Megatron-LM
+    assert c["megatron_lm_sequence_parallelism"].layout.display == "none"
+    assert c["megatron_lm_num_micro_batches"].layout.display == "none"
+    w.set_values(megatron_lm_tp_degree=2, megatron_lm_pp_degree=2, megatron_lm_num_micro_batches=4)
+    assert c["megatron_lm_sequence_parallelism"].layout.display is None
+    assert c["megatron_lm_num_micro_batches"].layout.display is None
+    assert c["use_fsdp"].layout.display == "none" and c["dynamo_backend"].layout.display == "none"
+    # checked as a launch checks it: tp x pp divides the processes, the plugin's values, no accumulation
+    w.set_values(megatron_lm_tp_degree=3)
+    assert w.error.key == "num_processes" and "a multiple of tp x pp = 6" in str(w.error)
+    assert w.save_button.disabled and w.save() is None and not path.exists()
+    w.set_values(megatron_lm_tp_degree=0)
+    assert w.error.key == "megatron_lm_config" and "tp_degree=0" in str(w.error)
+    w.set_values(megatron_lm_tp_degree=2, gradient_accumulation_steps=2)
+    assert w.error.key == "gradient_accumulation_steps" and "megatron_lm_num_micro_batches" in str(w.error)
+    w.set_values(gradient_accumulation_steps=1)
+    text = w.commands_text
+    assert "--use_megatron_lm --megatron_lm_tp_degree 2" in text and "--megatron_lm_pp_degree 2" in text
+    assert "megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, sequence_parallelism=False, pp_degree=2" in text
+    assert w.save() == str(path)
+    # `accel-nb config` given the same answers on the same machine writes the same file
+    prompts = {q.key: q.cli_prompt() for q in QUESTIONS}
+    replies = {
+        "Compute on": "gpu",
+        prompts["use_deepspeed"]: "no",
+        prompts["use_megatron_lm"]: "yes",
+        prompts["megatron_lm_tp_degree"]: "2",
+        prompts["megatron_lm_pp_degree"]: "2",
+        prompts["megatron_lm_num_micro_batches"]: "4",
+    }
+
+    def answer(prompt: str = "") -> str:
+        text = prompt.rsplit(" [", 1)[0]
+        return next((reply for start, reply in replies.items() if text.startswith(start)), "")
+
+    monkeypatch.setattr(config_command, "detect", lambda: _hw(4))
+    monkeypatch.setattr("builtins.input", answer)
+    cli = tmp_path / "cli.yaml"
+    assert config_command.cmd_config_questions(str(cli)) == 0
+    assert path.read_text() == cli.read_text()
+    saved = load_config(str(path))  # the loader's rules (MegatronLMPlugin's) accept it
+    assert saved.distributed_type == "MEGATRON_LM" and saved.extras["megatron_lm_config"] == {
+        "megatron_lm_tp_degree": 2,
+        "megatron_lm_sequence_parallelism": False,
+        "megatron_lm_pp_degree": 2,
+        "megatron_lm_num_micro_batches": 4,
+        "megatron_lm_recompute_activations": False,
+        "megatron_lm_use_distributed_optimizer": False,
+        "megatron_lm_gradient_clipping": 1.0,
+    }
+    # the wizard's terminal command gives the ranks the reference's Megatron-LM variables
+    line = w.commands_text.splitlines()[-1]
+    monkeypatch.setenv("ACCEL_NB_CONFIG_FILE", str(path))
+    env = config_for_launch(build_parser().parse_args(shlex.split(line)[1:])).to_env()
+    assert env["ACCELERATE_USE_MEGATRON_LM"] == "true" and env["MEGATRON_LM_PP_DEGREE"] == "2"
+    # reopened, the controls show the saved config; saving again writes the same file
+    again = ConfigWizard(str(path), hw=_hw(4))
+    assert again.config == saved and again.controls["use_megatron_lm"].value
+    assert again.controls["megatron_lm_num_micro_batches"].value == 4
+    assert again._engine_boxes["megatron"].layout.display is None
+    before = path.read_text()
+    assert again.save() == str(path) and path.read_text() == before
+    # DeepSpeed on: Megatron-LM is not offered (a hidden switch is no answer); off again, it is back as it was
+    if deepspeed_installed():
+        again.set_values(use_deepspeed=True)
+        assert again.controls["use_megatron_lm"].layout.display == "none"
+        assert again._engine_boxes["megatron"].layout.display == "none"
+        assert (
+            again.config.distributed_type == "DEEPSPEED" and "megatron_lm_config" not in again.config.extras
+        )
+        again.set_values(use_deepspeed=False)
+        assert again.controls["use_megatron_lm"].layout.display is None and again.config == saved
+    again.set_values(use_megatron_lm=False)
+    assert again.config.distributed_type == "MULTI_GPU" and "megatron_lm_config" not in again.config.extras
+    assert again._engine_boxes["megatron"].layout.display == "none"
+    assert again.controls["dynamo_backend"].layout.display is None

@@ -17,11 +17,13 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .values import DYNAMO_BACKENDS, LAUNCHER_RDZV_BACKENDS, RDZV_BACKENDS, START_METHODS
 
 __all__ = [
+    "ENGINES",
+    "Engine",
     "KINDS",
     "QUESTIONS",
     "Question",
@@ -298,81 +300,73 @@ QUESTIONS: tuple[Question, ...] = (
     _q(
         "use_megatron_lm",
         "Train with Megatron-LM (megatron-core)" + _YN,
-        "",
+        "Megatron-LM",
         "bool",
         section="megatron",
         when=lambda a: a.get("compute") == "gpu" and not a.get("use_deepspeed") and megatron_installed(),
-        wizard=False,
     ),
     _q(
         "megatron_lm_tp_degree",
         "Megatron-LM tensor parallel degree",
-        "",
+        "Tensor-parallel degree",
         "int",
         section="megatron",
         default=1,
         when=_megatron,
-        wizard=False,
     ),
     _q(
         "megatron_lm_sequence_parallelism",
         "Sequence parallelism" + _YN,
-        "",
+        "Sequence parallelism",
         "bool",
         section="megatron",
         default=False,
         when=lambda a: _megatron(a) and _int(a.get("megatron_lm_tp_degree")) > 1,
-        wizard=False,
     ),
     _q(
         "megatron_lm_pp_degree",
         "Megatron-LM pipeline parallel degree",
-        "",
+        "Pipeline-parallel degree",
         "int",
         section="megatron",
         default=1,
         when=_megatron,
-        wizard=False,
     ),
     _q(
         "megatron_lm_num_micro_batches",
         "Micro-batches per step (pipeline)",
-        "",
+        "Micro-batches per step",
         "int",
         section="megatron",
         default=1,
         when=lambda a: _megatron(a) and _int(a.get("megatron_lm_pp_degree")) > 1,
-        wizard=False,
     ),
     _q(
         "megatron_lm_recompute_activations",
         "Selective activation recomputation" + _YN,
-        "",
+        "Recompute activations",
         "bool",
         section="megatron",
         default=False,
         when=_megatron,
-        wizard=False,
     ),
     _q(
         "megatron_lm_use_distributed_optimizer",
         "Megatron's distributed optimizer" + _YN,
-        "",
+        "Distributed optimizer",
         "bool",
         section="megatron",
         default=False,
         when=_megatron,
-        wizard=False,
     ),
     _q(
         "megatron_lm_gradient_clipping",
         "Gradient clipping by the global norm (0: off)",
-        "",
+        "Clip grad norm (0: off)",
         "float",
         section="megatron",
         default=1.0,
         when=_megatron,
-        wizard=False,
     ),
     # FSDP2 with several processes, and with it the layout: tp × cp × replicas, FSDP over the rest
     _q(
@@ -446,6 +440,26 @@ QUESTIONS: tuple[Question, ...] = (
     ),
 )
 _BY_KEY = {q.key: q for q in QUESTIONS}
+
+
+class Engine(NamedTuple):
+    """A section whose switch trains with an engine that takes the whole model (and excludes the others)."""
+
+    section: str  # the table's section: its switch and its settings
+    switch: str  # the question that turns it on
+    distributed_type: str  # the config's type with it on
+    config_key: str  # the config's mapping of its settings (the section's other answers)
+
+    def keys(self) -> tuple[str, ...]:
+        """Its settings' keys (the section's questions but the switch), in the table's order."""
+        return tuple(q.key for q in QUESTIONS if q.section == self.section and q.key != self.switch)
+
+
+# in the table's order: an engine's switch is asked only while no engine above it is on
+ENGINES = (
+    Engine("deepspeed", "use_deepspeed", "DEEPSPEED", "deepspeed_config"),
+    Engine("megatron", "use_megatron_lm", "MEGATRON_LM", "megatron_lm_config"),
+)
 
 
 def question(key: str) -> Question:

@@ -22,29 +22,18 @@ from ..config import (
     default_config,
     default_config_path,
     derive_distributed_type,
-    launch_command_line,
     load_config,
     save_config,
 )
-from ..config.command_line import DEEPSPEED_FLAG_KEYS
-from ..config.questions import QUESTIONS, Question, question
+from ..config.questions import ENGINES, QUESTIONS, Question, question
 from ..hardware import HardwareInfo, detect
 from ..parallel.config import LAYOUT_CHOICES, LayoutError, layout_settings, proposed_tp_size
-from .wizard_text import (
-    commands_html,
-    deepspeed_settings,
-    hardware_summary,
-    layout_summary,
-    magic_line,
-    notebook_launcher_call,
-)
+from .wizard_text import commands_html, engine_settings, hardware_summary, launches_text, layout_summary
 
-# the controls that are the config's own fields (the others make a section: deepspeed_config, parallelism_config)
+# the controls that are the config's own fields (the others make a section: an engine's mapping, parallelism_config)
 _FIELDS = tuple(
     q.key for q in QUESTIONS if q.wizard and q.key in {f.name for f in dataclasses.fields(LaunchConfig)}
 )
-# the DeepSpeed controls: the deepspeed_config keys, as `accel-nb launch` takes them
-_DEEPSPEED_KEYS = DEEPSPEED_FLAG_KEYS
 _TEXT_KEYS = tuple(q.key for q in QUESTIONS if q.kind == "text")  # set_values takes None for ""
 
 
@@ -109,7 +98,12 @@ class ConfigWizard:
         import ipywidgets as w
 
         options, compute = self._compute_choice(b)
-        ds = dict(b.extras.get("deepspeed_config") or {}) if b.distributed_type == "DEEPSPEED" else {}
+        # each engine's saved mapping (deepspeed_config, megatron_lm_config), where the file trains with it
+        saved = {
+            e.section: e.distributed_type == b.distributed_type and b.extras.get(e.config_key)
+            for e in ENGINES
+        }
+        saved = {section: dict(mapping or {}) for section, mapping in saved.items()}
         # a saved layout is kept with FSDP, or with plain data parallel where the file has one (any type may)
         kinds = ("FSDP", "MULTI_CPU", "MULTI_GPU")
         layout = dict(b.extras.get("parallelism_config") or {}) if b.distributed_type in kinds else {}
@@ -120,8 +114,9 @@ class ConfigWizard:
             "gradient_accumulation_steps": min(b.gradient_accumulation_steps, 64),
             "main_process_ip": b.main_process_ip or "",
             "main_process_port": str(b.main_process_port or ""),
-            "deepspeed_config_file": str(ds.get("deepspeed_config_file") or ""),  # empty: the settings below
-            "use_deepspeed": b.distributed_type == "DEEPSPEED",
+            # empty: the settings below
+            "deepspeed_config_file": str(saved["deepspeed"].get("deepspeed_config_file") or ""),
+            **{e.switch: b.distributed_type == e.distributed_type for e in ENGINES},
             "use_fsdp": b.distributed_type == "FSDP",
             "use_parallelism_config": bool(layout),
             "tp_size": int(layout.get("parallelism_config_tp_size", proposed_tp_size(b.num_processes))),
@@ -134,8 +129,8 @@ class ConfigWizard:
         for q in (q for q in QUESTIONS if q.wizard):
             if q.key in values:
                 value = values[q.key]
-            elif q.section == "deepspeed":
-                value = ds.get(q.key, q.default)
+            elif q.section in saved:
+                value = saved[q.section].get(q.key, q.default)
             elif q.section == "layout":
                 value = layout.get(f"parallelism_config_{q.key}", q.default)
             else:
@@ -170,7 +165,7 @@ class ConfigWizard:
         self._multi = w.VBox(
             [c["machine_rank"], c["main_process_ip"], c["main_process_port"], c["rdzv_backend"]]
         )
-        self._deepspeed_box = w.VBox([c[k] for k in _DEEPSPEED_KEYS])
+        self._engine_boxes = {e.section: w.VBox([c[k] for k in e.keys()]) for e in ENGINES}  # its settings
         self.layout_label = w.HTML("")  # "FSDP shards over 2 processes: dp_replicate=1 × dp_shard=2 × ..."
         self._sizes_box = w.VBox([*(c[k] for k in LAYOUT_CHOICES), self.layout_label])
         self._layout_box = w.VBox([c["use_parallelism_config"], self._sizes_box])
@@ -184,8 +179,7 @@ class ConfigWizard:
                 c["mixed_precision"],
                 c["gradient_accumulation_steps"],
                 c["start_method"],
-                c["use_deepspeed"],
-                self._deepspeed_box,
+                *(x for e in ENGINES for x in (c[e.switch], self._engine_boxes[e.section])),
                 c["use_fsdp"],
                 self._layout_box,
                 c["dynamo_backend"],
@@ -269,9 +263,9 @@ class ConfigWizard:
             main_process_ip="",
             main_process_port="",
             dynamo_backend="no",
-            use_deepspeed=False,
             use_fsdp=False,
             use_parallelism_config=False,
+            **{e.switch: False for e in ENGINES},
         )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -324,14 +318,17 @@ class ConfigWizard:
         cfg = dataclasses.replace(self._base, use_cpu=compute == "cpu", **values)
         cfg.extras = dict(self._base.extras)
         cfg.source = None  # errors name the key, not a file the value is not in yet
-        cfg.extras.pop("deepspeed_config", None)
-        if cfg.distributed_type == "DEEPSPEED":
-            cfg.distributed_type = "NO"  # derived again below
-        if c["use_deepspeed"].value and compute != "xla":
-            cfg.distributed_type = "DEEPSPEED"
-            cfg.dynamo_backend = "no"  # accel_nb does not compile a DeepSpeed engine
+        for e in ENGINES:
+            cfg.extras.pop(e.config_key, None)
+            if cfg.distributed_type == e.distributed_type:
+                cfg.distributed_type = "NO"  # derived again below
+        answers = self._answers()
+        engine = next((e for e in ENGINES if answers[e.switch] and compute != "xla"), None)
+        if engine is not None:  # DeepSpeed or Megatron-LM, as `accel-nb config` writes it
+            cfg.distributed_type = engine.distributed_type
+            cfg.dynamo_backend = "no"  # accel_nb does not compile their engines
             cfg.extras.pop("fsdp_config", None)
-            cfg.extras["deepspeed_config"] = deepspeed_settings({k: c[k].value for k in _DEEPSPEED_KEYS})
+            cfg.extras[engine.config_key] = engine_settings(engine, {k: c[k].value for k in engine.keys()})
         elif c["use_fsdp"].value and compute != "xla":
             cfg.distributed_type = "FSDP"  # kept while there are several processes (derived below)
         else:
@@ -359,7 +356,7 @@ class ConfigWizard:
         answers = self._answers()
         c["gpu_ids"].layout.display = None if question("gpu_ids").asked(answers) else "none"
         self._multi.layout.display = None if question("machine_rank").asked(answers) else "none"
-        self._show_deepspeed_controls()
+        self._show_engine_controls()
         self._show_layout_controls()
         try:
             cfg = self._read().validate()
@@ -385,30 +382,7 @@ class ConfigWizard:
             f"<div style='color:#8a6d00'>note: {html.escape(n)}</div>" for n in self.notes
         )
         if self._config is not None:
-            cfg = self._config
-            share = (
-                " (this machine's share: notebook launches use one machine)" if cfg.num_machines > 1 else ""
-            )
-            saved = {
-                "DEEPSPEED": " (DeepSpeed's settings come from the saved config: Save first)",
-                "FSDP": " (FSDP's settings come from the saved config: Save first)",
-            }.get(cfg.distributed_type, "")
-            if cfg.extras.get("parallelism_config"):  # %%accelerate reads the layout from the saved file too
-                saved = {
-                    "FSDP": " (FSDP's settings and the layout come from the saved config: Save first)",
-                }.get(cfg.distributed_type, " (the layout comes from the saved config: Save first)")
-            text = "\n".join(
-                [
-                    f"# a notebook cell{share}{saved}",
-                    magic_line(cfg),
-                    "",
-                    f"# a function from a notebook{share}",
-                    notebook_launcher_call(cfg),
-                    "",
-                    "# a script, from a terminal" + (saved if cfg.distributed_type == "FSDP" else ""),
-                    launch_command_line(cfg),
-                ]
-            )
+            text = launches_text(self._config)
             self.commands_text = text
             self.commands.value = commands_html(text)
         else:
@@ -423,27 +397,39 @@ class ConfigWizard:
     def _answers(self) -> dict[str, Any]:
         """The controls' values by question key, as the table's rules read them (a hidden control is no answer)."""
         answers = {key: control.value for key, control in self.controls.items()}
-        answers["use_deepspeed"] = self._deepspeed_offered() and answers["use_deepspeed"]
         answers["saved_layout"] = self._saved_layout_without_fsdp
+        self._engines_offered(answers)
         return answers
 
-    def _deepspeed_offered(self) -> bool:
-        """The table's rule (installed, not on XLA); a saved DeepSpeed config is offered too, to be turned off."""
-        answers = {"compute": self.controls["compute"].value}
-        saved = self._base.distributed_type == "DEEPSPEED" and answers["compute"] != "xla"
-        return question("use_deepspeed").asked(answers) or saved
+    def _engines_offered(self, answers: dict[str, Any]) -> dict[str, bool]:
+        """Whether each engine's switch shows, by its switch key; ``answers`` gets the switches that count.
+
+        The table's rule (installed, the compute, no engine above it on); the saved config's engine shows while it
+        is ticked (not on XLA, none above it on), to be turned off.
+        """
+        offered, above = {}, False
+        for e in ENGINES:
+            saved = self._base.distributed_type == e.distributed_type and answers["compute"] != "xla"
+            offered[e.switch] = question(e.switch).asked(answers) or (
+                saved and answers[e.switch] and not above
+            )
+            answers[e.switch] = offered[e.switch] and bool(answers[e.switch])
+            above = above or answers[e.switch]
+        return offered
 
     def _show(self, keys: Any, answers: dict[str, Any]) -> None:
         for key in keys:
             self.controls[key].layout.display = None if question(key).asked(answers) else "none"
 
-    def _show_deepspeed_controls(self) -> None:
-        """DeepSpeed where the table offers it; each of its controls only where its rule holds."""
-        c, answers = self.controls, self._answers()
-        c["use_deepspeed"].layout.display = None if self._deepspeed_offered() else "none"
-        self._deepspeed_box.layout.display = None if answers["use_deepspeed"] else "none"
+    def _show_engine_controls(self) -> None:
+        """Each engine where the table offers it, its box while on; each setting only where its rule holds."""
+        c, answers = self.controls, {key: control.value for key, control in self.controls.items()}
+        offered = self._engines_offered(answers)
+        for e in ENGINES:
+            c[e.switch].layout.display = None if offered[e.switch] else "none"
+            self._engine_boxes[e.section].layout.display = None if answers[e.switch] else "none"
+            self._show(e.keys(), {**answers, e.switch: True})  # inside the box: shown with it
         self._show(["dynamo_backend"], answers)
-        self._show(_DEEPSPEED_KEYS, {**answers, "use_deepspeed": True})  # inside the box: shown with it
 
     def _show_layout_controls(self) -> None:
         """FSDP where the table offers it (several processes, not XLA, not DeepSpeed); the layout with FSDP."""

@@ -1,6 +1,7 @@
 """The wizard's words: the equivalent launch commands (``%%accelerate``, ``notebook_launcher(...)``,
-``DeepSpeedPlugin(...)``) for a launch config, as text and as HTML that wraps between whole flags,
-and a few lines of what this machine has. Plain functions: no widget is built here.
+``DeepSpeedPlugin(...)``, ``MegatronLMPlugin(...)``) for a launch config, as text and as HTML that wraps between
+whole flags, the mapping an engine's controls stand for, and a few lines of what this machine has. Plain
+functions: no widget is built here.
 """
 
 from __future__ import annotations
@@ -10,21 +11,22 @@ import re
 from typing import Any
 
 from ..byte_sizes import human_bytes
-from ..config import LaunchConfig
-from ..config.questions import QUESTIONS
+from ..config import LaunchConfig, launch_command_line
+from ..config.questions import ENGINES, Engine, question
 from ..hardware import HardwareInfo
 
 
-def deepspeed_settings(values: dict[str, Any]) -> dict[str, Any]:
-    """The ``deepspeed_config`` mapping the DeepSpeed controls' ``values`` stand for: the table's DeepSpeed questions
-    whose rule holds (``accel_nb.config.questions``), in its order, an empty text left out.
+def engine_settings(engine: Engine, values: dict[str, Any]) -> dict[str, Any]:
+    """The mapping (``deepspeed_config``, ``megatron_lm_config``) an engine's controls' ``values`` stand for: the
+    table's questions of its section whose rule holds (``accel_nb.config.questions``), in its order, an empty text
+    left out. ``accel-nb config`` writes the same mapping for the same answers.
 
-    deepspeed_settings({"zero_stage": 1, "offload_param_device": "cpu", ...})   # no parameter offload below stage 3
+    engine_settings(ENGINES[0], {"zero_stage": 1, "offload_param_device": "cpu", ...})   # no offload below stage 3
     """
-    answers = {"use_deepspeed": True, **values}
+    answers = {engine.switch: True, **values}
     out: dict[str, Any] = {}
-    for q in QUESTIONS:
-        if q.section != "deepspeed" or q.key == "use_deepspeed" or not q.asked(answers):
+    for q in map(question, engine.keys()):
+        if not q.asked(answers):
             continue
         value = values.get(q.key, q.default)
         if q.kind == "text":
@@ -34,16 +36,26 @@ def deepspeed_settings(values: dict[str, Any]) -> dict[str, Any]:
         elif q.kind == "choice":
             value = type(q.options()[0])(q.default if value in (None, "") else value)
         else:
-            value = {"float": float, "bool": bool}[q.kind](value)
+            value = {"int": int, "float": float, "bool": bool}[q.kind](value)
         out[q.key] = value
     return out
 
 
-def deepspeed_plugin_call(settings: dict[str, Any]) -> str:
-    """``DeepSpeedPlugin(...)`` with ``settings`` (a ``deepspeed_config`` mapping) as its arguments."""
+def plugin_call(cfg: LaunchConfig) -> str:
+    """``DeepSpeedPlugin(...)`` or ``MegatronLMPlugin(...)`` with the engine's mapping as its arguments ("": none)."""
     names = {"deepspeed_config_file": "hf_ds_config"}
-    args = ", ".join(f"{names.get(k, k)}={v!r}" for k, v in settings.items() if v is not None)
-    return f"DeepSpeedPlugin({args})"
+    plugin = {
+        "DEEPSPEED": "deepspeed_plugin=DeepSpeedPlugin",
+        "MEGATRON_LM": "megatron_lm_plugin=MegatronLMPlugin",
+    }
+    engine = next((e for e in ENGINES if e.distributed_type == cfg.distributed_type), None)
+    if engine is None:
+        return ""
+    settings = cfg.extras.get(engine.config_key) or {}
+    args = ", ".join(
+        f"{names.get(k, k.removeprefix('megatron_lm_'))}={v!r}" for k, v in settings.items() if v is not None
+    )
+    return f"{plugin[engine.distributed_type]}({args})"
 
 
 _LAYOUT_PREFIX = "parallelism_config_"
@@ -122,6 +134,34 @@ def commands_html(text: str) -> str:
     )
 
 
+def launches_text(cfg: LaunchConfig) -> str:
+    """The wizard's equivalent launches of ``cfg``: the ``%%accelerate`` line, the ``notebook_launcher(...)`` call
+    and the ``accel-nb launch`` command, each under a comment line (one command a line)."""
+    share = " (this machine's share: notebook launches use one machine)" if cfg.num_machines > 1 else ""
+    saved = {
+        "DEEPSPEED": " (DeepSpeed's settings come from the saved config: Save first)",
+        "FSDP": " (FSDP's settings come from the saved config: Save first)",
+        # %%accelerate passes no megatron_lm_config on: the cell builds the plugin
+        "MEGATRON_LM": " (Megatron-LM: Accelerator(megatron_lm_plugin=...) in the cell, as below)",
+    }.get(cfg.distributed_type, "")
+    if cfg.extras.get("parallelism_config"):  # %%accelerate reads the layout from the saved file too
+        saved = {
+            "FSDP": " (FSDP's settings and the layout come from the saved config: Save first)",
+        }.get(cfg.distributed_type, " (the layout comes from the saved config: Save first)")
+    return "\n".join(
+        [
+            f"# a notebook cell{share}{saved}",
+            magic_line(cfg),
+            "",
+            f"# a function from a notebook{share}",
+            notebook_launcher_call(cfg),
+            "",
+            "# a script, from a terminal" + (saved if cfg.distributed_type == "FSDP" else ""),
+            launch_command_line(cfg),
+        ]
+    )
+
+
 def magic_line(cfg: LaunchConfig) -> str:
     """The ``%%accelerate`` line that launches a cell as ``cfg`` says."""
     parts = ["%%accelerate"]
@@ -152,11 +192,8 @@ def notebook_launcher_call(cfg: LaunchConfig, function: str = "training_function
     if cfg.use_cpu:
         args.append("cpu=True")
     call = f"notebook_launcher({', '.join(args)})"
-    if (
-        cfg.distributed_type == "DEEPSPEED"
-    ):  # notebook_launcher reads no config file: the function asks for it
-        plugin = deepspeed_plugin_call(cfg.extras.get("deepspeed_config") or {})
-        call += f"  # with Accelerator(deepspeed_plugin={plugin}) in {function}"
+    if plugin_call(cfg):  # notebook_launcher reads no config file: the function asks for the engine
+        call += f"  # with Accelerator({plugin_call(cfg)}) in {function}"
     layout = cfg.extras.get("parallelism_config") or {}
     if layout:  # the layout, like FSDP, is in the function's code (notebook_launcher reads no config)
         call += f"  # with Accelerator(parallelism_config={parallelism_config_call(layout)}) in {function}"
