@@ -415,6 +415,10 @@ class AcceleratorState(PartialState):
             self._shared_state.update(partial.__dict__)
             self.mixed_precision = mp
             self.initialized = True
+        elif not PartialState._shared_state.get("initialized"):
+            # the topology was reset (PartialState._reset_state(), as test suites do between tests) and
+            # these settings kept: the topology is found again and copied in, as the reference does
+            self._shared_state.update(PartialState(cpu=cpu, **kwargs).__dict__)
         elif kwargs:
             PartialState(cpu=cpu, **kwargs)  # the same settings, or a clear error
         if mixed_precision is not None and validate_mixed_precision(mixed_precision) != self.mixed_precision:

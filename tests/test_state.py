@@ -134,6 +134,31 @@ def test_reset_state_helpers_mean_what_the_references_do(clean_env):
     assert seen["accel_nb"] == [(True, False), "fp16", (False, False), (False, True), (False, 1)]
 
 
+def test_accelerator_state_finds_a_reset_topology_again(clean_env, monkeypatch):
+    # the reference's AcceleratorState copies PartialState's topology each time it is made: after
+    # PartialState._reset_state() (what its own test_env_var_device does first), a new Accelerator sees
+    # the device the environment names now, not the one of the state before the reset. Side by side.
+    import accelerate
+    import accelerate.state
+
+    import accel_nb
+    import accel_nb.state
+
+    seen = {}
+    for top, mod in ((accelerate, accelerate.state), (accel_nb, accel_nb.state)):
+        mod.AcceleratorState._reset_state(True)
+        mod.GradientState._reset_state()
+        first = str(top.Accelerator(cpu=True).state.device)
+        mod.PartialState._reset_state()  # the topology only: the AcceleratorState keeps its settings
+        monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:64")
+        again = top.Accelerator()
+        seen[top.__name__] = (first, str(again.state.device), str(again.device), again.state.mixed_precision)
+        monkeypatch.delenv("ACCELERATE_TORCH_DEVICE")
+        mod.AcceleratorState._reset_state(True)
+        mod.GradientState._reset_state()
+    assert seen["accel_nb"] == seen["accelerate"] == ("cpu", "cpu:64", "cpu:64", "no")
+
+
 @pytest.mark.parametrize(
     "n,parts,pad,expected",
     [
