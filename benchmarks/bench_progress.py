@@ -310,7 +310,7 @@ def in_real_launch(fn, *args) -> list:
 def parent_handle_cost(n_events: int) -> tuple[float, int]:
     """Seconds per ``WidgetReporter.handle`` call (no display) and widget syncs for ``n_events``."""
     from accel_nb.events import Progress
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     rep = WidgetReporter(2, desc="bench", display=False, echo_logs=False)
     rep.start(2, {})
@@ -327,7 +327,7 @@ def parent_handle_cost(n_events: int) -> tuple[float, int]:
 def parent_tick_cost(calls: int) -> float:
     """Seconds per ``WidgetReporter.tick`` (what the supervisor calls between events), 2 quiet ranks."""
     from accel_nb.events import Progress
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     rep = WidgetReporter(2, desc="bench", display=False, echo_logs=False)
     rep.start(2, {})

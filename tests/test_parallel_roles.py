@@ -87,7 +87,7 @@ def test_the_row_shows_the_dimensions_above_one_after_the_rank():
 
 def test_the_widget_writes_the_role_under_each_rank_and_keeps_the_rows_lined_up():
     pytest.importorskip("ipywidgets")
-    from accel_nb.notebook.progress_widget import LABEL_PX, WidgetReporter
+    from accel_nb.notebook.live.progress_widget import LABEL_PX, WidgetReporter
 
     pc = ParallelismConfig(dp_shard_size=2, tp_size=2)
     view = WidgetReporter(4, display=False, echo_logs=False)

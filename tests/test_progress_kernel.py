@@ -263,7 +263,7 @@ def stuck_cell(sleep_s: float = 8, reporter: str | None = None, gate: str | None
     return f"""
 from accel_nb import notebook_launcher, progress
 from accel_nb.launch.parent.reporting import TextReporter
-from accel_nb.notebook.progress_widget import WidgetReporter
+from accel_nb.notebook.live.progress_widget import WidgetReporter
 
 def one_rank_sleeps():
     import os, time

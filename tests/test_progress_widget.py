@@ -17,7 +17,7 @@ pytest.importorskip("ipywidgets")
 
 
 def _reporter(n=2, **kw):
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     r = WidgetReporter(n, desc="train", display=False, echo_logs=False, **kw)
     r.start(n, {"launch_id": "abc123"})
@@ -250,7 +250,7 @@ def test_handle_is_thread_safe():
 
 
 def test_echo_logs_writes_whole_prefixed_lines(capsys):
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     r = WidgetReporter(2, display=False)
     r.start(2, {})
@@ -262,7 +262,7 @@ def test_echo_logs_writes_whole_prefixed_lines(capsys):
 
 
 def test_show_ranks_limits_the_echo_but_every_rank_keeps_its_pane(capsys):
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     r = WidgetReporter(2, display=False, show_ranks=0)
     r.start(2, {})
@@ -282,7 +282,7 @@ def test_a_widget_that_fails_to_update_hands_over_to_the_text_view(capsys):
     import ipywidgets as W
     from traitlets import validate
 
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     class BrokenHTML(W.HTML):
         @validate("value")
@@ -318,7 +318,7 @@ def test_a_widget_that_fails_to_render_leaves_the_text_view_and_the_failure(caps
     """The widgets cannot even be built (a missing widget feature): text from the start, failures included."""
     import ipywidgets as W
 
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     class NoAccordion(W.Accordion):
         def __init__(self, *a, **kw):
@@ -484,7 +484,7 @@ def test_text_progress_lines_keep_their_place_after_the_ranks_output():
 
 def test_a_running_view_carries_its_kernel_gone_text_and_final_states_do_not():
     """The frontend marks views of a restarted kernel disconnected; CSS then shows the 'gone' text."""
-    from accel_nb.notebook.progress_widget import GONE_CSS
+    from accel_nb.notebook.live.progress_widget import GONE_CSS
 
     r = _reporter(1, min_interval=0.0)
     r.handle(Progress(0, "train", 3, 10))

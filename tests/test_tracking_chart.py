@@ -14,7 +14,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _reporter(n=2, **kw):
-    from accel_nb.notebook.progress_widget import WidgetReporter
+    from accel_nb.notebook.live.progress_widget import WidgetReporter
 
     r = WidgetReporter(n, desc="train", display=False, echo_logs=False, **kw)
     r.start(n, {})
@@ -122,7 +122,7 @@ def test_a_slow_matplotlib_import_does_not_hold_the_next_picture_back(monkeypatc
     fresh kernel) was counted as drawing time, holding the picture back for ten seconds and more."""
     import time
 
-    from accel_nb.notebook import metric_chart
+    from accel_nb.notebook.live import metric_chart
 
     slow_import = 2.0
     monkeypatch.setattr(metric_chart, "_import_matplotlib", lambda: time.sleep(slow_import))
@@ -142,7 +142,7 @@ def test_an_interrupt_while_drawing_leaves_the_points_for_the_final_picture(monk
     """The kernel's main thread draws the curves, so an interrupt (KeyboardInterrupt) can land inside
     matplotlib. The points it was drawing must stay pending: the final picture and line show them
     (seen on Colab's stack: an interrupted launch's line stayed at step 6 of 24)."""
-    from accel_nb.notebook import metric_chart
+    from accel_nb.notebook.live import metric_chart
 
     r = _reporter(1)
     for n in range(1, 4):

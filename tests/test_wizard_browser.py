@@ -31,7 +31,7 @@ CELLS = [
     "layout",
     # each rank's role in the progress widget, from the Role events a 2 x 2 mesh's ranks send (no launch)
     "from accel_nb.events import Progress\n"
-    "from accel_nb.notebook.progress_widget import WidgetReporter\n"
+    "from accel_nb.notebook.live.progress_widget import WidgetReporter\n"
     "from accel_nb.parallel import ParallelismConfig\n"
     "from accel_nb.parallel.roles import mesh_role\n"
     "mesh = ParallelismConfig(dp_shard_size=2, tp_size=2)\n"

@@ -65,7 +65,7 @@ def make_reporter(num_processes: int, progress: Any = None, **info: Any) -> Repo
         return progress
     mode = resolve_progress_mode(progress)
     if mode == "widget":
-        from .progress_widget import WidgetReporter
+        from .live.progress_widget import WidgetReporter
 
         return WidgetReporter(num_processes, **info)
     return TextReporter(show_ranks=info.get("show_ranks", "all"))

@@ -197,7 +197,7 @@ def test_a_widget_that_cannot_render_hands_over_to_the_text_view_in_the_kernel(k
     for gate in GATES:
         open(tmp_path / f"gate{gate}", "w").close()  # no waiting in this launch
     out = kernel.run(
-        "import accel_nb.notebook.progress_widget as pw\n"
+        "import accel_nb.notebook.live.progress_widget as pw\n"
         "_kept = pw.view_bundle\n"
         "def _refuse(widget, text=None):\n"
         "    raise RuntimeError('this front-end shows no widgets')\n"

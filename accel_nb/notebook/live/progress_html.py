@@ -1,4 +1,4 @@
-"""The HTML of a launch's widget rows: title, rank label, details, status and log pane.
+"""The HTML of a launch's widget: title, rank label, details, status, log pane and failure box.
 
 Pure functions of a rank's view (``LaunchProgress``'s per-rank state) and the launch's settings;
 ``progress_widget.WidgetReporter`` puts them into its ipywidgets.
@@ -8,21 +8,24 @@ Pure functions of a rank's view (``LaunchProgress``'s per-rank state) and the la
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from typing import Any
 
-from ..launch.failures import describe
-from ..launch.parent.hang_blame import HUNG_CULPRIT
-from ..launch.parent.launch_progress import QUIET_AFTER
-from ..progress_format import format_duration, format_metrics, format_rate, plural
+from ...launch.failures import describe
+from ...launch.parent.hang_blame import HUNG_CULPRIT
+from ...launch.parent.launch_progress import QUIET_AFTER
+from ...progress_format import format_duration, format_metrics, format_rate, one_line, plural
 from .kernel_restart import GONE_CSS, live_or_gone
 
 __all__ = [
     "PANE_LINES",
     "STATUS_STYLE",
     "esc",
+    "failures_html",
     "info_html",
     "label_html",
+    "launch_problem_html",
     "pane_html",
     "status_html",
     "title_html",
@@ -140,3 +143,62 @@ def status_html(v: Any, status: str, ended: Any) -> str:
         gone = f"<span style='color:{STATUS_STYLE['stopped'][1]};font-weight:600;white-space:nowrap'>stopped (kernel gone)</span>"
         return GONE_CSS + live_or_gone(shown, gone)
     return shown
+
+
+_PRE = (
+    "<pre style='max-height:24em;overflow:auto;margin:2px 0 6px 0;font-size:12px;"
+    "background:#fff5f5;padding:4px;white-space:pre-wrap'>"
+)
+
+
+def failures_html(failed: list[Any], first: int | None, log_dir: str | None, final: bool) -> str:
+    """The failure box: the failing ranks' errors (``failed``: their views), ``first``'s first.
+
+    Live, the first failure shows in full with its traceback (usually the cause), the others folded
+    (often consequences: peers closing connections). ``final``: the launcher raises its error in the
+    cell, which carries the tracebacks, so the box keeps one line per rank and says where they are.
+    """
+    failed = sorted(failed, key=lambda v: (v.rank != first, v.rank))
+    parts = []
+    for i, v in enumerate(failed):
+        message = str(v.message or "")
+        if len(message) > 300:
+            message = message[:300] + " ..."
+        said = (
+            describe(dataclasses.replace(v.failure, message=message), brief=True)
+            if v.failure
+            else f"rank {v.rank} failed"
+        )
+        head = esc(said)
+        body = esc((v.traceback or "").rstrip())
+        if final:
+            where = " (its traceback is in the error below)" if v.traceback else ""
+            style = "color:#c62828" + (";font-weight:600" if i == 0 else "")
+            parts.append(f"<div style='{style}'>{head}{where}</div>")
+        elif i == 0:
+            parts.append(f"<div style='color:#c62828;font-weight:600'>{head}</div>{_PRE}{body}</pre>")
+        else:
+            parts.append(
+                f"<details><summary style='color:#c62828;cursor:pointer;display:list-item'>{head}</summary>"
+                f"{_PRE}{body}</pre></details>"
+            )
+    if log_dir:
+        parts.append(f"<div style='color:#616161'>full per-rank logs: <code>{esc(log_dir)}</code></div>")
+    return "<div style='border-left:4px solid #c62828;padding-left:8px'>" + "".join(parts) + "</div>"
+
+
+def launch_problem_html(summary: str, stacks: bool) -> str:
+    """Why a launch without any failing rank ended badly (interrupt, hang), for the failure box.
+
+    ``stacks``: the ranks' Python stacks were dumped into their output panes, and the box says so.
+    """
+    text = one_line(summary, limit=1000)  # the box wraps: a session's interrupt note is long and whole
+    if stacks:
+        # a sentence of its own ("...wo ." came of stripping the dots of a cut line before adding one)
+        text = (
+            text if text.endswith(("...", ".")) else text + "."
+        ) + " Each rank's Python stack is in its output pane."
+    return (
+        "<div style='border-left:4px solid #6d4c41;padding-left:8px;color:#6d4c41;font-weight:600'>"
+        f"{esc(text)}</div>"
+    )

@@ -10,7 +10,8 @@ becomes a per-rank summary, so executed and saved notebooks show the final state
 A widget that fails to render or update never leaves the cell with nothing: the launch goes on
 in the text view (``TextReporter``) from then on, after one line that says why.
 Logged metrics (``Accelerator.log``, ``set_postfix``) are drawn as small curves per rank under
-the bars (``metric_chart``), with the final picture kept in the output as ``image/png``.
+the bars (``metric_chart``), with the final picture kept in the output as ``image/png``. The HTML
+comes from ``progress_html``, the per-rank output panes are ``log_panes.LogPanes``.
 
     reporter = WidgetReporter(2, desc="train")
     reporter.start(2, {})
@@ -20,28 +21,32 @@ the bars (``metric_chart``), with the final picture kept in the output as ``imag
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import sys
 import threading
 import time
 from typing import Any
 
-from .. import events as ev
-from ..launch.failures import describe
-from ..launch.options import parse_show_ranks
-from ..launch.parent.launch_progress import QUIET_AFTER, LaunchProgress
-from ..launch.parent.output_lines import OutputRelay
-from ..launch.parent.reporting import TextReporter
-from ..launch.rank.worker import log_path
-from ..progress_format import format_duration, one_line, plural
-from .full_log import full_log_box
+from ... import events as ev
+from ...launch.options import parse_show_ranks
+from ...launch.parent.launch_progress import QUIET_AFTER, LaunchProgress
+from ...launch.parent.output_lines import OutputRelay
+from ...launch.parent.reporting import TextReporter
+from ...progress_format import format_duration, one_line, plural
+from ..widget_compat import view_bundle
 from .kernel_restart import GONE_CSS, GONE_NOTE, LIVE_VIEWS, live_or_gone, watch_kernel_shutdown
+from .log_panes import LogPanes
 from .metric_chart import MetricChart
-from .progress_html import STATUS_STYLE, esc, info_html, label_html, pane_html, status_html, title_html
-from .widget_compat import get_titles, set_titles, view_bundle
+from .progress_html import (
+    STATUS_STYLE,
+    esc,
+    failures_html,
+    info_html,
+    label_html,
+    launch_problem_html,
+    status_html,
+    title_html,
+)
 
-PANE_INTERVAL = 1.0  # seconds between two refreshes of a log pane (the cell gets the lines at once)
 LABEL_PX = 60  # the width of the "rank N" column (wider once a rank shows its role)
 
 
@@ -79,17 +84,16 @@ class WidgetReporter(ev.Reporter):
         self.statuses: dict[int, Any] = {}
         self.labels: dict[int, Any] = {}  # "rank 3", then with its role "rank 3 dp 1 · tp 1"
         self._shown_labels: dict[int, str] = {}
-        self.panes: dict[int, Any] = {}
+        self.panes: dict[int, Any] = {}  # rank -> its output pane (log_panes.panes, once built)
+        self.log_panes: LogPanes | None = None
         self.title: Any = None
         self.aggregate: Any = None
         self.failure_box: Any = None
-        self.logs: Any = None
+        self.logs: Any = None  # the panes' accordion
         self.flushes = 0  # how many times the widgets were synced (for tests and benchmarks)
         self._lock = threading.RLock()
         self._dirty = False
         self._last_flush = 0.0
-        self._pane_seen: dict[int, tuple[int, bool]] = {}
-        self._last_pane_flush = 0.0
         self._started = False
         self._finished = False
         self._display_handle: Any = None
@@ -184,16 +188,15 @@ class WidgetReporter(ev.Reporter):
     def _offer_full_logs(self, ok: bool) -> None:
         """Under each kept log's pane (after a failure, or dropped output), a control that shows it as text."""
         log_dir = self.info.get("log_dir")
-        if not log_dir or (ok and not any(v.dropped for v in self.state.ranks.values())) or self.logs is None:
+        if (
+            not log_dir
+            or (ok and not any(v.dropped for v in self.state.ranks.values()))
+            or self.log_panes is None
+        ):
             return
         import ipywidgets as W
 
-        children = []
-        for r in sorted(self.panes):
-            path = log_path(log_dir, r)
-            pane = self.panes[r]
-            children.append(W.VBox([pane, full_log_box(W, path, r)]) if os.path.exists(path) else pane)
-        self.logs.children = tuple(children)
+        self.log_panes.offer_full_logs(W, log_dir)
 
     def kernel_shutting_down(self, restart: bool) -> None:
         """The kernel is asked to restart (or shut down): this view's last state says so (any thread)."""
@@ -249,10 +252,8 @@ class WidgetReporter(ev.Reporter):
         self.aggregate = W.HTML(value="")
         self.chart = MetricChart()
         self.failure_box = W.HTML(value="", layout=W.Layout(display="none"))
-        self.panes = {r: W.HTML(value=self._pane_html(r)) for r in range(self.num_processes)}
-        self.logs = W.Accordion(children=[self.panes[r] for r in range(self.num_processes)])
-        set_titles(self.logs, [f"rank {r} output" for r in range(self.num_processes)])
-        self.logs.selected_index = None
+        self.log_panes = LogPanes(W, self.num_processes, self.state.ranks, self._finished)
+        self.panes, self.logs = self.log_panes.panes, self.log_panes.accordion
         self.widget = W.VBox(
             [self.title, self.rows_box, self.aggregate, self.chart.widget, self.failure_box, self.logs],
             layout=W.Layout(width="100%"),
@@ -293,11 +294,8 @@ class WidgetReporter(ev.Reporter):
 
         for r in missing:
             self._make_row(W, r)
-            self.panes[r] = W.HTML(value="")
-        order = sorted(self.rows)
-        self.rows_box.children = tuple(self.rows[r] for r in order)
-        self.logs.children = tuple(self.panes[r] for r in order)
-        set_titles(self.logs, [f"rank {r} output" for r in order])
+        self.rows_box.children = tuple(self.rows[r] for r in sorted(self.rows))
+        self.log_panes.add(W, missing)
 
     def _show(self) -> None:
         """Put the widget in the cell's output (IPython's public display API, both widget generations)."""
@@ -314,9 +312,6 @@ class WidgetReporter(ev.Reporter):
     def _title_html(self) -> str:
         return title_html(self.info, self.num_processes)
 
-    def _pane_html(self, rank: int) -> str:
-        return pane_html(self.state.ranks.get(rank), self._finished)
-
     def _info_html(self, rank: int, now: float | None = None) -> str:
         now = self.state.clock(now)
         return info_html(self.state.ranks[rank], now, self.stall_after, ended=self.state.ended)
@@ -325,71 +320,24 @@ class WidgetReporter(ev.Reporter):
         return status_html(self.state.ranks[rank], status, ended=self.state.ended)
 
     def _show_failures(self, final: bool = False) -> None:
-        """The failing ranks' errors; live, with tracebacks. ``final``: the launcher raises its error
-        (``LaunchError``) in this cell, which carries the tracebacks, so the box keeps only one line per
-        rank and says where the traceback is (shown once)."""
+        """The failing ranks' errors in the failure box, and the first one's output pane opened.
+        ``final``: the launcher raises its error (``LaunchError``, with the tracebacks) in this cell, so
+        the box keeps one line per rank (``progress_html.failures_html``)."""
         failed = [v for v in self.state.ranks.values() if v.failed]
         if not failed or self.failure_box is None:
             return
         first = self.state.first_failure
-        failed.sort(key=lambda v: (v.rank != first, v.rank))
-        parts = []
-        pre = (
-            "<pre style='max-height:24em;overflow:auto;margin:2px 0 6px 0;font-size:12px;"
-            "background:#fff5f5;padding:4px;white-space:pre-wrap'>"
-        )
-        for i, v in enumerate(failed):
-            message = str(v.message or "")
-            if len(message) > 300:
-                message = message[:300] + " ..."
-            said = (
-                describe(dataclasses.replace(v.failure, message=message), brief=True)
-                if v.failure
-                else f"rank {v.rank} failed"
-            )
-            head = esc(said)
-            body = esc((v.traceback or "").rstrip())
-            if final:
-                where = " (its traceback is in the error below)" if v.traceback else ""
-                style = "color:#c62828" + (";font-weight:600" if i == 0 else "")
-                parts.append(f"<div style='{style}'>{head}{where}</div>")
-                continue
-            if i == 0:  # the first failure, in full: usually the cause
-                parts.append(f"<div style='color:#c62828;font-weight:600'>{head}</div>{pre}{body}</pre>")
-            else:  # the others (often consequences: peers closing connections) folded
-                parts.append(
-                    f"<details><summary style='color:#c62828;cursor:pointer;display:list-item'>{head}</summary>{pre}{body}</pre></details>"
-                )
-        if self.info.get("log_dir"):
-            parts.append(
-                f"<div style='color:#616161'>full per-rank logs: <code>{esc(self.info['log_dir'])}</code></div>"
-            )
-        self.failure_box.value = (
-            "<div style='border-left:4px solid #c62828;padding-left:8px'>" + "".join(parts) + "</div>"
-        )
+        self.failure_box.value = failures_html(failed, first, self.info.get("log_dir"), final)
         self.failure_box.layout.display = None
-        if first is not None and self.logs is not None:
-            order = sorted(self.panes)
-            view = self.state.ranks.get(first)
-            # never open a pane to show "no output"
-            if first in order and view is not None and view.log_count:
-                self.logs.selected_index = order.index(first)
+        if first is not None and self.log_panes is not None:
+            self.log_panes.open(first, self.state.ranks)
 
     def _show_launch_problem(self, summary: str) -> None:
         """Why a launch without any failing rank ended badly (interrupt, hang), in the failure box."""
         if self.failure_box is None:
             return
         stacks = any(stream == "stacks" for v in self.state.ranks.values() for stream, _ in v.logs)
-        text = one_line(summary, limit=1000)  # the box wraps: a session's interrupt note is long and whole
-        if stacks:
-            # a sentence of its own ("...wo ." came of stripping the dots of a cut line before adding one)
-            text = (
-                text if text.endswith(("...", ".")) else text + "."
-            ) + " Each rank's Python stack is in its output pane."
-        self.failure_box.value = (
-            "<div style='border-left:4px solid #6d4c41;padding-left:8px;color:#6d4c41;font-weight:600'>"
-            f"{esc(text)}</div>"
-        )
+        self.failure_box.value = launch_problem_html(summary, stacks)
         self.failure_box.layout.display = None
 
     def _flush_locked(self, force: bool = False, now: float | None = None) -> None:
@@ -424,27 +372,9 @@ class WidgetReporter(ev.Reporter):
         self.aggregate.value = line
         self._shown_elapsed = self._elapsed_text()
         self.chart.update(self.state.history, now, force=force)
-        if force or now - self._last_pane_flush >= PANE_INTERVAL:
-            self._last_pane_flush = now
-            for r, pane in self.panes.items():
-                v = self.state.ranks.get(r)
-                count = v.log_count if v else 0
-                seen = (count, self._finished)  # an empty pane reads differently once the launch is over
-                if self._pane_seen.get(r) != seen:
-                    self._pane_seen[r] = seen
-                    pane.value = self._pane_html(r)
-                    if v is not None and count:
-                        titles = get_titles(self.logs)
-                        idx = sorted(self.panes).index(r)
-                        if idx < len(titles):
-                            titles[idx] = f"rank {r} output ({plural(count, 'line')})"
-                            set_titles(self.logs, titles)
+        self.log_panes.refresh(self.state.ranks, self._finished, now, force=force)
         # still dirty only if a log pane waits for its own (slower) refresh
-        self._dirty = any(
-            r in self.state.ranks
-            and self._pane_seen.get(r) != (self.state.ranks[r].log_count, self._finished)
-            for r in self.panes
-        )
+        self._dirty = self.log_panes.pending(self.state.ranks, self._finished)
         self._last_flush = now
         self.flushes += 1
 

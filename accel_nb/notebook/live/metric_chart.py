@@ -19,7 +19,7 @@ import math
 import time
 from typing import Any
 
-from ..launch.parent.metric_history import MetricHistory
+from ...launch.parent.metric_history import MetricHistory
 
 __all__ = ["MetricChart", "render_png"]
 
