@@ -36,7 +36,6 @@ _HOMES: dict[str, str] = {
         "is_transformer_engine_available is_wandb_available is_weights_only_available is_xccl_available "
         "is_xpu_available"
     ),
-    "accel_nb.big_model.device_map": "check_device_map infer_auto_device_map",
     "accel_nb.big_model.dispatch": "dispatch_model",
     "accel_nb.big_model.empty_init": "init_empty_weights",
     "accel_nb.big_model.layerwise_casting": "LayerwiseCastingHook SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
@@ -47,8 +46,10 @@ _HOMES: dict[str, str] = {
         "has_offloaded_params id_tensor_storage retie_parameters"
     ),
     "accel_nb.big_model.module_tensors": "find_tied_parameters named_module_tensors set_module_tensor_to_device",
+    "accel_nb.big_model.planning.device_map": "infer_auto_device_map",
+    "accel_nb.big_model.planning.map_checks": "check_device_map",
+    "accel_nb.big_model.planning.sizes": "CustomDtype get_balanced_memory",
     "accel_nb.big_model.quantization.config": "BnbQuantizationConfig",
-    "accel_nb.big_model.sizes": "CustomDtype get_balanced_memory",
     "accel_nb.big_model.weight_files": (
         "extract_submodules_state_dict load_offloaded_weight offload_state_dict offload_weight "
         "OffloadedWeightsLoader PrefixedDataset save_offload_index"

@@ -24,7 +24,7 @@ from accel_nb.big_model import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from accel_nb.big_model.device_map import device_for
+from accel_nb.big_model.planning.device_map import device_for
 from accel_nb.serialization import save_sharded_safetensors
 
 torch.set_num_threads(1)
@@ -222,7 +222,7 @@ def test_device_map_no_headroom_when_everything_fits_and_splits_when_allowed():
 def test_a_budget_too_small_for_one_block_maps_it_to_disk_and_says_why(caplog):
     m = _empty()
     sizes = compute_module_sizes(m)
-    with caplog.at_level("WARNING", logger="accel_nb.big_model.device_map"):
+    with caplog.at_level("WARNING", logger="accel_nb.big_model.planning.device_map"):
         dm = infer_auto_device_map(
             m, max_memory={"cpu": sizes["embed"] + sizes["scale"] + 10}, no_split_module_classes=["Block"]
         )

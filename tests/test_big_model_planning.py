@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from accel_nb.big_model import compute_module_sizes, dispatch_model, infer_auto_device_map, init_empty_weights
-from accel_nb.big_model.device_map import definition_order, device_for
-from accel_nb.big_model.sizes import tied_parameter_groups
+from accel_nb.big_model.planning.device_map import definition_order, device_for
+from accel_nb.big_model.planning.sizes import tied_parameter_groups
 
 transformers = pytest.importorskip("transformers")
 

@@ -234,7 +234,7 @@ def test_tied_weights_and_merged_entries_match_the_reference():
 
     from accelerate.utils import infer_auto_device_map as ref_infer
 
-    from accel_nb.big_model.reference_planning import merge_entries
+    from accel_nb.big_model.planning.reference_planning import merge_entries
     from accel_nb.utils.modeling import infer_auto_device_map
 
     model = nn.Sequential(OrderedDict((f"layer{i}", _ThreeLayers()) for i in (1, 2, 3)))
@@ -267,14 +267,14 @@ def test_a_budget_without_disk_maps_the_rest_to_disk_as_the_reference_does(caplo
         assert dict(ref_infer(model, {"cpu": 100})) == {"": "disk"}
     finally:
         logging.getLogger("accelerate").setLevel(level)
-    with caplog.at_level(logging.INFO, logger="accel_nb.big_model.device_map"):
+    with caplog.at_level(logging.INFO, logger="accel_nb.big_model.planning.device_map"):
         planned = infer_auto_device_map(model, {"cpu": 100})
     assert dict(planned) == {"": "disk"}
     messages = [r.getMessage() for r in caplog.records]
     assert any("insufficient memory" in m and "- cpu:" in m for m in messages), messages
     assert any("mapped to 'disk'" in m and "offload_folder=" in m for m in messages), messages
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="accel_nb.big_model.device_map"):
+    with caplog.at_level(logging.INFO, logger="accel_nb.big_model.planning.device_map"):
         budgeted = infer_auto_device_map(model, {"cpu": 100, "disk": 10**6})
     assert dict(budgeted) == {"": "disk"}
     assert not any("mapped to 'disk'" in r.getMessage() for r in caplog.records)  # a disk budget: asked for
@@ -333,8 +333,8 @@ def test_fallback_allocation_fills_the_gpu_the_first_layer_does_not_fit_like_the
 
     from accelerate.utils import infer_auto_device_map as ref_infer
 
-    from accel_nb.big_model.device_map import device_for
-    from accel_nb.big_model.sizes import compute_module_sizes
+    from accel_nb.big_model.planning.device_map import device_for
+    from accel_nb.big_model.planning.sizes import compute_module_sizes
     from accel_nb.utils.modeling import infer_auto_device_map
 
     with torch.device("meta"):

@@ -7,7 +7,10 @@ model = load_checkpoint_and_dispatch(model, "ckpt_dir", device_map="auto",
                                      no_split_module_classes=["Block"])
 """
 
-from .device_map import (
+from .dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch, remove_dispatch
+from .empty_init import init_empty_weights, init_on_device
+from .loading import CheckpointLoadError, LoadReport, load_checkpoint_in_model
+from .planning.device_map import (
     DeviceMap,
     DeviceMapError,
     DevicePlan,
@@ -15,10 +18,7 @@ from .device_map import (
     infer_auto_device_map,
     plan_device_map,
 )
-from .dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch, remove_dispatch
-from .empty_init import init_empty_weights, init_on_device
-from .loading import CheckpointLoadError, LoadReport, load_checkpoint_in_model
-from .sizes import compute_module_sizes, get_balanced_memory, get_max_memory, parse_memory
+from .planning.sizes import compute_module_sizes, get_balanced_memory, get_max_memory, parse_memory
 
 __all__ = [
     "CheckpointLoadError",

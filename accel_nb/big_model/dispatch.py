@@ -14,17 +14,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .device_map import (
+from .dispatch_hooks import attach_device_hook, remove_device_hooks
+from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit
+from .planning.device_map import (
     DeviceMapError,
     check_device_map,
     check_devices_exist,
     known_entries,
     resolve_device_map,
 )
-from .dispatch_hooks import attach_device_hook, remove_device_hooks
-from .offload import DEFAULT_NUM_BUFFERS, OffloadEngine, OffloadUnit
+from .planning.sizes import get_max_memory, normalize_device, torch_device
 from .rollback import restore, snapshot
-from .sizes import get_max_memory, normalize_device, torch_device
 from .units import DISK_INDEX, build_unit, move_tensor, save_for_disk
 from .units import hook_targets as _hook_targets
 from .units import is_container as _is_container

@@ -26,9 +26,9 @@ import torch
 from torch import nn
 
 from ..serialization import CheckpointError, CheckpointIndex, index_checkpoint, tensor_info
-from .device_map import check_device_map, check_devices_exist, device_for, known_entries
+from .planning.map_checks import check_device_map, check_devices_exist, device_for, known_entries
+from .planning.sizes import Device, as_dtype, normalize_device, torch_device
 from .rollback import restore, snapshot
-from .sizes import Device, as_dtype, normalize_device, torch_device
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 _DISK_INDEX = "_accel_nb_disk_index"

@@ -23,7 +23,7 @@ from torch import nn
 from .dispatch_hooks import DISPATCH_HOOK_ATTR
 from .model_hooks import AlignDevicesHook, iter_hooks
 from .module_tensors import named_module_tensors, set_module_tensor_to_device
-from .sizes import CustomDtype, check_tied_parameters_in_config, dtype_size, tied_parameter_groups
+from .planning.sizes import CustomDtype, check_tied_parameters_in_config, dtype_size, tied_parameter_groups
 
 __all__ = [
     "align_module_device",
@@ -148,7 +148,7 @@ def compute_module_total_buffer_size(
     model: nn.Module, dtype: str | torch.dtype | None = None, special_dtypes: Mapping[str, Any] | None = None
 ) -> int:
     """Bytes of all buffers of ``model`` (floating ones counted in ``dtype`` when given)."""
-    from .sizes import as_dtype, tensor_bytes
+    from .planning.sizes import as_dtype, tensor_bytes
 
     dtype = as_dtype(dtype)
     special = {k: as_dtype(v) for k, v in (special_dtypes or {}).items()}
@@ -339,7 +339,7 @@ def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_ma
     """Log a warning for each group of tied parameters that ``device_map`` splits over several devices."""
     import logging
 
-    from .device_map import device_for
+    from .planning.map_checks import device_for
 
     for group in tied_params:
         devices = {name: device_for(device_map, name) for name in group}
@@ -407,7 +407,7 @@ def get_state_dict_from_offload(
 
 def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
     """``(total bytes, (bytes of the largest layer, its names))``; layers split at ``model._no_split_modules``."""
-    from .sizes import compute_module_sizes
+    from .planning.sizes import compute_module_sizes
 
     sizes = compute_module_sizes(model)
     top = (

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .sizes import normalize_device, tied_parameter_groups, torch_device
+from .planning.sizes import normalize_device, tied_parameter_groups, torch_device
 
 __all__ = [
     "find_tied_parameters",
@@ -96,7 +96,7 @@ def set_module_tensor_to_device(
             )
             raise error
         if dtype is not None:
-            from .sizes import as_dtype
+            from .planning.sizes import as_dtype
 
             if value.is_floating_point():
                 value = value.to(as_dtype(dtype))

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .map_errors import DeviceMapError
 from .offload import OffloadUnit, TensorSlot
-from .sizes import is_no_split
+from .planning.map_errors import DeviceMapError
+from .planning.sizes import is_no_split
 
 DISK_INDEX = "_accel_nb_disk_index"  # set by load_checkpoint_in_model: {tensor name: (file, key)}
 

@@ -32,7 +32,7 @@ def _unit_of(nbytes: float) -> tuple[int, str]:
 
 
 def _order(device: Any) -> tuple[int, int]:
-    from ..big_model.sizes import device_order
+    from ..big_model.planning.sizes import device_order
 
     return device_order(device)
 
@@ -69,7 +69,7 @@ class DeviceMapView:
             self.quantization_config = getattr(model, "accel_nb_quantization", None)
         if model is not None and self.quantization_config is not None:
             self._storage = self._tensor_storage()
-        from ..big_model.sizes import get_max_memory
+        from ..big_model.planning.sizes import get_max_memory
 
         if max_memory is not None or (model is not None and self._fixed_map is None):
             self._budgets = dict(get_max_memory(max_memory, init_cuda=False))
@@ -79,8 +79,8 @@ class DeviceMapView:
     def _tensor_storage(self) -> dict[str, tuple[str, int, int]] | None:
         """Each tensor's dtype and bytes once quantized (and unquantized); None if the config does not apply."""
         # deferred: torch and the quantization code load only for a quantized view
+        from ..big_model.planning.sizes import as_dtype
         from ..big_model.quantization import QuantizationError, tensor_storage
-        from ..big_model.sizes import as_dtype
 
         try:
             return tensor_storage(self.model, self.quantization_config, as_dtype(self.dtype))
@@ -89,7 +89,7 @@ class DeviceMapView:
             return None
 
     def _recompute(self) -> None:
-        from ..big_model.device_map import plan_device_map
+        from ..big_model.planning.device_map import plan_device_map
 
         if self._fixed_map is not None or self.model is None:
             return
@@ -108,7 +108,7 @@ class DeviceMapView:
     def _plan_quantized(self) -> Any:
         """The plan load_and_quantize_model makes: each weight to quantize counted at its quantized size."""
         # deferred: torch and the quantization code load only for a quantized view
-        from ..big_model.device_map import plan_device_map
+        from ..big_model.planning.device_map import plan_device_map
         from ..big_model.quantization.layers import find_targets
         from ..big_model.quantization.sizes import (
             mark_quantized_sizes,
@@ -139,7 +139,7 @@ class DeviceMapView:
 
     def set_budget(self, device: Any, budget: int | str) -> dict[str, Any]:
         """Change one device's budget and recompute the map on the model; returns the new map."""
-        from ..big_model.sizes import normalize_device, parse_memory
+        from ..big_model.planning.sizes import normalize_device, parse_memory
 
         if self.model is None:
             raise ValueError("this view was made from a plain device map; pass the model to recompute it")
@@ -198,7 +198,7 @@ class DeviceMapView:
         if self.plan is not None:
             return self.plan.sizes
         if self.model is not None:
-            from ..big_model.sizes import compute_module_sizes
+            from ..big_model.planning.sizes import compute_module_sizes
 
             return compute_module_sizes(self.model, self.dtype)
         return {}

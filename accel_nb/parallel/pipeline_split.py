@@ -9,7 +9,7 @@ A split point names a module; its stage begins where that module is called (torc
 declare them), else the items of the model's stack of repeated blocks (an ``nn.ModuleList`` of one
 class), else the model's direct children. Among those cuts it picks the ones that make the largest
 stage as small as possible, counting each tensor's bytes once (tied weights once) with the same
-measure the big-model planner uses (``accel_nb.big_model.sizes``).
+measure the big-model planner uses (``accel_nb.big_model.planning.sizes``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from torch import nn
 
 from ..big_model.module_helpers import is_repeated_blocks
-from ..big_model.sizes import is_no_split, named_tensors, tensor_bytes
+from ..big_model.planning.sizes import is_no_split, named_tensors, tensor_bytes
 
 __all__ = ["candidate_split_points", "check_split_points", "plan_split_points", "stage_bytes"]
 

@@ -41,7 +41,7 @@ _EXPORTS = {
     **dict.fromkeys(["DeepSpeedPlugin"], "accel_nb.deepspeed"),
     **dict.fromkeys(["MegatronLMPlugin"], "accel_nb.megatron.plugin"),
     **dict.fromkeys(["TorchContextParallelConfig", "TorchTensorParallelConfig"], "accel_nb.parallel"),
-    **dict.fromkeys(["CustomDtype"], "accel_nb.big_model.sizes"),
+    **dict.fromkeys(["CustomDtype"], "accel_nb.big_model.planning.sizes"),
     "get_module_class_from_name": "accel_nb.big_model.module_helpers",
 }
 

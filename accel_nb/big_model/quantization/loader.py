@@ -23,16 +23,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..device_map import (
+from ..dispatch import dispatch_model
+from ..planning.device_map import (
     DeviceMapError,
     check_device_map,
     check_devices_exist,
     device_for,
     infer_auto_device_map,
 )
-from ..dispatch import dispatch_model
+from ..planning.sizes import Device, get_balanced_memory, normalize_device, torch_device
 from ..rollback import restore, snapshot
-from ..sizes import Device, get_balanced_memory, normalize_device, torch_device
 from . import prequantized
 from .backends import backend_for
 from .config import QuantizationConfig, QuantizationError

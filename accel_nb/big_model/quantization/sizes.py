@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..sizes import QUANTIZED_BYTES_ATTR, dtype_size, named_tensors
+from ..planning.sizes import QUANTIZED_BYTES_ATTR, dtype_size, named_tensors
 from .backends import backend_for
 from .config import QuantizationConfig
 from .layers import QuantTarget, find_targets, keeps_fp32

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from ..sizes import dtype_size
+from ..planning.sizes import dtype_size
 from .backends import QuantizationBackend, register
 from .config import QuantizationError, TorchAoQuantizationConfig
 from .layers import require

@@ -15,14 +15,10 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..byte_sizes import human_bytes
-from .offload import aligned_bytes
-from .sizes import Device, as_dtype, tensor_bytes
-from .units import offload_targets, tensor_slots
-
-
-def _dev_name(device: Device) -> str:
-    return f"GPU {device}" if isinstance(device, int) else str(device)
+from ...byte_sizes import human_bytes
+from ..offload import aligned_bytes
+from ..units import offload_targets, tensor_slots
+from .sizes import Device, as_dtype, device_name, tensor_bytes
 
 
 class EngineReservation:
@@ -67,7 +63,7 @@ class EngineReservation:
         kept = sum(resident.values())
         need = count * big + kept
         note = (
-            f"{_dev_name(exec_gpu)} runs the offloaded blocks and keeps {human_bytes(need)} free for the "
+            f"{device_name(exec_gpu)} runs the offloaded blocks and keeps {human_bytes(need)} free for the "
             f"offload engine: {count} device buffer(s) (num_buffers={self.num_buffers}) of "
             f"{human_bytes(big)}, the largest streamed block {big_name!r}"
             + (f", plus {human_bytes(kept)} of buffers of offloaded modules kept there" if kept else "")

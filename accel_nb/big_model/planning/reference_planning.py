@@ -1,4 +1,4 @@
-"""The reference planner's rules that accel_nb's planner follows (device_map.py): the room kept on the main
+"""The reference planner's rules that accel_nb's planner follows (greedy_planner.py): the room kept on the main
 devices, one entry per module whose entries share a device, and the notes on what did not fit.
 
     reserve = LayerReserve(model, ["GPT2Block"], sizes)
@@ -22,7 +22,9 @@ from .sizes import Device, is_no_split
 
 __all__ = ["LayerReserve", "log_what_did_not_fit", "main_devices", "merge_entries"]
 
-_LOG = logging.getLogger("accel_nb.big_model.device_map")  # the planner's logger: its notes are its own
+_LOG = logging.getLogger(
+    "accel_nb.big_model.planning.device_map"
+)  # the planner's logger: its notes are its own
 
 
 def main_devices(devices: Iterable[object]) -> list[object]:

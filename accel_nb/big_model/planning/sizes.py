@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..byte_sizes import parse_size
+from ...byte_sizes import parse_size
 
 Device = int | str
 
@@ -60,6 +60,11 @@ def device_order(device: Device) -> tuple[int, int]:
     if isinstance(device, int):
         return (0, device)
     return ({"cpu": 2, "disk": 3}.get(device, 1), 0)
+
+
+def device_name(device: Device) -> str:
+    """How messages name a device: 0 -> 'GPU 0', 'cpu' -> 'cpu'."""
+    return f"GPU {device}" if isinstance(device, int) else str(device)
 
 
 class CustomDtype(enum.Enum):
@@ -219,7 +224,7 @@ def get_max_memory(
         budgets: dict[Device, int] = {}
         if not init_cuda and not torch.cuda.is_initialized():
             # planning only (the device-map view): NVML totals, no CUDA context in this process
-            from ..hardware import gpu_info
+            from ...hardware import gpu_info
 
             for gpu in gpu_info():
                 budgets[gpu.index] = int(gpu.total_memory)
