@@ -564,7 +564,6 @@ MAX_MODULES = 15  # DESIGN.md: "a folder that passes ~15 modules is asking for s
 # modules allowed over MAX_LINES: path -> (cap, reason). Each is due for a split by responsibility.
 LINE_CAPS: dict[str, tuple[int, str]] = {
     "accel_nb/big_model/device_map.py": (620, "split pending: its compat work was under way (issue 40)"),
-    "accel_nb/notebook/progress_widget.py": (565, "split pending: the progress work was under way"),
 }
 
 # folders allowed over MAX_MODULES: folder -> (cap, reason)
@@ -588,14 +587,6 @@ FOLDER_CAPS: dict[str, tuple[int, str]] = {
         "reference_planning) and running (dispatch, dispatch_hooks, model_hooks, offload, units, "
         "layerwise_casting); tests and docs import these modules by path (accel_nb.big_model.device_map, "
         ".sizes, .model_hooks, ...), so the move updates them in one step, when device_map.py is not being edited",
-    ),
-    os.path.join(PACKAGE, "notebook"): (
-        18,
-        "sub-packages pending (issue 40): the live launch view (progress_widget, progress_html, metric_chart, "
-        "full_log, kernel_restart), the device map view (device_map_view, device_map_html) and the magics "
-        "(magics, magic_flags, session_magics, debug_magic); tests "
-        "import them by path (accel_nb.notebook.progress_widget 11 times), and the progress and wizard "
-        "modules were being edited",
     ),
 }
 
