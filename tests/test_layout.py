@@ -562,9 +562,7 @@ MAX_LINES = 500  # DESIGN.md: "a file that passes ~500 lines is asking to be spl
 MAX_MODULES = 15  # DESIGN.md: "a folder that passes ~15 modules is asking for sub-packages"
 
 # modules allowed over MAX_LINES: path -> (cap, reason). Each is due for a split by responsibility.
-LINE_CAPS: dict[str, tuple[int, str]] = {
-    "accel_nb/big_model/device_map.py": (620, "split pending: its compat work was under way (issue 40)"),
-}
+LINE_CAPS: dict[str, tuple[int, str]] = {}
 
 # folders allowed over MAX_MODULES: folder -> (cap, reason)
 FOLDER_CAPS: dict[str, tuple[int, str]] = {
@@ -580,13 +578,6 @@ FOLDER_CAPS: dict[str, tuple[int, str]] = {
         "accel_nb/utils mirrors the reference's accelerate.utils module paths (utils.operations, "
         "utils.modeling, utils.dataclasses, ...): shims code written for the reference imports; a sub-package "
         "would change those paths",
-    ),
-    os.path.join(PACKAGE, "big_model"): (
-        18,
-        "sub-packages pending (issue 40): the families are planning (device_map, sizes, headroom, map_errors, "
-        "reference_planning) and running (dispatch, dispatch_hooks, model_hooks, offload, units, "
-        "layerwise_casting); tests and docs import these modules by path (accel_nb.big_model.device_map, "
-        ".sizes, .model_hooks, ...), so the move updates them in one step, when device_map.py is not being edited",
     ),
 }
 
