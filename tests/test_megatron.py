@@ -375,6 +375,13 @@ def test_a_megatron_lm_config_becomes_the_reference_environment_and_flags():
     assert env["ACCELERATE_USE_MEGATRON_LM"] == "true"
     assert (env["MEGATRON_LM_TP_DEGREE"], env["MEGATRON_LM_NUM_MICRO_BATCHES"]) == ("2", "4")
     assert env["MEGATRON_LM_EOD_MASK_LOSS"] == "true"
+    # %%accelerate reads the saved config too: its ranks get the same Megatron-LM settings
+    from accel_nb.notebook.magic_flags import launch_options, parse_accelerate_line
+
+    magic_env = launch_options(parse_accelerate_line("-n 4"), cfg).env
+    assert {k: v for k, v in magic_env.items() if "MEGATRON" in k} == {
+        k: v for k, v in env.items() if "MEGATRON" in k
+    }
     flags = MegatronBackend.launch_flags(cfg)
     assert flags[0] == "--use_megatron_lm" and flags[flags.index("--megatron_lm_tp_degree") + 1] == "2"
     assert (

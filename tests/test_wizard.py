@@ -396,6 +396,8 @@ def test_wizard_writes_the_megatron_lm_config_accel_nb_config_writes(tmp_path, m
     text = w.commands_text
     assert "--use_megatron_lm --megatron_lm_tp_degree 2" in text and "--megatron_lm_pp_degree 2" in text
     assert "megatron_lm_plugin=MegatronLMPlugin(tp_degree=2, sequence_parallelism=False, pp_degree=2" in text
+    # %%accelerate reads the saved megatron_lm_config (magic_flags.launch_options): the cell line needs the file
+    assert "# a notebook cell (Megatron-LM's settings come from the saved config: Save first)" in text
     assert w.save() == str(path)
     # `accel-nb config` given the same answers on the same machine writes the same file
     prompts = {q.key: q.cli_prompt() for q in QUESTIONS}

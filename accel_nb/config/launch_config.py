@@ -388,7 +388,7 @@ class LaunchConfig:
         env.update(self.fsdp_env())
         env.update(self.deepspeed_env())
         env.update(self.parallelism_env())
-        env.update(backend_named("megatron").launch_env(self))  # MEGATRON_LM: MEGATRON_LM_*
+        env.update(self.megatron_env())
         # FP8: the config's fp8_config as ACCELERATE_FP8_* (accel_nb.precision.fp8_recipes); {} without fp8
         try:
             env.update(fp8_launch_env(self.mixed_precision, self.extras.get("fp8_config")))
@@ -420,6 +420,11 @@ class LaunchConfig:
         LaunchConfig(distributed_type="DEEPSPEED", use_cpu=True).deepspeed_env()["ACCEL_NB_DEEPSPEED_CONFIG"]   # '{}'
         """
         return backend_named("deepspeed").launch_env(self)
+
+    def megatron_env(self) -> dict[str, str]:
+        """With ``distributed_type: MEGATRON_LM``, ``ACCELERATE_USE_MEGATRON_LM`` and ``MEGATRON_LM_*`` (the
+        reference's variables) from ``megatron_lm_config``, which each rank's Accelerator reads."""
+        return backend_named("megatron").launch_env(self)
 
     def fsdp_env(self) -> dict[str, str]:
         """With ``distributed_type: FSDP``, the ``fsdp_config`` each rank's Accelerator reads (as JSON).

@@ -144,8 +144,10 @@ def launch_options(args: argparse.Namespace, cfg: Any, label: str = "%%accelerat
         if cfg.distributed_type == "XLA" and not args.cpu:
             xla, cpu = True, False
     env: dict[str, str] = {}
-    if cfg is not None:  # dynamo_config, fsdp_config, deepspeed_config, parallelism_config
-        env = {**cfg.compile_env(), **cfg.fsdp_env(), **cfg.deepspeed_env()}
+    if (
+        cfg is not None
+    ):  # dynamo_config, fsdp_config, deepspeed_config, megatron_lm_config, parallelism_config
+        env = {**cfg.compile_env(), **cfg.fsdp_env(), **cfg.deepspeed_env(), **cfg.megatron_env()}
         env.update(layout_env(cfg, num_processes, cpu, xla, getattr(args, "num_nodes", None), label))
     return LaunchOptions(
         num_processes=num_processes,

@@ -141,8 +141,7 @@ def launches_text(cfg: LaunchConfig) -> str:
     saved = {
         "DEEPSPEED": " (DeepSpeed's settings come from the saved config: Save first)",
         "FSDP": " (FSDP's settings come from the saved config: Save first)",
-        # %%accelerate passes no megatron_lm_config on: the cell builds the plugin
-        "MEGATRON_LM": " (Megatron-LM: Accelerator(megatron_lm_plugin=...) in the cell, as below)",
+        "MEGATRON_LM": " (Megatron-LM's settings come from the saved config: Save first)",
     }.get(cfg.distributed_type, "")
     if cfg.extras.get("parallelism_config"):  # %%accelerate reads the layout from the saved file too
         saved = {
