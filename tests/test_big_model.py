@@ -345,19 +345,36 @@ def test_device_map_leaving_modules_unassigned(stack_ckpt):
         dispatch_model(_reference(), {"": "cpu", "blocks.77": "cpu"})  # ignored, as by the reference
 
 
-def test_pickle_only_when_opted_in(tmp_path):
+class _RunsCode:
+    """A pickled object whose loading would call os.system: what torch's weights-only unpickler refuses."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pickle_is_read_with_torchs_weights_only_unpickler(tmp_path):
+    # the reference's way: torch.load(weights_only=True) builds tensors and plain containers only
     ref = _reference(seed=4)
     path = str(tmp_path / "pytorch_model.bin")
     torch.save(ref.state_dict(), path)
-    with pytest.raises(CheckpointLoadError, match="allow_pickle=True"):
-        load_checkpoint_in_model(_empty(), path)
     m = _empty()
-    load_checkpoint_in_model(m, str(tmp_path), allow_pickle=True)
+    load_checkpoint_in_model(m, path)
     assert torch.equal(m.blocks[3].fc2.weight, ref.blocks[3].fc2.weight)
-    # a pickle with code in it is refused by weights_only=True
-    torch.save({"embed.weight": torch.zeros(1), "x": Block(2)}, str(tmp_path / "evil.pt"))
+    m = _empty()
+    load_checkpoint_in_model(m, str(tmp_path))  # the folder that holds it
+    assert torch.equal(m.blocks[3].fc2.weight, ref.blocks[3].fc2.weight)
+    # allow_pickle=False: safetensors only, said before anything is read
+    with pytest.raises(CheckpointLoadError, match="allow_pickle=False refuses pickle files"):
+        load_checkpoint_in_model(_empty(), path, allow_pickle=False)
+    # a pickle whose loading would run code is refused, and the code does not run
+    marker = tmp_path / "ran"
+    torch.save({"embed.weight": torch.zeros(1), "x": _RunsCode(str(marker))}, str(tmp_path / "evil.pt"))
     with pytest.raises(CheckpointLoadError, match="weights_only=True"):
-        load_checkpoint_in_model(_empty(), str(tmp_path / "evil.pt"), allow_pickle=True)
+        load_checkpoint_in_model(_empty(), str(tmp_path / "evil.pt"))
+    assert not marker.exists()
 
 
 def test_pickle_to_disk_offload(tmp_path):
@@ -570,10 +587,10 @@ def test_sharded_pickle_checkpoint_with_index(tmp_path):
     index = [f for f in os.listdir(tmp_path) if f.endswith(".bin.index.json")]
     assert len(index) == 1 and len(os.listdir(tmp_path)) > 3
     for target in (str(tmp_path), str(tmp_path / index[0])):
-        with pytest.raises(CheckpointLoadError, match="allow_pickle=True"):
-            load_checkpoint_in_model(_empty(), target)
+        with pytest.raises(CheckpointLoadError, match="allow_pickle=False"):
+            load_checkpoint_in_model(_empty(), target, allow_pickle=False)
         m = _empty()
-        load_checkpoint_in_model(m, target, allow_pickle=True)
+        load_checkpoint_in_model(m, target)
         assert torch.equal(m.blocks[5].fc2.bias, ref.blocks[5].fc2.bias) and m.head.weight is m.embed.weight
 
 

@@ -571,6 +571,6 @@ def test_the_differences_a_call_shows_are_noted_where_they_are(tmp_path):
     assert has(7, 41, "note", "`Accelerator.device`")  # compared with "cpu:0"
     assert has(9, 24, "note", "A checkpoint is one folder, the main process's")
     assert has(10, 24, "error", "raises CheckpointError", "same folder on every rank")
-    assert has(11, 41, "note", "safe_serialization=False", "allow_pickle=True")
+    assert not any(f[0] == 11 for f in found)  # pickle files load back as in the reference (weights_only)
     assert has(12, 28, "note", "cp_comm_strategy='alltoall'", "allgather")
     assert [f for f in found if f[2] == "error"] == [f for f in found if f[0] == 10 and f[2] == "error"]

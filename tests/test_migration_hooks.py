@@ -254,14 +254,16 @@ def test_load_state_dict_reads_safetensors_like_the_reference(tmp_path, device_m
     assert all(torch.equal(ours[k], theirs[k]) for k in state)
 
 
-def test_load_state_dict_of_a_pickle_needs_allow_pickle(tmp_path):
+def test_load_state_dict_of_a_pickle_reads_it_as_the_reference_does(tmp_path):
     from accel_nb.utils import load_state_dict
 
     path = str(tmp_path / "pytorch_model.bin")
     torch.save(Net().state_dict(), path)
-    with pytest.raises(ValueError, match="allow_pickle=True"):
-        load_state_dict(path)
-    assert torch.equal(load_state_dict(path, allow_pickle=True)["a.weight"], Net().a.weight)
+    ours = load_state_dict(path)
+    theirs = _utils("accelerate").load_state_dict(path)
+    assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    with pytest.raises(ValueError, match="allow_pickle=False refuses pickle files"):
+        load_state_dict(path, allow_pickle=False)
 
 
 @pytest.mark.parametrize("whole_model", [False, True])

@@ -360,7 +360,7 @@ def load_checkpoint_and_dispatch(
     skip_keys: str | list[str] | None = None,
     strict: bool = False,
     *,
-    allow_pickle: bool = False,
+    allow_pickle: bool = True,
 ) -> nn.Module:
     """Plan a device map, load the checkpoint straight onto it, and dispatch the model.
 

@@ -7,8 +7,11 @@ Safetensors files are memory-mapped and read one shard at a time; each tensor is
 target device and dtype, so loading never holds a second full copy of the checkpoint in RAM.
 Tensors mapped to ``"disk"`` are not read at all: the offload engine reads them from the
 checkpoint file later (or from ``offload_folder`` when they need converting or come from pickle).
-Pickle checkpoints (``.bin``/``.pt``/``.pth``) are read only with ``allow_pickle=True``, through
-``torch.load(weights_only=True)``.
+Pickle checkpoints (``.bin``/``.pt``/``.pth``) are read as the reference reads them, through
+``torch.load(weights_only=True)``: torch's restricted unpickler, which builds tensors and plain
+containers and refuses any other object (so no code in the file runs). ``allow_pickle=False`` refuses
+them (a service that must read safetensors only); ``weights_only=False`` is the full pickle, for files
+you trust.
 """
 
 from __future__ import annotations
@@ -147,9 +150,9 @@ def _open_source(checkpoint: str, allow_pickle: bool, weights_only: bool) -> tup
         ), {}
     if not allow_pickle:
         raise CheckpointLoadError(
-            f"{checkpoint} is a pickle checkpoint ({', '.join(os.path.basename(p) for p in pickles[:3])}); pickle can "
-            "run code when loaded, so accel_nb reads it only when you opt in: pass allow_pickle=True (it is then "
-            "read with torch.load(weights_only=True)), or convert it to safetensors"
+            f"{checkpoint} is a pickle checkpoint ({', '.join(os.path.basename(p) for p in pickles[:3])}) and "
+            "allow_pickle=False refuses pickle files; convert it to safetensors, or drop allow_pickle=False (it "
+            "is then read with torch.load(weights_only=True), which builds tensors only)"
         )
     loaded: dict[str, dict] = {}
     src = _Source(pickles, {}, {}, {}, {}, {}, False)
@@ -403,7 +406,7 @@ def load_checkpoint_in_model(
     keep_in_fp32_modules: Iterable[str] | None = None,
     strict: bool = False,
     *,
-    allow_pickle: bool = False,
+    allow_pickle: bool = True,
     weights_only: bool = True,
 ) -> LoadReport:
     """Load a checkpoint (file, shard folder with index, or index file) into ``model``.
@@ -418,7 +421,9 @@ def load_checkpoint_in_model(
     part-way, the model is put back as it was: tensors of a model that already has weights are
     filled in place only once every shard has been read (the new values are held until then:
     memory-mapped on the CPU, a second copy on a GPU). ``offload_state_dict`` is accepted for
-    compatibility: shards are read one at a time anyway.
+    compatibility: shards are read one at a time anyway. Pickle files are read with
+    ``torch.load(weights_only=weights_only)`` (torch's restricted unpickler unless ``weights_only=False``);
+    ``allow_pickle=False`` refuses them.
     """
     del offload_state_dict
     return load_checkpoint_tensors(

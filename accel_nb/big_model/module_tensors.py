@@ -176,13 +176,14 @@ def load_state_dict(
     checkpoint_file: str | os.PathLike,
     device_map: Mapping[str, Any] | None = None,
     *,
-    allow_pickle: bool = False,
+    allow_pickle: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Read one weights file (safetensors, or with ``allow_pickle=True`` a torch pickle) into a dict.
+    """Read one weights file (safetensors, or a torch pickle) into a dict.
 
     With ``device_map`` each tensor goes to the device of the module that holds it ('disk' means
-    CPU here). Pickle files run code when read, so they need ``allow_pickle=True`` and are read
-    with ``torch.load(weights_only=True)``.
+    CPU here). Pickle files are read as the reference reads them, with ``torch.load(weights_only=True)``
+    (torch's restricted unpickler: tensors and plain containers, no other object);
+    ``allow_pickle=False`` refuses them.
 
         state = load_state_dict("model.safetensors", device_map={"": "cpu"})
     """
@@ -196,13 +197,13 @@ def load_state_dict(
     elif path.endswith(_PICKLE_SUFFIXES):
         if not allow_pickle:
             raise ValueError(
-                f"{path} is a pickle file; pickle can run code when loaded, so pass allow_pickle=True to read it "
-                "(with torch.load(weights_only=True)), or convert it to safetensors"
+                f"{path} is a pickle file and allow_pickle=False refuses pickle files; convert it to "
+                "safetensors, or drop allow_pickle=False (it is then read with torch.load(weights_only=True))"
             )
         state = torch.load(path, map_location="cpu", weights_only=True)
     else:
         raise ValueError(
-            f"{path}: unknown weights format; use a .safetensors file (or .bin/.pt with allow_pickle=True)"
+            f"{path}: unknown weights format; use a .safetensors file (or a .bin/.pt/.pth torch pickle)"
         )
     if device_map is None:
         return state

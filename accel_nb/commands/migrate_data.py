@@ -179,14 +179,6 @@ class Difference:
 
 
 DIFFERENCES: tuple[Difference, ...] = (
-    *(
-        Difference(
-            n,
-            "pickle checkpoints (.bin, .pt) load only with allow_pickle=True (safetensors need nothing)",
-            "Pickle checkpoints need `allow_pickle=True`",
-        )
-        for n in ("load_checkpoint_in_model", "load_checkpoint_and_dispatch", "load_state_dict")
-    ),
     Difference(
         "infer_auto_device_map",
         "accel_nb's planner may place modules differently from the reference's (map.plan.explain() says why)",
@@ -386,15 +378,6 @@ KEYWORD_RULES: tuple[KeywordRule, ...] = (
         "note",
         "torch.compile goes inside the DDP wrapper here, and a compiler failure at the first call warns and "
         "runs eagerly (docs/migration.md: torch.compile goes inside the DDP wrapper)",
-    ),
-    KeywordRule(
-        "Accelerator.save_model",
-        "safe_serialization",
-        _literal(False),
-        "note",
-        "the pickle files it writes load back only with allow_pickle=True "
-        "(docs/migration.md: Pickle checkpoints need `allow_pickle=True`)",
-        position=3,
     ),
     KeywordRule(
         "TorchContextParallelConfig",
