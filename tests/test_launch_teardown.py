@@ -141,3 +141,73 @@ def _late_subgroup_as_nccl():
 
 def test_rank_zero_outlives_a_peer_still_forming_a_group_without_a_gloo_barrier():
     assert debug_launcher(_late_subgroup_as_nccl) == [0, 1]
+
+
+_DIES_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, time
+    from accel_nb import debug_launcher
+    from accel_nb.launch.errors import LaunchError
+    from accel_nb.launch.parent.reporting import ListReporter
+
+    def fails():
+        raise ValueError("boom")
+
+    try:
+        debug_launcher(fails, reporter=ListReporter())
+    except LaunchError as err:
+        print("KEPT", err.log_dir, flush=True)
+    if sys.argv[1] == "die":
+        os._exit(0)  # as a kernel killed by its manager: no atexit, the named folder stays
+    sys.stdin.read()  # "live": holds its folder until the test closes stdin
+    """
+)
+
+
+def test_a_folder_a_killed_process_left_is_removed_by_the_next_launch_of_any_process(tmp_path):
+    from accel_nb.launch.parent import log_dirs
+
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=ROOT)
+
+    def kept_folder(proc_out: str) -> str:
+        return next(line.split(" ", 1)[1] for line in proc_out.splitlines() if line.startswith("KEPT "))
+
+    dead = subprocess.run(
+        [sys.executable, "-c", _DIES_SCRIPT, "die"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert dead.returncode == 0, dead.stderr[-3000:]
+    orphan = kept_folder(dead.stdout)
+    assert os.path.isfile(os.path.join(orphan, "rank0.log"))  # left behind by the process that died
+    live = subprocess.Popen(
+        [sys.executable, "-c", _DIES_SCRIPT, "live"],
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = ""
+        while not line.startswith("KEPT "):
+            line = live.stdout.readline()
+            assert line, "the live process ended before its launch failed"
+        held = kept_folder(line)  # its launch swept the orphan as it started
+        assert not os.path.exists(orphan)
+        older = tmp_path / "accel_nb-launch-olderrelease"  # no owner file: not ours to judge
+        older.mkdir()
+        old_tempdir = log_dirs.tempfile.tempdir
+        log_dirs.tempfile.tempdir = str(tmp_path)
+        try:
+            assert log_dirs.sweep_orphans("accel_nb-launch-") == []  # the live process still holds its folder
+            assert os.path.isdir(held) and older.is_dir()
+        finally:
+            log_dirs.tempfile.tempdir = old_tempdir
+    finally:
+        live.stdin.close()  # the live process ends normally: its atexit removes its folder
+        assert live.wait(timeout=600) == 0
+    assert not os.path.exists(held) and older.is_dir()

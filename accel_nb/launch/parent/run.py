@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +20,7 @@ from ..errors import LaunchError, LaunchInterrupted
 from ..payload import PayloadCheck, check_picklable, notebook_sources
 from ..plan import LaunchPlan
 from .hang_blame import collective_of, user_line
+from .log_dirs import keep_log_dir, make_log_dir, remove_log_dir
 from .start import RankProcess
 from .supervisor import Supervisor, hang_headline
 
@@ -96,7 +95,7 @@ def run_launch(
             "survive a fork); start_method='spawn' gives it all cores"
         )
     plan.launcher.prepare(plan, say)  # a job of several machines waits for every machine here
-    log_dir = tempfile.mkdtemp(prefix="accel_nb-launch-")
+    log_dir = make_log_dir("accel_nb-launch-")  # also removes those that killed processes left
     details = {
         "log_dir": log_dir,
         "start_method": plan.start_method,
@@ -141,9 +140,11 @@ def run_launch(
         return [outcome.results[r] for r in range(plan.num_processes)]
     finally:
         plan.launcher.release(plan, ok)
-        if not keep_logs:
+        if keep_logs:
+            keep_log_dir(log_dir)  # ACCEL_NB_KEEP_LOGS: for good, never swept
+        else:
             if ok and not outcome.dropped_output:
-                shutil.rmtree(log_dir, ignore_errors=True)
+                remove_log_dir(log_dir)
             else:
                 # a LaunchError or a "dropped lines" note names this folder: kept until the next
                 # launch starts or this process ends, never longer
@@ -169,7 +170,7 @@ def _remove_kept_logs() -> None:
     while _kept_log_dir:
         pid, folder = _kept_log_dir.pop()
         if pid == os.getpid():
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_log_dir(folder)
 
 
 def start_reporter(reporter: Any, num_processes: int, details: dict[str, Any]) -> Reporter:

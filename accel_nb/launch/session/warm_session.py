@@ -19,9 +19,7 @@ import dataclasses
 import os
 import secrets
 import select
-import shutil
 import socket
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from ...events import Failure, Heartbeat, Phase, Reporter, Result, Role
 from .. import cuda_guard, preimport
 from ..errors import LaunchError, LaunchSetupError, UserFramesOnly
 from ..options import LaunchOptions
+from ..parent.log_dirs import keep_log_dir, make_log_dir, remove_log_dir
 from ..parent.reporting import ListReporter, TextReporter
 from ..parent.run import finish_reporter, start_reporter
 from ..parent.start import RankProcess
@@ -139,7 +138,7 @@ class WarmSession(PostMortemVerb, SessionHealth):
             raise LaunchSetupError(problem)
         self.plan, self.broken, self.group_broken, self.cell = plan, None, None, 0
         self.stale, self.rebound, self.roles = {}, {}, {}
-        self.log_dir = tempfile.mkdtemp(prefix="accel_nb-session-")
+        self.log_dir = make_log_dir("accel_nb-session-")  # also removes those that killed kernels left
         address = os.path.join(self.log_dir, "session.sock")
         token = secrets.token_hex(16)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -215,8 +214,11 @@ class WarmSession(PostMortemVerb, SessionHealth):
         keep = self.options.keep_logs
         if keep is None:
             keep = os.environ.get(ENV_KEEP_LOGS, "") not in ("", "0")
-        if self.log_dir and not keep and not self.broken:
-            shutil.rmtree(self.log_dir, ignore_errors=True)
+        if self.log_dir and keep:
+            keep_log_dir(self.log_dir)  # for good, never swept
+        elif self.log_dir and not self.broken:
+            remove_log_dir(self.log_dir)
+        # a broken session's logs (its error names them) stay while this process lives
 
     def restart(self) -> WarmSession:
         """Stop and start again with the same options (fresh namespaces, a fresh process group)."""
