@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import json
+import os
 
 import pytest
 import torch
@@ -264,6 +266,40 @@ def test_load_state_dict_of_a_pickle_reads_it_as_the_reference_does(tmp_path):
     assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
     with pytest.raises(ValueError, match="allow_pickle=False refuses pickle files"):
         load_state_dict(path, allow_pickle=False)
+
+
+def _pickle_shards(folder) -> None:
+    """The reference's own sharded pickle layout: one .bin per module and a bare {name: file} index."""
+    state = Net().state_dict()
+    files = {"a": "part1.bin", "b": "part2.bin", "scale": "part2.bin"}
+    index = {name: files[name.split(".")[0]] for name in state}
+    with open(os.path.join(folder, "weight_map.index.json"), "w") as f:
+        json.dump(index, f)
+    for fname in set(files.values()):
+        torch.save({k: v for k, v in state.items() if index[k] == fname}, os.path.join(folder, fname))
+
+
+def test_load_checkpoint_in_model_of_pickle_shards_and_unexpected_keys_as_the_reference(tmp_path, caplog):
+    _pickle_shards(tmp_path)
+    want = Net().state_dict()
+    for library in ("accel_nb", "accelerate"):
+        for target in (str(tmp_path / "weight_map.index.json"), str(tmp_path)):  # the index, or its folder
+            model = Net()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.zero_()
+            _utils(library).load_checkpoint_in_model(model, target)
+            assert all(torch.equal(model.state_dict()[k], v) for k, v in want.items()), (library, target)
+    # a tensor the model does not have: both log the same words (test suites match on them), strict raises
+    extra = str(tmp_path / "extra.pt")
+    torch.save(dict(want, foo=torch.zeros(2)), extra)
+    for library in ("accel_nb", "accelerate"):
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            _utils(library).load_checkpoint_in_model(Net(), extra)
+        assert "were not used when initializing Net" in caplog.text and "foo" in caplog.text, library
+        with pytest.raises((ValueError, RuntimeError)):
+            _utils(library).load_checkpoint_in_model(Net(), extra, strict=True)
 
 
 @pytest.mark.parametrize("whole_model", [False, True])

@@ -17,6 +17,7 @@ you trust.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import warnings
@@ -34,6 +35,7 @@ from .planning.sizes import Device, as_dtype, normalize_device, torch_device
 from .rollback import restore, snapshot
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+_LOG = logging.getLogger(__name__)
 _DISK_INDEX = "_accel_nb_disk_index"
 
 
@@ -107,8 +109,13 @@ def _pickle_index(index_file: str) -> list[str]:
     folder = os.path.dirname(index_file)
     try:
         with open(index_file, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-    except (OSError, ValueError, KeyError) as exc:
+            index = json.load(f)
+        # {"weight_map": {name: file}, ...} as transformers writes it, or the bare mapping (the reference
+        # reads both)
+        weight_map = index["weight_map"] if "weight_map" in index else index
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError("not a mapping of tensor names to shard files")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointLoadError(
             f"{index_file} is not a valid checkpoint index ({exc}); re-save the checkpoint"
         ) from None
@@ -124,8 +131,8 @@ def _pickle_files(checkpoint: str) -> list[str] | None:
         entries = sorted(os.listdir(checkpoint))
         if any(e.endswith(".safetensors") or e.endswith(".safetensors.index.json") for e in entries):
             return None
-        idx = [e for e in entries if e.endswith(".bin.index.json")]
-        if idx:
+        idx = [e for e in entries if e.endswith(".index.json")]  # no safetensors: an index of pickle shards
+        if len(idx) == 1:
             return _pickle_index(os.path.join(checkpoint, idx[0]))
         pickles = [e for e in entries if e.endswith(_PICKLE_SUFFIXES)]
         if len(pickles) == 1:
@@ -236,8 +243,11 @@ def _check_tensors(
         )
 
 
-def _check_keys(checkpoint: str, targets: dict[str, _Target], match: _Match, strict: bool) -> None:
-    """Missing weights of an empty model always raise; the rest raise with strict=True, else warn."""
+def _check_keys(
+    checkpoint: str, targets: dict[str, _Target], match: _Match, strict: bool, model_name: str
+) -> None:
+    """Missing weights of an empty model always raise; the rest raise with strict=True, else: unexpected
+    keys are logged in the reference's words (code matches on them), missing keys are warned."""
     missing, unexpected = match.missing, match.unexpected
     empty_missing = [n for n in missing if targets[n].tensor.device.type == "meta"]
     if missing and (strict or empty_missing):
@@ -251,10 +261,16 @@ def _check_keys(checkpoint: str, targets: dict[str, _Target], match: _Match, str
             f"checkpoint {checkpoint} has {len(unexpected)} tensor(s) the model does not have: {_listing(unexpected)}. "
             "Pass strict=False to ignore them, or build the model that matches the checkpoint"
         )
-    if missing or unexpected:
+    if unexpected:
+        _LOG.warning(
+            f"Some weights of the model checkpoint at {checkpoint} were not used when initializing "
+            f"{model_name}: {_listing(unexpected)}. They are left out (report.unexpected_keys); if they belong "
+            "to the model, build the model that matches the checkpoint (strict=True makes this an error)"
+        )
+    if missing:
         warnings.warn(
-            f"load_checkpoint_in_model: missing keys: {_listing(missing) or 'none'}; "
-            f"unexpected keys: {_listing(unexpected) or 'none'}",
+            f"load_checkpoint_in_model: missing keys: {_listing(missing)} (report.missing_keys); they keep "
+            "the model's current values",
             stacklevel=4,
         )
 
@@ -461,7 +477,7 @@ def load_checkpoint_tensors(
     targets, non_persistent = _model_targets(model)
     match = _match_names(targets, non_persistent, source)
     _check_tensors(model, checkpoint, source, targets, match)
-    _check_keys(checkpoint, targets, match, strict)
+    _check_keys(checkpoint, targets, match, strict, type(model).__name__)
     reader = _Reader(
         source,
         pickled,
