@@ -1,7 +1,7 @@
 """Megatron-LM through megatron-core on real gloo ranks on CPU (issue 43), with the test-only CUDA stand-ins of
 tests/megatron_standins.py installed in each rank (never in accel_nb): TP=2, PP=2 and DP=2 give the losses and
 weights of one process over several steps, a Llama built from a small config splits its SwiGLU and grouped
-attention exactly, save_state/load_state resume exactly in a new launch, and the refusals name their cause."""
+attention exactly, the reference's BERT (binary head on and off) and T5 kinds give one process's losses with TP=2, save_state/load_state resume exactly in a new launch, and the refusals name their cause."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ pytest.importorskip("megatron.core")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)
     import megatron.core.distributed  # noqa: F401
+    import megatron.core.models.bert.bert_model  # noqa: F401
     import megatron.core.models.gpt  # noqa: F401
+    import megatron.core.models.T5.t5_model  # noqa: F401
     import megatron.core.optimizer  # noqa: F401
     import megatron.core.pipeline_parallel  # noqa: F401
     import transformers
@@ -30,6 +32,24 @@ VOCAB, SEQ = 100, 16
 
 
 def _hf_model(kind: str):
+    if kind.startswith(
+        "bert"
+    ):  # the reference's BERT kind: a Megatron-BERT masked LM (binary head: num_labels 2)
+        cfg = transformers.MegatronBertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=48,
+            max_position_embeddings=SEQ,
+            num_labels=1 if kind == "bert-no-head" else 2,
+        )
+        return transformers.MegatronBertForMaskedLM(cfg)
+    if kind == "t5":
+        cfg = transformers.T5Config(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4, n_positions=SEQ
+        )
+        return transformers.T5ForConditionalGeneration(cfg)
     if kind == "gpt2":
         cfg = transformers.GPT2Config(
             n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=SEQ, eos_token_id=0
@@ -48,9 +68,25 @@ def _hf_model(kind: str):
     return transformers.LlamaForCausalLM(cfg)
 
 
-def _data(n: int = 64) -> list[dict[str, torch.Tensor]]:
+def _data(n: int = 64, kind: str = "gpt2") -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    return [{"input_ids": torch.randint(0, VOCAB, (SEQ,), generator=g)} for _ in range(n)]
+    samples = [{"input_ids": torch.randint(0, VOCAB, (SEQ,), generator=g)} for _ in range(n)]
+    for sample in samples:
+        ids = sample["input_ids"]
+        if kind.startswith("bert"):  # a quarter of the positions predicted, padding at the end, two segments
+            labels = torch.where(torch.rand(SEQ, generator=g) < 0.25, ids, -100)
+            sample["attention_mask"] = (
+                torch.arange(SEQ) < SEQ - int(torch.randint(0, 4, (), generator=g))
+            ).long()
+            sample["token_type_ids"] = (torch.arange(SEQ) >= SEQ // 2).long()
+            sample["labels"] = labels
+            sample["next_sentence_label"] = torch.randint(0, 2, (), generator=g)
+        elif kind == "t5":  # 12 target tokens, the last two not counted
+            sample["attention_mask"] = (torch.arange(SEQ) < SEQ - 3).long()
+            sample["labels"] = torch.where(
+                torch.arange(12) < 10, torch.randint(0, VOCAB, (12,), generator=g), -100
+            )
+    return samples
 
 
 def _start_weights(names_shapes: dict[str, tuple]) -> dict[str, torch.Tensor]:
@@ -78,7 +114,7 @@ def _prepare(kind, tp, pp, micro_batches, batch_size, scheduler=False, lr=1e-2, 
 
     model = _hf_model(kind)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    loader = torch.utils.data.DataLoader(_data(), batch_size=batch_size)
+    loader = torch.utils.data.DataLoader(_data(kind=kind), batch_size=batch_size)
     objects = [model, opt, loader]
     if scheduler:
         objects.append(MegatronLMDummyScheduler(opt, total_num_steps=20, warmup_num_steps=2))
@@ -142,11 +178,14 @@ def _launch(fn, args, n, cpu=True):
 def _comparable(name, value):
     """The key rows of GPT-2's qkv bias are left out: a bias added to every key shifts each query's scores by a
     constant, which softmax ignores, so its gradient is 0 up to rounding and Adam turns that rounding into
-    lr-sized steps that differ between layouts. (Megatron's layout: per head [query, key, value] rows.)"""
+    lr-sized steps that differ between layouts. (Megatron's layout: per head [query, key, value] rows; T5's
+    cross-attention: per head [key, value] rows, the same for its key rows.)"""
+    head = 32 // 4
     if name.endswith("linear_qkv.bias"):
-        head = 32 // 4
         rows = np.arange(value.shape[0]) % (3 * head)
         return value[(rows < head) | (rows >= 2 * head)]
+    if name.endswith("linear_kv.bias"):
+        return value[np.arange(value.shape[0]) % (2 * head) >= head]
     return value
 
 
@@ -205,6 +244,43 @@ def test_tensor_and_pipeline_parallel_on_four_processes(one_process):
     out = _launch(_train_many, ([("llama", 2, 2, 2, 4)],), 4)
     for rank in out:
         _assert_same(rank[0], one_process["llama"], "llama tp=2 x pp=2")
+
+
+@pytest.fixture(scope="module")
+def encoders_one_process():
+    """The one-process runs of the reference's other kinds: BERT with and without its binary head, and T5."""
+    runs = [("bert", 1, 1, 1, 8), ("bert-no-head", 1, 1, 1, 8), ("t5", 1, 1, 1, 8)]
+    return dict(zip(("bert", "bert-no-head", "t5"), _launch(_train_many, (runs,), 1)[0]))
+
+
+@pytest.mark.multiproc
+def test_tensor_parallel_bert_and_t5_match_one_process(encoders_one_process):
+    runs = [("bert", 2, 1, 1, 8), ("bert-no-head", 2, 1, 1, 8), ("t5", 2, 1, 1, 8)]
+    out = _launch(_train_many, (runs,), 2)
+    for rank in out:
+        for i, kind in enumerate(("bert", "bert-no-head", "t5")):
+            _assert_same(rank[i], encoders_one_process[kind], f"{kind} tp=2")
+    bert, no_head = encoders_one_process["bert"], encoders_one_process["bert-no-head"]
+    # the binary head: its pooler, sentence-order classifier and token types are built (and trained) or not
+    assert any("binary_head" in name for name in bert["weights"]), sorted(bert["weights"])
+    assert any("tokentype" in name for name in bert["weights"])
+    assert not any("binary_head" in name or "tokentype" in name for name in no_head["weights"])
+    for kind in ("bert", "bert-no-head", "t5"):  # it trains: the first batch's loss after 4 steps is lower
+        run = encoders_one_process[kind]
+        assert run["eval"] < run["losses"][0] - 0.2, (kind, run["losses"], run["eval"])
+
+
+def test_the_reference_kinds_megatron_core_does_not_have_are_refused_by_name():
+    from types import SimpleNamespace
+
+    from accel_nb.megatron.bert import bert_shape
+    from accel_nb.megatron.t5 import provide_t5
+
+    classifier = transformers.MegatronBertForSequenceClassification(_hf_model("bert").config)
+    with pytest.raises(ValueError, match="fine-tuning BERT .Megatron's Classification model"):
+        bert_shape(classifier, None)
+    with pytest.raises(ValueError, match="accel_nb builds T5 without pipeline stages"):
+        provide_t5(SimpleNamespace(pp_degree=2), None, None, True, True)
 
 
 def _gpu_losses(precision):

@@ -2,7 +2,7 @@
 
 Three kinds, each with the reason and what to do instead:
 
-- settings accel_nb does not run at all (Megatron's own dataset/logging loop, encoder-decoder splits,
+- settings accel_nb does not run at all (Megatron's own dataset/logging loop, encoder-decoder stage splits,
   interleaved pipelines, MoE, custom FSDP ...);
 - settings only a GPU runs (bf16/fp16, the distributed optimizer, sequence parallelism, recompute,
   clipping, optimizer offload): refused on a CPU device;
@@ -46,9 +46,8 @@ NOT_BUILT: dict[str, tuple[Any, str]] = {
     "eval_interval": (1000, "only megatron.training's own loop reads it; with accel_nb the loop is yours"),
     "pipeline_model_parallel_split_rank": (
         None,
-        "it splits encoder-decoder models (T5), which are not built",
+        "it places an encoder-decoder model's (T5's) stages; accel_nb builds T5 without pipeline stages",
     ),
-    "encoder_seq_length": (None, "it is for encoder models (BERT, T5), which are not built; use seq_length"),
     "num_layers_per_virtual_pipeline_stage": (
         None,
         "the interleaved pipeline schedule is not wired in accel_nb",

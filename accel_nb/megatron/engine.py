@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 # what save_state writes for the optimizer and scheduler: their state is in each slice's file (megatron/)
+# the parts of the loss a step's loss function reports as [sum, count] (the engine returns their averages' sum)
+REPORTED = ("lm loss", "sop loss")
 SAVED_WITH_ENGINE = {"megatron_lm": "saved with the model's tensor/pipeline slices under megatron/"}
 
 __all__ = ["GptTrainStep", "MegatronEngine", "MegatronLMOptimizerWrapper", "MegatronLMSchedulerWrapper"]
@@ -184,7 +186,7 @@ class MegatronEngine(torch.nn.Module):
     def _run(self, batch: dict[str, Any], forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        seq = next(iter(batch.values())).shape[1]
+        seq = (batch["input_ids"] if "input_ids" in batch else next(iter(batch.values()))).shape[1]
         return get_forward_backward_func()(
             forward_step_func=self.train_step_handler.forward_step,
             data_iterator=self._micro_batches(batch),
@@ -202,11 +204,13 @@ class MegatronEngine(torch.nn.Module):
 
         # on the GPU for NCCL (which has no CPU tensors); on the CPU with gloo
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        total = torch.zeros(2, dtype=torch.float64, device=device)
+        # one [sum, count] row per part of the loss (BERT: the masked-LM and the sentence-order losses)
+        total = torch.zeros(len(REPORTED), 2, dtype=torch.float64, device=device)
         for item in reports:
-            value = item.get("lm loss") if isinstance(item, dict) else None
-            if value is not None:
-                total += value.detach().double().reshape(-1)[:2].to(total.device)
+            for row, key in enumerate(REPORTED):
+                value = item.get(key) if isinstance(item, dict) else None
+                if value is not None:
+                    total[row] += value.detach().double().reshape(-1)[:2].to(total.device)
         if ps.is_pipeline_last_stage(ignore_virtual=True):
             dist.all_reduce(total, group=ps.get_data_parallel_group())
         if ps.get_pipeline_model_parallel_world_size() > 1:
@@ -215,7 +219,8 @@ class MegatronEngine(torch.nn.Module):
                 ps.get_pipeline_model_parallel_last_rank(),
                 group=ps.get_pipeline_model_parallel_group(),
             )
-        return (total[0] / total[1].clamp(min=1)).float().cpu()
+        # the reference's returned loss: the sum of the reported parts' averages
+        return (total[:, 0] / total[:, 1].clamp(min=1)).sum().float().cpu()
 
     def train_step(self, **batch: Any) -> torch.Tensor:
         """One optimizer step on ``batch``; the mean loss."""

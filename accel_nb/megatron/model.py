@@ -1,8 +1,8 @@
 """The Megatron model a prepared ``transformers`` model stands for: megatron-core's GPTModel, built on this rank.
 
 As in the reference, ``prepare`` reads the size of the model it is given (GPT-2 and Llama configs: the
-reference's GPT kinds) and builds megatron-core's ``GPTModel`` of that size with fresh weights, split over the
-tensor-parallel ranks and this rank's pipeline stage; ``load_state``, or ``load_full_weights`` with a full
+reference's GPT kinds; its BERT and T5 kinds are built in bert.py and t5.py) and builds megatron-core's
+``GPTModel`` of that size with fresh weights, split over the tensor-parallel ranks and this rank's pipeline stage; ``load_state``, or ``load_full_weights`` with a full
 state dict, brings trained weights in. ``full_weights`` gathers the whole model's weights back, in the
 one-process layout (the same names and shapes whatever the tp/pp degrees).
 
@@ -45,6 +45,7 @@ class GptShape:
     tie_embeddings: bool
     layernorm_epsilon: float
     rotary_base: float
+    kind: str = "gpt"
 
 
 def gpt_shape(hf_config: Any, seq_length: int | None) -> GptShape:
@@ -79,7 +80,8 @@ def gpt_shape(hf_config: Any, seq_length: int | None) -> GptShape:
         )
     else:
         raise ValueError(
-            f"accel_nb's Megatron-LM back-end builds GPT models (gpt2 and llama configs); this model is "
+            f"accel_nb's Megatron-LM back-end builds the reference's kinds (gpt2, llama, megatron-bert and t5 "
+            f"configs); this model is "
             f"{kind or type(hf_config).__name__!r}. Give MegatronLMPlugin(custom_model_provider_function=...) "
             "that builds your megatron-core model"
         )
@@ -208,34 +210,37 @@ def provide_model(
 
 
 # -- full weights: this rank's slices <-> the one-process layout ----------------------------------------
-_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+_LAYER = re.compile(r"(^|\.)(decoder|encoder)\.layers\.(\d+)\.")  # GPT's decoder, BERT's encoder
 
 
 def _global_name(name: str, module: Any) -> str:
-    """``decoder.layers.0.x`` on a later pipeline stage -> its index in the whole model."""
+    """``decoder.layers.0.x`` (BERT: ``encoder.``) on a later pipeline stage -> its index in the whole model."""
     match = _LAYER.search(name)
     if not match:
         return name
-    local = int(match.group(2))
-    layer = module.decoder.layers[local]
-    return name[: match.start(2)] + str(layer.layer_number - 1) + name[match.end(2) :]
+    layer = getattr(module, match.group(2)).layers[int(match.group(3))]
+    return name[: match.start(3)] + str(layer.layer_number - 1) + name[match.end(3) :]
 
 
 def _owned(module: Any) -> dict[str, Any]:
     """This rank's tensors by global name; the output layer's copy of tied embeddings is left out."""
     tied = getattr(module, "share_embeddings_and_output_weights", False)
-    out = {}
+    out, seen = {}, set()
     for name, tensor in module.state_dict(keep_vars=True).items():
-        if tensor is None or "_extra_state" in name:
-            continue
-        if tied and name == "output_layer.weight":
+        if tensor is None or "_extra_state" in name or id(tensor) in seen:
+            continue  # T5 registers its position embeddings and output layer twice: the first name is kept
+        seen.add(id(tensor))
+        if tied and name.endswith("output_layer.weight"):
             continue
         out[_global_name(name, module)] = tensor
     return out
 
 
 def _vocab_rows(name: str) -> bool:
-    return name in ("embedding.word_embeddings.weight", "output_layer.weight")
+    return (
+        name.endswith(("output_layer.weight", "output_layer.bias"))
+        or name == "embedding.word_embeddings.weight"
+    )
 
 
 def full_weights(module: Any, vocab_size: int | None) -> dict[str, Any]:

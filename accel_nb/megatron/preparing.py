@@ -156,6 +156,50 @@ def _scheduler(plugin: Any, optimizer: Any, dummy: Any, lr: float) -> Any:
     )
 
 
+def model_shape(plugin: Any, model: Any) -> Any:
+    """The size of the Megatron model the reference builds for ``model``: its BERT, T5 or GPT kinds."""
+    from .bert import bert_shape, is_bert
+    from .model import gpt_shape
+    from .t5 import is_t5, t5_shape
+
+    if is_bert(model.config):
+        return bert_shape(model, plugin.encoder_seq_length or plugin.seq_length)
+    if is_t5(model.config):
+        return t5_shape(model.config, plugin.encoder_seq_length, plugin.decoder_seq_length)
+    return gpt_shape(model.config, plugin.seq_length or plugin.decoder_seq_length)
+
+
+def _provider(plugin: Any, shape: Any) -> Any:
+    """The function that builds this stage's model: the plugin's own, BERT's, T5's or GPT's."""
+    kind = shape.kind if shape is not None and plugin.custom_model_provider_function is None else "custom"
+    if kind == "bert":
+        from .bert import provide_bert
+
+        return provide_bert
+    if kind == "t5":
+        from .t5 import provide_t5
+
+        return provide_t5
+    from .model import provide_model
+
+    return provide_model
+
+
+def train_step_for(plugin: Any, shape: Any) -> Any:
+    """The reference's train step for the model kind (GPT's for a custom model, as the reference)."""
+    if shape is not None and shape.kind == "bert":
+        from .bert import BertTrainStep
+
+        return BertTrainStep(plugin, shape.binary_head)
+    if shape is not None and shape.kind == "t5":
+        from .t5 import T5TrainStep
+
+        return T5TrainStep(plugin)
+    from .engine import GptTrainStep
+
+    return GptTrainStep(plugin, shape.eos_token_id if shape is not None else 0)
+
+
 def _rebatched(loader: DataLoader, batch_size: int) -> DataLoader:
     """``loader`` with ``batch_size`` samples per batch (the micro-batches of one step together)."""
     if loader.batch_size is None:
@@ -181,8 +225,8 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import get_megatron_optimizer
 
-    from .engine import GptTrainStep, MegatronEngine, MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper
-    from .model import gpt_shape, provide_model, transformer_config
+    from .engine import MegatronEngine, MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper
+    from .model import transformer_config
 
     kinds = _classify(args)
     loaders = [args[i] for i in kinds["dataloader"]]
@@ -211,13 +255,14 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
             if getattr(model, "config", None) is None:
                 raise ValueError(
                     f"Megatron-LM builds its model from a transformers model's config; {type(model).__name__} has "
-                    "none: pass a GPT-2 or Llama model, or MegatronLMPlugin(custom_model_provider_function=...)"
+                    "none: pass a GPT-2, Llama or Megatron-BERT model, or "
+                    "MegatronLMPlugin(custom_model_provider_function=...)"
                 )
-            shape = gpt_shape(model.config, plugin.seq_length or plugin.decoder_seq_length)
+            shape = model_shape(plugin, model)
         config = transformer_config(plugin, shape, accelerator.device.type, dtype)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(INIT_SEED + 100 * ps.get_pipeline_model_parallel_rank())
-            chunk = provide_model(
+            chunk = _provider(plugin, shape)(
                 plugin,
                 config,
                 shape,
@@ -236,11 +281,10 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
         if kinds["scheduler"]:
             dummy = args[kinds["scheduler"][0]]
             scheduler = _scheduler(plugin, megatron_optimizer, dummy, float(source.defaults["lr"]))
-        eos = shape.eos_token_id if shape is not None else 0
         step = (
             plugin.custom_train_step_class(plugin, **(plugin.custom_train_step_kwargs or {}))
             if plugin.custom_train_step_class is not None
-            else GptTrainStep(plugin, eos)
+            else train_step_for(plugin, shape)
         )
         model_engine = MegatronEngine(plugin, [ddp], megatron_optimizer, scheduler, step, shape)
         optimizer_wrapper = MegatronLMOptimizerWrapper(megatron_optimizer)
