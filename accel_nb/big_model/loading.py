@@ -16,7 +16,6 @@ you trust.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -29,18 +28,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..serialization import CheckpointError, CheckpointIndex, index_checkpoint, tensor_info
+from .checkpoint_source import CheckpointLoadError, CheckpointSource, open_source
 from .planning.map_checks import check_device_map, check_devices_exist, device_for, known_entries
 from .planning.sizes import Device, as_dtype, normalize_device, torch_device
 from .rollback import restore, snapshot
 
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 _LOG = logging.getLogger(__name__)
 _DISK_INDEX = "_accel_nb_disk_index"
-
-
-class CheckpointLoadError(CheckpointError):
-    """The checkpoint does not fit the model (missing/unexpected keys, shapes, unassigned modules)."""
 
 
 @dataclass
@@ -93,99 +87,6 @@ def _model_targets(model: nn.Module) -> tuple[dict[str, _Target], set[str]]:
     return out, non_persistent
 
 
-# -- sources: safetensors (memory-mapped) or opted-in pickle --------------------------------------------
-@dataclass
-class _Source:
-    files: list[str]
-    names_in: dict[str, list[str]]  # file -> saved names
-    aliases: dict[str, str]  # alias -> saved name
-    shapes: dict[str, tuple[int, ...]]
-    dtypes: dict[str, torch.dtype]
-    file_of: dict[str, str]
-    safetensors: bool
-
-
-def _pickle_index(index_file: str) -> list[str]:
-    folder = os.path.dirname(index_file)
-    try:
-        with open(index_file, encoding="utf-8") as f:
-            index = json.load(f)
-        # {"weight_map": {name: file}, ...} as transformers writes it, or the bare mapping (the reference
-        # reads both)
-        weight_map = index["weight_map"] if "weight_map" in index else index
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ValueError("not a mapping of tensor names to shard files")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CheckpointLoadError(
-            f"{index_file} is not a valid checkpoint index ({exc}); re-save the checkpoint"
-        ) from None
-    return [os.path.join(folder, x) for x in dict.fromkeys(weight_map.values())]
-
-
-def _pickle_files(checkpoint: str) -> list[str] | None:
-    if os.path.isfile(checkpoint) and checkpoint.endswith(".index.json"):
-        return None if checkpoint.endswith(".safetensors.index.json") else _pickle_index(checkpoint)
-    if os.path.isfile(checkpoint):
-        return [checkpoint] if checkpoint.endswith(_PICKLE_SUFFIXES) else None
-    if os.path.isdir(checkpoint):
-        entries = sorted(os.listdir(checkpoint))
-        if any(e.endswith(".safetensors") or e.endswith(".safetensors.index.json") for e in entries):
-            return None
-        idx = [e for e in entries if e.endswith(".index.json")]  # no safetensors: an index of pickle shards
-        if len(idx) == 1:
-            return _pickle_index(os.path.join(checkpoint, idx[0]))
-        pickles = [e for e in entries if e.endswith(_PICKLE_SUFFIXES)]
-        if len(pickles) == 1:
-            return [os.path.join(checkpoint, pickles[0])]
-    return None
-
-
-def _open_source(checkpoint: str, allow_pickle: bool, weights_only: bool) -> tuple[_Source, dict[str, dict]]:
-    """Index the checkpoint; pickle files are loaded (mmap) here and returned as state dicts."""
-    pickles = _pickle_files(checkpoint)
-    if pickles is None:
-        index: CheckpointIndex = index_checkpoint(checkpoint)
-        names_in: dict[str, list[str]] = defaultdict(list)
-        for name, f in index.weight_map.items():
-            names_in[f].append(name)
-        shapes, dtypes = {}, {}
-        for name in index.weight_map:
-            dtypes[name], shape = tensor_info(index, name)
-            shapes[name] = tuple(shape)
-        return _Source(
-            index.files, dict(names_in), dict(index.aliases), shapes, dtypes, dict(index.weight_map), True
-        ), {}
-    if not allow_pickle:
-        raise CheckpointLoadError(
-            f"{checkpoint} is a pickle checkpoint ({', '.join(os.path.basename(p) for p in pickles[:3])}) and "
-            "allow_pickle=False refuses pickle files; convert it to safetensors, or drop allow_pickle=False (it "
-            "is then read with torch.load(weights_only=True), which builds tensors only)"
-        )
-    loaded: dict[str, dict] = {}
-    src = _Source(pickles, {}, {}, {}, {}, {}, False)
-    for path in pickles:
-        if not os.path.isfile(path):
-            raise CheckpointLoadError(
-                f"shard {path} named by the index is missing; copy the complete checkpoint"
-            )
-        try:
-            sd = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=True)
-        except Exception as exc:  # noqa: BLE001 - name the file and the way out
-            raise CheckpointLoadError(
-                f"cannot read {path} with torch.load(weights_only={weights_only}): {type(exc).__name__}: {exc}. "
-                "If you trust the file, pass weights_only=False; better, convert it to safetensors"
-            ) from None
-        if isinstance(sd, Mapping) and "state_dict" in sd and isinstance(sd["state_dict"], Mapping):
-            sd = sd["state_dict"]
-        loaded[path] = sd
-        src.names_in[path] = list(sd)
-        for k, v in sd.items():
-            src.shapes[k] = tuple(v.shape)
-            src.dtypes[k] = v.dtype
-            src.file_of[k] = path
-    return src, loaded
-
-
 # -- checks, all before any tensor is read ------------------------------------------------------------
 @dataclass
 class _Match:
@@ -194,7 +95,7 @@ class _Match:
     unexpected: list[str]
 
 
-def _match_names(targets: dict[str, _Target], non_persistent: set[str], source: _Source) -> _Match:
+def _match_names(targets: dict[str, _Target], non_persistent: set[str], source: CheckpointSource) -> _Match:
     """Pair model names with saved names; checkpoint aliases and model ties both count."""
     provided: dict[str, str] = {}
     for name in targets:
@@ -214,7 +115,7 @@ def _kind(dtype: torch.dtype) -> str:
 
 
 def _check_tensors(
-    model: nn.Module, checkpoint: str, source: _Source, targets: dict[str, _Target], match: _Match
+    model: nn.Module, checkpoint: str, source: CheckpointSource, targets: dict[str, _Target], match: _Match
 ) -> None:
     """Every saved tensor must have the model's shape and the same kind of dtype (float vs integer)."""
     wrong_shape, wrong_kind = [], []
@@ -473,7 +374,7 @@ def load_checkpoint_tensors(
     """The load behind load_checkpoint_in_model; ``in_place=False`` replaces tensors instead of filling them."""
     checkpoint = os.path.abspath(os.fspath(checkpoint))
     device_map = _checked_device_map(model, device_map)
-    source, pickled = _open_source(checkpoint, allow_pickle, weights_only)
+    source, pickled = open_source(checkpoint, allow_pickle, weights_only)
     targets, non_persistent = _model_targets(model)
     match = _match_names(targets, non_persistent, source)
     _check_tensors(model, checkpoint, source, targets, match)
