@@ -103,3 +103,26 @@ def test_a_pickled_accelerator_serves_its_back_end_again_when_loaded():
     loaded = pickle.loads(pickle.dumps(accelerator))
     assert loaded.backend.accelerator is loaded and accelerator.backend.accelerator is accelerator
     assert [b[0].tolist() for b in loaded._dataloaders[0]] == [b[0].tolist() for b in prepared]
+
+
+def test_a_registered_backends_launch_environment_reaches_every_kind_of_launch():
+    # registering is all a back-end does for its settings to reach the ranks: accel-nb launch (to_env) and
+    # %%accelerate / %accelerate start (the magic's launch options) ask every registered back-end
+    from accel_nb.accelerator.backends import register_backend
+    from accel_nb.notebook.magic_flags import launch_options, parse_accelerate_line
+
+    class _Probe(TrainingBackend):
+        name = "probe-for-test"
+
+        @classmethod
+        def launch_env(cls, cfg, num_processes=None):
+            return {"PROBE_BACKEND": "on"} if cfg.extras.get("probe_config") else {}
+
+    register_backend(_Probe)
+    try:
+        cfg = LaunchConfig(num_processes=2, use_cpu=True, extras={"probe_config": {"x": 1}})
+        assert cfg.to_env()["PROBE_BACKEND"] == "on"
+        assert launch_options(parse_accelerate_line("-n 2 --cpu"), cfg).env["PROBE_BACKEND"] == "on"
+        assert "PROBE_BACKEND" not in LaunchConfig(num_processes=2, use_cpu=True).to_env()
+    finally:
+        del BACKENDS["probe-for-test"]

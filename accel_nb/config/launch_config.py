@@ -385,10 +385,7 @@ class LaunchConfig:
         if self.gpu_ids != "all" and not self.use_cpu:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids
         env.update(self.compile_env())
-        env.update(self.fsdp_env())
-        env.update(self.deepspeed_env())
-        env.update(self.parallelism_env())
-        env.update(self.megatron_env())
+        env.update(self.backends_env())
         # FP8: the config's fp8_config as ACCELERATE_FP8_* (accel_nb.precision.fp8_recipes); {} without fp8
         try:
             env.update(fp8_launch_env(self.mixed_precision, self.extras.get("fp8_config")))
@@ -421,10 +418,15 @@ class LaunchConfig:
         """
         return backend_named("deepspeed").launch_env(self)
 
-    def megatron_env(self) -> dict[str, str]:
-        """With ``distributed_type: MEGATRON_LM``, ``ACCELERATE_USE_MEGATRON_LM`` and ``MEGATRON_LM_*`` (the
-        reference's variables) from ``megatron_lm_config``, which each rank's Accelerator reads."""
-        return backend_named("megatron").launch_env(self)
+    def backends_env(self, num_processes: int | None = None) -> dict[str, str]:
+        """What every registered training back-end gives each rank for this config (``fsdp_config``,
+        ``deepspeed_config``, ``megatron_lm_config``, the layout): each answers ``{}`` unless the config asks
+        for it, so a new back-end reaches ``accel-nb launch``, ``%%accelerate`` and sessions by registering.
+        ``num_processes``: the launch's processes in all (default: the config's own)."""
+        env: dict[str, str] = {}
+        for backend in BACKENDS.values():
+            env.update(backend.launch_env(self, num_processes))
+        return env
 
     def fsdp_env(self) -> dict[str, str]:
         """With ``distributed_type: FSDP``, the ``fsdp_config`` each rank's Accelerator reads (as JSON).

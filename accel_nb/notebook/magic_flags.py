@@ -144,11 +144,12 @@ def launch_options(args: argparse.Namespace, cfg: Any, label: str = "%%accelerat
         if cfg.distributed_type == "XLA" and not args.cpu:
             xla, cpu = True, False
     env: dict[str, str] = {}
-    if (
-        cfg is not None
-    ):  # dynamo_config, fsdp_config, deepspeed_config, megatron_lm_config, parallelism_config
-        env = {**cfg.compile_env(), **cfg.fsdp_env(), **cfg.deepspeed_env(), **cfg.megatron_env()}
-        env.update(layout_env(cfg, num_processes, cpu, xla, getattr(args, "num_nodes", None), label))
+    if cfg is not None:  # dynamo_config and each back-end's section (fsdp, deepspeed, megatron_lm, layout)
+        total = launch_total(cfg, num_processes, cpu, xla, getattr(args, "num_nodes", None))
+        try:
+            env = {**cfg.compile_env(), **cfg.backends_env(total)}
+        except ConfigError as exc:
+            raise UsageError(f"{label}: nothing was launched: {exc}") from None
     return LaunchOptions(
         num_processes=num_processes,
         mixed_precision=mixed_precision,
@@ -164,23 +165,20 @@ def launch_options(args: argparse.Namespace, cfg: Any, label: str = "%%accelerat
     )
 
 
-def layout_env(
-    cfg: Any, num_processes: int | None, cpu: bool, xla: Any, num_nodes: int | None, label: str
-) -> dict[str, str]:
-    """The saved layout's environment for a launch of ``num_processes`` per machine on ``num_nodes`` machines.
+def launch_total(
+    cfg: Any, num_processes: int | None, cpu: bool, xla: Any, num_nodes: int | None
+) -> int | None:
+    """The processes in all of a launch of ``num_processes`` per machine on ``num_nodes`` machines, which a
+    saved layout is checked against (None without a layout: nothing needs it).
 
     The process count is resolved as the launch resolves it (every GPU, else 1); with XLA devices the
     count is known only in the launch, and the ranks' ``Accelerator`` checks it.
     """
     if not cfg.extras.get("parallelism_config"):
-        return {}
+        return None
     if num_processes is None and not xla:
         num_processes = 1 if cpu else max(hardware.cuda_device_count(), 1)
-    total = None if num_processes is None else num_processes * (num_nodes or 1)
-    try:
-        return cfg.parallelism_env(total)
-    except ConfigError as exc:
-        raise UsageError(f"{label}: nothing was launched: {exc}") from None
+    return None if num_processes is None else num_processes * (num_nodes or 1)
 
 
 def machine_flags(args: argparse.Namespace) -> dict[str, Any]:

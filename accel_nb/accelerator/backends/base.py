@@ -195,8 +195,10 @@ class TrainingBackend:
         return []
 
     @classmethod
-    def launch_env(cls, cfg: Any) -> dict[str, str]:
-        """The environment every rank gets so its Accelerator chooses this back-end ({} when not chosen)."""
+    def launch_env(cls, cfg: Any, num_processes: int | None = None) -> dict[str, str]:
+        """The environment every rank gets so its Accelerator chooses this back-end ({} when the config does
+        not ask for it); ``num_processes``: the launch's processes in all, when not the config's own.
+        ``LaunchConfig.backends_env`` merges every registered back-end's, for every kind of launch."""
         return {}
 
     @classmethod

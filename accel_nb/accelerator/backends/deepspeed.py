@@ -81,7 +81,7 @@ class DeepSpeedBackend(TrainingBackend):
         return []
 
     @classmethod
-    def launch_env(cls, cfg: Any) -> dict[str, str]:
+    def launch_env(cls, cfg: Any, num_processes: int | None = None) -> dict[str, str]:
         """With ``distributed_type: DEEPSPEED``, the ``deepspeed_config`` each rank's Accelerator reads (as JSON)."""
         if cfg.distributed_type not in cls.launch_types:
             return {}

@@ -63,7 +63,7 @@ class FsdpBackend(DdpBackend):
             ) from None
 
     @classmethod
-    def launch_env(cls, cfg: Any) -> dict[str, str]:
+    def launch_env(cls, cfg: Any, num_processes: int | None = None) -> dict[str, str]:
         """With ``distributed_type: FSDP``, the ``fsdp_config`` each rank's Accelerator reads (as JSON)."""
         if cfg.distributed_type not in cls.launch_types:
             return {}

@@ -95,7 +95,7 @@ class MegatronBackend(TrainingBackend):
         return []
 
     @classmethod
-    def launch_env(cls, cfg: Any) -> dict[str, str]:
+    def launch_env(cls, cfg: Any, num_processes: int | None = None) -> dict[str, str]:
         """``ACCELERATE_USE_MEGATRON_LM=true`` and ``MEGATRON_LM_*`` (the reference's variables) for each rank."""
         if cfg.distributed_type not in cls.launch_types:
             return {}
