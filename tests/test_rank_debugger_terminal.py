@@ -121,6 +121,9 @@ breakpoint()
 t = torch.tensor([x * 1.0])
 dist.all_reduce(t)
 print("rank", rank, "done", x, t.item())
+# a raw torch group (not accel_nb's, which tears itself down at exit, docs/cli.md): without this, a rank
+# may die of gloo's threads at interpreter shutdown ("terminate called without an active exception")
+dist.destroy_process_group()
 """
 
 
