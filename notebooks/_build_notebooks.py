@@ -1333,6 +1333,149 @@ print(f"largest difference from fp32 over 20 steps: {worst:.2%} (under 3%: {wors
     ),
 ]
 
+# ----------------------------------------------------------------------------- Megatron-LM
+MEGATRON = [
+    md("""
+# Megatron-LM tensor parallelism from a notebook (megatron-core)
+
+accel_nb runs the reference's Megatron-LM integration on **megatron-core**, the part of Megatron-LM on
+PyPI. This notebook trains a tiny GPT-2 with `MegatronLMPlugin(tp_degree=2)` on **2 processes** through
+`notebook_launcher`: every weight matrix is split over the two processes, and both compute every step
+together. It then compares each process's losses with a one-process run from the same weights.
+
+**It needs a machine with 2 CUDA GPUs.** megatron-core calls CUDA directly, so without a GPU
+`Accelerator(megatron_lm_plugin=...)` stops with an error before anything is built. accel_nb has not yet
+run Megatron-LM on GPUs (none was lent to this work): its test suite runs this notebook on CPU processes
+with test-only stand-ins for megatron-core's CUDA calls (`tests/megatron_standins.py`, not part of the
+package). Details: `docs/megatron.md`.
+"""),
+    md("## 1. Install (when accel_nb or megatron-core is missing)"),
+    code("""
+import importlib.util
+
+if importlib.util.find_spec("accel_nb") is None or importlib.util.find_spec("megatron") is None:
+    %pip install -q 'accel_nb[megatron]'
+else:
+    print("accel_nb and megatron-core are installed")
+"""),
+    md("""
+## 2. A tiny GPT-2 config, data and the training function
+
+As in the reference, `prepare` reads the sizes of the `transformers` model it is given and builds
+megatron-core's `GPTModel` of that size, each process holding its tensor-parallel slice. It returns an
+**engine whose forward runs the whole training step** (forward, backward, gradient reduction, optimizer
+step) and returns the loss; `accelerator.backward`, `optimizer.step` and `optimizer.zero_grad` do nothing,
+so the loop reads as any accel_nb loop. The loader's batch size is the micro-batch size.
+
+`model.full_weights()` gives the whole model's weights in the one-process layout, and
+`model.load_full_weights(...)` puts such weights on any tp/pp layout: the two-process run starts from the
+one-process run's weights.
+"""),
+    code("""
+import logging
+import os
+import warnings
+
+import torch
+import transformers
+from torch.utils.data import DataLoader
+
+from accel_nb import Accelerator, notebook_launcher
+from accel_nb.megatron import MegatronLMPlugin
+
+# notes that ask nothing of you (the launched processes inherit these settings): transformers imports torchao
+# when installed, whose import logs the CUDA kernels it could not load; megatron-core 0.16 warns that its own
+# default cuda_graph_scope is deprecated, and without Apex that it uses torch's norm layers
+for noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(noisy).setLevel(logging.ERROR)
+warnings.filterwarnings("ignore", message="full scope is deprecated")
+warnings.filterwarnings("ignore", message="Apex is not installed")
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # megatron-core asks for it with tensor parallelism
+
+# imported once here, so the launched processes start with megatron-core loaded (it warns at import
+# when Apex or Transformer Engine, two optional GPU libraries, are absent)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)
+    import megatron.core.distributed
+    import megatron.core.models.gpt
+    import megatron.core.optimizer
+    import megatron.core.pipeline_parallel
+
+VOCAB, SEQ, STEPS = 128, 16, 12
+g = torch.Generator().manual_seed(0)
+starts = torch.randint(0, VOCAB, (8 * STEPS,), generator=g)
+# sequences that count up (mod VOCAB) from a random start: a pattern the model can learn
+samples = [{"input_ids": (int(s) + torch.arange(SEQ)) % VOCAB} for s in starts]
+
+
+def make_gpt2():
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=SEQ,
+                                     bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(config)
+
+
+def train(tp_degree=1, start=None):
+    # gradient_clipping=0.0: plain AdamW steps (Megatron's clipping, on by default, runs on GPUs only)
+    plugin = MegatronLMPlugin(tp_degree=tp_degree, gradient_clipping=0.0)
+    accelerator = Accelerator(megatron_lm_plugin=plugin)
+    model = make_gpt2()  # gives the sizes; the weights are Megatron's
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    loader = DataLoader(samples, batch_size=8)  # batches of {"input_ids": [8, SEQ]}
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if start is None:
+        start = model.full_weights()
+    else:
+        model.load_full_weights(start)
+    model.train()
+    losses = []
+    for batch in loader:
+        loss = model(**batch)  # one whole training iteration
+        accelerator.backward(loss)  # nothing: the forward stepped
+        optimizer.step()  # nothing
+        optimizer.zero_grad()  # nothing
+        losses.append(float(loss))
+    held = sum(p.numel() for p in model.parameters())  # this process's slice
+    return {"losses": losses, "held": held, "start": start if tp_degree == 1 else None}
+"""),
+    md("""
+## 3. One process, then tensor parallel on 2 processes
+
+The two processes of `tp_degree=2` form one tensor-parallel group: they read the same batches (one
+data-parallel rank), and the loss comes back on both.
+"""),
+    code(
+        """
+one = notebook_launcher(train, num_processes=1)[0]
+results = notebook_launcher(train, args=(2, one["start"]), num_processes=2)
+
+print("one process losses:", [round(v, 6) for v in one["losses"]])
+for rank, r in enumerate(results):
+    print(f"rank {rank} losses:", [round(v, 6) for v in r["losses"]])
+    print(f"rank {rank} holds {r['held']} of {one['held']} parameter elements")
+same = all(torch.allclose(torch.tensor(r["losses"]), torch.tensor(one["losses"]), rtol=2e-5, atol=0)
+           for r in results)
+print(f"every rank's losses equal to the one-process run: {same}")
+print(f"loss: {one['losses'][0]:.4f} -> {one['losses'][-1]:.4f}")
+""",
+        "key-result",
+    ),
+    md("""
+## What else is built, and what needs a GPU
+
+- **Models** (`prepare` reads the `transformers` config): GPT-2 and Llama become megatron-core's
+  `GPTModel`; `MegatronBertForMaskedLM` becomes `BertModel` with the pre-training heads; T5 becomes
+  `T5Model` (tensor and data parallel only: `pp_degree` > 1 is refused for T5). Other models: pass
+  `custom_model_provider_function`.
+- **Layouts**: `tp_degree`, `pp_degree` with `num_micro_batches`, and data parallel over the remaining
+  processes (tp x pp must divide the number of processes).
+- **GPU only** (refused on a CPU device, because megatron-core calls CUDA for them): `mixed_precision`
+  bf16/fp16, `use_distributed_optimizer`, `sequence_parallelism`, recompute, and `gradient_clipping` > 0.
+  fp8 needs Transformer Engine's layers, which accel_nb does not wire.
+- `save_state`/`load_state`, `gather_for_metrics` over the data-parallel group, `MegatronLMDummyScheduler`
+  and the launch config (`distributed_type: MEGATRON_LM`) are described in `docs/megatron.md`.
+"""),
+]
+
 NOTEBOOKS = {
     "quickstart.ipynb": QUICKSTART,
     "big_model_inference.ipynb": BIG_MODEL,
@@ -1342,6 +1485,7 @@ NOTEBOOKS = {
     "deepspeed_zero3.ipynb": DEEPSPEED,
     "parallelism.ipynb": PARALLEL,
     "fp8_training.ipynb": FP8,
+    "megatron.ipynb": MEGATRON,
 }
 
 

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,6 +68,7 @@ def test_every_notebook_is_covered_here():
         "deepspeed_zero3.ipynb",
         "fp8_training.ipynb",
         "interactive_session.ipynb",
+        "megatron.ipynb",
         "parallelism.ipynb",
         "quickstart.ipynb",
         "tpu_kaggle_colab.ipynb",
@@ -252,6 +254,49 @@ def test_parallelism_notebook_runs_tp_x_fsdp_and_the_pipeline_equal_to_one_proce
     text = all_text(nb)
     for noise in ("returned a view tensor", "sequential all_reduce", "Failed to load", "is an Enum subclass"):
         assert noise not in text, (noise, text[-3000:])
+
+
+STANDINS_STARTUP = """\
+import sys
+import warnings
+
+sys.path.insert(0, {root!r})
+with warnings.catch_warnings():  # megatron-core warns at import that Apex and Transformer Engine are absent
+    warnings.simplefilter("ignore", UserWarning)
+    from tests import megatron_standins
+
+    megatron_standins.install()
+"""
+
+
+@pytest.mark.notebooks
+def test_megatron_notebook_gives_every_rank_the_one_process_losses(tmp_path, monkeypatch):
+    """The notebook is written for GPUs; here its kernel runs an IPython startup file first (from a temporary
+    IPYTHONDIR: the notebook is not touched) that installs tests/megatron_standins.py, and the launched ranks,
+    forked from that kernel, inherit them."""
+    pytest.importorskip("megatron.core")
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-standins.py").write_text(STANDINS_STARTUP.format(root=ROOT))
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))  # the kernel inherits this environment
+    nb = runner.execute_notebook(os.path.join(NOTEBOOKS, "megatron.ipynb"), timeout=300)
+    assert error_outputs(nb) == []
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "standins" not in code and "require_gpu" not in code  # the notebook is the one a GPU user runs
+    results = runner.key_results(nb)
+
+    def losses(prefix):
+        line = next(ln for ln in results if ln.startswith(prefix))
+        return json.loads(line.split(":", 1)[1])
+
+    one = losses("one process losses")
+    assert len(one) == 12 and one[-1] < one[0] - 1.0, one  # it trains
+    for rank in (0, 1):  # test_megatron's tolerance
+        np.testing.assert_allclose(losses(f"rank {rank} losses"), one, rtol=2e-5, err_msg=f"rank {rank}")
+    assert "every rank's losses equal to the one-process run: True" in results
+    # tp=2: each rank holds a slice (the position embedding and the norms are whole on both)
+    held = re.findall(r"rank (\d) holds (\d+) of (\d+) parameter elements", "\n".join(results))
+    assert [r for r, *_ in held] == ["0", "1"] and all(int(h) < 0.6 * int(n) for _, h, n in held), held
 
 
 @pytest.mark.notebooks
