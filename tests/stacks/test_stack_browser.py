@@ -289,6 +289,12 @@ def test_the_notebook_face_in_the_stacks_front_end(tmp_path, stack):
         )
         front.interrupt(page)
         wait_until(lambda: front.done(page, INTERRUPTED), 120, "the interrupted cell to end")
+        # the reply (the cell is done) may come before the error output on another channel, as for FAILING
+        wait_until(
+            lambda: any(o["output_type"] == "error" for o in front.outputs(page, INTERRUPTED)),
+            60,
+            "the interrupted cell's error",
+        )
         errors = [o for o in front.outputs(page, INTERRUPTED) if o["output_type"] == "error"]
         assert len(errors) == 1, errors
         shown = ANSI.sub("", "\n".join(errors[0]["traceback"]))
