@@ -1384,11 +1384,10 @@ from accel_nb import Accelerator, notebook_launcher
 from accel_nb.megatron import MegatronLMPlugin
 
 # notes that ask nothing of you (the launched processes inherit these settings): transformers imports torchao
-# when installed, whose import logs the CUDA kernels it could not load; megatron-core 0.16 warns that its own
-# default cuda_graph_scope is deprecated, and without Apex that it uses torch's norm layers
+# when installed, whose import logs the CUDA kernels it could not load; megatron-core warns without Apex
+# that it uses torch's norm layers
 for noisy in ("torchao", "torch.utils._pytree"):
     logging.getLogger(noisy).setLevel(logging.ERROR)
-warnings.filterwarnings("ignore", message="full scope is deprecated")
 warnings.filterwarnings("ignore", message="Apex is not installed")
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # megatron-core asks for it with tensor parallelism
 

@@ -158,8 +158,10 @@ def transformer_config(plugin: Any, shape: GptShape | None, device_type: str, pa
                 normalization="RMSNorm", gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False
             )
             settings["bias_activation_fusion"] = False
-    other = dict(plugin.other_megatron_args or {})
     known = {f.name for f in fields(TransformerConfig)}
+    if "cuda_graph_scope" in known:  # megatron-core 0.16's default "full" warns it is deprecated; [] means it
+        settings["cuda_graph_scope"] = []
+    other = dict(plugin.other_megatron_args or {})
     unknown = sorted(set(other) - known - {"position_embedding_type"})
     if unknown:
         raise ValueError(
@@ -241,6 +243,28 @@ def _vocab_rows(name: str) -> bool:
         name.endswith(("output_layer.weight", "output_layer.bias"))
         or name == "embedding.word_embeddings.weight"
     )
+
+
+def zero_vocab_padding(module: Any, vocab_size: int) -> None:
+    """Zero the rows past ``vocab_size`` of this rank's vocabulary slices (embedding, output layer): the
+    padding ``full_weights`` leaves out and ``load_full_weights`` fills with zeros, so a fresh model and the
+    same model saved and loaded in any layout give the same logits (the padding is part of the softmax)."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    rank = ps.get_tensor_model_parallel_rank()
+    with torch.no_grad():
+        for name, tensor in _owned(module).items():
+            if not _vocab_rows(name):
+                continue
+            split = (
+                getattr(tensor, "tensor_model_parallel", False) and getattr(tensor, "partition_dim", -1) == 0
+            )
+            first = rank * tensor.shape[0] if split and tp > 1 else 0  # this slice's first global row
+            start = max(vocab_size - first, 0)
+            if start < tensor.shape[0]:
+                tensor[start:].zero_()
 
 
 def full_weights(module: Any, vocab_size: int | None) -> dict[str, Any]:

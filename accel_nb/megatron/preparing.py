@@ -226,7 +226,7 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
     from megatron.core.optimizer import get_megatron_optimizer
 
     from .engine import MegatronEngine, MegatronLMOptimizerWrapper, MegatronLMSchedulerWrapper
-    from .model import transformer_config
+    from .model import transformer_config, zero_vocab_padding
 
     kinds = _classify(args)
     loaders = [args[i] for i in kinds["dataloader"]]
@@ -269,6 +269,8 @@ def prepare_megatron(accelerator: Any, plugin: Any, args: tuple[Any, ...]) -> li
                 ps.is_pipeline_first_stage(ignore_virtual=True),
                 ps.is_pipeline_last_stage(ignore_virtual=True),
             )
+        if shape is not None:  # the vocabulary's padding rows start at zero in every layout
+            zero_vocab_padding(chunk, shape.vocab_size)
         chunk = chunk.to(accelerator.device)
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, use_distributed_optimizer=bool(plugin.use_distributed_optimizer)
