@@ -19,7 +19,8 @@ __all__ = [
     "KeywordRule",
 ]
 
-_Q, _PAR = "not yet: issue 29 (quantization)", "not yet: issue 30 (TP/CP/PP)"
+_Q = "not provided: load_and_quantize_model quantizes and offloads in one step (docs/quantization.md)"
+_PAR = "not provided: tensor parallelism is ParallelismConfig(tp_size=...) (docs/parallelism.md)"
 _MEGATRON = (
     "accel_nb runs Megatron-LM on megatron-core (MegatronLMPlugin, MegatronLMDummyScheduler and the Megatron "
     "helpers are in accel_nb.utils; docs/megatron.md); the reference's megatron.training parts (its model-config "
