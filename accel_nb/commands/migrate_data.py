@@ -102,7 +102,7 @@ LEFT_OUT: dict[str, str] = {
             "parse_glm4_moe_config",
         ]
     },
-    "dataclasses.PrecisionType": "not yet: accel_nb takes mixed_precision as the strings 'no', 'fp16', 'bf16'",
+    "dataclasses.PrecisionType": "not provided: accel_nb takes mixed_precision as the strings 'no', 'fp16', 'bf16', 'fp8'",
     "dataclasses.EnumWithContains": _INTERNAL,
     "dataclasses.BaseEnum": _INTERNAL,
     **{
