@@ -77,18 +77,13 @@ def provide_bert(plugin: Any, config: Any, shape: BertShape, pre_process: bool, 
     from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
     from megatron.core.models.bert.bert_model import BertModel
 
-    from .model import padded_vocab, position_embedding
+    from .model import position_embedding, stage_arguments
 
     return BertModel(
         config=config,
         num_tokentypes=2 if shape.binary_head else 0,
         transformer_layer_spec=bert_layer_local_spec,
-        vocab_size=padded_vocab(shape.vocab_size, plugin.tp_degree),
-        max_sequence_length=max(shape.max_position_embeddings, shape.seq_length),
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=shape.tie_embeddings,
+        **stage_arguments(plugin, shape, pre_process, post_process),
         position_embedding_type=position_embedding(plugin, shape),
         add_binary_head=shape.binary_head,
     )

@@ -104,6 +104,19 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+def stage_arguments(plugin: Any, shape: Any, pre_process: bool, post_process: bool) -> dict[str, Any]:
+    """The keywords every megatron-core language model of ``shape`` takes the same way here (GPT, BERT, T5):
+    the padded vocabulary, the positions, this stage's ends, vocabulary-parallel logits, tied embeddings."""
+    return {
+        "vocab_size": padded_vocab(shape.vocab_size, plugin.tp_degree),
+        "max_sequence_length": max(shape.max_position_embeddings, shape.seq_length),
+        "pre_process": pre_process,
+        "post_process": post_process,
+        "parallel_output": True,
+        "share_embeddings_and_output_weights": shape.tie_embeddings,
+    }
+
+
 def transformer_config(plugin: Any, shape: GptShape | None, device_type: str, params_dtype: Any) -> Any:
     """megatron-core's ``TransformerConfig`` for ``shape`` with the plugin's parallel and model settings."""
     import torch
@@ -200,12 +213,7 @@ def provide_model(
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=padded_vocab(shape.vocab_size, plugin.tp_degree),
-        max_sequence_length=max(shape.max_position_embeddings, shape.seq_length),
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=shape.tie_embeddings,
+        **stage_arguments(plugin, shape, pre_process, post_process),
         position_embedding_type=position_embedding(plugin, shape),
         rotary_base=int(shape.rotary_base),
     )

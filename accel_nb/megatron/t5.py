@@ -76,7 +76,7 @@ def provide_t5(plugin: Any, config: Any, shape: T5Shape, pre_process: bool, post
     from megatron.core.models.T5.t5_spec import decoder_model_with_local_spec, encoder_model_with_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    from .model import padded_vocab
+    from .model import stage_arguments
 
     if plugin.pp_degree > 1:
         raise ValueError(
@@ -96,12 +96,7 @@ def provide_t5(plugin: Any, config: Any, shape: T5Shape, pre_process: bool, post
         encoder_config=encoder_config,
         transformer_encoder_layer_spec=encoder,
         transformer_decoder_layer_spec=decoder,
-        vocab_size=padded_vocab(shape.vocab_size, plugin.tp_degree),
-        max_sequence_length=max(shape.max_position_embeddings, shape.seq_length),
-        pre_process=pre_process,
-        post_process=post_process,
-        parallel_output=True,
-        share_embeddings_and_output_weights=shape.tie_embeddings,
+        **stage_arguments(plugin, shape, pre_process, post_process),
         position_embedding_type="learned_absolute",
     )
 
