@@ -399,18 +399,6 @@ class LaunchConfig:
             ) from None
         return env
 
-    def parallelism_env(self, num_processes: int | None = None) -> dict[str, str]:
-        """The saved ``parallelism_config`` (the layout) as the environment each rank's Accelerator builds its
-        ``ParallelismConfig`` from; ``{}`` without one. ``accel-nb launch``, ``%%accelerate`` and sessions use it.
-
-        ``num_processes``: the processes the launch starts in all (default: the config's own); sizes that
-        do not multiply to it are a ConfigError naming the numbers, before any rank starts.
-
-            LaunchConfig(num_processes=2, use_cpu=True, extras={"parallelism_config": {"tp_size": 2}}).parallelism_env()
-            # {'ACCEL_NB_USE_PARALLELISM_CONFIG': 'true', ..., 'PARALLELISM_CONFIG_TP_SIZE': '2'}
-        """
-        return backend_named("layout").launch_env(self, num_processes)
-
     def deepspeed_env(self) -> dict[str, str]:
         """With ``distributed_type: DEEPSPEED``, the ``deepspeed_config`` each rank's Accelerator reads (as JSON).
 
@@ -427,13 +415,6 @@ class LaunchConfig:
         for backend in BACKENDS.values():
             env.update(backend.launch_env(self, num_processes))
         return env
-
-    def fsdp_env(self) -> dict[str, str]:
-        """With ``distributed_type: FSDP``, the ``fsdp_config`` each rank's Accelerator reads (as JSON).
-
-        LaunchConfig(distributed_type="FSDP", num_processes=2).fsdp_env()["ACCEL_NB_FSDP_CONFIG"]   # '{}'
-        """
-        return backend_named("fsdp").launch_env(self)
 
     def compile_env(self) -> dict[str, str]:
         """The ``dynamo_config`` as the environment each rank's Accelerator reads (accel_nb's and the reference's names).
